@@ -1,0 +1,22 @@
+"""gpumemdoctor: where a Python program's GPU memory goes, whether it leaks, and what to do.
+
+Importing this package is cheap and safe in any program: `step()` does nothing
+unless the program runs under `gpumemdoctor run`.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def step() -> None:
+    """Mark the end of one iteration of your loop, for loops without a torch optimizer.
+
+    Once a program calls this, its optimizer steps no longer count as steps.
+    Outside `gpumemdoctor run` it does nothing.
+    """
+    from . import _agent
+
+    _agent.step()
+
+
+__all__ = ["__version__", "step"]

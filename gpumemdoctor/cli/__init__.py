@@ -1,0 +1,76 @@
+"""The command line: one group, one small module per subcommand, errors mapped to exit codes here."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import EXIT_INTERNAL, EXIT_USAGE, DoctorError
+
+_debug = False
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="gpumemdoctor")
+@click.option("--debug", is_flag=True, help="Show tracebacks of the tool's own errors.")
+def cli(debug: bool) -> None:
+    """A doctor for NVIDIA GPU memory in Python programs.
+
+    \b
+    gpumemdoctor run train.py --epochs 1     run a script, then a verdict and a report
+    gpumemdoctor run -m mypkg.train          run a module, like python -m
+    gpumemdoctor report REPORT.json          show a saved report again
+    """
+    global _debug
+    _debug = debug
+
+
+def _register() -> None:
+    from .report import report_command
+    from .run import run_command
+
+    cli.add_command(run_command)
+    cli.add_command(report_command)
+
+
+_register()
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"gpumemdoctor: error: {message}", err=True)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI and turn every failure into one line and an exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args[:1] or _debug
+    try:
+        code = cli.main(args=args, prog_name="gpumemdoctor", standalone_mode=False)
+    except click.exceptions.NoSuchOption as exc:
+        _fail(f"{exc.format_message()} (see gpumemdoctor {_subcommand(args)}--help)", EXIT_USAGE)
+    except click.ClickException as exc:
+        _fail(f"{exc.format_message()} (see gpumemdoctor {_subcommand(args)}--help)", EXIT_USAGE)
+    except click.exceptions.Abort:
+        _fail("aborted", 130)
+    except DoctorError as exc:
+        if debug or _debug:
+            raise
+        _fail(str(exc), exc.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except Exception as exc:
+        if debug or _debug:
+            raise
+        _fail(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
+              EXIT_INTERNAL)
+    else:
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _subcommand(args: list[str]) -> str:
+    for arg in args:
+        if arg in cli.commands:
+            return arg + " "
+    return ""

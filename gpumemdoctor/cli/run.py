@@ -1,0 +1,149 @@
+"""`gpumemdoctor run`: run a script or module under the supervisor, then diagnose and report."""
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import sys
+
+import click
+
+from ..errors import UsageError
+
+_SCRIPT_PROBE_BYTES = 4096
+
+
+class _RunCommand(click.Command):
+    """Everything from the script (or `-m MODULE`) on belongs to the target, as with python."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ours, target = _split(args, self)
+        ctx.meta["gpumemdoctor.target"] = target
+        return super().parse_args(ctx, ours)
+
+
+def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str]]:
+    takes_value = {}
+    for param in command.params:
+        if isinstance(param, click.Option):
+            for opt in [*param.opts, *param.secondary_opts]:
+                takes_value[opt] = not param.is_flag and not param.count
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            return args[:i], args[i + 1:]
+        if arg in ("-m", "--module"):
+            if i + 1 >= len(args):
+                raise UsageError("-m needs a module name, as in: gpumemdoctor run -m mypkg.train")
+            return args[:i], ["-m", *args[i + 1:]]
+        if arg.startswith("--module="):
+            return args[:i], ["-m", arg.split("=", 1)[1], *args[i + 1:]]
+        if arg.startswith("-m") and len(arg) > 2:
+            return args[:i], ["-m", arg[2:], *args[i + 1:]]
+        if not arg.startswith("-") or arg == "-":
+            return args[:i], args[i:]
+        name = arg.split("=", 1)[0]
+        i += 2 if takes_value.get(name) and "=" not in arg else 1
+    return args, []
+
+
+@click.command("run", cls=_RunCommand, context_settings={"ignore_unknown_options": False})
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the JSON report [default: gpumemdoctor-<script>.<pid>.json].")
+@click.option("--force", is_flag=True, help="Overwrite the report file if it exists.")
+@click.option("--interval", type=click.FloatRange(0.001, 60), default=0.02, show_default=True,
+              help="Seconds between the agent's allocator samples.")
+@click.option("--poll-interval", type=click.FloatRange(0.001, 10), default=0.005, show_default=True,
+              help="Seconds between NVML polls of the process tree.")
+@click.option("--allow-no-gpu", is_flag=True,
+              help="Run the target even where NVML is missing (nothing GPU-side is measured).")
+@click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line and the report path.")
+@click.pass_context
+def run_command(ctx: click.Context, output: str | None, force: bool, interval: float,
+                poll_interval: float, allow_no_gpu: bool, quiet: bool) -> int:
+    """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) and diagnose its GPU memory.
+
+    Options go before the script; everything after it is the script's own.
+    The exit status is the script's (128 + N if signal N killed it).
+    """
+    from .. import nvml
+    from ..console import make_console
+    from ..diagnosis import diagnose
+    from ..errors import NoGpuError
+    from ..report import build, check_writable, write
+    from ..reporters import terminal
+    from ..supervisor import RunOptions, exit_status, run
+
+    target = ctx.meta.get("gpumemdoctor.target") or []
+    if not target:
+        raise UsageError("give a script to run (gpumemdoctor run train.py) or a module "
+                         "(gpumemdoctor run -m mypkg.train)")
+    name = _check_target(target)
+    if output is not None:
+        check_writable(output, force)
+    else:
+        check_writable(os.path.join(os.getcwd(), "gpumemdoctor-check.json"), force=True)
+    measure_gpu = True
+    try:
+        nvml.init()
+    except NoGpuError:
+        if not allow_no_gpu:
+            raise
+        measure_gpu = False
+
+    recording = run(RunOptions(target_args=target, poll_interval_s=poll_interval,
+                               agent_interval_s=interval, measure_gpu=measure_gpu))
+    status = exit_status(recording)
+    diagnosis = diagnose(recording)
+    path = output or f"gpumemdoctor-{name}.{recording.target_pid}.json"
+    console = make_console()
+    try:
+        write(build(recording, diagnosis), path, force)
+    except UsageError as exc:
+        click.echo(f"gpumemdoctor: error: {exc}", err=True)
+        path = None
+    if quiet:
+        verdict = diagnosis.verdict or "none (no GPU measured)"
+        console.print(f"gpumemdoctor verdict: {verdict}" + (f"  report: {path}" if path else ""))
+    else:
+        console.print()
+        terminal.render(console, recording, diagnosis, path)
+    return status
+
+
+def _check_target(target: list[str]) -> str:
+    """Refuse what python could not run, with a one-line reason; return a name for the report."""
+    if target[0] == "-m":
+        if len(target) < 2 or not target[1] or target[1].startswith("-"):
+            raise UsageError("-m needs a module name, as in: gpumemdoctor run -m mypkg.train")
+        module = target[1]
+        top = module.split(".")[0]
+        if not top.isidentifier():
+            raise UsageError(f"{module!r} is not a module name")
+        search = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path[1:]]
+        if (top not in sys.builtin_module_names
+                and importlib.machinery.PathFinder.find_spec(top, [p for p in search if p]) is None):
+            raise UsageError(f"no module named {top!r} (looked in the current folder and sys.path)")
+        return module.replace(".", "-")
+    script = target[0]
+    if not os.path.exists(script):
+        raise UsageError(f"{script}: no such file")
+    if os.path.isdir(script):
+        if not os.path.exists(os.path.join(script, "__main__.py")):
+            raise UsageError(f"{script} is a folder without __main__.py: give a Python script")
+        return os.path.basename(os.path.abspath(script))
+    try:
+        with open(script, "rb") as f:
+            head = f.read(_SCRIPT_PROBE_BYTES)
+    except OSError as exc:
+        raise UsageError(f"cannot read {script}: {exc.strerror or exc}")
+    if not head.startswith(b"PK\x03\x04"):  # python also runs zip files
+        if b"\0" in head:
+            raise UsageError(f"{script} is a binary file, not a Python script")
+        first = head.split(b"\n", 1)[0]
+        if first.startswith(b"#!") and b"python" not in first:
+            interpreter = first[2:].decode(errors="replace").strip()
+            raise UsageError(f"{script} is a script for {interpreter!r}, not Python; "
+                             f"gpumemdoctor runs Python programs")
+    stem = os.path.splitext(os.path.basename(script))[0]
+    return stem or "script"

@@ -1,0 +1,395 @@
+"""From a recording to a verdict: the breakdown, the growth, the findings. Pure: no NVML, no torch.
+
+The breakdown of each process on each device, at the end of the run, is
+
+    NVML used = context + live tensors + garbage-cycle tensors + pending-stream
+                + allocator cache + outside PyTorch
+
+from the agent's end probes: `allocated` before and after gc.collect() gives
+live and garbage tensors, `active - allocated` the blocks freed in Python but
+held for unfinished stream work, `reserved - active` the cache, and NVML minus
+`reserved` minus the context what lives outside PyTorch's allocator. The
+context is the smallest `NVML - reserved` seen in the process (taken as CUDA
+starts, before libraries load their kernels).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from .growth import GrowthFit, floor_growth
+from .recording import AgentRecording, DeviceReading, Recording, TorchSample
+from .units import format_bytes as fb
+
+VERDICTS = ("clean", "leak", "allocator-cache", "pending-stream", "garbage-cycle", "non-torch")
+FINDING_KINDS = VERDICTS[1:] + ("orphan-process", "context")
+
+MIB = 1 << 20
+SIGNIFICANT_BYTES = 64 * MIB  # retained memory below this is not worth a verdict
+MIN_LEAK_BYTES = 16 * MIB  # growth below this over the run is not called a leak
+# Kernels and library state (cuBLAS, cuDNN, NCCL) loaded after CUDA starts grow the
+# memory outside the allocator by 64-138 MiB on an H200 (see NOTES.md); only memory
+# beyond this allowance is called non-torch unless it keeps growing.
+LIBRARY_ALLOWANCE_BYTES = 256 * MIB
+MIN_STEPS = 8
+# When several causes apply at a similar size, the more specific one is named.
+SPECIFICITY = ("garbage-cycle", "pending-stream", "leak", "non-torch", "allocator-cache")
+
+
+@dataclass
+class Finding:
+    kind: str
+    bytes: int
+    summary: str
+    evidence: dict
+    remedy: str
+    pid: int | None = None
+    device: int | None = None  # NVML index
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Breakdown:
+    """Where one process's memory on one device went, at the end of the run."""
+
+    pid: int
+    device: int | None  # NVML index
+    torch_index: int | None
+    nvml_bytes: int | None
+    context_bytes: int | None
+    live_tensor_bytes: int | None = None
+    garbage_bytes: int | None = None
+    pending_stream_bytes: int | None = None
+    cache_bytes: int | None = None
+    non_torch_bytes: int | None = None
+    exit_probes: bool = False  # False when the process died before its exit hook ran
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Growth:
+    pid: int
+    device: int | None
+    series: str  # "allocated", "non_torch" or "nvml"
+    by: str  # "step" or "time"
+    grown_bytes: int
+    rate_bytes_per_step: float | None
+    rate_bytes_per_s: float | None
+    start_step: int | None
+    start_t: float | None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Diagnosis:
+    verdict: str | None  # None only when no GPU was measured
+    findings: list[Finding] = field(default_factory=list)
+    breakdowns: list[Breakdown] = field(default_factory=list)
+    growth: list[Growth] = field(default_factory=list)
+    peaks: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def diagnose(recording: Recording) -> Diagnosis:
+    """Turn a recording into findings and a verdict."""
+    result = Diagnosis(verdict=None, peaks=peaks(recording))
+    if not recording.nvml_available:
+        result.notes.append("no NVIDIA GPU was measured: NVML was not available")
+        return result
+    for agent in recording.agents:
+        for torch_index in _torch_devices(agent):
+            _diagnose_torch_device(recording, agent, torch_index, result)
+    torch_pids = {b.pid for b in result.breakdowns}
+    for (pid, device), points in sorted(recording.nvml.items()):
+        if pid not in torch_pids and any(used for _, used in points):
+            _diagnose_nvml_only(pid, device, points, result)
+    _orphans(recording, result)
+    if not recording.nvml and not result.breakdowns:
+        result.notes.append("the target never held GPU memory")
+    result.findings.sort(key=lambda f: (f.kind == "context", -f.bytes))
+    result.verdict = choose_verdict(result.findings)
+    return result
+
+
+def choose_verdict(findings: list[Finding]) -> str:
+    """The cause that explains most memory; near-ties go to the more specific cause."""
+    causes = [f for f in findings if f.kind in SPECIFICITY]
+    if not causes:
+        return "clean"
+    biggest = max(f.bytes for f in causes)
+    close = [f for f in causes if f.bytes >= 0.8 * biggest]
+    return min(close, key=lambda f: SPECIFICITY.index(f.kind)).kind
+
+
+# -- one process on one device, seen by the agent ----------------------------------
+
+def _torch_devices(agent: AgentRecording) -> list[int]:
+    seen: list[int] = []
+    for sample in [*agent.samples, *agent.probes.values()]:
+        for r in sample.readings:
+            if r.torch_index not in seen:
+                seen.append(r.torch_index)
+    return sorted(seen)
+
+
+def _readings(samples: list[TorchSample], torch_index: int) -> list[tuple[TorchSample, DeviceReading]]:
+    out = []
+    for s in samples:
+        r = s.reading(torch_index)
+        if r is not None:
+            out.append((s, r))
+    return out
+
+
+def _diagnose_torch_device(rec: Recording, agent: AgentRecording, torch_index: int,
+                           result: Diagnosis) -> None:
+    device = agent.device(torch_index)
+    nvml_index = device.nvml_index if device else None
+    during = _readings(agent.samples, torch_index)
+    probes = {phase: s.reading(torch_index) for phase, s in agent.probes.items()}
+    end = probes.get("end") or (during[-1][1] if during else None)
+    if end is None:
+        return
+    everything = [r for _, r in during] + [r for r in probes.values() if r is not None]
+    gaps = [r.nvml_used_bytes - r.reserved_bytes for r in everything
+            if r.nvml_used_bytes and r.reserved_bytes is not None]
+    context = min(gaps) if gaps else None
+    b = Breakdown(pid=agent.pid, device=nvml_index, torch_index=torch_index,
+                  nvml_bytes=end.nvml_used_bytes, context_bytes=context,
+                  exit_probes=probes.get("end") is not None)
+    after_gc = probes.get("gc")
+    if end.allocated_bytes is not None:
+        b.garbage_bytes = (max(0, end.allocated_bytes - after_gc.allocated_bytes)
+                           if after_gc is not None and after_gc.allocated_bytes is not None else None)
+        b.live_tensor_bytes = end.allocated_bytes - (b.garbage_bytes or 0)
+    if end.active_bytes is not None and end.allocated_bytes is not None:
+        b.pending_stream_bytes = max(0, end.active_bytes - end.allocated_bytes)
+    if end.reserved_bytes is not None:
+        in_use = end.active_bytes if end.active_bytes is not None else end.allocated_bytes
+        b.cache_bytes = max(0, end.reserved_bytes - (in_use or 0))
+    if end.nvml_used_bytes and end.reserved_bytes is not None and context is not None:
+        b.non_torch_bytes = max(0, end.nvml_used_bytes - end.reserved_bytes - context)
+    result.breakdowns.append(b)
+    where = _where(agent, torch_index, nvml_index)
+
+    if context:
+        result.findings.append(Finding(
+            kind="context", bytes=context, pid=agent.pid, device=nvml_index,
+            summary=f"{fb(context)} is the CUDA context of {where}: per-process overhead, not a leak.",
+            evidence={"context_bytes": context, "cuda_started_t": agent.cuda_t},
+            remedy="Nothing to do; each process that uses a GPU pays this once per device."))
+
+    series, by = _steady_series(agent, torch_index)
+    xs = [s.step if by == "step" else s.t for s, _ in series]
+    allocated = floor_growth(xs, [r.allocated_bytes for _, r in series], MIN_LEAK_BYTES)
+    non_torch = None
+    if context is not None:
+        non_torch = floor_growth(xs, [r.nvml_used_bytes - r.reserved_bytes - context
+                                      if r.nvml_used_bytes and r.reserved_bytes is not None else None
+                                      for _, r in series], MIN_LEAK_BYTES)
+
+    if b.garbage_bytes and b.garbage_bytes >= SIGNIFICANT_BYTES:
+        result.findings.append(Finding(
+            kind="garbage-cycle", bytes=b.garbage_bytes, pid=agent.pid, device=nvml_index,
+            summary=f"{fb(b.garbage_bytes)} of tensors in {where} were unreachable but held by "
+                    f"reference cycles: only the cyclic garbage collector frees them.",
+            evidence={"allocated_at_end": end.allocated_bytes,
+                      "allocated_after_gc_collect": after_gc.allocated_bytes if after_gc else None,
+                      "objects_collected": agent.probes["gc"].collected if "gc" in agent.probes else None},
+            remedy="Break the cycle (weakref for back-references, clear the container, avoid keeping "
+                   "exceptions or frames), or call gc.collect() after freeing large structures."))
+
+    if allocated is not None:
+        live_end = b.live_tensor_bytes if b.live_tensor_bytes is not None else end.allocated_bytes
+        retained = live_end - allocated.start_floor_bytes
+        if retained >= max(MIN_LEAK_BYTES, allocated.grown_bytes // 2):
+            g = _growth(agent, torch_index, nvml_index, "allocated", by, allocated, series)
+            result.growth.append(g)
+            result.findings.append(Finding(
+                kind="leak", bytes=retained, pid=agent.pid, device=nvml_index,
+                summary=f"Live PyTorch tensors in {where} kept growing, {_rate(g)}, and "
+                        f"{fb(retained)} of that growth is still held at the end.",
+                evidence={"series": "allocated", "by": by, "grown_bytes": allocated.grown_bytes,
+                          "start_floor_bytes": allocated.start_floor_bytes,
+                          "end_floor_bytes": allocated.end_floor_bytes,
+                          "live_at_end_bytes": live_end, "rate_bytes_per_step": g.rate_bytes_per_step,
+                          "rate_bytes_per_s": g.rate_bytes_per_s, "points": allocated.points},
+                remedy="Find what keeps each step's tensors alive: a list that is appended to, a loss "
+                       "accumulated without .item() (it keeps the autograd graph), stored outputs; "
+                       "keep Python numbers with .item() or .detach(), and del what you no longer need."))
+
+    if b.pending_stream_bytes and b.pending_stream_bytes >= SIGNIFICANT_BYTES:
+        after_sync = probes.get("sync")
+        result.findings.append(Finding(
+            kind="pending-stream", bytes=b.pending_stream_bytes, pid=agent.pid, device=nvml_index,
+            summary=f"{fb(b.pending_stream_bytes)} in {where} was freed in Python but is held until "
+                    f"unfinished work on another stream completes (record_stream).",
+            evidence={"active_at_end": end.active_bytes, "allocated_at_end": end.allocated_bytes,
+                      "pending_after_synchronize": (after_sync.active_bytes - after_sync.allocated_bytes)
+                      if after_sync and after_sync.active_bytes is not None
+                      and after_sync.allocated_bytes is not None else None},
+            remedy="Synchronize the side stream (stream.synchronize() or torch.cuda.synchronize()) "
+                   "before expecting the memory back, or avoid record_stream on large tensors."))
+
+    steady_cache = [r.reserved_bytes - (r.active_bytes if r.active_bytes is not None else r.allocated_bytes or 0)
+                    for s, r in series if r.reserved_bytes is not None] if by == "step" else []
+    working = max(steady_cache) if steady_cache else 0
+    if b.cache_bytes and b.cache_bytes - working >= SIGNIFICANT_BYTES:
+        after_empty = probes.get("empty_cache")
+        result.findings.append(Finding(
+            kind="allocator-cache", bytes=b.cache_bytes, pid=agent.pid, device=nvml_index,
+            summary=f"{fb(b.cache_bytes)} in {where} is PyTorch's allocator cache: memory of freed "
+                    f"tensors kept for reuse. nvidia-smi counts it; it is not a leak.",
+            evidence={"reserved_at_end": end.reserved_bytes, "active_at_end": end.active_bytes,
+                      "working_cache_bytes": working or None,
+                      "reserved_after_empty_cache": after_empty.reserved_bytes if after_empty else None,
+                      "nvml_after_empty_cache": after_empty.nvml_used_bytes if after_empty else None},
+            remedy="torch.cuda.empty_cache() returns it to the device (other processes can then use it); "
+                   "within one process PyTorch reuses it anyway."))
+
+    if non_torch is not None:
+        g = _growth(agent, torch_index, nvml_index, "non_torch", by, non_torch, series)
+        result.growth.append(g)
+        result.findings.append(_non_torch_finding(agent, nvml_index, where, non_torch.grown_bytes,
+                                                  b.non_torch_bytes, f"it kept growing, {_rate(g)}"))
+    elif b.non_torch_bytes and b.non_torch_bytes > LIBRARY_ALLOWANCE_BYTES:
+        result.findings.append(_non_torch_finding(agent, nvml_index, where, b.non_torch_bytes,
+                                                  b.non_torch_bytes, "more than CUDA libraries need"))
+
+
+def _non_torch_finding(agent: AgentRecording, nvml_index: int | None, where: str, size: int,
+                       at_end: int | None, why: str) -> Finding:
+    remedy = ("Memory allocated outside PyTorch (CuPy, raw cudaMalloc, NCCL, other libraries) must be "
+              "freed by whoever allocated it: cudaFree for raw allocations, the library's own cleanup.")
+    pool = agent.cupy_pool
+    if pool and pool.get("total_bytes"):
+        remedy += (" CuPy's pool holds " + fb(pool["total_bytes"]) + " (" + fb(pool.get("used_bytes"))
+                   + " in use): cupy.get_default_memory_pool().free_all_blocks() returns the rest.")
+    return Finding(
+        kind="non-torch", bytes=size, pid=agent.pid, device=nvml_index,
+        summary=f"{fb(at_end)} in {where} lies outside PyTorch's allocator, {why}.",
+        evidence={"non_torch_at_end_bytes": at_end, "library_allowance_bytes": LIBRARY_ALLOWANCE_BYTES,
+                  "cupy_pool": pool},
+        remedy=remedy)
+
+
+def _steady_series(agent: AgentRecording, torch_index: int):
+    """Step-aligned samples when the program marks steps, otherwise samples over time."""
+    by_step = [(s, r) for s, r in _readings(agent.samples, torch_index) if s.by == "step"]
+    if len(by_step) >= MIN_STEPS and by_step[-1][0].step - by_step[0][0].step >= MIN_STEPS:
+        return by_step, "step"
+    return _readings(agent.samples, torch_index), "time"
+
+
+def _growth(agent: AgentRecording, torch_index: int, nvml_index: int | None, name: str, by: str,
+            fit: GrowthFit, series) -> Growth:
+    per_s = fit.rate_bytes_per_x if by == "time" else None
+    start_step = None
+    start_t = fit.start_x if by == "time" else None
+    if by == "step":
+        start_step = int(fit.start_x)
+        steps = [(s.step, s.t) for s, _ in series]
+        span_t = steps[-1][1] - steps[0][1]
+        span_steps = steps[-1][0] - steps[0][0]
+        if span_t > 0 and span_steps > 0:
+            per_s = fit.rate_bytes_per_x * span_steps / span_t
+        start_t = next((t for step, t in steps if step >= start_step), None)
+    return Growth(pid=agent.pid, device=nvml_index, series=name, by=by, grown_bytes=fit.grown_bytes,
+                  rate_bytes_per_step=fit.rate_bytes_per_x if by == "step" else None,
+                  rate_bytes_per_s=per_s, start_step=start_step, start_t=start_t)
+
+
+def _rate(g: Growth) -> str:
+    parts = []
+    if g.rate_bytes_per_step is not None:
+        parts.append(f"{fb(int(g.rate_bytes_per_step))} per step")
+    if g.rate_bytes_per_s is not None:
+        parts.append(f"{fb(int(g.rate_bytes_per_s))} per second")
+    start = f"from step {g.start_step}" if g.start_step is not None else (
+        f"from {g.start_t:.1f} s" if g.start_t is not None else "")
+    return " (".join([" and ".join(parts) or "steadily", start + ")"]) if start else " and ".join(parts)
+
+
+def _where(agent: AgentRecording, torch_index: int, nvml_index: int | None) -> str:
+    gpu = f"GPU {nvml_index}" if nvml_index is not None else f"cuda:{torch_index}"
+    return f"process {agent.pid} on {gpu}"
+
+
+# -- processes seen only through NVML (no agent, or no torch) -----------------------
+
+def _diagnose_nvml_only(pid: int, device: int, points: list[tuple[float, int | None]],
+                        result: Diagnosis) -> None:
+    held = [(t, used) for t, used in points if used]
+    if not held:
+        return
+    first, last = held[0][1], held[-1][1]
+    result.breakdowns.append(Breakdown(pid=pid, device=device, torch_index=None, nvml_bytes=last,
+                                       context_bytes=first, non_torch_bytes=max(0, last - first)))
+    fit = floor_growth([t for t, _ in held], [u for _, u in held], MIN_LEAK_BYTES)
+    grown = last - first
+    if fit is not None or grown > LIBRARY_ALLOWANCE_BYTES:
+        size = fit.grown_bytes if fit is not None else grown
+        if fit is not None:
+            result.growth.append(Growth(pid=pid, device=device, series="nvml", by="time",
+                                        grown_bytes=fit.grown_bytes, rate_bytes_per_step=None,
+                                        rate_bytes_per_s=fit.rate_bytes_per_x, start_step=None,
+                                        start_t=fit.start_x))
+        result.findings.append(Finding(
+            kind="non-torch", bytes=size, pid=pid, device=device,
+            summary=f"Process {pid} on GPU {device} grew from {fb(first)} when first seen to {fb(last)}, "
+                    f"outside PyTorch (no PyTorch allocator was seen in it).",
+            evidence={"first_seen_bytes": first, "last_seen_bytes": last,
+                      "first_seen_t": held[0][0], "last_seen_t": held[-1][0]},
+            remedy="Free device memory where it was allocated (cudaFree, the library's own cleanup); "
+                   "CuPy: cupy.get_default_memory_pool().free_all_blocks()."))
+
+
+def _orphans(rec: Recording, result: Diagnosis) -> None:
+    for proc in rec.processes:
+        if proc.is_target or not proc.alive_after_exit:
+            continue
+        held = {dev: used for dev, used in proc.used_after_exit_bytes.items() if used}
+        if not held:
+            continue
+        total = sum(held.values())
+        command = " ".join(proc.cmdline or []) or "?"
+        result.findings.append(Finding(
+            kind="orphan-process", bytes=total, pid=proc.pid,
+            device=min(held) if len(held) == 1 else None,
+            summary=f"Process {proc.pid} ({command[:80]}), started by the target, still holds "
+                    f"{fb(total)} after the target exited.",
+            evidence={"pid": proc.pid, "cmdline": proc.cmdline, "ppid_when_seen": proc.ppid,
+                      "used_bytes_by_device": {str(k): v for k, v in held.items()}},
+            remedy=f"Wait for or stop the child before exiting (join(), terminate(), a context "
+                   f"manager); to free the memory now: kill {proc.pid}."))
+
+
+# -- peaks --------------------------------------------------------------------------
+
+def peaks(rec: Recording) -> dict:
+    """Highest NVML total of the process tree, and the allocator's own peak counters."""
+    events = sorted((t, key, used or 0) for key, points in rec.nvml.items() for t, used in points)
+    current: dict = {}
+    nvml_peak = 0
+    nvml_peak_t = None
+    for t, key, used in events:
+        current[key] = used
+        total = sum(current.values())
+        if total > nvml_peak:
+            nvml_peak, nvml_peak_t = total, t
+    allocated_peak = reserved_peak = None
+    for agent in rec.agents:
+        for torch_index in _torch_devices(agent):
+            readings = [r for _, r in _readings([*agent.samples, *agent.probes.values()], torch_index)]
+            for r in readings:
+                if r.allocated_peak_bytes is not None:
+                    allocated_peak = max(allocated_peak or 0, r.allocated_peak_bytes)
+                if r.reserved_peak_bytes is not None:
+                    reserved_peak = max(reserved_peak or 0, r.reserved_peak_bytes)
+    return {"nvml_bytes": nvml_peak if rec.nvml_available else None, "nvml_t": nvml_peak_t,
+            "allocated_bytes": allocated_peak, "reserved_bytes": reserved_peak}

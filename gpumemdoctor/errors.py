@@ -1,0 +1,34 @@
+"""The tool's own errors and the one table that maps them to exit codes."""
+from __future__ import annotations
+
+# Exit codes of gpumemdoctor itself. A target that ran passes its own exit
+# status through (128 + N when a signal N killed it), so these only appear when
+# gpumemdoctor could not do its job. Keep README's table in step with this one.
+EXIT_USAGE = 2
+EXIT_NO_GPU = 3
+EXIT_BAD_REPORT = 4
+EXIT_INTERNAL = 70
+
+
+class DoctorError(Exception):
+    """An error the user can act on: one line, with what to do."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class UsageError(DoctorError):
+    """Bad arguments, a missing script, an existing output file."""
+
+    exit_code = EXIT_USAGE
+
+
+class NoGpuError(DoctorError):
+    """NVML (the NVIDIA driver's management library) cannot be used here."""
+
+    exit_code = EXIT_NO_GPU
+
+
+class BadReportError(DoctorError):
+    """A report or recording file that is not what it claims to be."""
+
+    exit_code = EXIT_BAD_REPORT

@@ -1,0 +1,209 @@
+"""The only module that talks to NVML: devices, memory, and who holds it.
+
+Every call goes through `_call`, which turns "not supported", "no permission"
+and "function not found" into None (*not available*), and a missing library
+or driver into one NoGpuError with a hint. pynvml is imported on first use so
+that `gpumemdoctor --help` never loads it.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import NoGpuError
+
+_lock = threading.Lock()
+_nv: Any = None  # the pynvml module once NVML is initialised
+_processes_fn: Callable | None = None
+_SOFT_ERRORS: tuple = ()
+_FATAL_ERRORS: tuple = ()
+
+
+@dataclass(frozen=True)
+class Device:
+    """One GPU as NVML numbers it (PCI order)."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str | None
+    name: str | None
+    total_bytes: int | None
+    handle: Any = None
+
+    def to_json(self) -> dict:
+        return {"index": self.index, "uuid": self.uuid, "pci_bus_id": self.pci_bus_id,
+                "name": self.name, "total_bytes": self.total_bytes}
+
+
+@dataclass(frozen=True)
+class MemoryInfo:
+    total_bytes: int | None
+    used_bytes: int | None
+    free_bytes: int | None
+    reserved_bytes: int | None  # driver-reserved; None where only v1 exists
+
+
+def init() -> Any:
+    """Initialise NVML once; raise NoGpuError with a fix-it hint when it cannot be."""
+    global _nv, _SOFT_ERRORS, _FATAL_ERRORS
+    if _nv is not None:
+        return _nv
+    with _lock:
+        if _nv is not None:
+            return _nv
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise NoGpuError("the nvidia-ml-py package is not installed: "
+                             "pip install nvidia-ml-py") from exc
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise NoGpuError(f"NVML is not available ({exc}): this machine has no usable "
+                             "NVIDIA driver. Run on a machine with an NVIDIA GPU, or pass "
+                             "--allow-no-gpu to run the target without GPU measurement") from exc
+        except OSError as exc:  # a broken libnvidia-ml.so
+            raise NoGpuError(f"NVML could not be loaded ({exc})") from exc
+        _SOFT_ERRORS = tuple(
+            getattr(pynvml, name) for name in (
+                "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION",
+                "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NOT_FOUND",
+                "NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_ARGUMENT_VERSION_MISMATCH",
+                "NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_UNKNOWN",
+                "NVML_ERROR_INSUFFICIENT_SIZE", "NVML_ERROR_TIMEOUT")
+            if hasattr(pynvml, name))
+        _FATAL_ERRORS = tuple(
+            getattr(pynvml, name) for name in (
+                "NVML_ERROR_UNINITIALIZED", "NVML_ERROR_LIBRARY_NOT_FOUND",
+                "NVML_ERROR_DRIVER_NOT_LOADED")
+            if hasattr(pynvml, name))
+        _nv = pynvml
+        return pynvml
+
+
+def available() -> bool:
+    """True when NVML can be initialised here."""
+    try:
+        init()
+        return True
+    except NoGpuError:
+        return False
+
+
+def _call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Call an NVML function; *not available* becomes None."""
+    try:
+        return fn(*args, **kwargs)
+    except _nv.NVMLError as exc:
+        if exc.value in _FATAL_ERRORS:
+            raise NoGpuError(f"NVML stopped working ({exc})") from exc
+        return None
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def devices() -> list[Device]:
+    """Every GPU NVML sees, in NVML's (PCI) order."""
+    nv = init()
+    count = _call(nv.nvmlDeviceGetCount) or 0
+    found = []
+    for index in range(count):
+        handle = _call(nv.nvmlDeviceGetHandleByIndex, index)
+        if handle is None:
+            continue
+        pci = _call(nv.nvmlDeviceGetPciInfo, handle)
+        mem = _call(nv.nvmlDeviceGetMemoryInfo, handle)
+        found.append(Device(
+            index=index,
+            uuid=_text(_call(nv.nvmlDeviceGetUUID, handle)) or f"index-{index}",
+            pci_bus_id=_text(pci.busId) if pci is not None else None,
+            name=_text(_call(nv.nvmlDeviceGetName, handle)),
+            total_bytes=int(mem.total) if mem is not None else None,
+            handle=handle,
+        ))
+    return found
+
+
+def memory_info(device: Device) -> MemoryInfo:
+    """Used/free/total, with driver-reserved memory split out where the driver has v2."""
+    nv = init()
+    if hasattr(nv, "nvmlMemory_v2"):
+        mem = _call(nv.nvmlDeviceGetMemoryInfo, device.handle, version=nv.nvmlMemory_v2)
+        if mem is not None:
+            return MemoryInfo(int(mem.total), int(mem.used), int(mem.free), int(mem.reserved))
+    mem = _call(nv.nvmlDeviceGetMemoryInfo, device.handle)
+    if mem is None:
+        return MemoryInfo(None, None, None, None)
+    return MemoryInfo(int(mem.total), int(mem.used), int(mem.free), None)
+
+
+def _pick_processes_fn(handle: Any) -> Callable:
+    """Probe the versioned process-list functions once; remember the first that works."""
+    global _processes_fn
+    if _processes_fn is None:
+        nv = init()
+        for name in ("nvmlDeviceGetComputeRunningProcesses_v3",
+                     "nvmlDeviceGetComputeRunningProcesses_v2",
+                     "nvmlDeviceGetComputeRunningProcesses"):
+            fn = getattr(nv, name, None)
+            if fn is None:
+                continue
+            try:
+                fn(handle)
+            except nv.NVMLError:
+                continue
+            _processes_fn = fn
+            break
+        else:
+            _processes_fn = nv.nvmlDeviceGetComputeRunningProcesses
+    return _processes_fn
+
+
+def processes(device: Device) -> list[tuple[int, int | None]]:
+    """(pid, used bytes or None) of each process with a CUDA context on the device."""
+    fn = _pick_processes_fn(device.handle)
+    listed = _call(fn, device.handle)
+    if listed is None:
+        return []
+    out = []
+    for proc in listed:
+        used = getattr(proc, "usedGpuMemory", None)
+        out.append((int(proc.pid), int(used) if used is not None else None))
+    return out
+
+
+def used_by(device: Device, pid: int) -> int | None:
+    """Bytes the process holds on the device; 0 when it has no context there."""
+    for listed_pid, used in processes(device):
+        if listed_pid == pid:
+            return used
+    return 0
+
+
+def device_by_uuid(uuid: str) -> Device | None:
+    for device in devices():
+        if normalise_uuid(device.uuid) == normalise_uuid(uuid):
+            return device
+    return None
+
+
+def normalise_uuid(uuid: str) -> str:
+    """NVML says 'GPU-43ff...', torch says '43ff...': compare without the prefix."""
+    uuid = uuid.strip().lower()
+    return uuid[4:] if uuid.startswith("gpu-") else uuid
+
+
+def versions() -> dict:
+    """Driver, NVML and CUDA driver versions (None where not available)."""
+    nv = init()
+    cuda = _call(nv.nvmlSystemGetCudaDriverVersion) if hasattr(nv, "nvmlSystemGetCudaDriverVersion") else None
+    return {
+        "driver": _text(_call(nv.nvmlSystemGetDriverVersion)),
+        "nvml": _text(_call(nv.nvmlSystemGetNVMLVersion)),
+        "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
+    }

@@ -1,0 +1,354 @@
+"""A recording: everything measured in one run, from NVML and from the agents.
+
+The supervisor builds it (`combine` reads the agents' files), the diagnosis
+reads it, and reports embed it. Sizes are integers in bytes; *not available*
+is None (JSON null), never 0. Times are seconds since the run started.
+Loading is strict: a file that does not have this shape is refused.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import BadReportError
+from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int, opt_num, opt_str
+
+SCHEMA = "gpumemdoctor.recording/1"
+PROBE_PHASES = ("end", "gc", "sync", "empty_cache")
+
+
+@dataclass
+class DeviceReading:
+    """The allocator and NVML figures of one device at one moment, from inside the process."""
+
+    torch_index: int
+    allocated_bytes: int | None
+    active_bytes: int | None
+    reserved_bytes: int | None
+    requested_bytes: int | None
+    nvml_used_bytes: int | None
+    allocated_peak_bytes: int | None = None
+    reserved_peak_bytes: int | None = None
+
+    def to_json(self) -> list:
+        return [self.torch_index, self.allocated_bytes, self.active_bytes, self.reserved_bytes,
+                self.requested_bytes, self.nvml_used_bytes, self.allocated_peak_bytes,
+                self.reserved_peak_bytes]
+
+    @classmethod
+    def from_json(cls, row: Any) -> DeviceReading:
+        if not isinstance(row, list) or not 6 <= len(row) <= 8:
+            raise BadReportError(f"a device reading must be a list of 6 to 8 numbers, not {row!r:.80}")
+        need_int(row[0], "device index")
+        for value in row[1:]:
+            opt_int(value, "device reading")
+        return cls(*row)
+
+
+@dataclass
+class TorchSample:
+    """One reading from inside the process: a sample during the run or an exit probe."""
+
+    t: float
+    by: str  # "step", "time", or a probe phase
+    step: int | None
+    readings: list[DeviceReading]
+    collected: int | None = None  # objects gc.collect() found, on the "gc" probe
+
+    def reading(self, torch_index: int) -> DeviceReading | None:
+        for r in self.readings:
+            if r.torch_index == torch_index:
+                return r
+        return None
+
+    def to_json(self) -> dict:
+        return {"t": self.t, "by": self.by, "step": self.step, "collected": self.collected,
+                "d": [r.to_json() for r in self.readings]}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> TorchSample:
+        obj = need_dict(obj, "sample")
+        return cls(t=need_num(obj.get("t"), "sample time"), by=need_str(obj.get("by"), "sample kind"),
+                   step=opt_int(obj.get("step"), "step"),
+                   readings=[DeviceReading.from_json(r) for r in need_list(obj.get("d"), "readings")],
+                   collected=opt_int(obj.get("collected"), "collected"))
+
+
+@dataclass
+class TorchDevice:
+    """A device as torch numbers it, matched to NVML's numbering by UUID."""
+
+    index: int
+    uuid: str | None
+    pci_bus_id: str | None
+    name: str | None
+    nvml_index: int | None
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> TorchDevice:
+        obj = need_dict(obj, "torch device")
+        return cls(index=need_int(obj.get("index"), "device index"), uuid=opt_str(obj.get("uuid"), "uuid"),
+                   pci_bus_id=opt_str(obj.get("pci_bus_id"), "pci_bus_id"),
+                   name=opt_str(obj.get("name"), "name"),
+                   nvml_index=opt_int(obj.get("nvml_index"), "nvml_index"))
+
+
+@dataclass
+class AgentRecording:
+    """What the agent inside one Python process of the run wrote."""
+
+    pid: int
+    ppid: int | None = None
+    argv: list[str] = field(default_factory=list)
+    forked_from: int | None = None
+    python: str | None = None
+    torch_version: str | None = None
+    cuda_t: float | None = None
+    allocator_backend: str | None = None
+    devices: list[TorchDevice] = field(default_factory=list)
+    samples: list[TorchSample] = field(default_factory=list)
+    probes: dict[str, TorchSample] = field(default_factory=dict)
+    steps: int | None = None
+    explicit_steps: bool = False
+    exited_normally: bool = False
+    cupy_pool: dict | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def device(self, torch_index: int) -> TorchDevice | None:
+        for d in self.devices:
+            if d.index == torch_index:
+                return d
+        return None
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "ppid": self.ppid, "argv": self.argv, "forked_from": self.forked_from,
+                "python": self.python, "torch_version": self.torch_version, "cuda_t": self.cuda_t,
+                "allocator_backend": self.allocator_backend,
+                "devices": [d.to_json() for d in self.devices],
+                "samples": [s.to_json() for s in self.samples],
+                "probes": {k: v.to_json() for k, v in self.probes.items()},
+                "steps": self.steps, "explicit_steps": self.explicit_steps,
+                "exited_normally": self.exited_normally, "cupy_pool": self.cupy_pool,
+                "errors": self.errors}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> AgentRecording:
+        obj = need_dict(obj, "agent")
+        probes = need_dict(obj.get("probes", {}), "probes")
+        for phase in probes:
+            if phase not in PROBE_PHASES:
+                raise BadReportError(f"unknown probe phase {phase!r}")
+        cupy = obj.get("cupy_pool")
+        if cupy is not None:
+            cupy = {k: opt_int(v, "cupy pool") for k, v in need_dict(cupy, "cupy pool").items()}
+        return cls(
+            pid=need_int(obj.get("pid"), "pid"), ppid=opt_int(obj.get("ppid"), "ppid"),
+            argv=[need_str(a, "argv") for a in need_list(obj.get("argv", []), "argv")],
+            forked_from=opt_int(obj.get("forked_from"), "forked_from"),
+            python=opt_str(obj.get("python"), "python"),
+            torch_version=opt_str(obj.get("torch_version"), "torch_version"),
+            cuda_t=opt_num(obj.get("cuda_t"), "cuda_t"),
+            allocator_backend=opt_str(obj.get("allocator_backend"), "allocator_backend"),
+            devices=[TorchDevice.from_json(d) for d in need_list(obj.get("devices", []), "devices")],
+            samples=[TorchSample.from_json(s) for s in need_list(obj.get("samples", []), "samples")],
+            probes={k: TorchSample.from_json(v) for k, v in probes.items()},
+            steps=opt_int(obj.get("steps"), "steps"),
+            explicit_steps=bool(obj.get("explicit_steps", False)),
+            exited_normally=bool(obj.get("exited_normally", False)),
+            cupy_pool=cupy,
+            errors=[need_str(e, "error") for e in need_list(obj.get("errors", []), "errors")],
+        )
+
+
+@dataclass
+class ProcessRecord:
+    """A process of the run's tree (the target or a descendant) that NVML or psutil saw."""
+
+    pid: int
+    ppid: int | None
+    cmdline: list[str] | None
+    create_time: float | None
+    is_target: bool
+    first_seen_t: float
+    alive_after_exit: bool = False
+    used_after_exit_bytes: dict[int, int | None] = field(default_factory=dict)  # NVML index -> bytes
+
+    def to_json(self) -> dict:
+        return {"pid": self.pid, "ppid": self.ppid, "cmdline": self.cmdline,
+                "create_time": self.create_time, "is_target": self.is_target,
+                "first_seen_t": self.first_seen_t, "alive_after_exit": self.alive_after_exit,
+                "used_after_exit_bytes": {str(k): v for k, v in self.used_after_exit_bytes.items()}}
+
+    @classmethod
+    def from_json(cls, obj: Any) -> ProcessRecord:
+        obj = need_dict(obj, "process")
+        cmdline = obj.get("cmdline")
+        if cmdline is not None:
+            cmdline = [need_str(a, "cmdline") for a in need_list(cmdline, "cmdline")]
+        used = need_dict(obj.get("used_after_exit_bytes", {}), "used_after_exit_bytes")
+        return cls(pid=need_int(obj.get("pid"), "pid"), ppid=opt_int(obj.get("ppid"), "ppid"),
+                   cmdline=cmdline, create_time=opt_num(obj.get("create_time"), "create_time"),
+                   is_target=bool(obj.get("is_target")),
+                   first_seen_t=need_num(obj.get("first_seen_t"), "first_seen_t"),
+                   alive_after_exit=bool(obj.get("alive_after_exit")),
+                   used_after_exit_bytes={need_int(int(k) if str(k).isdigit() else k, "device"):
+                                          opt_int(v, "bytes") for k, v in used.items()})
+
+
+@dataclass
+class Recording:
+    """One run: the target, the devices, NVML's view of each process, the agents' view."""
+
+    tool_version: str
+    target: dict  # argv, pid, exit_code, signal, cwd
+    started_wall: float
+    duration_s: float
+    poll_interval_s: float
+    nvml_available: bool
+    versions: dict = field(default_factory=dict)
+    devices: list[dict] = field(default_factory=list)  # NVML devices: index, uuid, pci_bus_id, name, total_bytes
+    nvml: dict[tuple[int, int], list[tuple[float, int | None]]] = field(default_factory=dict)
+    processes: list[ProcessRecord] = field(default_factory=list)
+    agents: list[AgentRecording] = field(default_factory=list)
+
+    @property
+    def target_pid(self) -> int | None:
+        return self.target.get("pid")
+
+    def agent(self, pid: int) -> AgentRecording | None:
+        for a in self.agents:
+            if a.pid == pid:
+                return a
+        return None
+
+    def to_json(self) -> dict:
+        return {
+            "schema": SCHEMA, "tool_version": self.tool_version, "target": self.target,
+            "started_wall": self.started_wall, "duration_s": self.duration_s,
+            "poll_interval_s": self.poll_interval_s, "nvml_available": self.nvml_available,
+            "versions": self.versions, "devices": self.devices,
+            "nvml": [{"pid": pid, "device": dev, "points": [[t, used] for t, used in points]}
+                     for (pid, dev), points in sorted(self.nvml.items())],
+            "processes": [p.to_json() for p in self.processes],
+            "agents": [a.to_json() for a in self.agents],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Recording:
+        obj = need_dict(obj, "recording")
+        if obj.get("schema") != SCHEMA:
+            raise BadReportError(f"not a gpumemdoctor recording (schema {obj.get('schema')!r}, "
+                                 f"expected {SCHEMA!r})")
+        target = need_dict(obj.get("target"), "target")
+        for key in ("pid", "exit_code", "signal"):
+            opt_int(target.get(key), f"target {key}")
+        target["argv"] = [need_str(a, "argv") for a in need_list(target.get("argv", []), "target argv")]
+        nvml: dict[tuple[int, int], list[tuple[float, int | None]]] = {}
+        for series in need_list(obj.get("nvml", []), "nvml"):
+            series = need_dict(series, "nvml series")
+            points = []
+            for point in need_list(series.get("points"), "nvml points"):
+                if not isinstance(point, list) or len(point) != 2:
+                    raise BadReportError("an NVML point must be [t, used_bytes]")
+                points.append((need_num(point[0], "t"), opt_int(point[1], "used_bytes")))
+            nvml[(need_int(series.get("pid"), "pid"), need_int(series.get("device"), "device"))] = points
+        devices = [need_dict(d, "device") for d in need_list(obj.get("devices", []), "devices")]
+        for d in devices:
+            need_int(d.get("index"), "device index")
+            opt_int(d.get("total_bytes"), "total_bytes")
+        return cls(
+            tool_version=need_str(obj.get("tool_version"), "tool_version"), target=target,
+            started_wall=need_num(obj.get("started_wall"), "started_wall"),
+            duration_s=need_num(obj.get("duration_s"), "duration_s"),
+            poll_interval_s=need_num(obj.get("poll_interval_s"), "poll_interval_s"),
+            nvml_available=bool(obj.get("nvml_available")),
+            versions=need_dict(obj.get("versions", {}), "versions"), devices=devices, nvml=nvml,
+            processes=[ProcessRecord.from_json(p) for p in need_list(obj.get("processes", []), "processes")],
+            agents=[AgentRecording.from_json(a) for a in need_list(obj.get("agents", []), "agents")],
+        )
+
+
+# -- reading the agents' files ---------------------------------------------------
+
+def read_agent_file(path: str, t0: float) -> AgentRecording | None:
+    """Parse one agent's JSON-lines file; a line cut short by a killed process is skipped."""
+    agent: AgentRecording | None = None
+    try:
+        with open(path, "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict):
+            continue
+        try:
+            agent = _apply(agent, rec, t0)
+        except (BadReportError, KeyError, TypeError, ValueError):
+            continue
+    return agent
+
+
+def _apply(agent: AgentRecording | None, rec: dict, t0: float) -> AgentRecording | None:
+    kind = rec.get("type")
+    if kind == "hello":
+        return AgentRecording(pid=need_int(rec["pid"], "pid"), ppid=opt_int(rec.get("ppid"), "ppid"),
+                              argv=[str(a) for a in rec.get("argv") or []],
+                              forked_from=opt_int(rec.get("forked_from"), "forked_from"),
+                              python=opt_str(rec.get("python"), "python"))
+    if agent is None:
+        return None
+    t = need_num(rec.get("t"), "t") - t0 if rec.get("t") is not None else None
+    if kind == "torch":
+        agent.torch_version = opt_str(rec.get("version"), "version")
+    elif kind == "cuda":
+        agent.cuda_t = t
+    elif kind == "devices":
+        agent.allocator_backend = opt_str(rec.get("allocator_backend"), "backend")
+        agent.devices = [TorchDevice.from_json(d) for d in need_list(rec.get("devices"), "devices")]
+    elif kind == "steps":
+        agent.explicit_steps = True
+    elif kind in ("s", "p"):
+        sample = TorchSample(t=t, by=rec["phase"] if kind == "p" else need_str(rec.get("by"), "by"),
+                             step=opt_int(rec.get("step"), "step"),
+                             readings=[DeviceReading.from_json(r) for r in need_list(rec.get("d"), "d")],
+                             collected=opt_int(rec.get("collected"), "collected"))
+        if kind == "p":
+            if sample.by in PROBE_PHASES:
+                agent.probes[sample.by] = sample
+        else:
+            agent.samples.append(sample)
+    elif kind == "exit":
+        agent.exited_normally = True
+        agent.steps = opt_int(rec.get("steps"), "steps")
+        agent.explicit_steps = bool(rec.get("explicit_steps"))
+        cupy = rec.get("cupy")
+        agent.cupy_pool = cupy if isinstance(cupy, dict) else None
+    elif kind == "error":
+        agent.errors.append(str(rec.get("where")) + ": " + str(rec.get("message")))
+    return agent
+
+
+def read_agents(run_dir: str, t0: float) -> list[AgentRecording]:
+    """Combine step: one recording per process that ran the agent."""
+    agents = []
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith("agent-") and name.endswith(".jsonl"):
+            agent = read_agent_file(os.path.join(run_dir, name), t0)
+            if agent is not None:
+                if agent.steps is None and agent.samples:
+                    agent.steps = agent.samples[-1].step
+                agents.append(agent)
+    return agents

@@ -1,0 +1,152 @@
+"""The JSON report: a diagnosis with the recording it rests on, written and read back strictly."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from .diagnosis import FINDING_KINDS, VERDICTS, Breakdown, Diagnosis, Finding, Growth
+from .errors import BadReportError, UsageError
+from .recording import Recording
+from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int, opt_num
+
+SCHEMA = "gpumemdoctor.report/1"
+MAX_REPORT_BYTES = 512 << 20
+
+
+def build(recording: Recording, diagnosis: Diagnosis) -> dict:
+    """The report as a JSON-ready dict (schema gpumemdoctor.report/1)."""
+    target = recording.target
+    return {
+        "schema": SCHEMA,
+        "verdict": diagnosis.verdict,
+        "findings": [f.to_json() for f in diagnosis.findings],
+        "breakdown": [b.to_json() for b in diagnosis.breakdowns],
+        "growth": [g.to_json() for g in diagnosis.growth],
+        "peaks": diagnosis.peaks,
+        "notes": diagnosis.notes,
+        "target": {"argv": target.get("argv"), "pid": target.get("pid"),
+                   "exit_code": target.get("exit_code"), "signal": target.get("signal"),
+                   "duration_s": recording.duration_s},
+        "devices": recording.devices,
+        "versions": recording.versions,
+        "timeline": timeline(recording),
+        "recording": recording.to_json(),
+    }
+
+
+def timeline(recording: Recording) -> list[dict]:
+    """Every agent sample of every process, flattened: one row per process, device and moment."""
+    rows = []
+    for agent in recording.agents:
+        for sample in agent.samples:
+            for r in sample.readings:
+                device = agent.device(r.torch_index)
+                rows.append({"pid": agent.pid, "device": device.nvml_index if device else None,
+                             "t": sample.t, "step": sample.step, "by": sample.by,
+                             "nvml_bytes": r.nvml_used_bytes, "reserved_bytes": r.reserved_bytes,
+                             "active_bytes": r.active_bytes, "allocated_bytes": r.allocated_bytes})
+    return rows
+
+
+def write(report: dict, path: str, force: bool) -> None:
+    """Write the report; refuse to replace a file unless forced."""
+    if os.path.isdir(path):
+        raise UsageError(f"the report path {path} is a directory: give a file name with -o")
+    mode = "w" if force else "x"
+    try:
+        with open(path, mode, encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
+    except FileExistsError:
+        raise UsageError(f"{path} exists: pass --force to overwrite it, or -o to choose another name")
+    except OSError as exc:
+        raise UsageError(f"cannot write the report to {path}: {exc.strerror or exc}")
+
+
+def check_writable(path: str, force: bool) -> None:
+    """Fail before the target runs when the report could not be written after it."""
+    if os.path.isdir(path):
+        raise UsageError(f"the report path {path} is a directory: give a file name with -o")
+    if os.path.exists(path) and not force:
+        raise UsageError(f"{path} exists: pass --force to overwrite it, or -o to choose another name")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"cannot write the report to {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"cannot write the report to {path}: folder {folder} is not writable")
+
+
+def load(path: str) -> tuple[Recording, Diagnosis]:
+    """Read a saved report strictly; BadReportError names what is wrong."""
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_REPORT_BYTES:
+            raise BadReportError(f"{path} is {size} bytes, larger than any report this tool writes")
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f, parse_constant=_refuse_constant)
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist")
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a directory, not a report")
+    except UnicodeDecodeError:
+        raise BadReportError(f"{path} is not a gpumemdoctor report (not UTF-8 text)")
+    except ValueError as exc:
+        raise BadReportError(f"{path} is not a gpumemdoctor report (invalid JSON: {exc})")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}")
+    try:
+        return parse(obj)
+    except BadReportError as exc:
+        raise BadReportError(f"{path} is not a valid report: {exc}") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def parse(obj: Any) -> tuple[Recording, Diagnosis]:
+    obj = need_dict(obj, "report")
+    if obj.get("schema") != SCHEMA:
+        raise BadReportError(f"schema {obj.get('schema')!r}, expected {SCHEMA!r}")
+    verdict = obj.get("verdict")
+    if verdict is not None and verdict not in VERDICTS:
+        raise BadReportError(f"unknown verdict {verdict!r}")
+    findings = []
+    for f in need_list(obj.get("findings"), "findings"):
+        f = need_dict(f, "finding")
+        if f.get("kind") not in FINDING_KINDS:
+            raise BadReportError(f"unknown finding kind {f.get('kind')!r}")
+        findings.append(Finding(kind=f["kind"], bytes=need_int(f.get("bytes"), "finding bytes"),
+                                summary=need_str(f.get("summary"), "summary"),
+                                evidence=need_dict(f.get("evidence"), "evidence"),
+                                remedy=need_str(f.get("remedy"), "remedy"),
+                                pid=opt_int(f.get("pid"), "pid"), device=opt_int(f.get("device"), "device")))
+    breakdowns = []
+    for b in need_list(obj.get("breakdown"), "breakdown"):
+        b = need_dict(b, "breakdown")
+        sizes = {k: opt_int(b.get(k), k) for k in (
+            "nvml_bytes", "context_bytes", "live_tensor_bytes", "garbage_bytes",
+            "pending_stream_bytes", "cache_bytes", "non_torch_bytes")}
+        breakdowns.append(Breakdown(pid=need_int(b.get("pid"), "pid"), device=opt_int(b.get("device"), "device"),
+                                    torch_index=opt_int(b.get("torch_index"), "torch_index"),
+                                    exit_probes=bool(b.get("exit_probes")), **sizes))
+    growth = []
+    for g in need_list(obj.get("growth", []), "growth"):
+        g = need_dict(g, "growth")
+        growth.append(Growth(pid=need_int(g.get("pid"), "pid"), device=opt_int(g.get("device"), "device"),
+                             series=need_str(g.get("series"), "series"), by=need_str(g.get("by"), "by"),
+                             grown_bytes=need_int(g.get("grown_bytes"), "grown_bytes"),
+                             rate_bytes_per_step=opt_num(g.get("rate_bytes_per_step"), "rate"),
+                             rate_bytes_per_s=opt_num(g.get("rate_bytes_per_s"), "rate"),
+                             start_step=opt_int(g.get("start_step"), "start_step"),
+                             start_t=opt_num(g.get("start_t"), "start_t")))
+    peaks = need_dict(obj.get("peaks"), "peaks")
+    for key in ("nvml_bytes", "allocated_bytes", "reserved_bytes"):
+        opt_int(peaks.get(key), f"peak {key}")
+    if peaks.get("nvml_t") is not None:
+        need_num(peaks["nvml_t"], "peak time")
+    notes = [need_str(n, "note") for n in need_list(obj.get("notes", []), "notes")]
+    recording = Recording.from_json(obj.get("recording"))
+    return recording, Diagnosis(verdict=verdict, findings=findings, breakdowns=breakdowns,
+                                growth=growth, peaks=peaks, notes=notes)

@@ -1,0 +1,1 @@
+"""Reporters draw a finished diagnosis; they compute nothing."""

@@ -1,0 +1,153 @@
+"""The terminal report: verdict first, then breakdown, peaks, timeline and findings. Fits 80 columns."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..diagnosis import Breakdown, Diagnosis
+from ..recording import Recording
+from ..units import format_bytes as fb
+
+VERDICT_STYLE = {"clean": "bold green", "leak": "bold red", "allocator-cache": "bold yellow",
+                 "pending-stream": "bold yellow", "garbage-cycle": "bold red", "non-torch": "bold red"}
+VERDICT_MEANING = {
+    "clean": "nothing grew and nothing unexpected is held",
+    "leak": "live PyTorch tensors kept growing and are still held",
+    "allocator-cache": "freed tensors' memory is kept by PyTorch's cache",
+    "pending-stream": "freed memory is held for unfinished stream work",
+    "garbage-cycle": "tensors are held by reference cycles until gc runs",
+    "non-torch": "memory outside PyTorch's allocator grew or is held",
+}
+BARS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 40
+
+
+def render(console: Console, recording: Recording, diagnosis: Diagnosis,
+           report_path: str | None = None) -> None:
+    """Draw the whole report."""
+    _verdict(console, diagnosis)
+    _target(console, recording)
+    for b in _ordered(recording, diagnosis.breakdowns):
+        _breakdown(console, b)
+    _peaks(console, diagnosis)
+    _timeline(console, recording)
+    _findings(console, diagnosis)
+    for note in diagnosis.notes:
+        console.print(f"note: {note}")
+    if report_path:
+        console.print(f"\nReport: {report_path}")
+
+
+def _verdict(console: Console, diagnosis: Diagnosis) -> None:
+    line = Text("gpumemdoctor verdict: ")
+    if diagnosis.verdict is None:
+        line.append("none", style="bold")
+        line.append(" (no NVIDIA GPU was measured)")
+    else:
+        line.append(diagnosis.verdict, style=VERDICT_STYLE.get(diagnosis.verdict, "bold"))
+        line.append(f" ({VERDICT_MEANING[diagnosis.verdict]})")
+    console.print(line)
+    headline = next((f for f in diagnosis.findings if f.kind == diagnosis.verdict), None)
+    if headline is not None:
+        console.print(headline.summary)
+    orphans = [f for f in diagnosis.findings if f.kind == "orphan-process"]
+    for f in orphans:
+        console.print(Text("warning: ", style="bold red") + Text(f.summary))
+
+
+def _target(console: Console, recording: Recording) -> None:
+    target = recording.target
+    status = (f"killed by signal {target['signal']}" if target.get("signal")
+              else f"exit {target.get('exit_code')}")
+    argv = " ".join(target.get("argv") or [])
+    console.print(f"\nTarget   python {argv}")
+    console.print(f"         pid {target.get('pid')}, {status}, ran {recording.duration_s:.1f} s")
+    for d in recording.devices:
+        console.print(f"GPU {d['index']}    {d.get('name') or '?'}, {fb(d.get('total_bytes'))}")
+
+
+def _ordered(recording: Recording, breakdowns: list[Breakdown]) -> list[Breakdown]:
+    target = recording.target_pid
+    return sorted(breakdowns, key=lambda b: (b.pid != target, b.pid, b.device or 0))
+
+
+def _breakdown(console: Console, b: Breakdown) -> None:
+    where = f"process {b.pid}, GPU {b.device if b.device is not None else '?'}"
+    when = "at exit" if b.exit_probes else "when last sampled"
+    table = Table(title=f"Where the memory was {when} ({where})", title_justify="left",
+                  show_header=False, box=None, pad_edge=False, padding=(0, 2, 0, 2))
+    table.add_column("part")
+    table.add_column("bytes", justify="right")
+    table.add_column("what it is", overflow="fold")
+    rows = [
+        ("CUDA context", b.context_bytes, "per-process overhead, measured as CUDA started"),
+        ("live tensors", b.live_tensor_bytes, "tensors your program still references"),
+        ("garbage cycles", b.garbage_bytes, "freed only by gc.collect()"),
+        ("pending stream", b.pending_stream_bytes, "freed, held for unfinished stream work"),
+        ("allocator cache", b.cache_bytes, "freed, kept by PyTorch for reuse"),
+        ("outside PyTorch", b.non_torch_bytes, "CuPy, cudaMalloc, NCCL, loaded kernels"),
+    ]
+    if b.torch_index is None:
+        rows = [("first seen", b.context_bytes, "includes the CUDA context"),
+                ("grown since", b.non_torch_bytes, "no PyTorch allocator in this process")]
+    for name, size, meaning in rows:
+        table.add_row(name, fb(size), meaning)
+    table.add_row("NVML total", fb(b.nvml_bytes), "what nvidia-smi shows for the process")
+    console.print()
+    console.print(table)
+
+
+def _peaks(console: Console, diagnosis: Diagnosis) -> None:
+    p = diagnosis.peaks
+    parts = []
+    if p.get("nvml_bytes") is not None:
+        at = f" at {p['nvml_t']:.1f} s" if p.get("nvml_t") is not None else ""
+        parts.append(f"NVML {fb(p['nvml_bytes'])}{at}")
+    if p.get("allocated_bytes") is not None:
+        parts.append(f"allocated {fb(p['allocated_bytes'])}")
+    if p.get("reserved_bytes") is not None:
+        parts.append(f"reserved {fb(p['reserved_bytes'])}")
+    if parts:
+        console.print("\nPeaks    " + ", ".join(parts))
+
+
+def sparkline(values: list[int], width: int = SPARK_WIDTH) -> str:
+    """Highest value of each of `width` buckets, as block characters scaled to the overall maximum."""
+    if not values:
+        return ""
+    buckets = [max(values[i * len(values) // width:max((i + 1) * len(values) // width, i * len(values) // width + 1)])
+               for i in range(min(width, len(values)))]
+    top = max(buckets) or 1
+    return "".join(BARS[min(len(BARS) - 1, v * (len(BARS) - 1) // top)] for v in buckets)
+
+
+def _timeline(console: Console, recording: Recording) -> None:
+    target = recording.agent(recording.target_pid) if recording.target_pid else None
+    if target is None or not target.samples:
+        return
+    series = {"NVML": [], "reserved": [], "allocated": []}
+    for sample in target.samples:
+        if not sample.readings:
+            continue
+        r = sample.readings[0]
+        for name, value in (("NVML", r.nvml_used_bytes), ("reserved", r.reserved_bytes),
+                            ("allocated", r.allocated_bytes)):
+            series[name].append(value or 0)
+    if not series["NVML"]:
+        return
+    span = f"{target.samples[0].t:.1f}-{target.samples[-1].t:.1f} s"
+    console.print(f"\nTimeline of process {target.pid}, first GPU ({span}, {len(series['NVML'])} samples)")
+    for name, values in series.items():
+        console.print(f"  {name:<10} {sparkline(values)}  max {fb(max(values))}")
+
+
+def _findings(console: Console, diagnosis: Diagnosis) -> None:
+    if not diagnosis.findings:
+        return
+    console.print("\nFindings")
+    for f in diagnosis.findings:
+        mark = "•" if f.kind == "context" else "✗"
+        console.print(Text(f"  {mark} ") + Text(f.kind, style="bold") + Text(f"  {fb(f.bytes)}"))
+        console.print(Text(f"    {f.summary}"))
+        console.print(Text(f"    → {f.remedy}", style="dim"))
