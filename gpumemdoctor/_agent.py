@@ -25,6 +25,7 @@ ENV_INTERVAL = "GPUMEMDOCTOR_INTERVAL_S"
 DEFAULT_INTERVAL_S = 0.02
 MAX_INTERVAL_S = 5.0
 SAMPLES_PER_DOUBLING = 1000  # long runs sample more slowly so a recording stays small
+FIRST_ALLOCATION_WAIT_S = 10.0
 
 _agent: _Agent | None = None
 
@@ -140,6 +141,7 @@ class _Agent:
         self.explicit_steps = False
         self.samples = 0
         self.last_sample_t = 0.0
+        self.last_step_t = 0.0
         self.sample_lock = threading.Lock()
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
@@ -214,12 +216,35 @@ class _Agent:
                 if self.stop.wait(self.interval_s):
                     return
             self._describe_devices()
-            self.sample("time")
+            self._wait_for_first_allocation()
             while not self.stop.wait(self.interval_s):
-                if time.monotonic() - self.last_sample_t >= self.interval_s:
+                now = time.monotonic()
+                # While the program marks steps, samples are taken at step boundaries instead.
+                if now - self.last_sample_t >= self.interval_s and now - self.last_step_t >= self.interval_s:
                     self.sample("time")
         except Exception:
             pass
+
+    def _wait_for_first_allocation(self) -> None:
+        """Read the context right after the first allocation, before libraries load their kernels.
+
+        NVML shows only part of the context until the first allocation completes
+        it, so the first sample with reserved memory is the one that measures it.
+        The stats call polled here costs about 10 us.
+        """
+        torch = self.torch
+        started = time.monotonic()
+        while True:
+            if any(_stat(torch.cuda.memory_stats_as_nested_dict(d["index"]), "reserved_bytes", "current")
+                   for d in self.devices):
+                self.sample("first")
+                return
+            waited = time.monotonic() - started
+            if waited > FIRST_ALLOCATION_WAIT_S:
+                self.sample("time")
+                return
+            if self.stop.wait(0.001 if waited < 0.1 else 0.01):
+                return
 
     def _describe_devices(self) -> None:
         torch = self.torch
@@ -252,9 +277,16 @@ class _Agent:
 
     def _read_devices(self) -> list:
         """[torch index, allocated, active, reserved, requested, nvml used, alloc peak, reserved peak]."""
-        torch = self.torch
         rows = []
         for d in self.devices:
+            row = self._read_device(d)
+            if row is not None:
+                rows.append(row)
+        return rows
+
+    def _read_device(self, d: dict, tries: int = 3):
+        torch = self.torch
+        for _ in range(tries):
             stats = torch.cuda.memory_stats_as_nested_dict(d["index"])
             reserved = _stat(stats, "reserved_bytes", "current")
             nvml_used = None
@@ -263,13 +295,17 @@ class _Agent:
                     nvml_used = self.nvml.used_by(d["nvml_device"], self.pid)
                 except Exception:
                     nvml_used = None
-            if not reserved and not nvml_used:
-                continue  # a device this process has not touched
-            rows.append([d["index"], _stat(stats, "allocated_bytes", "current"),
-                         _stat(stats, "active_bytes", "current"), reserved,
-                         _stat(stats, "requested_bytes", "current"), nvml_used,
-                         _stat(stats, "allocated_bytes", "peak"), _stat(stats, "reserved_bytes", "peak")])
-        return rows
+            # NVML and the allocator are read one after the other: if the allocator
+            # moved in between, the pair does not describe one moment; read again.
+            again = torch.cuda.memory_stats_as_nested_dict(d["index"])
+            if _stat(again, "reserved_bytes", "current") == reserved:
+                break
+        if not reserved and not nvml_used:
+            return None  # a device this process has not touched
+        return [d["index"], _stat(stats, "allocated_bytes", "current"),
+                _stat(stats, "active_bytes", "current"), reserved,
+                _stat(stats, "requested_bytes", "current"), nvml_used,
+                _stat(stats, "allocated_bytes", "peak"), _stat(stats, "reserved_bytes", "peak")]
 
     def sample(self, by: str) -> None:
         if self.dead or not self.devices or not self.sample_lock.acquire(blocking=False):
@@ -296,7 +332,8 @@ class _Agent:
                 self.explicit_steps = True
                 self.write({"type": "steps", "t": time.monotonic(), "source": "explicit"})
             self.steps += 1
-            if self.devices and time.monotonic() - self.last_sample_t >= self.interval_s:
+            now = self.last_step_t = time.monotonic()
+            if self.devices and now - self.last_sample_t >= self.interval_s:
                 self.sample("step")
         except Exception:
             pass
