@@ -98,7 +98,7 @@ class Diagnosis:
 
 def diagnose(recording: Recording) -> Diagnosis:
     """Turn a recording into findings and a verdict."""
-    result = Diagnosis(verdict=None, peaks=peaks(recording))
+    result = Diagnosis(verdict=None, peaks=peaks(recording), notes=list(recording.notes))
     if not recording.nvml_available:
         result.notes.append("no NVIDIA GPU was measured: NVML was not available")
         return result
@@ -253,11 +253,12 @@ def _diagnose_torch_device(rec: Recording, agent: AgentRecording, torch_index: i
     if non_torch is not None:
         g = _growth(agent, torch_index, nvml_index, "non_torch", by, non_torch, series)
         result.growth.append(g)
-        result.findings.append(_non_torch_finding(agent, nvml_index, where, non_torch.grown_bytes,
-                                                  b.non_torch_bytes, f"it kept growing, {_rate(g)}"))
+        retained = max(non_torch.grown_bytes, (b.non_torch_bytes or 0) - non_torch.start_floor_bytes)
+        result.findings.append(_non_torch_finding(agent, nvml_index, where, retained,
+                                                  b.non_torch_bytes, f"and it kept growing, {_rate(g)}"))
     elif b.non_torch_bytes and b.non_torch_bytes > LIBRARY_ALLOWANCE_BYTES:
         result.findings.append(_non_torch_finding(agent, nvml_index, where, b.non_torch_bytes,
-                                                  b.non_torch_bytes, "more than CUDA libraries need"))
+                                                  b.non_torch_bytes, "more than CUDA libraries take"))
 
 
 def _context(during: list[tuple[TorchSample, DeviceReading]], end: DeviceReading | None) -> int | None:

@@ -215,6 +215,7 @@ class Recording:
     nvml: dict[tuple[int, int], list[tuple[float, int | None]]] = field(default_factory=dict)
     processes: list[ProcessRecord] = field(default_factory=list)
     agents: list[AgentRecording] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what went wrong while recording
 
     @property
     def target_pid(self) -> int | None:
@@ -236,6 +237,7 @@ class Recording:
                      for (pid, dev), points in sorted(self.nvml.items())],
             "processes": [p.to_json() for p in self.processes],
             "agents": [a.to_json() for a in self.agents],
+            "notes": self.notes,
         }
 
     @classmethod
@@ -270,6 +272,7 @@ class Recording:
             versions=need_dict(obj.get("versions", {}), "versions"), devices=devices, nvml=nvml,
             processes=[ProcessRecord.from_json(p) for p in need_list(obj.get("processes", []), "processes")],
             agents=[AgentRecording.from_json(a) for a in need_list(obj.get("agents", []), "agents")],
+            notes=[need_str(n, "note") for n in need_list(obj.get("notes", []), "notes")],
         )
 
 

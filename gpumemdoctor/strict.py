@@ -1,6 +1,7 @@
 """Strict checks for data read from files that came from outside: one type per field, or refuse."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .errors import BadReportError
@@ -20,8 +21,8 @@ def opt_int(value: Any, what: str) -> int | None:
 
 
 def need_num(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise _fail(what, value, "a number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _fail(what, value, "a finite number")
     return float(value)
 
 

@@ -152,10 +152,14 @@ def run(options: RunOptions) -> Recording:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
 
     argv = [sys.executable, *options.target_args]
-    proc = subprocess.Popen(argv, env=env)
-    previous = {}
+    proc: subprocess.Popen | None = None
+    early: list[int] = []  # signals that arrived before the target existed
+    notes: list[str] = []
 
     def forward(signum, _frame):
+        if proc is None:
+            early.append(signum)
+            return
         if proc.poll() is not None:
             return
         if signum in (signal.SIGINT, signal.SIGQUIT) and _terminal_delivered_it():
@@ -165,17 +169,33 @@ def run(options: RunOptions) -> Recording:
         except OSError:
             pass
 
+    previous = {}
     for name in FORWARDED_SIGNALS:
         signum = getattr(signal, name, None)
         if signum is not None:
             previous[signum] = signal.signal(signum, forward)
     try:
+        proc = subprocess.Popen(argv, env=env)
+        for signum in early:
+            forward(signum, None)
         watch = _TreeWatch(proc.pid, t0, devices, options.measure_gpu)
         while proc.poll() is None:
-            watch.poll()
+            try:
+                watch.poll()
+            except Exception as exc:  # never leave the target unsupervised over a failed poll
+                if watch.measure_gpu:
+                    notes.append(f"NVML polling stopped at {time.monotonic() - t0:.1f} s: {exc}")
+                watch.measure_gpu = False
             time.sleep(options.poll_interval_s)
         returncode = proc.wait()
-        watch.after_exit()
+        try:
+            watch.after_exit()
+        except Exception as exc:
+            notes.append(f"the check for orphaned processes failed: {exc}")
+    except BaseException:
+        if proc is not None:
+            proc.wait()  # the target is the user's: let it finish before the tool gives up
+        raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -195,7 +215,7 @@ def run(options: RunOptions) -> Recording:
         poll_interval_s=options.poll_interval_s, nvml_available=options.measure_gpu,
         versions=versions, devices=[d.to_json() for d in devices], nvml=watch.series,
         processes=sorted(watch.members.values(), key=lambda p: (not p.is_target, p.pid)),
-        agents=agents,
+        agents=agents, notes=notes,
     )
 
 

@@ -15,7 +15,7 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
 def format_bytes(n: int | None, signed: bool = False) -> str:
-    """1536 MiB -> '1.50 GiB'; None -> 'n/a'."""
+    """1536 MiB -> '1.50 GiB'; None -> 'n/a'. Three significant digits."""
     if n is None:
         return "n/a"
     sign = "-" if n < 0 else ("+" if signed and n > 0 else "")
@@ -23,8 +23,15 @@ def format_bytes(n: int | None, signed: bool = False) -> str:
     for name, size in _UNITS:
         if a >= size:
             value = a / size
-            text = f"{value:.2f}" if value < 10 else f"{value:.1f}" if value < 100 else f"{value:.0f}"
-            return f"{sign}{text} {name}"
+            for digits, limit in ((2, 10), (1, 100), (0, 1024)):
+                text = f"{value:.{digits}f}"
+                if float(text) < limit:
+                    return f"{sign}{text} {name}"
+            # rounds up to 1024 of this unit: show it in the next one up
+            bigger = _UNITS[_UNITS.index((name, size)) - 1] if name != "GiB" else None
+            if bigger is not None:
+                return f"{sign}{a / bigger[1]:.2f} {bigger[0]}"
+            return f"{sign}{value:.0f} {name}"
     return f"{sign}{a} B"
 
 

@@ -46,10 +46,10 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and turn every failure into one line and an exit code."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args[:1] or _debug
+    if not args:
+        args = ["--help"]  # a bare `gpumemdoctor` shows the help, as click does for groups
     try:
         code = cli.main(args=args, prog_name="gpumemdoctor", standalone_mode=False)
-    except click.exceptions.NoSuchOption as exc:
-        _fail(f"{exc.format_message()} (see gpumemdoctor {_subcommand(args)}--help)", EXIT_USAGE)
     except click.ClickException as exc:
         _fail(f"{exc.format_message()} (see gpumemdoctor {_subcommand(args)}--help)", EXIT_USAGE)
     except click.exceptions.Abort:

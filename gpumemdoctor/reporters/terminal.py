@@ -112,13 +112,14 @@ def _peaks(console: Console, diagnosis: Diagnosis) -> None:
         console.print("\nPeaks    " + ", ".join(parts))
 
 
-def sparkline(values: list[int], width: int = SPARK_WIDTH) -> str:
-    """Highest value of each of `width` buckets, as block characters scaled to the overall maximum."""
+def sparkline(values: list[int], top: int, width: int = SPARK_WIDTH) -> str:
+    """Highest value of each of `width` buckets, as block characters scaled to `top`."""
     if not values:
         return ""
-    buckets = [max(values[i * len(values) // width:max((i + 1) * len(values) // width, i * len(values) // width + 1)])
-               for i in range(min(width, len(values)))]
-    top = max(buckets) or 1
+    n = len(values)
+    buckets = [max(values[i * n // width:max((i + 1) * n // width, i * n // width + 1)])
+               for i in range(min(width, n))]
+    top = top or 1
     return "".join(BARS[min(len(BARS) - 1, v * (len(BARS) - 1) // top)] for v in buckets)
 
 
@@ -137,17 +138,23 @@ def _timeline(console: Console, recording: Recording) -> None:
     if not series["NVML"]:
         return
     span = f"{target.samples[0].t:.1f}-{target.samples[-1].t:.1f} s"
-    console.print(f"\nTimeline of process {target.pid}, first GPU ({span}, {len(series['NVML'])} samples)")
+    console.print(f"\nTimeline of process {target.pid}, first GPU ({span}, {len(series['NVML'])} samples,"
+                  f" one scale)")
+    top = max(max(values) for values in series.values())
     for name, values in series.items():
-        console.print(f"  {name:<10} {sparkline(values)}  max {fb(max(values))}")
+        console.print(f"  {name:<10} {sparkline(values, top)}  max {fb(max(values))}")
 
 
 def _findings(console: Console, diagnosis: Diagnosis) -> None:
     if not diagnosis.findings:
         return
     console.print("\nFindings")
+    table = Table(show_header=False, box=None, pad_edge=False, padding=(0, 0, 0, 0))
+    table.add_column("mark", width=4)
+    table.add_column("text", overflow="fold")
     for f in diagnosis.findings:
-        mark = "•" if f.kind == "context" else "✗"
-        console.print(Text(f"  {mark} ") + Text(f.kind, style="bold") + Text(f"  {fb(f.bytes)}"))
-        console.print(Text(f"    {f.summary}"))
-        console.print(Text(f"    → {f.remedy}", style="dim"))
+        mark = "  •" if f.kind == "context" else "  ✗"
+        table.add_row(mark, Text(f.kind, style="bold") + Text(f"  {fb(f.bytes)}"))
+        table.add_row("", f.summary)
+        table.add_row("", Text(f"→ {f.remedy}", style="dim"))
+    console.print(table)

@@ -1,0 +1,88 @@
+"""Byte sizes: format_bytes for people, parse_size strictly back."""
+from __future__ import annotations
+
+import pytest
+
+from gpumemdoctor.units import format_bytes, parse_size
+
+KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
+
+
+@pytest.mark.parametrize("n, text", [
+    (None, "n/a"),
+    (0, "0 B"),
+    (1, "1 B"),
+    (1023, "1023 B"),
+    (KiB, "1.00 KiB"),
+    (1536, "1.50 KiB"),
+    (10 * KiB, "10.0 KiB"),
+    (MiB, "1.00 MiB"),
+    (int(9.5 * MiB), "9.50 MiB"),
+    (99 * MiB, "99.0 MiB"),
+    (100 * MiB, "100 MiB"),
+    (1536 * MiB, "1.50 GiB"),
+    (80 * GiB, "80.0 GiB"),
+    (512 * GiB, "512 GiB"),
+    (2 * TiB, "2048 GiB"),  # GiB is the largest unit shown
+    (-MiB, "-1.00 MiB"),
+    (-5, "-5 B"),
+])
+def test_format_bytes(n, text):
+    assert format_bytes(n) == text
+
+
+@pytest.mark.parametrize("n, text", [
+    (0, "0 B"),
+    (3 * MiB, "+3.00 MiB"),
+    (-3 * MiB, "-3.00 MiB"),
+    (None, "n/a"),
+])
+def test_format_bytes_signed(n, text):
+    assert format_bytes(n, signed=True) == text
+
+
+def test_format_bytes_unsigned_has_no_plus():
+    assert format_bytes(3 * MiB) == "3.00 MiB"
+
+
+@pytest.mark.parametrize("text, n", [
+    ("0", 0),
+    ("100", 100),
+    ("100b", 100),
+    ("100B", 100),
+    ("512MiB", 512 * MiB),
+    ("512 MiB", 512 * MiB),
+    ("  2GiB  ", 2 * GiB),
+    ("1.5GiB", int(1.5 * GiB)),
+    ("1k", KiB),
+    ("1K", KiB),
+    ("1kib", KiB),
+    ("1kb", 1000),
+    ("1KB", 1000),
+    ("3 MB", 3_000_000),
+    ("3m", 3 * MiB),
+    ("2g", 2 * GiB),
+    ("1gb", 10**9),
+    ("1T", TiB),
+    ("1TiB", TiB),
+    ("1tb", 10**12),
+])
+def test_parse_size(text, n):
+    assert parse_size(text) == n
+
+
+@pytest.mark.parametrize("text", [
+    "", "   ", "MiB", "abc", "-1MiB", "+1MiB", "1.5.2GiB", "1,5GiB", "1e3", "1 PiB", "1 MiBs",
+    "1 M iB", "0x10", "1GiB 2MiB", "nan", "inf",
+])
+def test_parse_size_refuses(text):
+    with pytest.raises(ValueError) as info:
+        parse_size(text)
+    message = str(info.value)
+    assert repr(text) in message
+    assert "512MiB" in message  # says how to write one
+
+
+@pytest.mark.parametrize("n", [0, 1, 1023, KiB, 1536, MiB, 3 * MiB, 1536 * MiB, 2 * GiB, 512 * GiB])
+def test_what_format_bytes_writes_parse_size_reads_back(n):
+    assert parse_size(format_bytes(n)) == n
