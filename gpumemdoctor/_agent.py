@@ -261,7 +261,7 @@ class _Agent:
             pci = None
             if hasattr(props, "pci_bus_id"):
                 pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-            nvml_device = self.nvml.device_by_uuid(uuid) if (self.nvml and uuid) else None
+            nvml_device = self.nvml.find_device(uuid, pci) if self.nvml else None
             described.append({"index": index, "uuid": uuid, "pci_bus_id": pci, "name": props.name,
                               "nvml_device": nvml_device})
         self.devices = described

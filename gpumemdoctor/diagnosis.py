@@ -110,6 +110,13 @@ def diagnose(recording: Recording) -> Diagnosis:
         if pid not in torch_pids and any(used for _, used in points):
             _diagnose_nvml_only(pid, device, points, result)
     _orphans(recording, result)
+    unseen = [a.pid for a in recording.agents if a.cuda_t is not None
+              and not any(pid == a.pid for pid, _ in recording.nvml)]
+    if unseen:
+        result.notes.append(
+            f"NVML listed no memory for process {', '.join(map(str, unseen))} although it used CUDA: "
+            "in a container, run with the host's PID namespace (docker --pid=host) so NVML's PIDs "
+            "match; figures that need NVML are n/a")
     if not recording.nvml and not result.breakdowns:
         result.notes.append("the target never held GPU memory")
     result.findings.sort(key=lambda f: (f.kind == "context", -f.bytes))
@@ -370,16 +377,22 @@ def _orphans(rec: Recording, result: Diagnosis) -> None:
         if not held:
             continue
         total = sum(held.values())
-        command = " ".join(proc.cmdline or []) or "?"
+        command = _short_command(proc.cmdline)
         result.findings.append(Finding(
             kind="orphan-process", bytes=total, pid=proc.pid,
             device=min(held) if len(held) == 1 else None,
-            summary=f"Process {proc.pid} ({command[:80]}), started by the target, still holds "
+            summary=f"Process {proc.pid} ({command}), started by the target, still holds "
                     f"{fb(total)} after the target exited.",
             evidence={"pid": proc.pid, "cmdline": proc.cmdline, "ppid_when_seen": proc.ppid,
                       "used_bytes_by_device": {str(k): v for k, v in held.items()}},
             remedy=f"Wait for or stop the child before exiting (join(), terminate(), a context "
                    f"manager); to free the memory now: kill {proc.pid}."))
+
+
+def _short_command(cmdline: list[str] | None, limit: int = 60) -> str:
+    """A command line on one short line: `python -c` programs carry newlines."""
+    text = " ".join(" ".join(cmdline or []).split()) or "?"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 # -- peaks --------------------------------------------------------------------------

@@ -185,9 +185,15 @@ def used_by(device: Device, pid: int) -> int | None:
     return 0
 
 
-def device_by_uuid(uuid: str) -> Device | None:
-    for device in devices():
-        if normalise_uuid(device.uuid) == normalise_uuid(uuid):
+def find_device(uuid: str | None, pci_bus_id: str | None) -> Device | None:
+    """The NVML device with this UUID, or else this PCI bus id (NVML counts in PCI order,
+    torch in CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER order, so indexes do not match)."""
+    found = devices()
+    for device in found:
+        if uuid and normalise_uuid(device.uuid) == normalise_uuid(uuid):
+            return device
+    for device in found:
+        if pci_bus_id and device.pci_bus_id and device.pci_bus_id.lower() == pci_bus_id.lower():
             return device
     return None
 

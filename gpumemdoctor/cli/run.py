@@ -79,10 +79,9 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         raise UsageError("give a script to run (gpumemdoctor run train.py) or a module "
                          "(gpumemdoctor run -m mypkg.train)")
     name = _check_target(target)
-    if output is not None:
-        check_writable(output, force)
-    else:
-        check_writable(os.path.join(os.getcwd(), "gpumemdoctor-check.json"), force=True)
+    # The default name holds the target's PID, so only its folder can be checked now.
+    check_writable(output if output is not None else os.path.join(os.getcwd(), f"gpumemdoctor-{name}.json"),
+                   force=force or output is None)
     measure_gpu = True
     try:
         nvml.init()

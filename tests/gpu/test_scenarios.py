@@ -155,3 +155,30 @@ def test_agent_nvml_agrees_with_supervisor_nvml(reports):
         if before and before[-1] == seen:
             checked += 1
     assert checked >= len(agent["samples"][5:]) * 0.9
+
+
+KILLED = """
+import os, signal, time
+import torch
+kept = []
+for i in range(60):
+    kept.append(torch.ones(2 << 20, device="cuda"))  # 8 MiB a step, kept
+    time.sleep(0.02)
+torch.cuda.synchronize()
+os.kill(os.getpid(), signal.SIGKILL)  # no exit hook runs, as after the OOM killer
+"""
+
+
+def test_a_killed_target_still_gets_a_report_from_what_was_streamed(tmp_path):
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    report_path = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "gpumemdoctor", "run", "-o", str(report_path), str(script)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
+    report = json.loads(report_path.read_text())
+    assert report["target"]["signal"] == signal.SIGKILL
+    b = target_breakdown(report)
+    assert b["exit_probes"] is False and b["garbage_bytes"] is None
+    assert report["verdict"] == "leak"
+    assert report["peaks"]["nvml_bytes"] >= 400 * MIB

@@ -1,0 +1,91 @@
+"""The agent inside real target processes, without a GPU: start-up, children, torch's import."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+
+def report_of(tmp_path) -> dict:
+    (path,) = tmp_path.glob("gpumemdoctor-*.json")
+    return json.loads(path.read_text())
+
+
+def test_agent_starts_once_even_when_started_again(cli, script, tmp_path):
+    script(tmp_path, "t.py", """
+        from gpumemdoctor import _agent
+        _agent.start()
+        _agent.start()
+        import gpumemdoctor
+        gpumemdoctor.step()
+        print("ok")
+    """)
+    result = cli("run", "--allow-no-gpu", "t.py", cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout == "ok\n"
+    agents = report_of(tmp_path)["recording"]["agents"]
+    assert len(agents) == 1 and agents[0]["explicit_steps"] is True
+
+
+def test_each_python_child_gets_its_own_recording(cli, script, tmp_path):
+    script(tmp_path, "t.py", """
+        import multiprocessing as mp, os, subprocess, sys
+
+        def work(q):
+            q.put(os.getpid())
+
+        if __name__ == "__main__":
+            ctx = mp.get_context("spawn")
+            q = ctx.Queue()
+            p = ctx.Process(target=work, args=(q,))
+            p.start(); spawned = q.get(); p.join()
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            print(spawned, pid)
+    """)
+    result = cli("run", "--allow-no-gpu", "t.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    spawned, forked = map(int, result.stdout.split())
+    agents = {a["pid"]: a for a in report_of(tmp_path)["recording"]["agents"]}
+    assert spawned in agents and forked in agents
+    assert agents[forked]["forked_from"] == report_of(tmp_path)["target"]["pid"]
+    assert len(agents) >= 4  # the target, the spawned worker, the fork, the subprocess
+
+
+def test_a_sitecustomize_of_the_users_still_runs(cli, script, tmp_path, cli_env):
+    site = tmp_path / "site"
+    script(site, "sitecustomize.py", """
+        import builtins
+        builtins.USER_SITECUSTOMIZE_RAN = True
+    """)
+    script(tmp_path, "t.py", """
+        import builtins
+        print(getattr(builtins, "USER_SITECUSTOMIZE_RAN", False))
+    """)
+    result = cli("run", "--allow-no-gpu", "t.py", cwd=tmp_path, env={"PYTHONPATH": str(site)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "True\n"
+
+
+def test_agent_survives_its_run_folder_vanishing(cli, script, tmp_path):
+    script(tmp_path, "t.py", """
+        import os, shutil
+        shutil.rmtree(os.environ["GPUMEMDOCTOR_RUN_DIR"])
+        import gpumemdoctor
+        for _ in range(3):
+            gpumemdoctor.step()
+        print("still running")
+    """)
+    result = cli("run", "--allow-no-gpu", "t.py", cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout == "still running\n"
+    assert "Traceback" not in result.stderr
+
+
+def test_step_outside_a_run_does_nothing(tmp_path):
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", "import gpumemdoctor; gpumemdoctor.step(); print('ok')"],
+                         capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout == "ok\n"

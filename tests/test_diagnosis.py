@@ -1,0 +1,149 @@
+"""The diagnosis on recordings made on a real GPU (tests/fixtures/reports, see its README)."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from gpumemdoctor.diagnosis import (LIBRARY_ALLOWANCE_BYTES, VERDICTS, Finding, choose_verdict,
+                                    diagnose)
+from gpumemdoctor.recording import Recording
+from tests.expect import SCENARIO_DIR, expectations
+
+FIXTURES = Path(__file__).parent / "fixtures" / "reports"
+REPORTS = sorted(FIXTURES.glob("*.json"))
+MIB = 1 << 20
+
+
+def load(name: str) -> tuple[dict, Recording]:
+    report = json.loads((FIXTURES / f"{name}.json").read_text())
+    return report, Recording.from_json(report["recording"])
+
+
+def target_breakdown(diagnosis, recording):
+    return next(b for b in diagnosis.breakdowns if b.pid == recording.target_pid)
+
+
+def test_every_scenario_has_a_recording():
+    scenarios = {p.stem for p in SCENARIO_DIR.glob("*.py") if not p.name.startswith("_")}
+    assert scenarios == {p.stem for p in REPORTS}
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=[p.stem for p in REPORTS])
+def test_recording_gets_the_scenarios_verdict(path):
+    report, recording = load(path.stem)
+    verdict, findings = expectations(SCENARIO_DIR / f"{path.stem}.py")
+    diagnosis = diagnose(recording)
+    assert diagnosis.verdict == verdict
+    assert set(findings) <= {f.kind for f in diagnosis.findings}
+    for f in diagnosis.findings:
+        assert f.bytes > 0 and f.summary and f.remedy
+
+
+def test_clean_training_loop_is_clean_though_it_warmed_up():
+    _, recording = load("clean_adam")
+    diagnosis = diagnose(recording)
+    b = target_breakdown(diagnosis, recording)
+    assert diagnosis.verdict == "clean"
+    # warm-up was real: optimizer state and libraries appeared after the first sample
+    first = recording.agent(recording.target_pid).samples[0].readings[0]
+    assert b.live_tensor_bytes > 2 * first.allocated_bytes
+    assert 0 < b.non_torch_bytes < LIBRARY_ALLOWANCE_BYTES
+    assert not diagnosis.growth
+
+
+def test_leak_rate_and_start_in_steps():
+    _, recording = load("leak_training_list")
+    diagnosis = diagnose(recording)
+    growth = next(g for g in diagnosis.growth if g.series == "allocated")
+    assert growth.by == "step"
+    assert growth.rate_bytes_per_step == pytest.approx(8 * MIB, rel=0.05)
+    assert growth.rate_bytes_per_s > 0
+    leak = next(f for f in diagnosis.findings if f.kind == "leak")
+    assert leak.bytes >= 150 * 8 * MIB * 0.8  # most of 200 steps x 8 MiB is still held
+
+
+def test_leak_over_time_without_steps():
+    _, recording = load("leak_results_referenced")
+    diagnosis = diagnose(recording)
+    growth = next(g for g in diagnosis.growth if g.series == "allocated")
+    assert growth.by == "time" and growth.rate_bytes_per_step is None
+    assert growth.rate_bytes_per_s > 50 * MIB  # 4 MiB every ~12 ms
+
+
+def test_garbage_cycle_bytes_are_what_gc_freed():
+    _, recording = load("garbage_cycle")
+    diagnosis = diagnose(recording)
+    assert target_breakdown(diagnosis, recording).garbage_bytes == 512 * MIB
+
+
+def test_pending_stream_bytes_are_the_deleted_tensor():
+    _, recording = load("pending_stream")
+    diagnosis = diagnose(recording)
+    b = target_breakdown(diagnosis, recording)
+    assert b.pending_stream_bytes == 1024 * MIB
+    finding = next(f for f in diagnosis.findings if f.kind == "pending-stream")
+    assert finding.evidence["pending_after_synchronize"] == 0
+
+
+def test_cache_matches_what_nvml_got_back():
+    _, recording = load("cache_after_matmul")
+    diagnosis = diagnose(recording)
+    finding = next(f for f in diagnosis.findings if f.kind == "allocator-cache")
+    returned = recording.agent(recording.target_pid).probes["end"].readings[0].nvml_used_bytes \
+        - finding.evidence["nvml_after_empty_cache"]
+    assert abs(returned - finding.bytes) <= 4 * MIB
+
+
+def test_orphan_is_reported_with_its_command_line():
+    _, recording = load("orphan_child")
+    diagnosis = diagnose(recording)
+    orphan = next(f for f in diagnosis.findings if f.kind == "orphan-process")
+    assert orphan.pid != recording.target_pid
+    assert "torch.ones" in " ".join(orphan.evidence["cmdline"])
+    assert orphan.bytes >= 1024 * MIB
+
+
+def test_saved_verdict_matches_todays_diagnosis():
+    """What the GPU run decided is what the diagnosis decides now from the same recording."""
+    for path in REPORTS:
+        report, recording = load(path.stem)
+        assert diagnose(recording).verdict == report["verdict"], path.stem
+
+
+def test_killed_target_still_gets_a_breakdown_from_its_last_sample():
+    """A target killed before its exit hook: no probes, so garbage is unknown, not zero."""
+    report, recording = load("leak_training_list")
+    killed = Recording.from_json(copy.deepcopy(report["recording"]))
+    agent = killed.agent(killed.target_pid)
+    agent.probes = {}
+    agent.exited_normally = False
+    diagnosis = diagnose(killed)
+    b = target_breakdown(diagnosis, killed)
+    assert not b.exit_probes and b.garbage_bytes is None
+    assert diagnosis.verdict == "leak"
+
+
+def test_without_nvml_there_is_no_verdict():
+    report, recording = load("clean_adam")
+    recording.nvml_available = False
+    diagnosis = diagnose(recording)
+    assert diagnosis.verdict is None and diagnosis.notes
+
+
+def _finding(kind: str, size: int) -> Finding:
+    return Finding(kind=kind, bytes=size, summary="s", evidence={}, remedy="r")
+
+
+def test_verdict_names_the_biggest_cause():
+    assert choose_verdict([_finding("allocator-cache", 900), _finding("leak", 100)]) == "allocator-cache"
+    assert choose_verdict([_finding("context", 900)]) == "clean"
+    assert choose_verdict([_finding("orphan-process", 900)]) == "clean"
+
+
+def test_near_ties_go_to_the_more_specific_cause():
+    assert choose_verdict([_finding("leak", 100), _finding("garbage-cycle", 90)]) == "garbage-cycle"
+    assert choose_verdict([_finding("allocator-cache", 100), _finding("non-torch", 85)]) == "non-torch"
+    assert set(VERDICTS) >= {choose_verdict([_finding(k, 1)]) for k in VERDICTS[1:]}

@@ -1,0 +1,67 @@
+"""The terminal report, rendered from GPU recordings into an 80-column console without colour.
+
+The expected texts in tests/fixtures/terminal were rendered by this reporter and read
+by a person; set GPUMEMDOCTOR_UPDATE_GOLDEN=1 to write them again after a deliberate change.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from gpumemdoctor.diagnosis import diagnose
+from gpumemdoctor.recording import Recording
+from gpumemdoctor.report import build, parse
+from gpumemdoctor.reporters import terminal
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GOLDEN = ["clean_adam", "leak_training_list", "non_torch_threads", "orphan_child"]
+
+
+def render(name: str, width: int = 80) -> str:
+    report = json.loads((FIXTURES / "reports" / f"{name}.json").read_text())
+    recording = Recording.from_json(report["recording"])
+    out = io.StringIO()
+    console = Console(file=out, width=width, no_color=True, color_system=None, highlight=False,
+                      emoji=False)
+    terminal.render(console, recording, diagnose(recording), f"gpumemdoctor-{name}.json")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_report_text(name):
+    text = render(name)
+    golden = FIXTURES / "terminal" / f"{name}.txt"
+    if os.environ.get("GPUMEMDOCTOR_UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text()
+
+
+@pytest.mark.parametrize("name", GOLDEN)
+def test_fits_in_80_columns_and_says_the_verdict_first(name):
+    text = render(name)
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    first = text.splitlines()[0]
+    report = json.loads((FIXTURES / "reports" / f"{name}.json").read_text())
+    assert first.startswith(f"gpumemdoctor verdict: {report['verdict']}")
+
+
+def test_saved_report_renders_the_same_as_a_fresh_diagnosis():
+    report = json.loads((FIXTURES / "reports" / "leak_training_list.json").read_text())
+    recording = Recording.from_json(report["recording"])
+    rebuilt = json.loads(json.dumps(build(recording, diagnose(recording))))
+    again, diagnosis = parse(rebuilt)
+    out = io.StringIO()
+    terminal.render(Console(file=out, width=80, no_color=True, color_system=None, highlight=False,
+                            emoji=False), again, diagnosis, "gpumemdoctor-leak_training_list.json")
+    assert out.getvalue() == render("leak_training_list")
+
+
+def test_sparkline_scales_to_the_given_top():
+    assert terminal.sparkline([0, 4, 8], top=8, width=3) == "▁▄█"
+    assert terminal.sparkline([1, 1], top=8, width=2) == "▁▁"
+    assert terminal.sparkline([], top=8) == ""
