@@ -23,16 +23,17 @@ MIB = 1 << 20
 SKIP_EXIT = 77
 
 
-def run_scenario(path: Path, tmp_path: Path) -> dict:
+def run_scenario(path: Path, tmp_path: Path, env: dict | None = None) -> dict:
     report = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "gpumemdoctor", "run", "-o", str(report), str(path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
     if proc.returncode == SKIP_EXIT:
         pytest.skip(proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else "scenario skipped")
     assert report.exists(), proc.stderr
     data = json.loads(report.read_text())
     keep = os.environ.get("GPUMEMDOCTOR_FIXTURE_DIR")
-    if keep:
+    if keep and not env:
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(report, Path(keep) / f"{path.stem}.json")
         (Path(keep) / f"{path.stem}.stderr.txt").write_text(proc.stderr)
@@ -182,3 +183,21 @@ def test_a_killed_target_still_gets_a_report_from_what_was_streamed(tmp_path):
     assert b["exit_probes"] is False and b["garbage_bytes"] is None
     assert report["verdict"] == "leak"
     assert report["peaks"]["nvml_bytes"] >= 400 * MIB
+
+
+ASYNC = {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"}
+
+
+def test_clean_loop_is_clean_on_the_cuda_malloc_async_backend(tmp_path):
+    report = run_scenario(ROOT / "scenarios" / "clean_adam.py", tmp_path, env=ASYNC)
+    agent = next(a for a in report["recording"]["agents"] if a["pid"] == report["target"]["pid"])
+    assert agent["allocator_backend"] == "cudaMallocAsync"
+    assert report["verdict"] == "clean", report["findings"]
+
+
+def test_freed_tensors_are_cache_on_the_cuda_malloc_async_backend(tmp_path):
+    # With cudaMallocAsync the pool keeps freed memory until empty_cache (../shared/gpu-facts.md).
+    report = run_scenario(ROOT / "scenarios" / "cache_after_matmul.py", tmp_path, env=ASYNC)
+    assert report["verdict"] == "allocator-cache", report["findings"]
+    b = target_breakdown(report)
+    assert b["cache_bytes"] >= 700 * MIB
