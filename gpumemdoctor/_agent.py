@@ -302,6 +302,8 @@ class _Agent:
                 break
         if not reserved and not nvml_used:
             return None  # a device this process has not touched
+        if reserved and nvml_used == 0:
+            nvml_used = None  # NVML does not list us though we hold memory: another PID namespace
         return [d["index"], _stat(stats, "allocated_bytes", "current"),
                 _stat(stats, "active_bytes", "current"), reserved,
                 _stat(stats, "requested_bytes", "current"), nvml_used,

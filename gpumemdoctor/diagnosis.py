@@ -9,8 +9,8 @@ from the agent's end probes: `allocated` before and after gc.collect() gives
 live and garbage tensors, `active - allocated` the blocks freed in Python but
 held for unfinished stream work, `reserved - active` the cache, and NVML minus
 `reserved` minus the context what lives outside PyTorch's allocator. The
-context is the smallest `NVML - reserved` seen in the process (taken as CUDA
-starts, before libraries load their kernels).
+context is `NVML - reserved` at the process's first sample after its first
+allocation (the agent takes it then, before libraries load their kernels).
 """
 from __future__ import annotations
 
@@ -399,7 +399,8 @@ def _short_command(cmdline: list[str] | None, limit: int = 60) -> str:
 
 def peaks(rec: Recording) -> dict:
     """Highest NVML total of the process tree, and the allocator's own peak counters."""
-    events = sorted((t, key, used or 0) for key, points in rec.nvml.items() for t, used in points)
+    events = sorted((t, key, used) for key, points in rec.nvml.items() for t, used in points
+                    if used is not None)
     current: dict = {}
     nvml_peak = 0
     nvml_peak_t = None

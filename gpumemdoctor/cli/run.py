@@ -15,6 +15,9 @@ _SCRIPT_PROBE_BYTES = 4096
 class _RunCommand(click.Command):
     """Everything from the script (or `-m MODULE`) on belongs to the target, as with python."""
 
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        return ["[OPTIONS]", "(SCRIPT | -m MODULE) [ARGS]..."]
+
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ours, target = _split(args, self)
         ctx.meta["gpumemdoctor.target"] = target
@@ -48,6 +51,8 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
 
 
 @click.command("run", cls=_RunCommand, context_settings={"ignore_unknown_options": False})
+@click.option("-m", "--module", "module", metavar="MODULE", default=None, expose_value=False,
+              help="Run a module, like python -m; everything after it is the module's own.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Where to write the JSON report [default: gpumemdoctor-<script>.<pid>.json].")
 @click.option("--force", is_flag=True, help="Overwrite the report file if it exists.")

@@ -81,7 +81,7 @@ def _breakdown(console: Console, b: Breakdown) -> None:
     table.add_column("bytes", justify="right")
     table.add_column("what it is", overflow="fold")
     rows = [
-        ("CUDA context", b.context_bytes, "per-process overhead, measured as CUDA started"),
+        ("CUDA context", b.context_bytes, "per-process overhead, read at the first allocation"),
         ("live tensors", b.live_tensor_bytes, "tensors your program still references"),
         ("garbage cycles", b.garbage_bytes, "freed only by gc.collect()"),
         ("pending stream", b.pending_stream_bytes, "freed, held for unfinished stream work"),
