@@ -241,17 +241,16 @@ def _diagnose_torch_device(rec: Recording, agent: AgentRecording, torch_index: i
             remedy="Synchronize the side stream (stream.synchronize() or torch.cuda.synchronize()) "
                    "before expecting the memory back, or avoid record_stream on large tensors."))
 
-    steady_cache = [r.reserved_bytes - (r.active_bytes if r.active_bytes is not None else r.allocated_bytes or 0)
-                    for s, r in series if r.reserved_bytes is not None] if by == "step" else []
-    working = max(steady_cache) if steady_cache else 0
-    if b.cache_bytes and b.cache_bytes - working >= SIGNIFICANT_BYTES:
+    # In a loop (the program marked steps) the cache at exit is what every step reuses:
+    # activations, and gradients that zero_grad freed after the last step. Only a program
+    # without steps that ends with a cache is told about it.
+    if by == "time" and b.cache_bytes and b.cache_bytes >= SIGNIFICANT_BYTES:
         after_empty = probes.get("empty_cache")
         result.findings.append(Finding(
             kind="allocator-cache", bytes=b.cache_bytes, pid=agent.pid, device=nvml_index,
             summary=f"{fb(b.cache_bytes)} in {where} is PyTorch's allocator cache: memory of freed "
                     f"tensors kept for reuse. nvidia-smi counts it; it is not a leak.",
             evidence={"reserved_at_end": end.reserved_bytes, "active_at_end": end.active_bytes,
-                      "working_cache_bytes": working or None,
                       "reserved_after_empty_cache": after_empty.reserved_bytes if after_empty else None,
                       "nvml_after_empty_cache": after_empty.nvml_used_bytes if after_empty else None},
             remedy="torch.cuda.empty_cache() returns it to the device (other processes can then use it); "
