@@ -17,47 +17,32 @@ torch.cuda.synchronize() calls and prints one line on stdout:
 """
 from __future__ import annotations
 
-import argparse
 import sys
-import time
+
+from _loop import check, cuda_torch, mlp, parser, time_steps
 
 DEFAULT_STEPS = 2500  # ~6 s at 2.4 ms a step on an H200
-DEFAULT_WARMUP = 50
 N_BATCHES = 4
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("steps", nargs="?", type=int, default=DEFAULT_STEPS,
-                        help=f"timed steps [default: {DEFAULT_STEPS}]")
-    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP,
-                        help=f"untimed steps first [default: {DEFAULT_WARMUP}]")
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
-                        help="bf16: autocast to bfloat16; fp32: plain float32")
-    parser.add_argument("--log-every", type=int, default=100,
-                        help="read the loss back every K steps (0: never) [default: 100]")
-    args = parser.parse_args()
-    if args.steps < 1 or args.warmup < 0:
-        parser.error("steps must be at least 1 and --warmup at least 0")
-
-    import torch
-
-    if not torch.cuda.is_available():
-        print("workload_realistic: needs a CUDA GPU (torch.cuda.is_available() is False)",
-              file=sys.stderr)
+    p = parser(__doc__, DEFAULT_STEPS)
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16",
+                   help="bf16: autocast to bfloat16; fp32: plain float32")
+    p.add_argument("--log-every", type=int, default=100,
+                   help="read the loss back every K steps (0: never) [default: 100]")
+    args = p.parse_args()
+    check(p, args)
+    torch = cuda_torch("workload_realistic")
+    if torch is None:
         return 2
 
     torch.manual_seed(0)
     device = torch.device("cuda")
-    blocks = []
-    for i in range(args.layers):
-        blocks.append(torch.nn.Linear(args.hidden, args.hidden))
-        if i < args.layers - 1:
-            blocks.append(torch.nn.GELU())
-    model = torch.nn.Sequential(*blocks).to(device)
+    model = mlp(torch, args.hidden, args.layers, torch.nn.GELU)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
     inputs = [torch.randn(args.batch, args.hidden, device=device) for _ in range(N_BATCHES)]
     targets = [torch.randn(args.batch, args.hidden, device=device) for _ in range(N_BATCHES)]
@@ -75,17 +60,7 @@ def main() -> int:
         if args.log_every and (i + 1) % args.log_every == 0:
             logged.append(loss.item())
 
-    for i in range(args.warmup):
-        train_step(i)
-    torch.cuda.synchronize()
-
-    start = time.perf_counter()
-    for i in range(args.steps):
-        train_step(i)
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-
-    print(f"STEP_TIME_MS {elapsed * 1e3 / args.steps:.6f}", flush=True)
+    time_steps(torch, train_step, args.steps, args.warmup)
     return 0
 
 

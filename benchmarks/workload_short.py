@@ -14,63 +14,38 @@ torch.cuda.synchronize() calls and prints one line on stdout:
 """
 from __future__ import annotations
 
-import argparse
 import sys
-import time
+
+from _loop import check, cuda_torch, mlp, parser, time_steps
 
 DEFAULT_STEPS = 6000  # ~6 s at 1.0 ms a step on an H200
-DEFAULT_WARMUP = 50
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("steps", nargs="?", type=int, default=DEFAULT_STEPS,
-                        help=f"timed steps [default: {DEFAULT_STEPS}]")
-    parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP,
-                        help=f"untimed steps first [default: {DEFAULT_WARMUP}]")
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--width", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=32)
-    args = parser.parse_args()
-    if args.steps < 1 or args.warmup < 0:
-        parser.error("steps must be at least 1 and --warmup at least 0")
-
-    import torch
-
-    if not torch.cuda.is_available():
-        print("workload_short: needs a CUDA GPU (torch.cuda.is_available() is False)",
-              file=sys.stderr)
+    p = parser(__doc__, DEFAULT_STEPS)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--batch", type=int, default=32)
+    args = p.parse_args()
+    check(p, args)
+    torch = cuda_torch("workload_short")
+    if torch is None:
         return 2
 
     torch.manual_seed(0)
     device = torch.device("cuda")
-    blocks = []
-    for i in range(args.layers):
-        blocks.append(torch.nn.Linear(args.width, args.width))
-        if i < args.layers - 1:
-            blocks.append(torch.nn.ReLU())
-    model = torch.nn.Sequential(*blocks).to(device)
+    model = mlp(torch, args.width, args.layers, torch.nn.ReLU)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randn(args.batch, args.width, device=device)
     y = torch.randn(args.batch, args.width, device=device)
 
-    def train_step() -> None:
+    def train_step(_: int) -> None:
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(args.warmup):
-        train_step()
-    torch.cuda.synchronize()
-
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        train_step()
-    torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
-
-    print(f"STEP_TIME_MS {elapsed * 1e3 / args.steps:.6f}", flush=True)
+    time_steps(torch, train_step, args.steps, args.warmup)
     return 0
 
 
