@@ -104,7 +104,7 @@ def diagnose(recording: Recording) -> Diagnosis:
         return result
     for agent in recording.agents:
         for torch_index in _torch_devices(agent):
-            _diagnose_torch_device(recording, agent, torch_index, result)
+            _diagnose_torch_device(agent, torch_index, result)
     torch_pids = {b.pid for b in result.breakdowns}
     for (pid, device), points in sorted(recording.nvml.items()):
         if pid not in torch_pids and any(used for _, used in points):
@@ -154,8 +154,7 @@ def _readings(samples: list[TorchSample], torch_index: int) -> list[tuple[TorchS
     return out
 
 
-def _diagnose_torch_device(rec: Recording, agent: AgentRecording, torch_index: int,
-                           result: Diagnosis) -> None:
+def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diagnosis) -> None:
     device = agent.device(torch_index)
     nvml_index = device.nvml_index if device else None
     during = _readings(agent.samples, torch_index)

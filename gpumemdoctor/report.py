@@ -53,15 +53,16 @@ def write(report: dict, path: str, force: bool) -> None:
     """Write the report; refuse to replace a file unless forced."""
     if os.path.isdir(path):
         raise UsageError(f"the report path {path} is a directory: give a file name with -o")
-    mode = "w" if force else "x"
+    # Readable by its owner only: it holds the target's command line and working folder.
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
     try:
-        with open(path, mode, encoding="utf-8") as f:
+        with os.fdopen(os.open(path, flags, 0o600), "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)
             f.write("\n")
     except FileExistsError:
-        raise UsageError(f"{path} exists: pass --force to overwrite it, or -o to choose another name")
+        raise UsageError(f"{path} exists: pass --force to overwrite it, or -o to choose another name") from None
     except OSError as exc:
-        raise UsageError(f"cannot write the report to {path}: {exc.strerror or exc}")
+        raise UsageError(f"cannot write the report to {path}: {exc.strerror or exc}") from None
 
 
 def check_writable(path: str, force: bool) -> None:
@@ -86,15 +87,17 @@ def load(path: str) -> tuple[Recording, Diagnosis]:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f, parse_constant=_refuse_constant)
     except FileNotFoundError:
-        raise UsageError(f"{path} does not exist")
+        raise UsageError(f"{path} does not exist") from None
     except IsADirectoryError:
-        raise UsageError(f"{path} is a directory, not a report")
+        raise UsageError(f"{path} is a directory, not a report") from None
     except UnicodeDecodeError:
-        raise BadReportError(f"{path} is not a gpumemdoctor report (not UTF-8 text)")
+        raise BadReportError(f"{path} is not a gpumemdoctor report (not UTF-8 text)") from None
     except ValueError as exc:
-        raise BadReportError(f"{path} is not a gpumemdoctor report (invalid JSON: {exc})")
+        raise BadReportError(f"{path} is not a gpumemdoctor report (invalid JSON: {exc})") from None
+    except RecursionError:
+        raise BadReportError(f"{path} is not a gpumemdoctor report (nested too deeply)") from None
     except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}")
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         return parse(obj)
     except BadReportError as exc:

@@ -4,8 +4,6 @@ from __future__ import annotations
 import json
 import sys
 
-import pytest
-
 
 def report_of(tmp_path) -> dict:
     (path,) = tmp_path.glob("gpumemdoctor-*.json")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
+import stat
 
 import pytest
 
@@ -259,3 +261,16 @@ def test_load_of_a_missing_file_or_folder_is_a_usage_error(tmp_path):
 
 def test_schema_constant():
     assert SCHEMA == "gpumemdoctor.report/1"
+
+
+def test_load_refuses_deep_nesting_with_one_line(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(BadReportError, match="nested too deeply"):
+        load(str(path))
+
+
+def test_written_report_is_private_to_its_owner(tmp_path):
+    path = tmp_path / "r.json"
+    write({"schema": "x"}, str(path), force=False)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600

@@ -140,7 +140,7 @@ def _check_target(target: list[str]) -> str:
         with open(script, "rb") as f:
             head = f.read(_SCRIPT_PROBE_BYTES)
     except OSError as exc:
-        raise UsageError(f"cannot read {script}: {exc.strerror or exc}")
+        raise UsageError(f"cannot read {script}: {exc.strerror or exc}") from None
     if not head.startswith(b"PK\x03\x04"):  # python also runs zip files
         if b"\0" in head:
             raise UsageError(f"{script} is a binary file, not a Python script")
