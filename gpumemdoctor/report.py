@@ -71,11 +71,16 @@ def check_writable(path: str, force: bool) -> None:
         raise UsageError(f"the report path {path} is a directory: give a file name with -o")
     if os.path.exists(path) and not force:
         raise UsageError(f"{path} exists: pass --force to overwrite it, or -o to choose another name")
-    folder = os.path.dirname(os.path.abspath(path))
+    check_folder_writable(os.path.dirname(os.path.abspath(path)))
+
+
+def check_folder_writable(folder: str) -> None:
+    """The folder a report will go to exists and can be written."""
     if not os.path.isdir(folder):
-        raise UsageError(f"cannot write the report to {path}: folder {folder} does not exist")
+        raise UsageError(f"cannot write the report: folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
-        raise UsageError(f"cannot write the report to {path}: folder {folder} is not writable")
+        raise UsageError(f"cannot write the report: folder {folder} is not writable; "
+                         f"pass -o to write it elsewhere")
 
 
 def load(path: str) -> tuple[Recording, Diagnosis]:

@@ -75,7 +75,7 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     from ..console import make_console
     from ..diagnosis import diagnose
     from ..errors import NoGpuError
-    from ..report import build, check_writable, write
+    from ..report import build, check_folder_writable, check_writable, write
     from ..reporters import terminal
     from ..supervisor import RunOptions, exit_status, run
 
@@ -84,9 +84,10 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         raise UsageError("give a script to run (gpumemdoctor run train.py) or a module "
                          "(gpumemdoctor run -m mypkg.train)")
     name = _check_target(target)
-    # The default name holds the target's PID, so only its folder can be checked now.
-    check_writable(output if output is not None else os.path.join(os.getcwd(), f"gpumemdoctor-{name}.json"),
-                   force=force or output is None)
+    if output is not None:
+        check_writable(output, force)
+    else:
+        check_folder_writable(os.getcwd())  # the default name holds the target's PID, unknown yet
     measure_gpu = True
     try:
         nvml.init()
