@@ -7,6 +7,7 @@ from __future__ import annotations
 EXIT_USAGE = 2
 EXIT_NO_GPU = 3
 EXIT_BAD_REPORT = 4
+EXIT_CHECK_FAILED = 10  # a CI check failed (and the target itself succeeded)
 EXIT_INTERNAL = 70
 
 

@@ -21,17 +21,20 @@ def cli(debug: bool) -> None:
     gpumemdoctor run train.py --epochs 1     run a script, then a verdict and a report
     gpumemdoctor run -m mypkg.train          run a module, like python -m
     gpumemdoctor report REPORT.json          show a saved report again
+    gpumemdoctor compare OLD.json NEW.json   what changed between two runs, checked
     """
     global _debug
     _debug = debug
 
 
 def _register() -> None:
+    from .compare import compare_command
     from .report import report_command
     from .run import run_command
 
     cli.add_command(run_command)
     cli.add_command(report_command)
+    cli.add_command(compare_command)
 
 
 _register()

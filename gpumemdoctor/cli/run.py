@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from ..errors import UsageError
+from ..errors import EXIT_CHECK_FAILED, UsageError
+from ._checks import check_options, make_policy, publish
 
 _SCRIPT_PROBE_BYTES = 4096
 
@@ -63,15 +64,23 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
 @click.option("--allow-no-gpu", is_flag=True,
               help="Run the target even where NVML is missing (nothing GPU-side is measured).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line and the report path.")
+@check_options
+@click.option("--baseline", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Compare the run's figures with this baseline and fail past --tolerance.")
+@click.option("--update-baseline", is_flag=True,
+              help="Write the run's figures to --baseline FILE instead of comparing.")
 @click.pass_context
 def run_command(ctx: click.Context, output: str | None, force: bool, interval: float,
-                poll_interval: float, allow_no_gpu: bool, quiet: bool) -> int:
+                poll_interval: float, allow_no_gpu: bool, quiet: bool, max_peak: int | None,
+                max_retained: int | None, fail_on: str | None, tolerance: str,
+                nvml_tolerance: str | None, junit: str | None, baseline: str | None,
+                update_baseline: bool) -> int:
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) and diagnose its GPU memory.
 
     Options go before the script; everything after it is the script's own.
     The exit status is the script's (128 + N if signal N killed it).
     """
-    from .. import nvml
+    from .. import checks, nvml
     from ..console import make_console
     from ..diagnosis import diagnose
     from ..errors import NoGpuError
@@ -88,6 +97,10 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         check_writable(output, force)
     else:
         check_folder_writable(os.getcwd())  # the default name holds the target's PID, unknown yet
+    if update_baseline and not baseline:
+        raise UsageError("--update-baseline needs --baseline FILE to write to")
+    baseline_figures = checks.load_baseline(baseline) if baseline and not update_baseline else None
+    policy = make_policy(max_peak, max_retained, fail_on, tolerance, nvml_tolerance, baseline_figures)
     measure_gpu = True
     try:
         nvml.init()
@@ -113,6 +126,16 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     else:
         console.print()
         terminal.render(console, recording, diagnosis, path)
+    if update_baseline:
+        checks.write_baseline(baseline, checks.baseline_document(recording, diagnosis))
+        console.print(f"Baseline written: {baseline}")
+    if policy.empty:
+        return status
+    results = checks.evaluate(recording, diagnosis, policy)
+    publish(console, " ".join(recording.target.get("argv") or []), diagnosis.verdict,
+            checks.figures(recording, diagnosis), results, junit)
+    if status == 0 and not all(r.passed for r in results):
+        return EXIT_CHECK_FAILED  # the target's own failure, if any, wins
     return status
 
 

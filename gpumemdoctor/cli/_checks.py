@@ -1,0 +1,73 @@
+"""The CI-check options shared by `run` and `compare`, and what to do with their results."""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import click
+
+from ..errors import UsageError
+from ..units import parse_size
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def check_options(fn: Callable) -> Callable:
+    """Add --max-peak, --max-retained, --fail-on, --tolerance, --nvml-tolerance, --junit."""
+    options = [
+        click.option("--max-peak", callback=_size, metavar="SIZE",
+                     help="Fail when the peak GPU memory of the run (NVML, target and children) "
+                          "is over SIZE (512MiB, 2GiB)."),
+        click.option("--max-retained", callback=_size, metavar="SIZE",
+                     help="Fail when the memory still held at exit, beyond the CUDA context, is over SIZE."),
+        click.option("--fail-on", metavar="KINDS",
+                     help="Fail on any of these findings, comma-separated: leak, allocator-cache, "
+                          "pending-stream, garbage-cycle, non-torch, orphan-process."),
+        click.option("--tolerance", default="5%", show_default=True, metavar="TOL",
+                     help="How much a baseline figure may grow: 5% or 64MiB."),
+        click.option("--nvml-tolerance", metavar="TOL",
+                     help="Also compare the NVML peak with the baseline, with this tolerance."),
+        click.option("--junit", type=click.Path(dir_okay=False), metavar="PATH",
+                     help="Write the checks as JUnit XML, one test case per check."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def make_policy(max_peak: int | None, max_retained: int | None, fail_on: str | None,
+                tolerance: str, nvml_tolerance: str | None, baseline: dict | None):
+    from ..checks import Policy, parse_kinds, parse_tolerance
+
+    return Policy(max_peak_bytes=max_peak, max_retained_bytes=max_retained,
+                  fail_on=parse_kinds(fail_on) if fail_on else (), baseline=baseline,
+                  tolerance=parse_tolerance(tolerance),
+                  nvml_tolerance=parse_tolerance(nvml_tolerance) if nvml_tolerance else None)
+
+
+def publish(console, title: str, verdict: str | None, figures: dict, results: list,
+            junit: str | None) -> None:
+    """Draw the checks, write JUnit XML if asked, and append to GitHub's step summary if set."""
+    from ..reporters import checks as reporter
+
+    reporter.render(console, results)
+    if junit:
+        try:
+            with open(junit, "w", encoding="utf-8") as f:
+                f.write(reporter.junit_xml(results))
+        except OSError as exc:
+            raise UsageError(f"cannot write JUnit XML to {junit}: {exc.strerror or exc}") from None
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        try:
+            with open(summary, "a", encoding="utf-8") as f:
+                f.write(reporter.markdown_summary(title, verdict, figures, results))
+        except OSError as exc:
+            console.print(f"gpumemdoctor: could not append to GITHUB_STEP_SUMMARY ({exc.strerror or exc})")

@@ -1,0 +1,36 @@
+"""`gpumemdoctor compare OLD.json NEW.json`: the differences between two runs, judged like `run`."""
+from __future__ import annotations
+
+import click
+
+from ..errors import EXIT_CHECK_FAILED
+from ._checks import check_options, make_policy, publish
+
+
+@click.command("compare")
+@click.argument("old", type=click.Path(dir_okay=False))
+@click.argument("new", type=click.Path(dir_okay=False))
+@check_options
+def compare_command(old: str, new: str, max_peak: int | None, max_retained: int | None,
+                    fail_on: str | None, tolerance: str, nvml_tolerance: str | None,
+                    junit: str | None) -> int:
+    """Compare two saved reports: OLD is the baseline, NEW is judged.
+
+    Exits 10 when a check fails, 0 otherwise; needs no GPU.
+    """
+    from .. import checks
+    from ..console import make_console
+    from ..reporters import checks as reporter
+    from ..report import load
+
+    old_recording, old_diagnosis = load(old)
+    new_recording, new_diagnosis = load(new)
+    old_figures = checks.figures(old_recording, old_diagnosis)
+    new_figures = checks.figures(new_recording, new_diagnosis)
+    policy = make_policy(max_peak, max_retained, fail_on, tolerance, nvml_tolerance, old_figures)
+    results = checks.evaluate(new_recording, new_diagnosis, policy)
+    console = make_console(stderr=False)
+    reporter.render_comparison(console, old_diagnosis.verdict, new_diagnosis.verdict, old_figures,
+                               new_figures)
+    publish(console, f"{old} -> {new}", new_diagnosis.verdict, new_figures, results, junit)
+    return 0 if all(r.passed for r in results) else EXIT_CHECK_FAILED

@@ -1,0 +1,73 @@
+"""CI check results drawn three ways: terminal lines, JUnit XML, and a GitHub step summary."""
+from __future__ import annotations
+
+from xml.etree import ElementTree as ET
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..checks import CheckResult
+from ..units import format_bytes as fb
+
+
+def render(console: Console, results: list[CheckResult]) -> None:
+    """One line per check, failures marked."""
+    if not results:
+        return
+    failed = sum(not r.passed for r in results)
+    console.print(f"\nChecks   {len(results) - failed} passed, {failed} failed")
+    table = Table(show_header=False, box=None, pad_edge=False, padding=(0, 0, 0, 0))
+    table.add_column("mark", width=7)
+    table.add_column("text", overflow="fold")
+    for r in results:
+        mark = Text("  ok", style="green") if r.passed else Text("  FAIL", style="bold red")
+        table.add_row(mark, f"{r.name}: {r.message}")
+    console.print(table)
+
+
+def render_comparison(console: Console, old_verdict: str | None, new_verdict: str | None,
+                      old: dict, new: dict) -> None:
+    """The two runs' figures side by side."""
+    table = Table(show_header=True, box=None, pad_edge=False, padding=(0, 2, 0, 0))
+    for name, justify in (("figure", "left"), ("old", "right"), ("new", "right"), ("change", "right")):
+        table.add_column(name, justify=justify)
+    table.add_row("verdict", old_verdict or "none", new_verdict or "none", "")
+    for key in new:
+        a, b = old.get(key), new.get(key)
+        change = ""
+        if a is not None and b is not None:
+            change = fb(b - a, signed=True) + (f" ({(b - a) / a * 100:+.1f}%)" if a else "")
+        table.add_row(key, fb(a), fb(b), change)
+    console.print(table)
+
+
+def junit_xml(results: list[CheckResult], suite: str = "gpumemdoctor") -> str:
+    """A JUnit XML document with one test case per check."""
+    root = ET.Element("testsuites")
+    node = ET.SubElement(root, "testsuite", name=suite, tests=str(len(results)),
+                         failures=str(sum(not r.passed for r in results)), errors="0")
+    for r in results:
+        case = ET.SubElement(node, "testcase", classname=suite, name=r.name)
+        if not r.passed:
+            failure = ET.SubElement(case, "failure", message=r.message)
+            failure.text = r.message
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def markdown_summary(title: str, verdict: str | None, figures: dict, results: list[CheckResult]) -> str:
+    """A GitHub step summary: the verdict, the figures, and the checks."""
+    failed = [r for r in results if not r.passed]
+    head = "failed" if failed else "passed"
+    lines = [f"### gpumemdoctor: {title}", "",
+             f"Verdict: **{verdict or 'none'}**; checks {head} "
+             f"({len(results) - len(failed)} of {len(results)} passed)", "",
+             "| figure | bytes |", "| --- | --- |"]
+    for key, value in figures.items():
+        lines.append(f"| {key} | {fb(value)} |")
+    if results:
+        lines += ["", "| check | result | detail |", "| --- | --- | --- |"]
+        for r in results:
+            detail = r.message.replace("|", "\\|")
+            lines.append(f"| {r.name} | {'pass' if r.passed else '**FAIL**'} | {detail} |")
+    return "\n".join(lines) + "\n\n"

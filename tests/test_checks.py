@@ -1,0 +1,188 @@
+"""CI checks and baselines, on reports recorded on a GPU; the check options of the CLI."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from gpumemdoctor import checks
+from gpumemdoctor.errors import BadReportError, UsageError
+from gpumemdoctor.report import load
+from gpumemdoctor.reporters.checks import junit_xml, markdown_summary
+
+FIXTURES = Path(__file__).parent / "fixtures" / "reports"
+MIB = 1 << 20
+
+
+def run(name: str):
+    return load(str(FIXTURES / f"{name}.json"))
+
+
+def test_figures_of_a_clean_run():
+    recording, diagnosis = run("clean_adam")
+    figs = checks.figures(recording, diagnosis)
+    assert figs["peak_allocated_bytes"] == diagnosis.peaks["allocated_bytes"]
+    b = next(b for b in diagnosis.breakdowns if b.pid == recording.target_pid)
+    assert figs["live_tensor_bytes"] == b.live_tensor_bytes
+    assert figs["retained_bytes"] == b.nvml_bytes - b.context_bytes
+
+
+def test_unchanged_run_passes_its_own_baseline():
+    recording, diagnosis = run("clean_adam")
+    policy = checks.Policy(baseline=checks.figures(recording, diagnosis))
+    results = checks.evaluate(recording, diagnosis, policy)
+    assert [r.name for r in results] == ["baseline peak_allocated_bytes", "baseline live_tensor_bytes"]
+    assert all(r.passed for r in results)
+
+
+def test_bigger_run_fails_the_baseline_and_says_by_how_much():
+    old = checks.figures(*run("clean_adam"))
+    recording, diagnosis = run("leak_training_list")
+    results = checks.evaluate(recording, diagnosis, checks.Policy(baseline=old))
+    peak = next(r for r in results if r.name == "baseline peak_allocated_bytes")
+    assert not peak.passed and "+" in peak.message and "tolerance 5%" in peak.message
+
+
+def test_tolerance_allows_growth_up_to_it():
+    base = checks.figures(*run("clean_adam"))
+    grown = dict(base, peak_allocated_bytes=int(base["peak_allocated_bytes"] * 1.04))
+    recording, diagnosis = run("clean_adam")
+    # the run is the same; judging it against a baseline 4% larger or 4% smaller
+    smaller = {k: (int(v / 1.04) if isinstance(v, int) else v) for k, v in base.items()}
+    assert all(r.passed for r in checks.evaluate(recording, diagnosis, checks.Policy(baseline=grown)))
+    assert all(r.passed for r in checks.evaluate(recording, diagnosis, checks.Policy(baseline=smaller)))
+    tight = checks.Policy(baseline=smaller, tolerance=checks.parse_tolerance("1%"))
+    assert not all(r.passed for r in checks.evaluate(recording, diagnosis, tight))
+
+
+def test_nvml_peak_is_compared_only_when_asked():
+    recording, diagnosis = run("clean_adam")
+    base = dict(checks.figures(recording, diagnosis), peak_nvml_bytes=1)
+    assert all(r.passed for r in checks.evaluate(recording, diagnosis, checks.Policy(baseline=base)))
+    asked = checks.Policy(baseline=base, nvml_tolerance=checks.parse_tolerance("10%"))
+    assert not all(r.passed for r in checks.evaluate(recording, diagnosis, asked))
+
+
+def test_fail_on_names_the_finding():
+    recording, diagnosis = run("leak_training_list")
+    results = checks.evaluate(recording, diagnosis, checks.Policy(fail_on=("leak", "pending-stream")))
+    assert [(r.name, r.passed) for r in results] == [("fail-on leak", False), ("fail-on pending-stream", True)]
+    clean = checks.evaluate(*run("clean_adam"), checks.Policy(fail_on=("leak",)))
+    assert all(r.passed for r in clean)
+
+
+def test_ceilings():
+    recording, diagnosis = run("cache_after_matmul")
+    peak = diagnosis.peaks["nvml_bytes"]
+    over = checks.evaluate(recording, diagnosis, checks.Policy(max_peak_bytes=peak - 1))
+    under = checks.evaluate(recording, diagnosis, checks.Policy(max_peak_bytes=peak))
+    assert not over[0].passed and under[0].passed
+    retained = checks.figures(recording, diagnosis)["retained_bytes"]
+    assert retained >= 768 * MIB  # the cache is held at exit
+    assert not checks.evaluate(recording, diagnosis, checks.Policy(max_retained_bytes=512 * MIB))[0].passed
+
+
+@pytest.mark.parametrize("text, fraction, size", [("5%", 0.05, 0), ("0.5%", 0.005, 0), ("64MiB", 0, 64 * MIB)])
+def test_parse_tolerance(text, fraction, size):
+    t = checks.parse_tolerance(text)
+    assert t.fraction == pytest.approx(fraction) and t.bytes == size
+
+
+@pytest.mark.parametrize("text", ["", "five", "-5%", "5%%"])
+def test_bad_tolerance(text):
+    with pytest.raises(UsageError):
+        checks.parse_tolerance(text)
+
+
+def test_parse_kinds():
+    assert checks.parse_kinds("leak, orphan-process") == ("leak", "orphan-process")
+    for bad in ("", "clean", "context", "leak,nope"):
+        with pytest.raises(UsageError):
+            checks.parse_kinds(bad)
+
+
+def test_baseline_round_trip_and_strictness(tmp_path):
+    recording, diagnosis = run("clean_adam")
+    path = tmp_path / "base.json"
+    checks.write_baseline(str(path), checks.baseline_document(recording, diagnosis))
+    assert checks.load_baseline(str(path)) == checks.figures(recording, diagnosis)
+    doc = json.loads(path.read_text())
+    for broken in (dict(doc, schema="other/1"), dict(doc, figures={"peak_allocated_bytes": "1"}),
+                   dict(doc, figures=[])):
+        path.write_text(json.dumps(broken))
+        with pytest.raises(BadReportError):
+            checks.load_baseline(str(path))
+    path.write_text("{not json")
+    with pytest.raises(BadReportError):
+        checks.load_baseline(str(path))
+    with pytest.raises(UsageError, match="--update-baseline"):
+        checks.load_baseline(str(tmp_path / "missing.json"))
+
+
+def test_junit_has_one_case_per_check():
+    recording, diagnosis = run("leak_training_list")
+    results = checks.evaluate(recording, diagnosis, checks.Policy(fail_on=("leak", "non-torch")))
+    root = ET.fromstring(junit_xml(results).split("?>", 1)[1])
+    cases = root.findall("./testsuite/testcase")
+    assert [c.get("name") for c in cases] == ["fail-on leak", "fail-on non-torch"]
+    assert cases[0].find("failure") is not None and cases[1].find("failure") is None
+    assert root.find("testsuite").get("failures") == "1"
+
+
+def test_markdown_summary():
+    recording, diagnosis = run("leak_training_list")
+    results = checks.evaluate(recording, diagnosis, checks.Policy(fail_on=("leak",)))
+    text = markdown_summary("train.py", diagnosis.verdict, checks.figures(recording, diagnosis), results)
+    assert "Verdict: **leak**" in text and "| fail-on leak | **FAIL** |" in text
+
+
+# -- the CLI -----------------------------------------------------------------------
+
+def test_compare_passes_a_run_against_itself(cli, tmp_path):
+    same = str(FIXTURES / "clean_adam.json")
+    result = cli("compare", same, same, "--fail-on", "leak", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "3 passed, 0 failed" in result.stdout
+
+
+def test_compare_fails_a_regression_with_exit_10_and_junit(cli, tmp_path):
+    result = cli("compare", str(FIXTURES / "clean_adam.json"), str(FIXTURES / "leak_training_list.json"),
+                 "--junit", "j.xml", cwd=tmp_path, env={"GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md")})
+    assert result.returncode == 10
+    assert "FAIL" in result.stdout and "peak_allocated_bytes" in result.stdout
+    assert (tmp_path / "j.xml").exists()
+    assert "### gpumemdoctor:" in (tmp_path / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fail-on", "bogus"], "--fail-on"),
+    (["--tolerance", "lots"], "tolerance"),
+    (["--max-peak", "big"], "max-peak"),
+    (["--update-baseline"], "--baseline"),
+    (["--baseline", "missing.json"], "--update-baseline"),
+])
+def test_bad_check_options_are_usage_errors_before_the_target_runs(cli, script, tmp_path, args, message):
+    script(tmp_path, "t.py", "open('ran', 'w').close()\n")
+    result = cli("run", "--allow-no-gpu", *args, "t.py", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "ran").exists()
+
+
+def test_failed_check_exits_10_but_the_targets_failure_wins(cli, script, tmp_path):
+    script(tmp_path, "ok.py", "pass\n")
+    script(tmp_path, "bad.py", "raise SystemExit(3)\n")
+    # without a GPU the peak is not measured, so a ceiling on it cannot pass
+    result = cli("run", "--allow-no-gpu", "--max-peak", "1GiB", "ok.py", cwd=tmp_path)
+    assert result.returncode == 10 and "FAIL" in result.stderr
+    result = cli("run", "--allow-no-gpu", "--max-peak", "1GiB", "bad.py", cwd=tmp_path)
+    assert result.returncode == 3
+
+
+def test_update_baseline_writes_a_baseline(cli, script, tmp_path):
+    script(tmp_path, "ok.py", "pass\n")
+    result = cli("run", "--allow-no-gpu", "--baseline", "b.json", "--update-baseline", "ok.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "b.json").read_text())["schema"] == checks.BASELINE_SCHEMA
