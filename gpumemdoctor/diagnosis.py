@@ -9,8 +9,8 @@ from the agent's end probes: `allocated` before and after gc.collect() gives
 live and garbage tensors, `active - allocated` the blocks freed in Python but
 held for unfinished stream work, `reserved - active` the cache, and NVML minus
 `reserved` minus the context what lives outside PyTorch's allocator. The
-context is `NVML - reserved` at the process's first sample after its first
-allocation (the agent takes it then, before libraries load their kernels).
+context is the smallest `NVML - reserved` after the process's first allocation,
+normally the agent's reading right after it, before libraries load their kernels.
 """
 from __future__ import annotations
 
@@ -267,17 +267,21 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
 
 
 def _context(during: list[tuple[TorchSample, DeviceReading]], end: DeviceReading | None) -> int | None:
-    """NVML minus reserved at the first sample after the first allocation.
+    """The smallest NVML minus reserved over the readings taken after the first allocation.
 
     Before its first allocation NVML shows only part of a context (14 MiB on an
-    H200 against about 520 MiB once it is complete), so earlier samples do not
-    count. A process too short to be sampled falls back to its exit reading,
-    which also holds the libraries it loaded.
+    H200 against about 520 MiB once it is complete), so readings with nothing
+    reserved do not count. The agent takes a reading right after that allocation;
+    kernels that load later only add to the figure, so the smallest is normally
+    that first one, and it stays right when one reading catches an allocation
+    that NVML already counts and the allocator does not yet (seen once on an
+    H200: 64 MiB too much in the first sample). A process too short to be sampled
+    has only its exit reading, which also holds the libraries it loaded.
     """
-    for r in [r for _, r in during] + ([end] if end is not None else []):
-        if r.reserved_bytes and r.nvml_used_bytes:
-            return max(0, r.nvml_used_bytes - r.reserved_bytes)
-    return None
+    gaps = [r.nvml_used_bytes - r.reserved_bytes
+            for r in [r for _, r in during] + ([end] if end is not None else [])
+            if r.reserved_bytes and r.nvml_used_bytes]
+    return max(0, min(gaps)) if gaps else None
 
 
 def _non_torch_finding(agent: AgentRecording, nvml_index: int | None, where: str, size: int,

@@ -147,3 +147,19 @@ def test_near_ties_go_to_the_more_specific_cause():
     assert choose_verdict([_finding("leak", 100), _finding("garbage-cycle", 90)]) == "garbage-cycle"
     assert choose_verdict([_finding("allocator-cache", 100), _finding("non-torch", 85)]) == "non-torch"
     assert set(VERDICTS) >= {choose_verdict([_finding(k, 1)]) for k in VERDICTS[1:]}
+
+
+def test_context_survives_a_first_reading_that_caught_an_allocation_in_flight():
+    """Seen once on an H200 (garbage_cycle, GPU run of 2026-11-21): the first reading's NVML
+    figure already held a 64 MiB allocation that the allocator did not show yet. Here the
+    recorded first reading is altered the same way; the context must not move."""
+    report, recording = load("garbage_cycle")
+    clean = target_breakdown(diagnose(recording), recording)
+    raced = Recording.from_json(copy.deepcopy(report["recording"]))
+    first = next(s for s in raced.agent(raced.target_pid).samples if s.readings[0].reserved_bytes)
+    first.readings[0].nvml_used_bytes += 64 * MIB
+    b = target_breakdown(diagnose(raced), raced)
+    assert b.context_bytes == clean.context_bytes
+    parts = [b.context_bytes, b.live_tensor_bytes, b.garbage_bytes, b.pending_stream_bytes,
+             b.cache_bytes, b.non_torch_bytes]
+    assert sum(parts) == b.nvml_bytes
