@@ -257,10 +257,7 @@ class _Agent:
         described = []
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
-            uuid = str(getattr(props, "uuid", "") or "") or None
-            pci = None
-            if hasattr(props, "pci_bus_id"):
-                pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+            uuid, pci = device_ids(props)
             nvml_device = self.nvml.find_device(uuid, pci) if self.nvml else None
             described.append({"index": index, "uuid": uuid, "pci_bus_id": pci, "name": props.name,
                               "nvml_device": nvml_device})
@@ -373,6 +370,15 @@ class _Agent:
         torch.cuda.empty_cache()
         self.write({"type": "p", "phase": "empty_cache", "t": time.monotonic(),
                     "d": self._read_devices()})
+
+
+def device_ids(props) -> tuple:
+    """(UUID, PCI bus id in NVML's spelling) of torch's device properties; None where absent."""
+    uuid = str(getattr(props, "uuid", "") or "") or None
+    pci = None
+    if hasattr(props, "pci_bus_id"):
+        pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    return uuid, pci
 
 
 def _stat(stats: dict, name: str, field: str):

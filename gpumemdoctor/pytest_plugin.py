@@ -217,11 +217,9 @@ class VramChecker:
                 from . import nvml
                 nvml.init()
                 self._nvml = nvml
+                from ._agent import device_ids
                 for i in range(torch.cuda.device_count()):
-                    p = torch.cuda.get_device_properties(i)
-                    pci = (f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
-                           if hasattr(p, "pci_bus_id") else None)
-                    self._nvml_devices[i] = nvml.find_device(str(getattr(p, "uuid", "")) or None, pci)
+                    self._nvml_devices[i] = nvml.find_device(*device_ids(torch.cuda.get_device_properties(i)))
             except Exception:
                 pass  # no NVML here: the NVML part of the checks is skipped
         device = self._nvml_devices.get(index)

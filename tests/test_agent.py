@@ -87,3 +87,15 @@ def test_step_outside_a_run_does_nothing(tmp_path):
     out = subprocess.run([sys.executable, "-c", "import gpumemdoctor; gpumemdoctor.step(); print('ok')"],
                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout == "ok\n"
+
+
+def test_device_ids_spell_the_pci_bus_id_as_nvml_does():
+    """On the H200 of 2026-11-21 NVML said busId 00000000:00:06.0 for the device whose torch
+    properties had pci_domain_id 0, pci_bus_id 0, pci_device_id 6 (NOTES.md's probe)."""
+    from gpumemdoctor._agent import device_ids
+
+    class Props:
+        uuid = "43ff4d40-4cf2-6692-c614-5e3ca76b49ac"
+        pci_domain_id, pci_bus_id, pci_device_id = 0, 0, 6
+
+    assert device_ids(Props()) == ("43ff4d40-4cf2-6692-c614-5e3ca76b49ac", "00000000:00:06.0")
