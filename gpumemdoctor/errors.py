@@ -8,6 +8,7 @@ EXIT_USAGE = 2
 EXIT_NO_GPU = 3
 EXIT_BAD_REPORT = 4
 EXIT_CHECK_FAILED = 10  # a CI check failed (and the target itself succeeded)
+EXIT_GPU_BUSY = 11  # `ps --expect-free`: a GPU holds more than allowed
 EXIT_INTERNAL = 70
 
 

@@ -61,8 +61,7 @@ def init() -> Any:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
             raise NoGpuError(f"NVML is not available ({exc}): this machine has no usable "
-                             "NVIDIA driver. Run on a machine with an NVIDIA GPU, or pass "
-                             "--allow-no-gpu to run the target without GPU measurement") from exc
+                             "NVIDIA driver; run on a machine with an NVIDIA GPU") from exc
         except OSError as exc:  # a broken libnvidia-ml.so
             raise NoGpuError(f"NVML could not be loaded ({exc})") from exc
         _SOFT_ERRORS = tuple(

@@ -49,6 +49,14 @@ def info(pid: int) -> ProcessInfo | None:
     )
 
 
+def environ(pid: int) -> dict[str, str] | None:
+    """The process's environment; None when it is gone or not ours to read."""
+    try:
+        return psutil.Process(pid).environ()
+    except _GONE:
+        return None
+
+
 def descendants(pid: int) -> list[int]:
     """PIDs of every living descendant; empty when the process is gone."""
     try:

@@ -22,6 +22,7 @@ def cli(debug: bool) -> None:
     gpumemdoctor run -m mypkg.train          run a module, like python -m
     gpumemdoctor report REPORT.json          show a saved report again
     gpumemdoctor compare OLD.json NEW.json   what changed between two runs, checked
+    gpumemdoctor ps                          who holds each GPU's memory right now
     """
     global _debug
     _debug = debug
@@ -29,12 +30,14 @@ def cli(debug: bool) -> None:
 
 def _register() -> None:
     from .compare import compare_command
+    from .ps import ps_command
     from .report import report_command
     from .run import run_command
 
     cli.add_command(run_command)
     cli.add_command(report_command)
     cli.add_command(compare_command)
+    cli.add_command(ps_command)
 
 
 _register()

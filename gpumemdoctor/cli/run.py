@@ -104,9 +104,10 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     measure_gpu = True
     try:
         nvml.init()
-    except NoGpuError:
+    except NoGpuError as exc:
         if not allow_no_gpu:
-            raise
+            raise NoGpuError(f"{exc}, or pass --allow-no-gpu to run the target without GPU "
+                             "measurement") from None
         measure_gpu = False
 
     recording = run(RunOptions(target_args=target, poll_interval_s=poll_interval,

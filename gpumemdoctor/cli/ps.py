@@ -1,0 +1,51 @@
+"""`gpumemdoctor ps`: who holds each GPU's memory, and what nobody accounts for."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..errors import EXIT_GPU_BUSY
+from ..units import parse_size
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command("ps")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.option("--expect-free", is_flag=False, flag_value="0", default=None, callback=_size,
+              metavar="[SIZE]",
+              help="Exit 11 when any GPU has more than SIZE held by processes or unaccounted "
+                   "(default 0): a pre-flight check before GPU tests.")
+def ps_command(as_json: bool, expect_free: int | None) -> int:
+    """Show each GPU's memory, the processes that hold it, and what needs a look.
+
+    Works for any process, Python or not; flags zombies, orphaned workers, PIDs from
+    other PID namespaces and memory no visible process accounts for.
+    """
+    from ..console import make_console
+    from ..holders import busy_gpus, diagnose_holders, gather
+    from ..reporters import ps as reporter
+    from ..units import format_bytes as fb
+
+    gpus = diagnose_holders(gather())
+    console = make_console(stderr=False)
+    if as_json:
+        click.echo(json.dumps({"schema": "gpumemdoctor.ps/1", "gpus": [g.to_json() for g in gpus]},
+                              indent=1))
+    else:
+        reporter.render(console, gpus)
+    if expect_free is None:
+        return 0
+    busy = busy_gpus(gpus, expect_free)
+    for index, held in busy:
+        click.echo(f"gpumemdoctor: GPU {index} holds {fb(held)}, more than the {fb(expect_free)} "
+                   f"--expect-free allows", err=True)
+    return EXIT_GPU_BUSY if busy else 0

@@ -1,0 +1,140 @@
+"""Who holds each GPU's memory right now, and what nobody accounts for (`gpumemdoctor ps`).
+
+`gather()` reads NVML and /proc; `diagnose_holders()` is pure: from those facts
+to flags, each with the next step to take.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+from . import procs
+from ._agent import ENV_RUN_DIR
+from .units import format_bytes as fb
+
+MIB = 1 << 20
+# Memory used on a device beyond what its processes hold, below this, is not flagged:
+# the driver keeps a little for itself on some versions.
+UNACCOUNTED_FLOOR_BYTES = 256 * MIB
+
+
+@dataclass
+class Holder:
+    """A process that NVML says holds memory on a GPU."""
+
+    pid: int
+    used_bytes: int | None
+    visible: bool  # the PID exists in this PID namespace
+    user: str | None = None
+    cmdline: list[str] | None = None
+    age_s: float | None = None
+    rss_bytes: int | None = None
+    status: str | None = None
+    ppid: int | None = None
+    session_leader: bool | None = None
+    agent: bool | None = None  # runs gpumemdoctor's agent; None where its environment is not readable
+    flags: list[dict] = field(default_factory=list)  # {"flag", "next_step"}
+
+
+@dataclass
+class GpuMemory:
+    index: int
+    uuid: str
+    name: str | None
+    total_bytes: int | None
+    used_bytes: int | None
+    free_bytes: int | None
+    reserved_bytes: int | None  # driver-reserved (NVML memory info v2); None where only v1 exists
+    holders: list[Holder] = field(default_factory=list)
+    unaccounted_bytes: int | None = None
+    flags: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def gather() -> list[GpuMemory]:
+    """Read every GPU's memory and its processes (NVML), and what /proc says of each process."""
+    from . import nvml
+
+    gpus = []
+    now = time.time()
+    for device in nvml.devices():
+        mem = nvml.memory_info(device)
+        gpu = GpuMemory(index=device.index, uuid=device.uuid, name=device.name, total_bytes=mem.total_bytes,
+                        used_bytes=mem.used_bytes, free_bytes=mem.free_bytes, reserved_bytes=mem.reserved_bytes)
+        for pid, used in nvml.processes(device):
+            gpu.holders.append(_holder(pid, used, now))
+        gpus.append(gpu)
+    return gpus
+
+
+def _holder(pid: int, used: int | None, now: float) -> Holder:
+    info = procs.info(pid)
+    if info is None:
+        return Holder(pid=pid, used_bytes=used, visible=False)
+    try:
+        leader = os.getsid(pid) == pid
+    except OSError:
+        leader = None
+    environ = procs.environ(pid)
+    return Holder(pid=pid, used_bytes=used, visible=True, user=info.username, cmdline=info.cmdline,
+                  age_s=round(now - info.create_time, 1) if info.create_time else None,
+                  rss_bytes=info.rss_bytes, status=info.status, ppid=info.ppid, session_leader=leader,
+                  agent=(ENV_RUN_DIR in environ) if environ is not None else None)
+
+
+def diagnose_holders(gpus: list[GpuMemory]) -> list[GpuMemory]:
+    """Flag what needs a look on each GPU, with the next step; pure."""
+    for gpu in gpus:
+        for h in gpu.holders:
+            h.flags = _flags(h)
+        listed = sum(h.used_bytes or 0 for h in gpu.holders)
+        # Only with NVML's memory info v2: v1's "used" also holds what the driver reserves
+        # (480 MiB on an H100), which no process accounts for either.
+        if (gpu.used_bytes is not None and gpu.reserved_bytes is not None
+                and all(h.used_bytes is not None for h in gpu.holders)):
+            gpu.unaccounted_bytes = max(0, gpu.used_bytes - listed)
+        gpu.flags = []
+        if gpu.unaccounted_bytes is not None and gpu.unaccounted_bytes >= UNACCOUNTED_FLOOR_BYTES:
+            gpu.flags.append({
+                "flag": "unaccounted",
+                "next_step": f"{fb(gpu.unaccounted_bytes)} is used on GPU {gpu.index} but no process "
+                             "NVML lists holds it: processes in other containers or VMs, a process that "
+                             "is exiting, or memory NVML cannot attribute (MIG, no permission). Check "
+                             "`nvidia-smi` on the host; if nothing runs, the driver may need the GPU "
+                             "reset by an administrator."})
+    return gpus
+
+
+def _flags(h: Holder) -> list[dict]:
+    flags = []
+    command = " ".join(" ".join(h.cmdline or []).split())[:60]
+    if not h.visible:
+        flags.append({"flag": "not-in-this-namespace",
+                      "next_step": f"PID {h.pid} does not exist here: it belongs to another PID namespace "
+                                   "(a container). Look from the host, or run the container with "
+                                   "--pid=host so PIDs match."})
+        return flags
+    if h.status == "zombie":
+        flags.append({"flag": "zombie",
+                      "next_step": f"PID {h.pid} has exited but its parent {h.ppid} has not reaped it; "
+                                   f"its memory goes once the parent waits for it or exits "
+                                   f"(kill or restart PID {h.ppid})."})
+    elif h.ppid == 1 and h.session_leader is False:
+        flags.append({"flag": "orphaned",
+                      "next_step": f"PID {h.pid} ({command}) lost its parent and was adopted by init: "
+                                   "often a DataLoader worker or multiprocessing child left behind. "
+                                   f"If it is not meant to run on: kill {h.pid}."})
+    return flags
+
+
+def busy_gpus(gpus: list[GpuMemory], allowed_bytes: int) -> list[tuple[int, int]]:
+    """(GPU index, bytes held) for each GPU holding more than allowed: its processes and unaccounted memory."""
+    busy = []
+    for gpu in gpus:
+        held = sum(h.used_bytes or 0 for h in gpu.holders) + (gpu.unaccounted_bytes or 0)
+        if held > allowed_bytes:
+            busy.append((gpu.index, held))
+    return busy

@@ -1,0 +1,49 @@
+"""`gpumemdoctor ps` on a real GPU: a child left holding memory after its parent died shows as
+orphaned; --expect-free fails while it holds memory and passes once it is gone."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PARENT = r"""
+import subprocess, sys
+CHILD = '''
+import sys, time, torch
+keep = torch.ones(64 << 20, device="cuda")  # 256 MiB
+torch.cuda.synchronize()
+print("ready", flush=True)
+time.sleep(60)
+'''
+child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE)
+child.stdout.readline()
+print(child.pid, flush=True)
+# the parent exits here, leaving its child behind in its session
+"""
+
+
+def ps(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "gpumemdoctor", "ps", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_orphan_shows_and_expect_free_follows_it():
+    parent = subprocess.run([sys.executable, "-c", PARENT], capture_output=True, text=True, timeout=120)
+    pid = int(parent.stdout.strip().splitlines()[-1])
+    try:
+        listed = json.loads(ps("--json").stdout)
+        holders = {h["pid"]: h for g in listed["gpus"] for h in g["holders"]}
+        assert pid in holders and holders[pid]["used_bytes"] >= 256 << 20
+        if holders[pid]["ppid"] == 1:  # adopted by init (not by a subreaper)
+            assert "orphaned" in [f["flag"] for f in holders[pid]["flags"]]
+        assert ps("--expect-free").returncode == 11
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(50):  # NVML drops an exited process within about 0.5 s
+        if ps("--expect-free").returncode == 0:
+            break
+        time.sleep(0.1)
+    assert ps("--expect-free").returncode == 0
