@@ -9,6 +9,7 @@ EXIT_NO_GPU = 3
 EXIT_BAD_REPORT = 4
 EXIT_CHECK_FAILED = 10  # a CI check failed (and the target itself succeeded)
 EXIT_GPU_BUSY = 11  # `ps --expect-free`: a GPU holds more than allowed
+EXIT_WATCH_ALERT = 12  # `watch --exit-on-alert`: a limit was crossed
 EXIT_INTERNAL = 70
 
 

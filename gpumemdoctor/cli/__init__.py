@@ -23,6 +23,7 @@ def cli(debug: bool) -> None:
     gpumemdoctor report REPORT.json          show a saved report again
     gpumemdoctor compare OLD.json NEW.json   what changed between two runs, checked
     gpumemdoctor ps                          who holds each GPU's memory right now
+    gpumemdoctor watch --pid N               a running process's GPU memory, live
     """
     global _debug
     _debug = debug
@@ -31,6 +32,7 @@ def cli(debug: bool) -> None:
 def _register() -> None:
     from .compare import compare_command
     from .ps import ps_command
+    from .watch import watch_command
     from .report import report_command
     from .run import run_command
 
@@ -38,6 +40,7 @@ def _register() -> None:
     cli.add_command(report_command)
     cli.add_command(compare_command)
     cli.add_command(ps_command)
+    cli.add_command(watch_command)
 
 
 _register()

@@ -1,0 +1,138 @@
+"""`gpumemdoctor watch --pid N`: a live view of a running process's GPU memory."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import sys
+import time
+
+import click
+
+from ..errors import EXIT_WATCH_ALERT, UsageError
+from ..units import parse_size
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _rate(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    from ..watcher import parse_rate
+
+    if value is None:
+        return None
+    try:
+        return parse_rate(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _keys(enabled: bool):
+    """Read single key presses from the terminal while watching; restore it afterwards."""
+    if not enabled:
+        yield None
+        return
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield fd
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def _wait(fd: int | None, seconds: float) -> bool:
+    """Sleep for `seconds`; True when q was pressed meanwhile."""
+    if fd is None:
+        time.sleep(seconds)
+        return False
+    ready, _, _ = select.select([fd], [], [], seconds)
+    return bool(ready) and os.read(fd, 16).lower().startswith(b"q")
+
+
+@click.command("watch")
+@click.option("--pid", type=int, required=True, help="The process to watch (any program).")
+@click.option("--interval", type=click.FloatRange(0.05, 3600), default=1.0, show_default=True,
+              help="Seconds between samples.")
+@click.option("--duration", type=click.FloatRange(0.1), default=None,
+              help="Stop after this many seconds and print a summary.")
+@click.option("--jsonl", type=click.Path(dir_okay=False), default=None,
+              help="Append one JSON line per sample to this file.")
+@click.option("--max-vram", callback=_size, metavar="SIZE", help="Alert when the VRAM total passes SIZE.")
+@click.option("--max-growth", callback=_rate, metavar="RATE",
+              help="Alert when the VRAM floor grows faster than RATE (64MiB/min, 1MiB/s).")
+@click.option("--exit-on-alert", is_flag=True, help="Exit 12 at the first alert.")
+@click.option("--no-tui", is_flag=True, help="Plain lines, one per sample (the default when not a terminal).")
+def watch_command(pid: int, interval: float, duration: float | None, jsonl: str | None,
+                  max_vram: int | None, max_growth: float | None, exit_on_alert: bool,
+                  no_tui: bool) -> int:
+    """Watch the GPU memory of process PID and its children, live, with a leak judgement.
+
+    q or Ctrl-C stops and prints a summary. Needs nothing installed in the process.
+    """
+    from .. import nvml, procs
+    from ..console import make_console
+    from ..reporters import watch as reporter
+    from ..watcher import Watcher, alerts, judgement
+
+    if pid <= 0 or procs.info(pid) is None:
+        raise UsageError(f"no process with PID {pid} here (it may have exited, or live in "
+                         "another PID namespace)")
+    watcher = Watcher(pid, nvml.devices())
+    console = make_console(stderr=False)
+    tui = not no_tui and sys.stdout.isatty() and sys.stdin.isatty()
+    out = None
+    if jsonl:
+        try:
+            out = open(jsonl, "a", encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot write {jsonl}: {exc.strerror or exc}") from None
+    raised: list[str] = []
+    ended = "stopped"
+    status = 0
+    try:
+        with _keys(tui) as fd, reporter.view(console, tui) as show:
+            while True:
+                s = watcher.sample()
+                rate = watcher.floor_rate_per_min()
+                now = alerts(s, rate, max_vram, max_growth)
+                raised += [a for a in now if a not in raised]
+                if out is not None:
+                    out.write(json.dumps(s.to_json() | {"floor_rate_bytes_per_min": rate,
+                                                         "alerts": now}) + "\n")
+                    out.flush()
+                show(watcher, s, judgement(rate), now)
+                if not s.alive:
+                    ended = "exited"
+                    for _ in range(10):  # NVML drops an exited process within about 0.5 s
+                        if watcher.pid not in s.pids:
+                            break
+                        time.sleep(0.1)
+                        s = watcher.sample()
+                    break
+                if now and exit_on_alert:
+                    ended, status = "alert", EXIT_WATCH_ALERT
+                    break
+                if duration is not None and s.t >= duration:
+                    ended = "duration"
+                    break
+                if _wait(fd, interval):
+                    break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if out is not None:
+            out.close()
+    reporter.summary(console, watcher, ended, judgement(watcher.floor_rate_per_min()), raised)
+    return status

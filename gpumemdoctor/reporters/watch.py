@@ -1,0 +1,64 @@
+"""`gpumemdoctor watch` drawn: a live panel on a terminal, plain lines elsewhere, and a summary."""
+from __future__ import annotations
+
+import contextlib
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
+from ..units import format_bytes as fb
+from .terminal import sparkline
+
+SPARK_WIDTH = 50
+
+
+def _line(s, verdict: str) -> str:
+    gpus = "  ".join(f"GPU{i} {fb(b)}" for i, b in sorted(s.gpu_bytes.items())) or "no GPU memory"
+    return f"{s.t:8.1f}s  {gpus}  total {fb(s.total_bytes)}  RSS {fb(s.rss_bytes)}  floor: {verdict}"
+
+
+def _panel(watcher, s, verdict: str, alerts: list[str]) -> Group:
+    values = [x.total_bytes for x in watcher.samples]
+    span = f"{watcher.samples[0].t:.0f}-{s.t:.0f} s" if watcher.samples else ""
+    parts = [Text(f"gpumemdoctor watch: PID {watcher.pid}   (q to stop)", style="bold"),
+             Text(_line(s, verdict)),
+             Text(f"VRAM  {sparkline(values, max(values) if values else 0, SPARK_WIDTH)}  {span}, "
+                  f"peak {fb(watcher.peak_bytes)}")]
+    if s.pids:
+        parts.append(Text("holding GPU memory: PID " + ", ".join(map(str, s.pids))))
+    if not s.gpu_bytes:
+        parts.append(Text("the process holds no GPU memory now; watching in case it starts"))
+    parts += [Text(f"ALERT: {a}", style="bold red") for a in alerts]
+    return Group(*parts)
+
+
+@contextlib.contextmanager
+def view(console: Console, tui: bool):
+    """A function that shows each sample: in a Live panel, or as one plain line."""
+    if not tui:
+        def show(watcher, s, verdict, alerts):
+            console.print(_line(s, verdict) + "".join(f"  ALERT: {a}" for a in alerts))
+        yield show
+        return
+    with Live(console=console, auto_refresh=False, transient=False) as live:
+        def show(watcher, s, verdict, alerts):
+            live.update(_panel(watcher, s, verdict, alerts), refresh=True)
+        yield show
+
+
+def summary(console: Console, watcher, ended: str, verdict: str, alerts: list[str]) -> None:
+    last = watcher.samples[-1] if watcher.samples else None
+    reason = {"exited": f"process {watcher.pid} exited", "duration": "--duration reached",
+              "alert": "an alert (--exit-on-alert)", "stopped": "stopped"}[ended]
+    console.print(f"\nWatched PID {watcher.pid} for {last.t if last else 0:.1f} s ({watcher.count} samples): "
+                  f"{reason}.")
+    console.print(f"Peak VRAM {fb(watcher.peak_bytes)}; floor: {verdict}.")
+    if ended == "exited" and last is not None:
+        if last.total_bytes:
+            console.print(f"Its descendants still hold {fb(last.total_bytes)} (PID "
+                          f"{', '.join(map(str, last.pids))}): the memory was not all returned.")
+        else:
+            console.print("Its GPU memory was returned to the device.")
+    for a in alerts:
+        console.print(f"Alert: {a}")

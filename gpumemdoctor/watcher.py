@@ -1,0 +1,114 @@
+"""Watching a running process from outside (`gpumemdoctor watch`): its VRAM and its floor's growth.
+
+Works for any program, Python or not, and needs nothing installed in it: NVML
+gives the VRAM of the process and its descendants on each GPU, psutil the host
+memory. The leak judgement is the floor's growth (growth.floor_growth) over the
+samples so far, given once there are enough of them.
+"""
+from __future__ import annotations
+
+import re
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+from . import procs
+from .growth import floor_growth
+from .units import format_bytes as fb
+from .units import parse_size
+
+HISTORY = 4096  # samples kept for the timeline and the judgement
+MIN_GROWTH_BYTES = 16 << 20
+
+
+@dataclass
+class WatchSample:
+    t: float  # seconds since watching began
+    gpu_bytes: dict[int, int]  # NVML index -> bytes held by the process and its descendants
+    rss_bytes: int | None
+    alive: bool
+    pids: list[int] = field(default_factory=list)  # the processes that held GPU memory
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.gpu_bytes.values())
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"total_bytes": self.total_bytes}
+
+
+def parse_rate(text: str) -> float:
+    """'64MiB/min' or '1MiB/s' -> bytes per minute."""
+    m = re.fullmatch(r"\s*(.+?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*", text)
+    if not m:
+        raise ValueError(f"{text!r} is not a rate; write it like 64MiB/min or 1MiB/s")
+    per = {"s": 60, "sec": 60, "second": 60, "m": 1, "min": 1, "minute": 1, "h": 1 / 60, "hour": 1 / 60}
+    return parse_size(m.group(1)) * per[m.group(2)]
+
+
+class Watcher:
+    """Samples one process tree; keeps the recent history and judges it."""
+
+    def __init__(self, pid: int, devices: list):
+        self.pid = pid
+        self.devices = devices
+        self.create_time = (procs.info(pid) or procs.ProcessInfo(pid, None, None, None, None, None, None)).create_time
+        self.t0 = time.monotonic()
+        self.samples: deque[WatchSample] = deque(maxlen=HISTORY)
+        self.peak_bytes = 0
+        self.count = 0
+        self.known: set[int] = set()  # descendants seen so far: they may outlive the process
+
+    def sample(self) -> WatchSample:
+        from . import nvml
+
+        alive = procs.same_process(self.pid, self.create_time)
+        if alive:
+            self.known.update(procs.descendants(self.pid))
+        self.known = {p for p in self.known if procs.info(p) is not None}
+        tree = {self.pid, *self.known}
+        gpu_bytes: dict[int, int] = {}
+        holders = set()
+        for device in self.devices:
+            for pid, used in nvml.processes(device):
+                if pid in tree and used:
+                    gpu_bytes[device.index] = gpu_bytes.get(device.index, 0) + used
+                    holders.add(pid)
+        rss = None
+        if alive:
+            infos = [procs.info(p) for p in tree]
+            rss = sum(i.rss_bytes or 0 for i in infos if i is not None)
+        s = WatchSample(t=round(time.monotonic() - self.t0, 3), gpu_bytes=gpu_bytes, rss_bytes=rss,
+                        alive=alive, pids=sorted(holders))
+        self.samples.append(s)
+        self.peak_bytes = max(self.peak_bytes, s.total_bytes)
+        self.count += 1
+        return s
+
+    def floor_rate_per_min(self) -> float | None:
+        """Bytes per minute the floor of the VRAM total rises at; 0 when flat; None until enough data."""
+        points = [s for s in self.samples if s.alive]
+        if len(points) < 8:
+            return None
+        fit = floor_growth([s.t for s in points], [s.total_bytes for s in points], MIN_GROWTH_BYTES)
+        return fit.rate_bytes_per_x * 60 if fit is not None else 0.0
+
+
+def alerts(sample: WatchSample, rate_per_min: float | None, max_vram: int | None,
+           max_growth_per_min: float | None) -> list[str]:
+    """What crossed a limit at this sample; pure."""
+    found = []
+    if max_vram is not None and sample.total_bytes > max_vram:
+        found.append(f"VRAM {fb(sample.total_bytes)} is over --max-vram {fb(max_vram)}")
+    if max_growth_per_min is not None and rate_per_min is not None and rate_per_min > max_growth_per_min:
+        found.append(f"the VRAM floor grows {fb(int(rate_per_min))}/min, over --max-growth "
+                     f"{fb(int(max_growth_per_min))}/min")
+    return found
+
+
+def judgement(rate_per_min: float | None) -> str:
+    if rate_per_min is None:
+        return "not enough data yet"
+    if rate_per_min == 0:
+        return "flat: no sustained growth"
+    return f"growing {fb(int(rate_per_min))}/min"

@@ -1,0 +1,42 @@
+"""`gpumemdoctor watch` on a real GPU: a leaking torch script and a flat one get different judgements."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import sys, time, torch
+leak = sys.argv[1] == "leak"
+keep = [torch.ones(1 << 20, device="cuda")]
+torch.cuda.synchronize()
+print("ready", flush=True)
+for _ in range(300):
+    x = torch.ones(4 << 20, device="cuda")  # 16 MiB a tick
+    if leak:
+        keep.append(x)
+    del x
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("kind", ["leak", "flat"])
+def test_watch_judges_the_floor(tmp_path, kind):
+    target = subprocess.Popen([sys.executable, "-c", SCRIPT, kind], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout.readline().strip() == "ready"
+        result = subprocess.run([sys.executable, "-m", "gpumemdoctor", "watch", "--pid", str(target.pid),
+                                 "--interval", "0.2", "--duration", "6", "--no-tui", "--jsonl", "w.jsonl"],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    finally:
+        target.kill()
+        target.wait()
+    assert result.returncode == 0, result.stderr
+    last = json.loads((tmp_path / "w.jsonl").read_text().splitlines()[-1])
+    assert last["total_bytes"] > 500 << 20  # the context and the tensors
+    if kind == "leak":
+        assert last["floor_rate_bytes_per_min"] > 100 << 20  # about 320 MiB/s is planted
+    else:
+        assert last["floor_rate_bytes_per_min"] == 0
