@@ -19,4 +19,15 @@ def step() -> None:
     _agent.step()
 
 
-__all__ = ["__version__", "step"]
+def enable() -> None:
+    """Let `gpumemdoctor watch --pid` see PyTorch's figures in this process, from now on.
+
+    Starts the agent if `gpumemdoctor run` did not, and a local socket that answers
+    read-only statistics to the same user only. Safe to call more than once; it never raises.
+    """
+    from . import _agent
+
+    _agent.enable()
+
+
+__all__ = ["__version__", "enable", "step"]

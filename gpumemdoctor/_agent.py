@@ -22,6 +22,7 @@ import time
 
 ENV_RUN_DIR = "GPUMEMDOCTOR_RUN_DIR"
 ENV_INTERVAL = "GPUMEMDOCTOR_INTERVAL_S"
+ENV_SOCKET = "GPUMEMDOCTOR_SOCKET"  # "0": no local socket for `gpumemdoctor watch`
 DEFAULT_INTERVAL_S = 0.02
 MAX_INTERVAL_S = 5.0
 SAMPLES_PER_DOUBLING = 1000  # long runs sample more slowly so a recording stays small
@@ -46,6 +47,19 @@ def start() -> None:
         _agent = None
 
 
+def enable() -> None:
+    """Start the agent and its local socket in this process (see gpumemdoctor.enable)."""
+    global _agent
+    try:
+        if _agent is None or _agent.pid != os.getpid():
+            agent = _Agent(os.environ.get(ENV_RUN_DIR), _interval_from_env())
+            agent.begin()
+            _agent = agent
+        _agent.start_server()
+    except Exception:
+        pass
+
+
 def step() -> None:
     """Mark the end of one step of the program's loop (see gpumemdoctor.step)."""
     agent = _agent
@@ -68,7 +82,10 @@ def _after_fork_in_child() -> None:
     if parent is None:
         return
     try:
-        os.close(parent.fd)
+        if parent.fd is not None:
+            os.close(parent.fd)
+        if parent.server is not None:
+            parent.server.forget()  # the socket is the parent's: the child neither serves nor removes it
     except Exception:
         pass
     try:
@@ -126,14 +143,18 @@ class _NotifyingLoader:
 
 
 class _Agent:
-    def __init__(self, run_dir: str, interval_s: float):
+    def __init__(self, run_dir: str | None, interval_s: float):
         self.pid = os.getpid()
         self.run_dir = run_dir
         self.interval_s = interval_s
-        path = os.path.join(run_dir, f"agent-{self.pid}.jsonl")
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
-        self.fd = os.open(path, flags, 0o600)
+        self.fd = None  # without a run folder (gpumemdoctor.enable() alone) nothing is recorded
+        if run_dir:
+            path = os.path.join(run_dir, f"agent-{self.pid}.jsonl")
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0)
+            self.fd = os.open(path, flags, 0o600)
         self.dead = False
+        self.server = None
+        self.context: dict[int, int] = {}  # torch index -> smallest NVML - reserved after an allocation
         self.torch = None
         self.devices: list[dict] = []  # torch index, uuid, nvml device (or None)
         self.nvml = None
@@ -150,7 +171,7 @@ class _Agent:
 
     # -- the channel ---------------------------------------------------------
     def write(self, record: dict) -> None:
-        if self.dead:
+        if self.dead or self.fd is None:
             return
         try:
             os.write(self.fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
@@ -207,6 +228,36 @@ class _Agent:
         if self.thread is None:
             self.thread = threading.Thread(target=self._run, name="gpumemdoctor-agent", daemon=True)
             self.thread.start()
+        if self.run_dir:
+            self.start_server()
+
+    def start_server(self) -> None:
+        """Answer `gpumemdoctor watch` on a local socket (see agent_socket); once per process."""
+        if self.server is not None or os.environ.get(ENV_SOCKET) == "0":
+            return
+        from gpumemdoctor.agent_socket import StatsServer
+
+        server = StatsServer(self.stats)
+        if server.open():
+            self.server = server
+            threading.Thread(target=server.serve_forever, name="gpumemdoctor-socket", daemon=True).start()
+
+    def stats(self) -> dict:
+        """What the socket answers: the latest figures, read now."""
+        from gpumemdoctor.agent_socket import STATS_SCHEMA
+
+        torch = self.torch
+        rows = []
+        if torch is not None and self.devices and torch.cuda.is_initialized():
+            for row in self._read_devices():
+                d = next((d for d in self.devices if d["index"] == row[0]), None)
+                nvml_device = d["nvml_device"] if d else None
+                rows.append({"torch_index": row[0], "nvml_index": nvml_device.index if nvml_device else None,
+                             "allocated_bytes": row[1], "active_bytes": row[2], "reserved_bytes": row[3],
+                             "nvml_bytes": row[5], "context_bytes": self.context.get(row[0])})
+        return {"schema": STATS_SCHEMA, "pid": self.pid, "steps": self.steps,
+                "torch_version": str(torch.__version__) if torch is not None else None,
+                "cuda": bool(torch is not None and torch.cuda.is_initialized()), "devices": rows}
 
     # -- sampling ------------------------------------------------------------
     def _run(self) -> None:
@@ -312,7 +363,11 @@ class _Agent:
         try:
             now = time.monotonic()
             self.last_sample_t = now
-            self.write({"type": "s", "t": now, "by": by, "step": self.steps, "d": self._read_devices()})
+            rows = self._read_devices()
+            for row in rows:  # [index, allocated, active, reserved, requested, nvml, ...]
+                if row[3] and row[5]:
+                    self.context[row[0]] = min(self.context.get(row[0], row[5] - row[3]), row[5] - row[3])
+            self.write({"type": "s", "t": now, "by": by, "step": self.steps, "d": rows})
             self.samples += 1
             if self.samples % SAMPLES_PER_DOUBLING == 0:
                 self.interval_s = min(self.interval_s * 2, MAX_INTERVAL_S)
@@ -353,6 +408,8 @@ class _Agent:
             self.write({"type": "error", "where": "exit probes", "message": repr(exc)[:500]})
         self.write({"type": "exit", "t": time.monotonic(), "steps": self.steps,
                     "explicit_steps": self.explicit_steps, "cupy": _cupy_pool()})
+        if self.server is not None:
+            self.server.close()
 
     def _probe(self, torch) -> None:
         """Re-measure after each thing that can give memory back, to say what held it."""

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from . import procs
+from . import agent_socket, procs
 from .growth import floor_growth
 from .units import format_bytes as fb
 from .units import parse_size
@@ -28,6 +28,7 @@ class WatchSample:
     rss_bytes: int | None
     alive: bool
     pids: list[int] = field(default_factory=list)  # the processes that held GPU memory
+    torch: dict[int, list[dict]] = field(default_factory=dict)  # pid -> its agent's per-device breakdown
 
     @property
     def total_bytes(self) -> int:
@@ -78,8 +79,13 @@ class Watcher:
         if alive:
             infos = [procs.info(p) for p in tree]
             rss = sum(i.rss_bytes or 0 for i in infos if i is not None)
+        torch = {}
+        for pid in sorted(({self.pid} if alive else set()) | holders):
+            reply = agent_socket.query(pid)
+            if reply is not None:
+                torch[pid] = breakdown(reply)
         s = WatchSample(t=round(time.monotonic() - self.t0, 3), gpu_bytes=gpu_bytes, rss_bytes=rss,
-                        alive=alive, pids=sorted(holders))
+                        alive=alive, pids=sorted(holders), torch=torch)
         self.samples.append(s)
         self.peak_bytes = max(self.peak_bytes, s.total_bytes)
         self.count += 1
@@ -92,6 +98,27 @@ class Watcher:
             return None
         fit = floor_growth([s.t for s in points], [s.total_bytes for s in points], MIN_GROWTH_BYTES)
         return fit.rate_bytes_per_x * 60 if fit is not None else 0.0
+
+
+def breakdown(reply: dict) -> list[dict]:
+    """Per device, from an agent's `stats` answer: where its memory is, in bytes (None: not known)."""
+    rows = []
+    for d in reply.get("devices") or []:
+        if not isinstance(d, dict):
+            continue
+        get = {k: d.get(k) if isinstance(d.get(k), int) and not isinstance(d.get(k), bool) else None
+               for k in ("allocated_bytes", "active_bytes", "reserved_bytes", "nvml_bytes", "context_bytes")}
+        a, act, r, n, c = (get[k] for k in ("allocated_bytes", "active_bytes", "reserved_bytes",
+                                             "nvml_bytes", "context_bytes"))
+        rows.append({
+            "torch_index": d.get("torch_index"), "nvml_index": d.get("nvml_index"),
+            "allocated_bytes": a,
+            "pending_stream_bytes": max(0, act - a) if act is not None and a is not None else None,
+            "cache_bytes": max(0, r - (act if act is not None else a)) if r is not None and (act or a) is not None else None,
+            "context_bytes": c,
+            "non_torch_bytes": max(0, n - r - c) if None not in (n, r, c) else None,
+        })
+    return rows
 
 
 def alerts(sample: WatchSample, rate_per_min: float | None, max_vram: int | None,

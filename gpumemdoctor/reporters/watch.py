@@ -18,6 +18,12 @@ def _line(s, verdict: str) -> str:
     return f"{s.t:8.1f}s  {gpus}  total {fb(s.total_bytes)}  RSS {fb(s.rss_bytes)}  floor: {verdict}"
 
 
+def _torch_line(r: dict) -> str:
+    return (f"tensors {fb(r['allocated_bytes'])}, cache {fb(r['cache_bytes'])}, "
+            f"pending stream {fb(r['pending_stream_bytes'])}, context {fb(r['context_bytes'])}, "
+            f"outside PyTorch {fb(r['non_torch_bytes'])}")
+
+
 def _panel(watcher, s, verdict: str, alerts: list[str]) -> Group:
     values = [x.total_bytes for x in watcher.samples]
     span = f"{watcher.samples[0].t:.0f}-{s.t:.0f} s" if watcher.samples else ""
@@ -27,6 +33,9 @@ def _panel(watcher, s, verdict: str, alerts: list[str]) -> Group:
                   f"peak {fb(watcher.peak_bytes)}")]
     if s.pids:
         parts.append(Text("holding GPU memory: PID " + ", ".join(map(str, s.pids))))
+    for pid, rows in s.torch.items():
+        for r in rows:
+            parts.append(Text(f"PyTorch in PID {pid}, cuda:{r['torch_index']}: " + _torch_line(r)))
     if not s.gpu_bytes:
         parts.append(Text("the process holds no GPU memory now; watching in case it starts"))
     parts += [Text(f"ALERT: {a}", style="bold red") for a in alerts]
@@ -38,7 +47,9 @@ def view(console: Console, tui: bool):
     """A function that shows each sample: in a Live panel, or as one plain line."""
     if not tui:
         def show(watcher, s, verdict, alerts):
-            console.print(_line(s, verdict) + "".join(f"  ALERT: {a}" for a in alerts))
+            torch = "".join(f"  [PID {pid} cuda:{r['torch_index']}: {_torch_line(r)}]"
+                            for pid, rows in s.torch.items() for r in rows)
+            console.print(_line(s, verdict) + torch + "".join(f"  ALERT: {a}" for a in alerts))
         yield show
         return
     with Live(console=console, auto_refresh=False, transient=False) as live:

@@ -40,3 +40,31 @@ def test_watch_judges_the_floor(tmp_path, kind):
         assert last["floor_rate_bytes_per_min"] > 100 << 20  # about 320 MiB/s is planted
     else:
         assert last["floor_rate_bytes_per_min"] == 0
+
+
+ENABLED = """
+import sys, time, torch, gpumemdoctor
+gpumemdoctor.enable()
+keep = torch.ones(64 << 20, device="cuda")  # 256 MiB of live tensors
+torch.cuda.synchronize()
+print("ready", flush=True)
+time.sleep(30)
+"""
+
+
+def test_watch_gets_the_torch_breakdown_through_the_agent_socket(tmp_path):
+    target = subprocess.Popen([sys.executable, "-c", ENABLED], stdout=subprocess.PIPE, text=True)
+    try:
+        assert target.stdout.readline().strip() == "ready"
+        result = subprocess.run([sys.executable, "-m", "gpumemdoctor", "watch", "--pid", str(target.pid),
+                                 "--interval", "0.2", "--duration", "1.5", "--no-tui", "--jsonl", "w.jsonl"],
+                                cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    finally:
+        target.kill()
+        target.wait()
+    assert result.returncode == 0, result.stderr
+    last = json.loads((tmp_path / "w.jsonl").read_text().splitlines()[-1])
+    (row,) = last["torch"][str(target.pid)]
+    assert row["allocated_bytes"] == 256 << 20
+    assert 300 << 20 <= row["context_bytes"] <= 1200 << 20
+    assert "PyTorch in PID" not in result.stdout or "tensors 256 MiB" in result.stdout
