@@ -123,12 +123,8 @@ class StatsServer:
                 pass
 
     def close(self) -> None:
-        sock, self.sock = self.sock, None
-        if sock is not None:
-            try:
-                sock.close()
-            except OSError:
-                pass
+        """Stop serving and remove the socket file."""
+        self.forget()
         if self.path is not None:
             try:
                 os.unlink(self.path)

@@ -7,16 +7,7 @@ from typing import Callable
 import click
 
 from ..errors import UsageError
-from ..units import parse_size
-
-
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+from ._params import size as _size
 
 
 def check_options(fn: Callable) -> Callable:

@@ -6,16 +6,7 @@ import json
 import click
 
 from ..errors import EXIT_GPU_BUSY
-from ..units import parse_size
-
-
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+from ._params import size as _size
 
 
 @click.command("ps")

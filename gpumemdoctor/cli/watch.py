@@ -11,27 +11,8 @@ import time
 import click
 
 from ..errors import EXIT_WATCH_ALERT, UsageError
-from ..units import parse_size
-
-
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def _rate(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    from ..watcher import parse_rate
-
-    if value is None:
-        return None
-    try:
-        return parse_rate(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
+from ._params import rate as _rate
+from ._params import size as _size
 
 
 @contextlib.contextmanager
