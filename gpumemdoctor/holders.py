@@ -5,7 +5,6 @@ to flags, each with the next step to take.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -74,14 +73,11 @@ def _holder(pid: int, used: int | None, now: float) -> Holder:
     info = procs.info(pid)
     if info is None:
         return Holder(pid=pid, used_bytes=used, visible=False)
-    try:
-        leader = os.getsid(pid) == pid
-    except OSError:
-        leader = None
     environ = procs.environ(pid)
     return Holder(pid=pid, used_bytes=used, visible=True, user=info.username, cmdline=info.cmdline,
                   age_s=round(now - info.create_time, 1) if info.create_time else None,
-                  rss_bytes=info.rss_bytes, status=info.status, ppid=info.ppid, session_leader=leader,
+                  rss_bytes=info.rss_bytes, status=info.status, ppid=info.ppid,
+                  session_leader=procs.session_leader(pid),
                   agent=(ENV_RUN_DIR in environ) if environ is not None else None)
 
 

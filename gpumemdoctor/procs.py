@@ -1,6 +1,7 @@
 """psutil look-ups that survive a process vanishing or belonging to someone else."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import psutil
@@ -47,6 +48,14 @@ def info(pid: int) -> ProcessInfo | None:
         status=_get(proc.status),
         rss_bytes=mem.rss if mem is not None else None,
     )
+
+
+def session_leader(pid: int) -> bool | None:
+    """True when the process leads its own session (as a daemon does); None when not known."""
+    try:
+        return os.getsid(pid) == pid
+    except OSError:
+        return None
 
 
 def environ(pid: int) -> dict[str, str] | None:

@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from . import __version__, procs
+from . import __version__, nvml, procs
 from ._agent import ENV_INTERVAL, ENV_RUN_DIR
 from .recording import ProcessRecord, Recording, read_agents
 
@@ -69,8 +69,6 @@ class _TreeWatch:
             self.refresh_tree()
         if not self.measure_gpu:
             return
-        from . import nvml
-
         t = round(time.monotonic() - self.t0, 6)
         for device in self.devices:
             listed = {}
@@ -137,8 +135,6 @@ def run(options: RunOptions) -> Recording:
     devices: list = []
     versions: dict = {"tool": __version__, "python": sys.version.split()[0]}
     if options.measure_gpu:
-        from . import nvml
-
         nvml.init()
         devices = nvml.devices()
         versions.update(nvml.versions())

@@ -12,7 +12,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from . import agent_socket, procs
+from . import agent_socket, nvml, procs
 from .growth import floor_growth
 from .units import format_bytes as fb
 from .units import parse_size
@@ -61,8 +61,6 @@ class Watcher:
         self.known: set[int] = set()  # descendants seen so far: they may outlive the process
 
     def sample(self) -> WatchSample:
-        from . import nvml
-
         alive = procs.same_process(self.pid, self.create_time)
         if alive:
             self.known.update(procs.descendants(self.pid))

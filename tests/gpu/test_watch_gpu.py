@@ -22,19 +22,24 @@ for _ in range(300):
 """
 
 
-@pytest.mark.parametrize("kind", ["leak", "flat"])
-def test_watch_judges_the_floor(tmp_path, kind):
-    target = subprocess.Popen([sys.executable, "-c", SCRIPT, kind], stdout=subprocess.PIPE, text=True)
+def watch_script(tmp_path, script: str, *args: str, duration: str):
+    """Start `python -c script args`, wait for its "ready", watch it; (result, last JSON line, pid)."""
+    target = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True)
     try:
         assert target.stdout.readline().strip() == "ready"
         result = subprocess.run([sys.executable, "-m", "gpumemdoctor", "watch", "--pid", str(target.pid),
-                                 "--interval", "0.2", "--duration", "6", "--no-tui", "--jsonl", "w.jsonl"],
+                                 "--interval", "0.2", "--duration", duration, "--no-tui", "--jsonl", "w.jsonl"],
                                 cwd=tmp_path, capture_output=True, text=True, timeout=60)
     finally:
         target.kill()
         target.wait()
     assert result.returncode == 0, result.stderr
-    last = json.loads((tmp_path / "w.jsonl").read_text().splitlines()[-1])
+    return result, json.loads((tmp_path / "w.jsonl").read_text().splitlines()[-1]), target.pid
+
+
+@pytest.mark.parametrize("kind", ["leak", "flat"])
+def test_watch_judges_the_floor(tmp_path, kind):
+    _, last, _ = watch_script(tmp_path, SCRIPT, kind, duration="6")
     assert last["total_bytes"] > 500 << 20  # the context and the tensors
     if kind == "leak":
         assert last["floor_rate_bytes_per_min"] > 100 << 20  # about 320 MiB/s is planted
@@ -53,18 +58,8 @@ time.sleep(30)
 
 
 def test_watch_gets_the_torch_breakdown_through_the_agent_socket(tmp_path):
-    target = subprocess.Popen([sys.executable, "-c", ENABLED], stdout=subprocess.PIPE, text=True)
-    try:
-        assert target.stdout.readline().strip() == "ready"
-        result = subprocess.run([sys.executable, "-m", "gpumemdoctor", "watch", "--pid", str(target.pid),
-                                 "--interval", "0.2", "--duration", "1.5", "--no-tui", "--jsonl", "w.jsonl"],
-                                cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    finally:
-        target.kill()
-        target.wait()
-    assert result.returncode == 0, result.stderr
-    last = json.loads((tmp_path / "w.jsonl").read_text().splitlines()[-1])
-    (row,) = last["torch"][str(target.pid)]
+    result, last, pid = watch_script(tmp_path, ENABLED, duration="1.5")
+    (row,) = last["torch"][str(pid)]
     assert row["allocated_bytes"] == 256 << 20
     assert 300 << 20 <= row["context_bytes"] <= 1200 << 20
-    assert "PyTorch in PID" not in result.stdout or "tensors 256 MiB" in result.stdout
+    assert f"[PID {pid} cuda:0: tensors 256 MiB" in result.stdout
