@@ -18,7 +18,9 @@ torch.cuda.synchronize()
 print("ready", flush=True)
 time.sleep(60)
 '''
-child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE)
+# The child must not keep the parent's stderr: the test waits for the parent's pipes to close.
+child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 child.stdout.readline()
 print(child.pid, flush=True)
 # the parent exits here, leaving its child behind in its session
