@@ -23,10 +23,28 @@ import time
 ENV_RUN_DIR = "GPUMEMDOCTOR_RUN_DIR"
 ENV_INTERVAL = "GPUMEMDOCTOR_INTERVAL_S"
 ENV_SOCKET = "GPUMEMDOCTOR_SOCKET"  # "0": no local socket for `gpumemdoctor watch`
+ENV_TRACE = "GPUMEMDOCTOR_TRACE"  # allocation stacks: "auto" (when growth is seen), "on", "off";
+# holders are looked for in every mode once growth is seen
+ENV_SNAPSHOT = "GPUMEMDOCTOR_SNAPSHOT"  # "1": write the allocator snapshot to the run folder at exit
+TRACE_MODES = ("auto", "on", "off")
+TRACE_MAX_ENTRIES = 100_000  # of PyTorch's allocation history (a ring: old entries drop off)
+# Growth is suspected, online, when the floor of allocated memory has risen by this much
+# at two checks in a row (every CHECK_EVERY samples): then the allocation stacks are
+# recorded (--trace auto) and, a little later, the holders are looked for.
+SUSPECT_MIN_BYTES = 4 << 20
+CHECK_EVERY = 8
+INVESTIGATE_AFTER_STEPS = 16
+INVESTIGATE_AFTER_S = 3.0
+WARMUP_STEPS = 10  # --trace on: what is alive after these many steps (or seconds) is not new
+WARMUP_S = 2.0
+BUDGET_S = {"growth": 2.0, "exit": 5.0}  # how long one holder search may take
+MAX_OBJECTS = {"growth": 2_000_000, "exit": 5_000_000}
+MAX_THREAD_RECORDS = 1000
 DEFAULT_INTERVAL_S = 0.02
 MAX_INTERVAL_S = 5.0
 SAMPLES_PER_DOUBLING = 1000  # long runs sample more slowly so a recording stays small
 FIRST_ALLOCATION_WAIT_S = 10.0
+EVERY_STEP_UNTIL = 100  # the first steps are all sampled (about 50 us each): short runs need them
 
 _agent: _Agent | None = None
 
@@ -163,11 +181,24 @@ class _Agent:
         self.samples = 0
         self.last_sample_t = 0.0
         self.last_step_t = 0.0
+        self.last_step_sample_t = 0.0
         self.sample_lock = threading.Lock()
         self.stop = threading.Event()
         self.thread: threading.Thread | None = None
         self.cuda_seen = False
         self.finished = False
+        mode = os.environ.get(ENV_TRACE, "auto" if run_dir else "off")
+        self.trace_mode = mode if mode in TRACE_MODES else "auto"
+        self.trace_on = False
+        self.kind = None  # _inspect.TensorKind, made when first needed
+        self.baseline: dict | None = None
+        self.first_alloc_t: float | None = None
+        self.floors: dict = {}  # (torch index, by) -> ([x], [allocated])
+        self.positive_checks = 0
+        self.suspected = False
+        self.investigate_at: tuple | None = None  # (step, monotonic time)
+        self.thread_entries: dict = {}  # (file, function) -> names of the threads that ran it
+        self.thread_records = 0
 
     # -- the channel ---------------------------------------------------------
     def write(self, record: dict) -> None:
@@ -188,6 +219,7 @@ class _Agent:
             atexit.register(self.at_exit)
             if hasattr(os, "register_at_fork"):
                 os.register_at_fork(after_in_child=_after_fork_in_child)
+            _install_thread_hook()
         torch = sys.modules.get("torch")
         if torch is not None and hasattr(torch, "cuda"):
             self.on_torch(torch)
@@ -267,12 +299,17 @@ class _Agent:
                 if self.stop.wait(self.interval_s):
                     return
             self._describe_devices()
+            if self.trace_mode == "on":
+                self._start_trace("flag")
             self._wait_for_first_allocation()
             while not self.stop.wait(self.interval_s):
                 now = time.monotonic()
                 # While the program marks steps, samples are taken at step boundaries instead.
                 if now - self.last_sample_t >= self.interval_s and now - self.last_step_t >= self.interval_s:
                     self.sample("time")
+                if (self.investigate_at is not None and not self.steps
+                        and now >= self.investigate_at[1]):
+                    self._investigate("growth")
         except Exception:
             pass
 
@@ -288,6 +325,7 @@ class _Agent:
         while True:
             if any(_stat(torch.cuda.memory_stats_as_nested_dict(d["index"]), "reserved_bytes", "current")
                    for d in self.devices):
+                self.first_alloc_t = time.monotonic()
                 self.sample("first")
                 return
             waited = time.monotonic() - started
@@ -358,17 +396,24 @@ class _Agent:
                 _stat(stats, "allocated_bytes", "peak"), _stat(stats, "reserved_bytes", "peak")]
 
     def sample(self, by: str) -> None:
-        if self.dead or not self.devices or not self.sample_lock.acquire(blocking=False):
+        if self.dead or not self.devices:
+            return
+        # A step boundary waits for a timer sample in progress (tens of us); the timer never waits.
+        if not (self.sample_lock.acquire(timeout=0.01) if by == "step" else self.sample_lock.acquire(blocking=False)):
             return
         try:
             now = time.monotonic()
             self.last_sample_t = now
+            if by == "step":
+                self.last_step_sample_t = now
             rows = self._read_devices()
             for row in rows:  # [index, allocated, active, reserved, requested, nvml, ...]
                 if row[3] and row[5]:
                     self.context[row[0]] = min(self.context.get(row[0], row[5] - row[3]), row[5] - row[3])
             self.write({"type": "s", "t": now, "by": by, "step": self.steps, "d": rows})
             self.samples += 1
+            if self.run_dir and by in ("step", "time"):
+                self._watch_growth(now, by, rows)
             if self.samples % SAMPLES_PER_DOUBLING == 0:
                 self.interval_s = min(self.interval_s * 2, MAX_INTERVAL_S)
         except Exception:
@@ -387,10 +432,126 @@ class _Agent:
                 self.write({"type": "steps", "t": time.monotonic(), "source": "explicit"})
             self.steps += 1
             now = self.last_step_t = time.monotonic()
-            if self.devices and now - self.last_sample_t >= self.interval_s:
+            # Against the last *step* sample: the timer's samples in the middle of a long step
+            # must not take the place of the step boundary's.
+            if self.devices and (self.steps <= EVERY_STEP_UNTIL
+                                 or now - self.last_step_sample_t >= self.interval_s):
                 self.sample("step")
+            if self.investigate_at is not None and self.steps >= self.investigate_at[0]:
+                self._investigate("growth")  # here, on the program's own thread, between steps
         except Exception:
             pass
+
+    # -- root cause: growth suspected online, allocation stacks, holders ---------
+    def _watch_growth(self, now: float, by: str, rows: list) -> None:
+        """Cheap online check of the allocated floor; see growth.floor_growth."""
+        if self.suspected:
+            return
+        if self.trace_mode == "on" and self.baseline is None and self.first_alloc_t is not None and (
+                self.steps >= WARMUP_STEPS or now - self.first_alloc_t >= WARMUP_S):
+            self._take_baseline("warm-up")
+        for row in rows:
+            xs, ys = self.floors.setdefault((row[0], by), ([], []))
+            xs.append(self.steps if by == "step" else now)
+            ys.append(row[1])
+            if len(xs) % CHECK_EVERY == 0 and len(xs) >= 2 * CHECK_EVERY:
+                from gpumemdoctor.growth import floor_growth
+
+                fit = floor_growth(xs, ys, SUSPECT_MIN_BYTES)
+                if fit is not None:
+                    self.positive_checks += 1
+                    if self.positive_checks >= 2:
+                        self._suspect(row[0], by, fit)
+                        return
+                else:
+                    self.positive_checks = 0
+            if len(xs) > 4000:  # keep every other point: the floor survives thinning
+                del xs[::2], ys[::2]
+
+    def _suspect(self, torch_index: int, by: str, fit) -> None:
+        self.suspected = True
+        self.floors.clear()
+        self.write({"type": "suspect", "t": time.monotonic(), "step": self.steps, "device": torch_index,
+                    "by": by, "grown_bytes": fit.grown_bytes, "rate": fit.rate_bytes_per_x})
+        if self.baseline is None:
+            self._take_baseline("growth")
+        if self.trace_mode == "auto":
+            self._start_trace("growth")
+        self.investigate_at = (self.steps + INVESTIGATE_AFTER_STEPS, time.monotonic() + INVESTIGATE_AFTER_S)
+
+    def _tensor_kind(self):
+        if self.kind is None:
+            from gpumemdoctor import _inspect
+
+            self.kind = _inspect.TensorKind(self.torch)
+        return self.kind
+
+    def _take_baseline(self, why: str) -> None:
+        from gpumemdoctor import _inspect
+
+        started = time.monotonic()
+        self.baseline = _inspect.take_baseline(self.torch, self._tensor_kind())
+        self.write({"type": "baseline", "t": time.monotonic(), "step": self.steps, "why": why,
+                    "blocks": len(self.baseline["blocks"]), "elapsed_s": round(time.monotonic() - started, 4)})
+
+    def _start_trace(self, why: str) -> None:
+        """PyTorch's allocation history with Python stacks, from now on."""
+        error = None
+        try:
+            self.torch.cuda.memory._record_memory_history(
+                enabled="all", context="alloc", stacks="python", max_entries=TRACE_MAX_ENTRIES)
+            self.trace_on = True
+        except Exception as exc:  # the cudaMallocAsync backend has no history
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        self.write({"type": "trace", "t": time.monotonic(), "step": self.steps, "why": why,
+                    "ok": self.trace_on, "error": error})
+
+    def _investigate(self, when: str) -> None:
+        """Group what was allocated since the baseline and is still alive, and find its holders."""
+        self.investigate_at = None
+        if self.baseline is None or self.torch is None:
+            return
+        from gpumemdoctor import _inspect
+
+        own = {t.ident for t in threading.enumerate() if t.name.startswith("gpumemdoctor-")}
+        if when == "exit":
+            own.add(threading.get_ident())  # our frames at exit hold nothing of the program's
+        try:
+            result = _inspect.investigate(self.torch, self._tensor_kind(), self.baseline, BUDGET_S[when],
+                                          MAX_OBJECTS[when], own, self._thread_names())
+        except Exception as exc:
+            self.write({"type": "error", "where": f"investigation ({when})", "message": repr(exc)[:500]})
+            return
+        self.write({"type": "investigation", "when": when, "t": time.monotonic(), "step": self.steps,
+                    "trace": self.trace_on, **result})
+
+    def _thread_names(self) -> dict:
+        alive = {t.name for t in threading.enumerate()}
+        return {entry: [n if n in alive else f"{n} (ended)" for n in names[:4]]
+                + ([f"and {len(names) - 4} more"] if len(names) > 4 else [])
+                for entry, names in self.thread_entries.items()}
+
+    def thread_started(self, thread):
+        """From the thread itself, as it starts: what it runs, and the memory before it."""
+        if thread.name.startswith("gpumemdoctor-"):
+            return None
+        entry = _thread_entry(thread)
+        if entry is not None:
+            names = self.thread_entries.setdefault(entry, [])
+            if len(names) < 100:
+                names.append(thread.name)
+        if not self.devices or self.thread_records >= MAX_THREAD_RECORDS:
+            return None
+        return (time.monotonic(), entry, self._read_devices())
+
+    def thread_ended(self, thread, token) -> None:
+        t0, entry, before = token
+        after = self._read_devices()
+        if [r[1:4] + r[5:6] for r in before] == [r[1:4] + r[5:6] for r in after]:
+            return  # the thread changed nothing on the GPU
+        self.thread_records += 1
+        self.write({"type": "thread", "name": thread.name, "entry": list(entry) if entry else None,
+                    "t0": t0, "t": time.monotonic(), "d0": before, "d1": after})
 
     # -- the end of the run ----------------------------------------------------
     def at_exit(self) -> None:
@@ -403,6 +564,12 @@ class _Agent:
                 self.thread.join(timeout=1.0)
             torch = self.torch
             if torch is not None and self.devices and torch.cuda.is_initialized():
+                if os.environ.get(ENV_SNAPSHOT) == "1" and self.run_dir:
+                    self._dump_snapshot(torch)
+                if self.suspected or self.trace_mode == "on":
+                    if self.baseline is None:  # a run shorter than its warm-up: all of it is new
+                        self.baseline = {"blocks": set(), "storages": set()}
+                    self._investigate("exit")
                 self._probe(torch)
         except Exception as exc:
             self.write({"type": "error", "where": "exit probes", "message": repr(exc)[:500]})
@@ -416,7 +583,7 @@ class _Agent:
         end = self._read_devices()
         self.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
         touched = [row[0] for row in end]  # never create a context on a device the program left alone
-        collected = gc.collect()
+        collected = self._collect_garbage(torch)
         self.write({"type": "p", "phase": "gc", "t": time.monotonic(), "collected": collected,
                     "d": self._read_devices()})
         for index in touched:
@@ -427,6 +594,70 @@ class _Agent:
         torch.cuda.empty_cache()
         self.write({"type": "p", "phase": "empty_cache", "t": time.monotonic(),
                     "d": self._read_devices()})
+
+
+    def _collect_garbage(self, torch) -> int:
+        """gc.collect(), having looked at what it frees: the types and the CUDA tensors in the cycles."""
+        try:
+            from gpumemdoctor import _inspect
+
+            frames_of = None
+            if self.trace_on:
+                frames_of = _inspect.Spans((b["address"], b["size"], b["frames"])
+                                           for b in _inspect.live_blocks(torch) if b["frames"])
+            report = _inspect.collect_garbage(self._tensor_kind(), frames_of)
+        except Exception as exc:
+            self.write({"type": "error", "where": "garbage", "message": repr(exc)[:500]})
+            return gc.collect()
+        self.write({"type": "garbage", "t": time.monotonic(), **report})
+        return report["collected"]
+
+    def _dump_snapshot(self, torch) -> None:
+        path = os.path.join(self.run_dir, f"snapshot-{self.pid}.pickle")
+        try:
+            torch.cuda.memory._dump_snapshot(path)
+            os.chmod(path, 0o600)
+            self.write({"type": "snapshot", "t": time.monotonic(), "path": path, "trace": self.trace_on})
+        except Exception as exc:
+            self.write({"type": "error", "where": "snapshot", "message": repr(exc)[:500]})
+
+
+def _thread_entry(thread):
+    """(file, function) of the code a thread runs: its target, or the run() of its class."""
+    target = getattr(thread, "_target", None)
+    target = getattr(target, "__func__", target)
+    code = getattr(target, "__code__", None)
+    if code is None and type(thread).run is not threading.Thread.run:
+        code = getattr(type(thread).run, "__code__", None)
+    return (code.co_filename, code.co_name) if code is not None else None
+
+
+def _install_thread_hook() -> None:
+    """Tell the agent when each thread starts and ends: names for the stacks that ran in a
+    thread, and the memory a thread left behind. One wrapper around threading's own start-up."""
+    original = getattr(threading.Thread, "_bootstrap_inner", None)
+    if original is None or getattr(original, "_gpumemdoctor", False):
+        return
+
+    def _bootstrap_inner(self):
+        agent = _agent
+        token = None
+        if agent is not None and agent.pid == os.getpid():
+            try:
+                token = agent.thread_started(self)
+            except Exception:
+                token = None
+        try:
+            original(self)
+        finally:
+            if token is not None:
+                try:
+                    agent.thread_ended(self, token)
+                except Exception:
+                    pass
+
+    _bootstrap_inner._gpumemdoctor = True
+    threading.Thread._bootstrap_inner = _bootstrap_inner
 
 
 def device_ids(props) -> tuple:

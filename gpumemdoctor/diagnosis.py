@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from . import rootcause
 from .growth import GrowthFit, floor_growth
 from .recording import AgentRecording, DeviceReading, Recording, TorchSample
 from .units import format_bytes as fb
@@ -45,6 +46,7 @@ class Finding:
     remedy: str
     pid: int | None = None
     device: int | None = None  # NVML index
+    suspects: list[dict] = field(default_factory=list)  # where, who holds it, which thread (rootcause.py)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -198,21 +200,25 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                                       for _, r in series], MIN_LEAK_BYTES)
 
     if b.garbage_bytes and b.garbage_bytes >= SIGNIFICANT_BYTES:
+        suspects, garbage = rootcause.garbage_suspects(agent.root)
         result.findings.append(Finding(
             kind="garbage-cycle", bytes=b.garbage_bytes, pid=agent.pid, device=nvml_index,
             summary=f"{fb(b.garbage_bytes)} of tensors in {where} were unreachable but held by "
                     f"reference cycles: only the cyclic garbage collector frees them.",
             evidence={"allocated_at_end": end.allocated_bytes,
                       "allocated_after_gc_collect": after_gc.allocated_bytes if after_gc else None,
-                      "objects_collected": agent.probes["gc"].collected if "gc" in agent.probes else None},
+                      "objects_collected": agent.probes["gc"].collected if "gc" in agent.probes else None,
+                      "garbage": garbage},
             remedy="Break the cycle (weakref for back-references, clear the container, avoid keeping "
-                   "exceptions or frames), or call gc.collect() after freeing large structures."))
+                   "exceptions or frames), or call gc.collect() after freeing large structures.",
+            suspects=suspects))
 
     if allocated is not None:
         live_end = b.live_tensor_bytes if b.live_tensor_bytes is not None else end.allocated_bytes
         retained = live_end - allocated.start_floor_bytes
         if retained >= max(MIN_LEAK_BYTES, allocated.grown_bytes // 2):
             g = _growth(agent, torch_index, nvml_index, "allocated", by, allocated, series)
+            suspects, searched = rootcause.leak_suspects(agent.root, torch_index)
             result.growth.append(g)
             result.findings.append(Finding(
                 kind="leak", bytes=retained, pid=agent.pid, device=nvml_index,
@@ -222,10 +228,13 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                           "start_floor_bytes": allocated.start_floor_bytes,
                           "end_floor_bytes": allocated.end_floor_bytes,
                           "live_at_end_bytes": live_end, "rate_bytes_per_step": g.rate_bytes_per_step,
-                          "rate_bytes_per_s": g.rate_bytes_per_s, "points": allocated.points},
-                remedy="Find what keeps each step's tensors alive: a list that is appended to, a loss "
-                       "accumulated without .item() (it keeps the autograd graph), stored outputs; "
-                       "keep Python numbers with .item() or .detach(), and del what you no longer need."))
+                          "rate_bytes_per_s": g.rate_bytes_per_s, "points": allocated.points,
+                          "root_cause": searched},
+                remedy=suspects[0]["remedy"] if suspects and suspects[0]["holders"] else
+                "Find what keeps each step's tensors alive: a list that is appended to, a loss "
+                "accumulated without .item() (it keeps the autograd graph), stored outputs; "
+                "keep Python numbers with .item() or .detach(), and del what you no longer need.",
+                suspects=suspects))
 
     if b.pending_stream_bytes and b.pending_stream_bytes >= SIGNIFICANT_BYTES:
         after_sync = probes.get("sync")
@@ -259,10 +268,10 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         g = _growth(agent, torch_index, nvml_index, "non_torch", by, non_torch, series)
         result.growth.append(g)
         retained = max(non_torch.grown_bytes, (b.non_torch_bytes or 0) - non_torch.start_floor_bytes)
-        result.findings.append(_non_torch_finding(agent, nvml_index, where, retained,
+        result.findings.append(_non_torch_finding(agent, torch_index, nvml_index, where, retained,
                                                   b.non_torch_bytes, f"and it kept growing, {_rate(g)}"))
     elif b.non_torch_bytes and b.non_torch_bytes > LIBRARY_ALLOWANCE_BYTES:
-        result.findings.append(_non_torch_finding(agent, nvml_index, where, b.non_torch_bytes,
+        result.findings.append(_non_torch_finding(agent, torch_index, nvml_index, where, b.non_torch_bytes,
                                                   b.non_torch_bytes, "more than CUDA libraries take"))
 
 
@@ -284,10 +293,12 @@ def _context(during: list[tuple[TorchSample, DeviceReading]], end: DeviceReading
     return max(0, min(gaps)) if gaps else None
 
 
-def _non_torch_finding(agent: AgentRecording, nvml_index: int | None, where: str, size: int,
-                       at_end: int | None, why: str) -> Finding:
+def _non_torch_finding(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str,
+                       size: int, at_end: int | None, why: str) -> Finding:
     remedy = ("Memory allocated outside PyTorch (CuPy, raw cudaMalloc, NCCL, other libraries) must be "
-              "freed by whoever allocated it: cudaFree for raw allocations, the library's own cleanup.")
+              "freed by whoever allocated it: cudaFree for raw allocations, the library's own cleanup. "
+              "gpumemdoctor sees such memory only as a total; stacks of individual allocations need "
+              "CUDA-level tools (Nsight Systems with --cudabacktrace, compute-sanitizer --leak-check full).")
     pool = agent.cupy_pool
     if pool and pool.get("total_bytes"):
         remedy += (" CuPy's pool holds " + fb(pool["total_bytes"]) + " (" + fb(pool.get("used_bytes"))
@@ -297,7 +308,7 @@ def _non_torch_finding(agent: AgentRecording, nvml_index: int | None, where: str
         summary=f"{fb(at_end)} in {where} lies outside PyTorch's allocator, {why}.",
         evidence={"non_torch_at_end_bytes": at_end, "library_allowance_bytes": LIBRARY_ALLOWANCE_BYTES,
                   "cupy_pool": pool},
-        remedy=remedy)
+        remedy=remedy, suspects=rootcause.thread_suspects(agent.root, torch_index, "non_torch"))
 
 
 def _steady_series(agent: AgentRecording, torch_index: int):

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import rootcause
 from .errors import BadReportError
 from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int, opt_num, opt_str
 
@@ -118,6 +119,7 @@ class AgentRecording:
     exited_normally: bool = False
     cupy_pool: dict | None = None
     errors: list[str] = field(default_factory=list)
+    root: dict = field(default_factory=rootcause.empty_root)  # see rootcause.py
 
     def device(self, torch_index: int) -> TorchDevice | None:
         for d in self.devices:
@@ -134,7 +136,7 @@ class AgentRecording:
                 "probes": {k: v.to_json() for k, v in self.probes.items()},
                 "steps": self.steps, "explicit_steps": self.explicit_steps,
                 "exited_normally": self.exited_normally, "cupy_pool": self.cupy_pool,
-                "errors": self.errors}
+                "errors": self.errors, "root": self.root}
 
     @classmethod
     def from_json(cls, obj: Any) -> AgentRecording:
@@ -162,6 +164,7 @@ class AgentRecording:
             exited_normally=bool(obj.get("exited_normally", False)),
             cupy_pool=cupy,
             errors=[need_str(e, "error") for e in need_list(obj.get("errors", []), "errors")],
+            root=rootcause.parse_root(obj.get("root", {})),
         )
 
 
@@ -335,6 +338,8 @@ def _apply(agent: AgentRecording | None, rec: dict, t0: float) -> AgentRecording
         agent.explicit_steps = bool(rec.get("explicit_steps"))
         cupy = rec.get("cupy")
         agent.cupy_pool = cupy if isinstance(cupy, dict) else None
+    elif kind in rootcause.RECORDS:
+        rootcause.apply_record(agent.root, kind, rec, t0)
     elif kind == "error":
         agent.errors.append(str(rec.get("where")) + ": " + str(rec.get("message")))
     return agent

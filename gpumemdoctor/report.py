@@ -5,6 +5,7 @@ import json
 import os
 from typing import Any
 
+from . import rootcause
 from .diagnosis import FINDING_KINDS, VERDICTS, Breakdown, Diagnosis, Finding, Growth
 from .errors import BadReportError, UsageError
 from .recording import Recording
@@ -65,12 +66,13 @@ def write(report: dict, path: str, force: bool) -> None:
         raise UsageError(f"cannot write the report to {path}: {exc.strerror or exc}") from None
 
 
-def check_writable(path: str, force: bool) -> None:
-    """Fail before the target runs when the report could not be written after it."""
+def check_writable(path: str, force: bool, what: str = "report") -> None:
+    """Fail before the target runs when the report (or snapshot) could not be written after it."""
+    option = "-o" if what == "report" else f"--{what}"
     if os.path.isdir(path):
-        raise UsageError(f"the report path {path} is a directory: give a file name with -o")
+        raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
     if os.path.exists(path) and not force:
-        raise UsageError(f"{path} exists: pass --force to overwrite it, or -o to choose another name")
+        raise UsageError(f"{path} exists: pass --force to overwrite it, or {option} to choose another name")
     check_folder_writable(os.path.dirname(os.path.abspath(path)))
 
 
@@ -129,7 +131,8 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
                                 summary=need_str(f.get("summary"), "summary"),
                                 evidence=need_dict(f.get("evidence"), "evidence"),
                                 remedy=need_str(f.get("remedy"), "remedy"),
-                                pid=opt_int(f.get("pid"), "pid"), device=opt_int(f.get("device"), "device")))
+                                pid=opt_int(f.get("pid"), "pid"), device=opt_int(f.get("device"), "device"),
+                                suspects=rootcause.parse_suspects(f.get("suspects"))))
     breakdowns = []
     for b in need_list(obj.get("breakdown"), "breakdown"):
         b = need_dict(b, "breakdown")

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import __version__, nvml, procs
-from ._agent import ENV_INTERVAL, ENV_RUN_DIR
+from ._agent import ENV_INTERVAL, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE
 from .recording import ProcessRecord, Recording, read_agents
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
@@ -35,6 +35,8 @@ class RunOptions:
     agent_interval_s: float = 0.02
     measure_gpu: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
+    trace: str = "auto"  # allocation stacks: "auto" (once growth is seen), "on", "off"
+    snapshot_path: str | None = None  # where the target's allocator snapshot goes
 
 
 class _TreeWatch:
@@ -144,6 +146,9 @@ def run(options: RunOptions) -> Recording:
     env.update(options.extra_env)
     env[ENV_RUN_DIR] = run_dir
     env[ENV_INTERVAL] = str(options.agent_interval_s)
+    env[ENV_TRACE] = options.trace
+    if options.snapshot_path:
+        env[ENV_SNAPSHOT] = "1"
     env["GPUMEMDOCTOR_PACKAGE_PARENT"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
 
@@ -197,6 +202,8 @@ def run(options: RunOptions) -> Recording:
             signal.signal(signum, handler)
     duration = time.monotonic() - t0
     agents = read_agents(run_dir, t0)
+    if options.snapshot_path:
+        notes.extend(_keep_snapshots(run_dir, options.snapshot_path, proc.pid))
     shutil.rmtree(run_dir, ignore_errors=True)
 
     for agent in agents:
@@ -213,6 +220,29 @@ def run(options: RunOptions) -> Recording:
         processes=sorted(watch.members.values(), key=lambda p: (not p.is_target, p.pid)),
         agents=agents, notes=notes,
     )
+
+
+def _keep_snapshots(run_dir: str, path: str, target_pid: int) -> list[str]:
+    """Move the agents' allocator snapshots out of the run folder: the target's to PATH, any
+    other process's next to it with its PID. Returns a note for each (or why there is none)."""
+    found = sorted(n for n in os.listdir(run_dir) if n.startswith("snapshot-") and n.endswith(".pickle"))
+    if not found:
+        return ["no allocator snapshot was written: the target never used CUDA through PyTorch, or "
+                "it did not exit normally"]
+    notes = []
+    stem, ext = os.path.splitext(path)
+    for name in found:
+        pid = int(name[len("snapshot-"):-len(".pickle")])
+        dest = path if pid == target_pid else f"{stem}-{pid}{ext or '.pickle'}"
+        try:
+            shutil.move(os.path.join(run_dir, name), dest)
+            os.chmod(dest, 0o600)
+            notes.append(f"allocator snapshot of process {pid}: {dest} (drag it onto "
+                         "https://pytorch.org/memory_viz to browse it)")
+        except OSError as exc:
+            notes.append(f"could not write the allocator snapshot of process {pid} to {dest}: "
+                         f"{exc.strerror or exc}")
+    return notes
 
 
 def exit_status(recording: Recording) -> int:

@@ -1,4 +1,6 @@
 # expect: garbage-cycle
+# expect-holder: Node.payload
+# expect-args: --trace on
 """Tensors held by objects in reference cycles: unreachable, but only gc frees them."""
 from _common import need_cuda_torch
 
@@ -9,7 +11,7 @@ class Node:
     def __init__(self, parent=None):
         self.parent = parent
         self.children = []
-        self.payload = torch.empty(16 << 20, device="cuda")  # 64 MiB
+        self.payload = torch.empty(16 << 20, device="cuda")  # allocates 64 MiB
         if parent is not None:
             parent.children.append(self)  # child -> parent -> child: a cycle
 

@@ -1,4 +1,6 @@
 # expect: leak
+# expect-holder: __main__.kept[*]
+# expect-holder-kind: global
 """A training loop that keeps every step's activations in a list: 8 MiB more per step."""
 from _common import need_cuda_torch
 
@@ -9,7 +11,7 @@ opt = torch.optim.Adam(model.parameters(), lr=1e-4)
 kept = []
 for step in range(200):
     x = torch.randn(512, 1024, device="cuda")
-    hidden = model[1](model[0](x))
+    hidden = model[1](model[0](x))  # allocates
     loss = model[2](hidden).square().mean()
     opt.zero_grad(set_to_none=True)
     loss.backward()

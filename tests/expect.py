@@ -23,5 +23,36 @@ def expectations(path: Path) -> tuple[str, list[str]]:
     return verdict, findings
 
 
+def root_cause(path: Path) -> dict:
+    """What a scenario says about its root cause: `# expect-holder:` (a start of the holder's path
+    pattern), `# expect-holder-kind:`, `# expect-thread:` (a start of a thread name), and the line
+    that allocates the memory, marked with a `# allocates` comment. Empty when it says nothing."""
+    out: dict = {}
+    lines = path.read_text().splitlines()
+    for line in lines:
+        if not line.startswith("#"):
+            break
+        key, _, value = line[1:].partition(":")
+        if key.strip() in ("expect-holder", "expect-holder-kind", "expect-thread"):
+            out[key.strip()[len("expect-"):]] = value.strip()
+    if out:
+        marked = [i for i, line in enumerate(lines, 1) if "# allocates" in line]
+        if len(marked) != 1:
+            raise ValueError(f"{path} must mark exactly one line with '# allocates'")
+        out["line"] = marked[0]
+    return out
+
+
+def extra_args(path: Path) -> list[str]:
+    """`# expect-args: --trace on`: options the scenario is run with."""
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        key, _, value = line[1:].partition(":")
+        if key.strip() == "expect-args":
+            return value.split()
+    return []
+
+
 def scenarios() -> list[Path]:
     return sorted(p for p in SCENARIO_DIR.glob("*.py") if not p.name.startswith("_"))

@@ -399,8 +399,8 @@ SIGNAL_TARGET = """
     signal.signal(signal.SIGTERM, on_term)
     # Whatever the test runner's own SIGINT disposition, KeyboardInterrupt is what python does.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    print("ready", os.getpid(), flush=True)
-    try:
+    try:  # "ready" inside the try: a signal that comes as soon as it is read still lands here
+        print("ready", os.getpid(), flush=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             time.sleep(0.02)

@@ -64,6 +64,12 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
 @click.option("--allow-no-gpu", is_flag=True,
               help="Run the target even where NVML is missing (nothing GPU-side is measured).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line and the report path.")
+@click.option("--trace", type=click.Choice(["auto", "on", "off"]), default=None,
+              help="Record allocation stacks (PyTorch's memory history): from the start (on), only "
+                   "once memory is seen growing (auto), or never (off). [default: auto; on with "
+                   "--snapshot]")
+@click.option("--snapshot", type=click.Path(dir_okay=False), metavar="PATH", default=None,
+              help="Write PyTorch's allocator snapshot (a pickle for pytorch.org/memory_viz) here at exit.")
 @check_options
 @click.option("--baseline", type=click.Path(dir_okay=False), metavar="FILE",
               help="Compare the run's figures with this baseline and fail past --tolerance.")
@@ -71,7 +77,8 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
               help="Write the run's figures to --baseline FILE instead of comparing.")
 @click.pass_context
 def run_command(ctx: click.Context, output: str | None, force: bool, interval: float,
-                poll_interval: float, allow_no_gpu: bool, quiet: bool, max_peak: int | None,
+                poll_interval: float, allow_no_gpu: bool, quiet: bool, trace: str | None,
+                snapshot: str | None, max_peak: int | None,
                 max_retained: int | None, fail_on: str | None, tolerance: str,
                 nvml_tolerance: str | None, junit: str | None, baseline: str | None,
                 update_baseline: bool) -> int:
@@ -97,6 +104,8 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         check_writable(output, force)
     else:
         check_folder_writable(os.getcwd())  # the default name holds the target's PID, unknown yet
+    if snapshot is not None:
+        check_writable(snapshot, force, what="snapshot")
     if update_baseline and not baseline:
         raise UsageError("--update-baseline needs --baseline FILE to write to")
     baseline_figures = checks.load_baseline(baseline) if baseline and not update_baseline else None
@@ -111,7 +120,9 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         measure_gpu = False
 
     recording = run(RunOptions(target_args=target, poll_interval_s=poll_interval,
-                               agent_interval_s=interval, measure_gpu=measure_gpu))
+                               agent_interval_s=interval, measure_gpu=measure_gpu,
+                               trace=trace or ("on" if snapshot else "auto"),
+                               snapshot_path=os.path.abspath(snapshot) if snapshot else None))
     status = exit_status(recording)
     diagnosis = diagnose(recording)
     path = output or f"gpumemdoctor-{name}.{recording.target_pid}.json"

@@ -156,5 +156,29 @@ def _findings(console: Console, diagnosis: Diagnosis) -> None:
         mark = "  •" if f.kind == "context" else "  ✗"
         table.add_row(mark, Text(f.kind, style="bold") + Text(f"  {fb(f.bytes)}"))
         table.add_row("", f.summary)
+        _suspects(table, f)
         table.add_row("", Text(f"→ {f.remedy}", style="dim"))
     console.print(table)
+
+
+def _suspects(table: Table, f) -> None:
+    """Where the memory was allocated and who holds it, biggest first."""
+    searched = f.evidence.get("root_cause") if isinstance(f.evidence, dict) else None
+    if f.kind == "leak" and isinstance(searched, dict) and not searched.get("searched"):
+        table.add_row("", Text(f"Suspects: none looked for: {searched.get('why_not')}.", style="italic"))
+        return
+    garbage = f.evidence.get("garbage") if isinstance(f.evidence, dict) else None
+    if f.kind == "garbage-cycle" and isinstance(garbage, dict) and garbage.get("types"):
+        types = ", ".join(f"{name} ×{count}" for name, count in garbage["types"][:5])
+        table.add_row("", f"gc.collect() freed {garbage.get('objects_freed')} objects; types in the "
+                          f"cycles: {types}")
+    if not f.suspects:
+        return
+    head = "Suspects"
+    if isinstance(searched, dict) and searched.get("searched"):
+        when = "at exit" if searched.get("when") == "exit" else f"at step {searched.get('step')}"
+        head += f" (searched {when}, {searched.get('elapsed_s', 0):.2f} s"
+        head += f"; gave up {searched['gave_up']})" if searched.get("gave_up") else ")"
+    table.add_row("", Text(head + ":", style="bold"))
+    for i, s in enumerate(f.suspects, 1):
+        table.add_row("", f" {i}. {s['summary']}")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.expect import expectations, scenarios
+from tests.expect import expectations, extra_args, root_cause, scenarios
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = scenarios()
@@ -23,9 +23,10 @@ MIB = 1 << 20
 SKIP_EXIT = 77
 
 
-def run_scenario(path: Path, tmp_path: Path, env: dict | None = None) -> dict:
+def run_scenario(path: Path, tmp_path: Path, env: dict | None = None, args: tuple = ()) -> dict:
     report = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "gpumemdoctor", "run", "-o", str(report), str(path)],
+    proc = subprocess.run([sys.executable, "-m", "gpumemdoctor", "run", "-o", str(report),
+                           *extra_args(path), *args, str(path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, **(env or {})})
     if proc.returncode == SKIP_EXIT:
@@ -33,7 +34,7 @@ def run_scenario(path: Path, tmp_path: Path, env: dict | None = None) -> dict:
     assert report.exists(), proc.stderr
     data = json.loads(report.read_text())
     keep = os.environ.get("GPUMEMDOCTOR_FIXTURE_DIR")
-    if keep and not env:
+    if keep and not env and not args:
         Path(keep).mkdir(parents=True, exist_ok=True)
         shutil.copy(report, Path(keep) / f"{path.stem}.json")
         (Path(keep) / f"{path.stem}.stderr.txt").write_text(proc.stderr)
@@ -201,3 +202,75 @@ def test_freed_tensors_are_cache_on_the_cuda_malloc_async_backend(tmp_path):
     assert report["verdict"] == "allocator-cache", report["findings"]
     b = target_breakdown(report)
     assert b["cache_bytes"] >= 700 * MIB
+
+
+ROOT_CAUSE = [p for p in SCENARIOS if root_cause(p)]
+
+
+@pytest.mark.parametrize("path", ROOT_CAUSE, ids=[p.stem for p in ROOT_CAUSE])
+def test_suspects_name_the_allocating_line_and_the_holder(path, reports):
+    """Each suspect kind (a global, an attribute, a kept exception, a hook, an autograd graph,
+    a thread, a cycle) is found on a real GPU: its allocating line and who holds it."""
+    report = reports(path)
+    want = root_cause(path)
+    verdict, _ = expectations(path)
+    finding = next(f for f in report["findings"] if f["kind"] == verdict)
+    assert finding["suspects"], (finding["evidence"], report["_stderr"])
+    top = finding["suspects"][0]
+    assert top["where"] is not None, top
+    assert Path(top["where"][0]).name == path.name and top["where"][1] == want["line"], top
+    assert top["holders"], top
+    holder = top["holders"][0]
+    assert holder["pattern"].startswith(want["holder"]), holder
+    if "holder-kind" in want:
+        assert holder["kind"] == want["holder-kind"], holder
+    if "thread" in want:
+        assert top["thread"] and any(t.startswith(want["thread"]) for t in top["thread"]), top
+        assert any("(ended)" in t for t in top["thread"]), top
+    # The whole of what was found is accounted for by the top suspect's holder pattern.
+    assert holder["bytes"] >= 0.9 * top["bytes"], top
+
+
+def test_leak_suspects_come_with_when_and_the_rate(reports):
+    report = reports(next(p for p in SCENARIOS if p.stem == "leak_training_list"))
+    leak = next(f for f in report["findings"] if f["kind"] == "leak")
+    searched = leak["evidence"]["root_cause"]
+    assert searched["searched"] and searched["allocation_stacks"], searched
+    assert leak["evidence"]["rate_bytes_per_step"] == pytest.approx(8 * MIB, rel=0.05)
+    growth = next(g for g in report["growth"] if g["series"] == "allocated")
+    assert growth["start_step"] is not None and growth["rate_bytes_per_s"] > 0
+
+
+def test_garbage_cycle_names_the_types_in_the_cycle(reports):
+    report = reports(next(p for p in SCENARIOS if p.stem == "garbage_cycle"))
+    finding = next(f for f in report["findings"] if f["kind"] == "garbage-cycle")
+    garbage = finding["evidence"]["garbage"]
+    assert ["Node", 8] in garbage["types"], garbage
+    assert garbage["cuda_tensor_bytes"] == 8 * 64 * MIB
+    assert "Node" in finding["suspects"][0]["summary"]
+
+
+def test_trace_on_and_snapshot_write_a_pickle_for_the_memory_viewer(tmp_path):
+    import pickle
+
+    path = next(p for p in SCENARIOS if p.stem == "leak_training_list")
+    snap = tmp_path / "snap.pickle"
+    report = run_scenario(path, tmp_path, args=("--snapshot", str(snap)))
+    assert report["_returncode"] == 0, report["_stderr"]
+    assert snap.exists() and (snap.stat().st_mode & 0o777) == 0o600
+    with open(snap, "rb") as f:  # our own file, just written
+        data = pickle.load(f)
+    assert "segments" in data and any(b.get("frames") for s in data["segments"] for b in s["blocks"])
+    leak = next(f for f in report["findings"] if f["kind"] == "leak")
+    assert leak["suspects"][0]["where"][1] == root_cause(path)["line"]
+    assert leak["evidence"]["root_cause"]["allocation_stacks"] is True
+
+
+def test_trace_off_still_finds_the_holder_without_stacks(tmp_path):
+    path = next(p for p in SCENARIOS if p.stem == "leak_object_attribute")
+    report = run_scenario(path, tmp_path, args=("--trace", "off"))
+    leak = next(f for f in report["findings"] if f["kind"] == "leak")
+    searched = leak["evidence"]["root_cause"]
+    assert searched["searched"] and searched["allocation_stacks"] is False, searched
+    top = leak["suspects"][0]
+    assert top["where"] is None and top["holders"][0]["pattern"] == "__main__.stats.history[*]", top

@@ -1,0 +1,627 @@
+"""What the agent looks at when a leak is suspected and at exit: which allocations
+survive (PyTorch's allocator history), which objects hold them, and what only the
+cyclic garbage collector would free.
+
+Runs inside the target, called by the agent, which guards every call. Tensors are
+matched to allocator blocks by the address range of their storage, so the walk
+itself works the same on CPU tensors (that is how the CPU tests exercise it).
+
+The holder walk is breadth-first from roots a user recognises: the globals of
+the program's own modules, the locals of every live frame of every thread, then
+the globals of library modules. Each object is visited once, so the first path
+that reaches a tensor is a shortest one. Autograd graphs are followed through
+`grad_fn`, `next_functions` and the saved tensors of each node, because the
+tensors a graph saves are invisible to `gc`. The walk stops at a time and object
+budget and says so.
+"""
+from __future__ import annotations
+
+import bisect
+import collections
+import functools
+import gc
+import os
+import sys
+import sysconfig
+import threading
+import time
+import types
+
+MAX_FRAMES = 8  # of the allocating stack kept per group
+MAX_GROUPS = 8
+MAX_HOLDERS = 3  # distinct holder patterns per group
+ATOMIC = (str, bytes, bytearray, int, float, complex, bool, type(None), types.CodeType,
+          types.BuiltinFunctionType, types.ModuleType, memoryview, range)
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_LIBRARY_DIRS = tuple({os.path.abspath(p) for p in (sysconfig.get_paths().get("stdlib"),
+                                                    sysconfig.get_paths().get("platstdlib"),
+                                                    sysconfig.get_paths().get("purelib"),
+                                                    sysconfig.get_paths().get("platlib")) if p})
+
+
+def is_library_file(filename: str) -> bool:
+    """The standard library, installed packages, or gpumemdoctor itself: not the user's code."""
+    if not filename or filename.startswith("<"):
+        return True
+    path = os.path.abspath(filename)
+    return (path.startswith(_PACKAGE_DIR) or "site-packages" in path or "dist-packages" in path
+            or any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS))
+
+
+class Spans:
+    """Address ranges [start, end) with a key each, looked up by any address inside."""
+
+    def __init__(self, spans):
+        self._spans = sorted((int(s), int(s) + int(n), key) for s, n, key in spans if n)
+        self._starts = [s for s, _, _ in self._spans]
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def find(self, address: int):
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i >= 0 and address < self._spans[i][1]:
+            return self._spans[i][2]
+        return None
+
+
+class TensorKind:
+    """Is this object a tensor? Decided from its type alone (cached): `isinstance` would
+    call `__class__` on every object of the heap, and some modules answer that with warnings."""
+
+    def __init__(self, torch):
+        self._tensor = torch.Tensor
+        self._cache: dict = {}
+
+    def __call__(self, obj) -> bool:
+        t = type(obj)
+        known = self._cache.get(t)
+        if known is None:
+            try:
+                known = self._cache[t] = issubclass(t, self._tensor)
+            except TypeError:
+                known = self._cache[t] = False
+        return known
+
+
+def storage_span(tensor):
+    """(address, bytes) of the tensor's storage; None where it has no plain storage."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except Exception:
+        return None
+
+
+# -- the allocator's view -------------------------------------------------------
+
+def live_blocks(torch) -> list[dict]:
+    """Every block the allocator has handed out and not got back, with its allocation stack
+    where history was being recorded when it was allocated."""
+    snapshot = torch.cuda.memory._snapshot()
+    blocks = []
+    for segment in snapshot.get("segments", []):
+        device = segment.get("device")
+        for block in segment.get("blocks", []):
+            if block.get("state") != "active_allocated":
+                continue
+            blocks.append({"device": device, "address": block["address"], "size": block["size"],
+                           "frames": [(f.get("filename", "?"), f.get("line", 0), f.get("name", "?"))
+                                      for f in block.get("frames") or []]})
+    return blocks
+
+
+def cuda_storages(kind: TensorKind) -> set:
+    """Addresses of the storages of every CUDA tensor the garbage collector knows about."""
+    out = set()
+    for obj in gc.get_objects():
+        if kind(obj):
+            try:
+                if obj.is_cuda:
+                    span = storage_span(obj)
+                    if span:
+                        out.add(span[0])
+            except Exception:
+                continue
+    return out
+
+
+def user_frames(frames: list) -> list:
+    """The allocating stack without PyTorch's own frames, innermost first."""
+    kept = [f for f in frames if not _is_torch_file(f[0]) and not f[0].startswith(_PACKAGE_DIR)]
+    return kept or frames
+
+
+def _is_torch_file(filename: str) -> bool:
+    return f"{os.sep}torch{os.sep}" in filename
+
+
+def thread_entry(frames: list):
+    """(file, function) that a thread ran, when the stack runs through threading's bootstrap."""
+    for i, (filename, _, name) in enumerate(frames):
+        if name == "_bootstrap_inner" and filename.endswith("threading.py"):
+            inner = [f for f in frames[:i] if not (f[0].endswith("threading.py") and f[2] == "run")]
+            if inner:
+                return inner[-1][0], inner[-1][2]
+    return None
+
+
+# -- who holds what -------------------------------------------------------------
+
+class Walk:
+    """A bounded breadth-first walk from named roots, recording how each object was reached."""
+
+    def __init__(self, kind: TensorKind, spans: Spans, budget_s: float, max_objects: int,
+                 skip_ids: set | None = None, user_modules: set | None = None):
+        self.kind = kind
+        self.user_modules = user_modules or {"__main__"}  # classes of these are walked into
+        self.spans = spans
+        self.deadline = time.monotonic() + budget_s
+        self.max_objects = max_objects
+        self.parents: list = []  # node -> (parent node or -1, label)
+        self.keep: list = []  # every visited object stays referenced, so no id is reused
+        self.seen: set = set(skip_ids or ())
+        self.found: dict = {}  # span key -> (node, bytes of the storage)
+        self.gave_up: str | None = None
+        self.visited = 0
+
+    def run(self, roots) -> None:
+        queue: collections.deque = collections.deque()
+        for label, obj in roots:
+            self._push(queue, obj, -1, label)
+        while queue:
+            if len(self.found) == len(self.spans):
+                return
+            if self.visited >= self.max_objects:
+                self.gave_up = f"after {self.visited} objects"
+                return
+            if self.visited % 512 == 0 and time.monotonic() > self.deadline:
+                self.gave_up = f"after {self.visited} objects (time budget)"
+                return
+            obj, node = queue.popleft()
+            self.visited += 1
+            try:
+                for label, child in self._children(obj):
+                    self._push(queue, child, node, label)
+            except Exception:
+                continue
+
+    def _push(self, queue, obj, parent: int, label: str) -> None:
+        if issubclass(type(obj), ATOMIC):
+            return
+        if issubclass(type(obj), type) and getattr(obj, "__module__", None) not in self.user_modules:
+            return  # a library's class: its attributes are not where a program keeps tensors
+        key = id(obj)
+        if key in self.seen:
+            return
+        self.seen.add(key)
+        self.keep.append(obj)
+        node = len(self.parents)
+        self.parents.append((parent, label))
+        if self.kind(obj):
+            span = storage_span(obj)
+            if span is not None:
+                hit = self.spans.find(span[0])
+                if hit is not None and hit not in self.found:
+                    self.found[hit] = node
+        queue.append((obj, node))
+
+    def path(self, node: int) -> list[str]:
+        labels = []
+        while node != -1:
+            parent, label = self.parents[node]
+            labels.append(label)
+            node = parent
+        return labels[::-1]
+
+    def _children(self, obj):
+        # Types are tested on type(obj): isinstance() would ask odd objects for __class__.
+        t = type(obj)
+        if issubclass(t, dict):
+            for k, v in list(obj.items()):
+                yield _key_label(k), v
+        elif issubclass(t, (list, tuple, collections.deque)):
+            for i, v in enumerate(list(obj)):
+                yield f"[{i}]", v
+        elif issubclass(t, (set, frozenset)):
+            for v in list(obj):
+                yield "{…}", v
+        elif self.kind(obj):
+            yield from _tensor_children(obj)
+        elif t is types.FrameType:
+            yield from _frame_children(obj)
+        elif t is types.TracebackType:
+            yield " -> ", obj.tb_frame
+            if obj.tb_next is not None:
+                yield ".tb_next", obj.tb_next
+        elif issubclass(t, BaseException):
+            yield ".__traceback__", obj.__traceback__
+            yield ".__context__", obj.__context__
+            yield ".__cause__", obj.__cause__
+            yield ".args", obj.args
+            yield from _attributes(obj)
+        elif t is types.FunctionType:
+            yield from _function_children(obj)
+        elif t is types.MethodType:
+            yield ".__self__", obj.__self__
+            yield ".__func__", obj.__func__
+        elif issubclass(t, functools.partial):
+            yield ".func", obj.func
+            yield ".args", obj.args
+            yield ".keywords", obj.keywords
+        elif hasattr(t, "next_functions"):
+            yield from _autograd_children(obj)
+        elif issubclass(t, type):
+            for k, v in list(vars(obj).items()):
+                if not k.startswith("__"):
+                    yield f".{k}", v
+        elif t is types.CellType:
+            try:
+                yield "", obj.cell_contents
+            except ValueError:
+                pass
+        else:
+            yield from _attributes(obj)
+
+
+def _key_label(key) -> str:
+    if type(key) is str and key.isidentifier():
+        return f"[{key!r}]"
+    text = repr(key) if type(key) in (str, int, float, tuple, bool) else f"<{type(key).__name__}>"
+    return f"[{text[:40]}]"
+
+
+def _attributes(obj):
+    try:
+        attrs = object.__getattribute__(obj, "__dict__")
+    except Exception:
+        attrs = None
+    if type(attrs) is dict:
+        for k, v in list(attrs.items()):
+            yield f".{k}", v
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for slot in (slots,) if type(slots) is str else slots:
+            if slot in ("__dict__", "__weakref__"):
+                continue
+            try:
+                yield f".{slot}", object.__getattribute__(obj, slot)
+            except Exception:
+                continue
+    if attrs is None and not any("__slots__" in cls.__dict__ for cls in type(obj).__mro__[:-1]):
+        # A container written in C (deque subclasses, OrderedDict views...): unnamed references.
+        for v in gc.get_referents(obj):
+            if not issubclass(type(v), type):
+                yield ".<ref>", v
+
+
+def _tensor_children(t):
+    try:
+        fn = t.grad_fn
+    except Exception:
+        fn = None
+    if fn is not None:
+        yield ".grad_fn", fn
+    try:
+        grad = t.grad if t.is_leaf else None
+    except Exception:
+        grad = None
+    if grad is not None:
+        yield ".grad", grad
+    try:
+        attrs = object.__getattribute__(t, "__dict__")
+    except Exception:
+        attrs = None
+    if type(attrs) is dict:
+        for k, v in list(attrs.items()):
+            yield f".{k}", v
+
+
+def _autograd_children(node):
+    for name in dir(node):
+        if name.startswith("_saved_"):
+            try:
+                value = getattr(node, name)
+            except Exception:  # freed by backward(): nothing is held any more
+                continue
+            yield f".{name}", value
+    variable = getattr(node, "variable", None)  # AccumulateGrad: the leaf it accumulates into
+    if variable is not None:
+        yield ".variable", variable
+    for i, pair in enumerate(getattr(node, "next_functions", ()) or ()):
+        if pair and pair[0] is not None:
+            yield f".next_functions[{i}]", pair[0]
+
+
+def _frame_children(frame):
+    code = frame.f_code
+    where = f"{code.co_name}() at {os.path.basename(code.co_filename)}:{frame.f_lineno}"
+    for k, v in list(frame.f_locals.items()):
+        yield f"{where} local {k}", v
+
+
+def _function_children(fn):
+    closure = fn.__closure__ or ()
+    for name, cell in zip(fn.__code__.co_freevars, closure):
+        try:
+            yield f" closure {name}", cell.cell_contents
+        except ValueError:
+            continue
+    if fn.__defaults__:
+        yield ".__defaults__", fn.__defaults__
+    if fn.__kwdefaults__:
+        yield ".__kwdefaults__", fn.__kwdefaults__
+    attrs = getattr(fn, "__dict__", None)
+    if attrs:
+        for k, v in list(attrs.items()):
+            yield f".{k}", v
+
+
+def roots(skip_threads: set) -> list:
+    """(label, object) to start from: the program's modules, live frames, then libraries."""
+    user, library = [], []
+    for name, module in list(sys.modules.items()):
+        attrs = getattr(module, "__dict__", None)
+        if type(attrs) is not dict or name.startswith("gpumemdoctor"):
+            continue
+        filename = getattr(module, "__file__", None) or ""
+        if name == "__main__" or (filename and not is_library_file(filename)):
+            user.append((name, attrs))
+        else:
+            library.append((name, attrs))
+    frames = []
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        if ident in skip_threads:
+            continue
+        while frame is not None:
+            if not frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+                frames.append((f"thread {names.get(ident, ident)!r}: ", frame))
+            frame = frame.f_back
+    user.sort(key=lambda r: r[0] != "__main__")
+    return user + frames + library
+
+
+def user_module_names() -> set:
+    return {name for name, module in list(sys.modules.items())
+            if name == "__main__" or not is_library_file(getattr(module, "__file__", None) or "")}
+
+
+def render(labels: list[str]) -> str:
+    """A path of labels as one readable line: `__main__.errors[3].__traceback__ -> work() local buf`."""
+    text = ""
+    for i, label in enumerate(labels):
+        if i == 1 and label.startswith("[") and labels[0] and not labels[0].startswith("thread "):
+            label = "." + label[2:-2] if label.startswith("['") else label  # module global: name.attr
+        text += label
+    return text.replace(" ->  -> ", " -> ")
+
+
+def pattern(text: str) -> str:
+    """The path with its indexes and line numbers generalised, to group look-alike paths."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "[" and i + 1 < len(text) and (text[i + 1].isdigit() or text[i + 1] == "-"):
+            j = text.find("]", i)
+            if j > 0 and text[i + 1:j].lstrip("-").isdigit():
+                out.append("[*]")
+                i = j + 1
+                continue
+        if c == ":" and i + 1 < len(text) and text[i + 1].isdigit() and "at " in text[max(0, i - 60):i]:
+            j = i + 1
+            while j < len(text) and text[j].isdigit():
+                j += 1
+            i = j
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def holder_kind(labels: list[str]) -> str:
+    text = "".join(labels)
+    if ".grad_fn" in text:
+        return "autograd-graph"
+    if "__traceback__" in text or ".tb_next" in text:
+        return "kept-exception"
+    if "hooks" in text and " closure " in text:
+        return "hook"
+    if " closure " in text:
+        return "closure"
+    if labels and labels[0].startswith("thread "):
+        return "frame-local"
+    if any(label.startswith(".") and not label.startswith(".[") for label in labels[1:]):
+        return "attribute"
+    return "global"
+
+
+# -- an investigation -------------------------------------------------------------
+
+def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, max_objects: int,
+                skip_threads: set, thread_names: dict) -> dict:
+    """Group the memory allocated since the baseline and still alive by allocating stack,
+    and find who holds it. `baseline` is what `take_baseline` returned."""
+    started = time.monotonic()
+    blocks = []
+    source = "allocator"
+    try:
+        blocks = [b for b in live_blocks(torch) if (b["address"], b["size"]) not in baseline["blocks"]]
+    except Exception:
+        blocks = []
+    if not blocks and not baseline["blocks"]:
+        # No allocator snapshot here (the cudaMallocAsync backend): new tensor storages instead.
+        source = "tensors"
+        blocks = _new_tensor_storages(kind, baseline["storages"])
+    spans = Spans((b["address"], b["size"], i) for i, b in enumerate(blocks))
+    walk = Walk(kind, spans, budget_s, max_objects, skip_ids={id(baseline), id(blocks)},
+                user_modules=user_module_names())
+    walk.run(roots(skip_threads))
+    groups: dict = {}
+    for i, b in enumerate(blocks):
+        frames = b["frames"]
+        key = (b["device"], tuple(user_frames(frames)[:MAX_FRAMES]))
+        g = groups.setdefault(key, {"device": b["device"], "bytes": 0, "count": 0,
+                                    "frames": [list(f) for f in key[1]], "thread": None,
+                                    "holders": {}, "unheld_bytes": 0})
+        g["bytes"] += b["size"]
+        g["count"] += 1
+        entry = thread_entry(frames)
+        if entry is not None:
+            g["thread"] = thread_names.get(entry) or [f"a thread running {entry[1]}()"]
+        node = walk.found.get(i)
+        if node is None:
+            g["unheld_bytes"] += b["size"]
+            continue
+        labels = walk.path(node)
+        text = render(labels)
+        h = g["holders"].setdefault(pattern(text), {"path": text, "pattern": pattern(text),
+                                                    "kind": holder_kind(labels), "count": 0, "bytes": 0})
+        h["count"] += 1
+        h["bytes"] += b["size"]
+    out = sorted(groups.values(), key=lambda g: -g["bytes"])[:MAX_GROUPS]
+    for g in out:
+        g["holders"] = sorted(g["holders"].values(), key=lambda h: -h["bytes"])[:MAX_HOLDERS]
+    return {"source": source, "candidate_bytes": sum(b["size"] for b in blocks),
+            "candidate_count": len(blocks), "groups": out, "visited": walk.visited,
+            "gave_up": walk.gave_up, "elapsed_s": round(time.monotonic() - started, 3)}
+
+
+def take_baseline(torch, kind: TensorKind) -> dict:
+    """What is alive now, so that an investigation later looks only at what came after."""
+    try:
+        blocks = {(b["address"], b["size"]) for b in live_blocks(torch)}
+    except Exception:
+        blocks = set()
+    return {"blocks": blocks, "storages": cuda_storages(kind) if not blocks else set()}
+
+
+def _new_tensor_storages(kind: TensorKind, before: set) -> list[dict]:
+    seen, out = set(), []
+    for obj in gc.get_objects():
+        if not kind(obj):
+            continue
+        try:
+            if not obj.is_cuda:
+                continue
+            span = storage_span(obj)
+        except Exception:
+            continue
+        if span and span[0] not in before and span[0] not in seen:
+            seen.add(span[0])
+            out.append({"device": obj.device.index, "address": span[0], "size": span[1], "frames": []})
+    return out
+
+
+# -- garbage cycles ---------------------------------------------------------------
+
+def collect_garbage(kind: TensorKind, frames_of: Spans | None) -> dict:
+    """gc.collect(), but look at what it frees first: the types in the cycles and the CUDA
+    tensors among them, with the object in the cycle that holds each."""
+    before = len(gc.garbage)
+    old = gc.get_debug()
+    gc.set_debug(old | gc.DEBUG_SAVEALL)
+    try:
+        collected = gc.collect()
+    finally:
+        gc.set_debug(old)
+    found = gc.garbage[before:]
+    del gc.garbage[before:]
+    try:
+        report = _describe_garbage(found, kind, frames_of)
+    finally:
+        del found
+    report["collected"] = collected + gc.collect()  # now free them for real
+    return report
+
+
+def _describe_garbage(found: list, kind: TensorKind, frames_of: Spans | None,
+                      cuda_only: bool = True) -> dict:
+    types_seen = collections.Counter(type(o).__qualname__ for o in found)
+    in_garbage = {id(o) for o in found}
+    storages: dict = {}
+    for obj in found:
+        if issubclass(type(obj), ATOMIC) or kind(obj):
+            continue
+        walk_children = Walk(kind, Spans([]), 1.0, 1)._children
+        try:
+            children = list(walk_children(obj))
+        except Exception:
+            continue
+        for label, child in children:
+            if not kind(child) or id(child) not in in_garbage:
+                continue
+            try:
+                if cuda_only and not child.is_cuda:
+                    continue
+            except Exception:
+                continue
+            span = storage_span(child)
+            if span is None or span[0] in storages:
+                continue
+            owner = _owner_name(obj, found)
+            storages[span[0]] = {"bytes": span[1], "holder": f"{owner}{label}",
+                                 "cycle": _cycle(obj, found, in_garbage, kind),
+                                 "frames": [list(f) for f in user_frames(frames_of.find(span[0]) or [])
+                                            [:MAX_FRAMES]] if frames_of else []}
+    tensors = sorted(storages.values(), key=lambda s: -s["bytes"])
+    user_types = [(n, c) for n, c in types_seen.most_common() if n not in _PLUMBING]
+    return {"objects": len(found), "types": [[n, c] for n, c in (user_types or types_seen.most_common())[:8]],
+            "cuda_tensor_bytes": sum(s["bytes"] for s in tensors), "cuda_tensors": len(tensors),
+            "tensors": _merge_garbage(tensors)}
+
+
+_PLUMBING = {"dict", "list", "tuple", "cell", "function", "method", "frame", "set", "Tensor", "Parameter"}
+
+
+def _owner_name(obj, found) -> str:
+    if type(obj) is dict:
+        for other in found:  # the object whose __dict__ this is
+            try:
+                if object.__getattribute__(other, "__dict__") is obj:
+                    return type(other).__qualname__
+            except Exception:
+                continue
+        return "dict"
+    return type(obj).__qualname__
+
+
+def _cycle(start, found, in_garbage: set, kind: TensorKind, limit: int = 6) -> str:
+    """A short loop of references through `start` inside the garbage, as types and labels."""
+    walk_children = Walk(kind, Spans([]), 1.0, 1)._children
+    queue = collections.deque([(start, [])])
+    seen = {id(start)}
+    while queue:
+        obj, path = queue.popleft()
+        if len(path) >= limit:
+            continue
+        try:
+            children = list(walk_children(obj))
+        except Exception:
+            continue
+        for label, child in children:
+            if id(child) not in in_garbage:
+                continue
+            step = path + [(obj, label)]
+            if child is start:
+                return " -> ".join(f"{_short_type(o)}{l if not isinstance(o, dict) else ''}"
+                                   for o, l in step) + f" -> {_short_type(start)}"
+            if id(child) not in seen:
+                seen.add(id(child))
+                queue.append((child, step))
+    return ""
+
+
+def _short_type(obj) -> str:
+    return type(obj).__qualname__
+
+
+def _merge_garbage(tensors: list[dict]) -> list[dict]:
+    merged: dict = {}
+    for t in tensors:
+        key = (t["holder"], t["cycle"], tuple(map(tuple, t["frames"])))
+        m = merged.setdefault(key, {"holder": t["holder"], "cycle": t["cycle"], "frames": t["frames"],
+                                    "bytes": 0, "count": 0})
+        m["bytes"] += t["bytes"]
+        m["count"] += 1
+    return sorted(merged.values(), key=lambda m: -m["bytes"])[:MAX_GROUPS]

@@ -1,0 +1,313 @@
+"""Root cause: from what the agent found in the target to *suspects* on each finding. Pure.
+
+The agent writes, per process: when it suspected growth, when allocation history
+was turned on, its holder searches ("investigations": memory allocated since a
+baseline and still alive, grouped by allocating stack, with the reference path
+that holds it), what gc.collect() freed at exit, and the threads that changed GPU
+memory. This module checks those records strictly (they come from a file) and
+turns them into suspects: where the memory was allocated, who holds it, which
+thread, and the remedy at that line.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from .errors import BadReportError
+from .strict import need_dict, need_int, need_list, need_num, need_str
+from .units import format_bytes as fb
+
+MIB = 1 << 20
+THREAD_MIN_BYTES = 1 * MIB  # a thread that changed memory by less is not named
+SUSPECT_KINDS = ("allocation", "garbage", "thread")
+HOLDER_KINDS = ("global", "attribute", "frame-local", "kept-exception", "hook", "closure",
+                "autograd-graph", "cycle")
+MAX_SUSPECTS = 5
+
+
+# -- strict shapes ------------------------------------------------------------------
+
+def _opt(check: Callable) -> Callable:
+    return lambda v, what: None if v is None else check(v, what)
+
+
+def _list_of(check: Callable) -> Callable:
+    return lambda v, what: [check(x, what) for x in need_list(v, what)]
+
+
+def _bool(v: Any, what: str) -> bool:
+    if not isinstance(v, bool):
+        raise BadReportError(f"{what}: expected true or false, found {v!r:.40}")
+    return v
+
+
+def _frame(v: Any, what: str) -> list:
+    if not isinstance(v, list) or len(v) != 3:
+        raise BadReportError(f"{what}: a stack frame must be [file, line, function]")
+    return [need_str(v[0], what), need_int(v[1], what), need_str(v[2], what)]
+
+
+def _one_of(*allowed: str) -> Callable:
+    def check(v: Any, what: str) -> str:
+        if v not in allowed:
+            raise BadReportError(f"{what}: {v!r:.40} is not one of {', '.join(allowed)}")
+        return v
+    return check
+
+
+def _pair(first: Callable, second: Callable) -> Callable:
+    def check(v: Any, what: str) -> list:
+        v = need_list(v, what)
+        if len(v) != 2:
+            raise BadReportError(f"{what}: expected a pair")
+        return [first(v[0], what), second(v[1], what)]
+    return check
+
+
+def _reading(v: Any, what: str) -> list:
+    from .recording import DeviceReading
+
+    return DeviceReading.from_json(v).to_json()
+
+
+def _shape(spec: dict) -> Callable:
+    def check(v: Any, what: str) -> dict:
+        v = need_dict(v, what)
+        out = {}
+        for key, field_check in spec.items():
+            out[key] = field_check(v.get(key), f"{what} {key}")
+        return out
+    return check
+
+
+_int, _num, _str = need_int, need_num, need_str
+HOLDER = _shape({"path": _str, "pattern": _str, "kind": _one_of(*HOLDER_KINDS), "count": _int, "bytes": _int})
+GROUP = _shape({"device": _opt(_int), "bytes": _int, "count": _int, "frames": _list_of(_frame),
+                "thread": _opt(_list_of(_str)), "holders": _list_of(HOLDER), "unheld_bytes": _int})
+INVESTIGATION = _shape({"when": _one_of("growth", "exit"), "t": _num, "step": _opt(_int), "trace": _bool,
+                        "source": _one_of("allocator", "tensors"), "candidate_bytes": _int,
+                        "candidate_count": _int, "groups": _list_of(GROUP), "visited": _int,
+                        "gave_up": _opt(_str), "elapsed_s": _num})
+SUSPICION = _shape({"t": _num, "step": _opt(_int), "device": _int, "by": _str, "grown_bytes": _int,
+                    "rate": _num})
+TRACE = _shape({"t": _num, "step": _opt(_int), "why": _str, "ok": _bool, "error": _opt(_str)})
+BASELINE = _shape({"t": _num, "step": _opt(_int), "why": _str, "blocks": _int, "elapsed_s": _num})
+GARBAGE_TENSOR = _shape({"holder": _str, "cycle": _str, "frames": _list_of(_frame), "bytes": _int,
+                         "count": _int})
+GARBAGE = _shape({"objects": _int, "types": _list_of(_pair(_str, _int)),
+                  "cuda_tensor_bytes": _int, "cuda_tensors": _int, "tensors": _list_of(GARBAGE_TENSOR),
+                  "collected": _int})
+THREAD = _shape({"name": _str, "entry": _opt(_pair(_str, _str)),
+                 "t0": _num, "t": _num, "d0": _list_of(_reading), "d1": _list_of(_reading)})
+SNAPSHOT = _shape({"path": _str, "trace": _bool})
+SUSPECT = _shape({"kind": _one_of(*SUSPECT_KINDS), "bytes": _int, "count": _opt(_int),
+                  "where": _opt(_frame), "stack": _list_of(_frame), "thread": _opt(_list_of(_str)),
+                  "holders": _list_of(HOLDER), "unheld_bytes": _opt(_int), "summary": _str, "remedy": _str})
+
+# agent record type -> (field of AgentRoot, shape, one or many)
+RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
+           "investigation": ("investigations", INVESTIGATION), "thread": ("threads", THREAD),
+           "garbage": ("garbage", GARBAGE), "snapshot": ("snapshot", SNAPSHOT)}
+_SINGLE = ("garbage", "snapshot")
+
+
+def empty_root() -> dict:
+    return {"suspicions": [], "traces": [], "baselines": [], "investigations": [], "threads": [],
+            "garbage": None, "snapshot": None}
+
+
+def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:
+    """Add one agent record (times made relative to the run's start) to a process's root data."""
+    name, shape = RECORDS[kind]
+    rec = dict(rec)
+    for key in ("t", "t0"):
+        if isinstance(rec.get(key), (int, float)) and not isinstance(rec.get(key), bool):
+            rec[key] = rec[key] - t0
+    value = shape(rec, kind)
+    if name in _SINGLE:
+        root[name] = value
+    else:
+        root[name].append(value)
+
+
+def parse_root(obj: Any) -> dict:
+    obj = need_dict(obj, "root cause")
+    root = empty_root()
+    for name, shape in RECORDS.values():
+        value = obj.get(name)
+        if name in _SINGLE:
+            root[name] = None if value is None else shape(value, name)
+        else:
+            root[name] = [shape(v, name) for v in need_list(value if value is not None else [], name)]
+    return root
+
+
+def parse_suspects(obj: Any) -> list[dict]:
+    return [SUSPECT(s, "suspect") for s in need_list(obj if obj is not None else [], "suspects")]
+
+
+# -- suspects -----------------------------------------------------------------------
+
+def leak_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
+    """Suspects of a leak on one device, and what the search was (or why there was none)."""
+    found = [i for i in root["investigations"]
+             if any(g["device"] in (torch_index, None) for g in i["groups"])]
+    if not found:
+        return [], {"searched": False, "why_not": _why_not(root, torch_index)}
+    # The search that saw the most of the new memory: at exit, unless the program had
+    # already dropped what it held (a function that returned).
+    chosen = max(found, key=lambda i: (_bytes_on(i, torch_index), i["when"] == "exit"))
+    suspects = [_allocation_suspect(g) for g in chosen["groups"] if g["device"] in (torch_index, None)]
+    meta = {"searched": True, "when": chosen["when"], "step": chosen["step"], "t": chosen["t"],
+            "allocation_stacks": chosen["trace"], "source": chosen["source"],
+            "new_bytes": chosen["candidate_bytes"], "new_allocations": chosen["candidate_count"],
+            "objects_visited": chosen["visited"], "gave_up": chosen["gave_up"],
+            "elapsed_s": chosen["elapsed_s"]}
+    return suspects[:MAX_SUSPECTS], meta
+
+
+def _bytes_on(investigation: dict, torch_index: int) -> int:
+    return sum(g["bytes"] for g in investigation["groups"] if g["device"] in (torch_index, None))
+
+
+def _why_not(root: dict, torch_index: int) -> str:
+    failed = next((t for t in root["traces"] if not t["ok"]), None)
+    if not any(s["device"] == torch_index for s in root["suspicions"]):
+        return ("growth was not seen while the program ran (the verdict is judged on the whole run "
+                "afterwards); run again with --trace on to record allocation stacks from the start")
+    if failed is not None:
+        return f"allocation history could not be turned on ({failed['error']})"
+    return "the program ended before the holder search ran"
+
+
+def _allocation_suspect(g: dict) -> dict:
+    stack = g["frames"]
+    where = _user_line(stack)
+    holders = g["holders"]
+    threads = g["thread"]
+    parts = [f"{fb(g['bytes'])} in {g['count']} allocation{'s' if g['count'] != 1 else ''}"]
+    parts.append(f"at {_at(where)}" if where else "(no allocation stack recorded)")
+    if threads:
+        parts.append(f"in thread {', '.join(threads)}")
+    summary = " ".join(parts)
+    if holders:
+        top = holders[0]
+        summary += f"; held by {top['path']}"
+        if top["count"] > 1:
+            summary += f" and {top['count'] - 1} more like it"
+    elif g["unheld_bytes"]:
+        summary += "; no holder found"
+    return {"kind": "allocation", "bytes": g["bytes"], "count": g["count"], "where": where, "stack": stack,
+            "thread": threads, "holders": holders, "unheld_bytes": g["unheld_bytes"], "summary": summary,
+            "remedy": _remedy(holders[0] if holders else None, where, threads)}
+
+
+def _user_line(stack: list) -> list | None:
+    """The innermost frame of the program's own code, else the innermost frame."""
+    for frame in stack:
+        if not _library(frame[0]):
+            return frame
+    return stack[0] if stack else None
+
+
+def _library(filename: str) -> bool:
+    return ("site-packages" in filename or "dist-packages" in filename or filename.startswith("<")
+            or "/lib/python3" in filename)
+
+
+def _at(frame: list) -> str:
+    return f"{os.path.basename(frame[0])}:{frame[1]} in {frame[2]}()"
+
+
+def _remedy(holder: dict | None, where: list | None, threads: list | None) -> str:
+    at = f" (allocated at {where[0]}:{where[1]})" if where else ""
+    if holder is None:
+        return ("No reference to it was found from the program's modules or live frames: it may be held "
+                "by C/C++ code, by a reference cycle, or beyond the search's budget" + at + ".")
+    path, kind = holder["path"], holder["kind"]
+    text = {
+        "global": f"{holder['pattern']} keeps every one of them{at}: store a number (.item()) or a "
+                  f"CPU copy (.detach().cpu()), or bound the container.",
+        "attribute": f"The attribute {path.rsplit('.', 1)[-1]} reached as {holder['pattern']} keeps "
+                     f"them{at}: clear or replace it when it is no longer needed.",
+        "frame-local": f"A local variable of a function that is still running keeps them: {path}{at}; "
+                       f"del it or let the function return.",
+        "kept-exception": f"A stored exception keeps its traceback, and the traceback keeps every local "
+                          f"of the failing frames: {path}{at}. Store str(exc), or call "
+                          f"traceback.clear_frames(exc.__traceback__) before keeping it.",
+        "hook": f"A hook's closure keeps them: {path}{at}. Remove the hook (handle.remove()) when done, "
+                f"or keep bounded .detach().cpu() copies.",
+        "closure": f"A closure keeps them: {path}{at}; do not capture tensors in long-lived functions.",
+        "autograd-graph": f"{path.split('.grad_fn')[0]} holds an autograd graph: it was built from "
+                          f"tensors that require grad (for example total_loss += loss) and keeps each "
+                          f"step's saved tensors{at}. Accumulate loss.item() or loss.detach() instead.",
+        "cycle": f"{path} is part of a reference cycle{at}: break it (weakref for back-references) "
+                 f"or call gc.collect().",
+    }[kind]
+    if threads and any("(ended)" in t for t in threads):
+        text += " The thread that allocated them has ended; the reference above is what keeps them."
+    return text
+
+
+def garbage_suspects(root: dict) -> tuple[list[dict], dict]:
+    g = root["garbage"]
+    if g is None:
+        return [], {}
+    suspects = []
+    for t in g["tensors"][:MAX_SUSPECTS]:
+        where = _user_line(t["frames"])
+        holder = {"path": t["holder"], "pattern": t["holder"], "kind": "cycle", "count": t["count"],
+                  "bytes": t["bytes"]}
+        summary = (f"{fb(t['bytes'])} in {t['count']} tensor{'s' if t['count'] != 1 else ''} held by "
+                   f"{t['holder']}" + (f", in the cycle {t['cycle']}" if t["cycle"] else "")
+                   + (f"; allocated at {_at(where)}" if where else ""))
+        suspects.append({"kind": "garbage", "bytes": t["bytes"], "count": t["count"], "where": where,
+                         "stack": t["frames"], "thread": None, "holders": [holder], "unheld_bytes": None,
+                         "summary": summary, "remedy": _remedy(holder, where, None)})
+    meta = {"objects_freed": g["objects"], "types": g["types"], "cuda_tensor_bytes": g["cuda_tensor_bytes"],
+            "cuda_tensors": g["cuda_tensors"]}
+    return suspects, meta
+
+
+def thread_suspects(root: dict, torch_index: int, series: str) -> list[dict]:
+    """Threads that changed `series` ("non_torch" or "allocated") on the device and ended."""
+    runs = []
+    for th in root["threads"]:
+        before = next((r for r in th["d0"] if r[0] == torch_index), None)
+        after = next((r for r in th["d1"] if r[0] == torch_index), None)
+        if before is None or after is None:
+            continue
+        delta = _series(after, series) - _series(before, series) if None not in (
+            _series(after, series), _series(before, series)) else None
+        if delta is not None and delta >= THREAD_MIN_BYTES:
+            runs.append((th, delta))
+    out = []
+    for th, delta in sorted(runs, key=lambda r: -r[1])[:MAX_SUSPECTS]:
+        overlapping = [o["name"] for o, _ in runs if o is not th and o["t0"] < th["t"] and th["t0"] < o["t"]]
+        what = "memory outside PyTorch" if series == "non_torch" else "live PyTorch tensors"
+        summary = (f"thread {th['name']!r} raised {what} by {fb(delta)} while it ran "
+                   f"({th['t'] - th['t0']:.2f} s, ended at {th['t']:.1f} s)")
+        if th["entry"]:
+            summary += f", running {os.path.basename(th['entry'][0])} {th['entry'][1]}()"
+        if overlapping:
+            summary += f"; it ran alongside {', '.join(overlapping[:3])}, whose allocations are counted too"
+        remedy = ("Free what the thread allocates before it ends, or hand it to an owner that will: "
+                  "a thread's allocations outlive it.")
+        if series == "non_torch":
+            remedy += (" Stacks of individual allocations outside PyTorch need CUDA-level tools: "
+                       "Nsight Systems (nsys profile --trace=cuda --cudabacktrace=all) or "
+                       "compute-sanitizer --leak-check full.")
+        out.append({"kind": "thread", "bytes": delta, "count": None,
+                    "where": [th["entry"][0], 0, th["entry"][1]] if th["entry"] else None, "stack": [],
+                    "thread": [th["name"]], "holders": [], "unheld_bytes": None, "summary": summary,
+                    "remedy": remedy})
+    return out
+
+
+def _series(row: list, series: str) -> int | None:
+    # [torch index, allocated, active, reserved, requested, nvml used, ...]
+    if series == "allocated":
+        return row[1]
+    if row[5] is None or row[3] is None:
+        return None
+    return row[5] - row[3]

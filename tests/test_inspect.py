@@ -1,0 +1,247 @@
+"""The holder walk and the garbage look-up, on CPU tensors: they match storages by address,
+so a CPU tensor is found the same way a CUDA one is on the GPU."""
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpumemdoctor import _inspect  # noqa: E402
+
+KIND = _inspect.TensorKind(torch)
+HISTORY: list = []
+
+
+class Holder:
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+
+def holder_of(tensor, extra_roots=()) -> tuple[str, str]:
+    """(rendered path, kind) of the first path from the usual roots to the tensor's storage."""
+    address, size = _inspect.storage_span(tensor)
+    spans = _inspect.Spans([(address, size, "t")])
+    walk = _inspect.Walk(KIND, spans, budget_s=10, max_objects=2_000_000,
+                         user_modules=_inspect.user_module_names())
+    walk.run([*extra_roots, *_inspect.roots(skip_threads={threading.get_ident()})])  # not our own locals
+    assert "t" in walk.found, f"not found after {walk.visited} objects ({walk.gave_up})"
+    labels = walk.path(walk.found["t"])
+    return _inspect.render(labels), _inspect.holder_kind(labels)
+
+
+def test_a_module_global_list():
+    HISTORY.extend(torch.zeros(4) for _ in range(3))
+    try:
+        path, kind = holder_of(HISTORY[2])
+        assert path == f"{__name__}.HISTORY[2]"
+        assert kind == "global"
+        assert _inspect.pattern(path) == f"{__name__}.HISTORY[*]"
+    finally:
+        HISTORY.clear()
+
+
+def test_an_object_attribute():
+    global KEPT
+    KEPT = {"cache": Holder(torch.ones(8))}
+    try:
+        path, kind = holder_of(KEPT["cache"].tensor)
+        assert path == f"{__name__}.KEPT['cache'].tensor"
+        assert kind == "attribute"
+    finally:
+        del KEPT
+
+
+def work(errors: list):
+    buf = torch.ones(16)  # noqa: F841 - held by the traceback's frame
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError as exc:
+        errors.append(exc)
+
+
+def test_a_kept_exception_holds_its_frame_locals():
+    global ERRORS
+    ERRORS = []
+    work(ERRORS)
+    buf = ERRORS[0].__traceback__.tb_frame.f_locals["buf"]
+    try:
+        path, kind = holder_of(buf)
+        assert path.startswith(f"{__name__}.ERRORS[0].__traceback__ -> work() at test_inspect.py:")
+        assert path.endswith(" local buf")
+        assert kind == "kept-exception"
+        assert _inspect.pattern(path) == f"{__name__}.ERRORS[*].__traceback__ -> work() at test_inspect.py local buf"
+    finally:
+        del ERRORS, buf
+
+
+def test_a_forward_hook_closure():
+    global MODEL
+    MODEL = torch.nn.Linear(4, 4)
+    outputs = []
+    MODEL.register_forward_hook(lambda module, args, out: outputs.append(out.detach()))
+    MODEL(torch.ones(2, 4))
+    try:
+        path, kind = holder_of(outputs[0])
+        assert path.startswith(f"{__name__}.MODEL._forward_hooks[")
+        assert path.endswith(" closure outputs[0]")
+        assert kind == "hook"
+    finally:
+        del MODEL
+
+
+def test_an_accumulated_loss_keeps_the_autograd_graph():
+    global TOTAL
+    w = torch.ones(64, 64, requires_grad=True)
+    TOTAL = 0
+    saved = []
+    for _ in range(3):
+        y = torch.tanh(torch.ones(8, 64) @ w)
+        saved.append(y.grad_fn._saved_result)  # tanh saves its result for backward
+        TOTAL = TOTAL + y.sum()
+        del y
+    first = saved[0]
+    del saved  # now only the graph holds them
+    try:
+        path, kind = holder_of(first)
+        assert path.startswith(f"{__name__}.TOTAL.grad_fn")
+        assert "TanhBackward" not in path or "_saved_result" in path
+        assert path.endswith("._saved_result")
+        assert kind == "autograd-graph"
+    finally:
+        del TOTAL, first
+
+
+def test_a_local_of_a_live_frame_in_another_thread():
+    started, stop = threading.Event(), threading.Event()
+    box = []
+
+    def worker():
+        local_tensor = torch.ones(32)
+        box.append(local_tensor.untyped_storage().data_ptr())
+        started.set()
+        stop.wait(10)
+
+    t = threading.Thread(target=worker, name="probe-thread")
+    t.start()
+    started.wait(10)
+    try:
+        spans = _inspect.Spans([(box[0], 128, "t")])
+        walk = _inspect.Walk(KIND, spans, budget_s=10, max_objects=2_000_000)
+        walk.run(_inspect.roots(skip_threads={threading.get_ident()}))
+        labels = walk.path(walk.found["t"])
+        path = _inspect.render(labels)
+        assert path.startswith("thread 'probe-thread': worker() at test_inspect.py:")
+        assert path.endswith(" local local_tensor")
+        assert _inspect.holder_kind(labels) == "frame-local"
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_a_class_attribute_of_the_programs_own_class():
+    Holder.shared = torch.ones(4)
+    try:
+        path, _ = holder_of(Holder.shared)
+        assert path == f"{__name__}.Holder.shared"
+    finally:
+        del Holder.shared
+
+
+def test_the_walk_gives_up_on_its_object_budget():
+    spans = _inspect.Spans([(1, 1, "never")])
+    walk = _inspect.Walk(KIND, spans, budget_s=10, max_objects=50)
+    walk.run(_inspect.roots(skip_threads=set()))
+    assert walk.found == {} and walk.gave_up == "after 50 objects"
+
+
+class Node:
+    def __init__(self, tensor):
+        self.tensor = tensor
+        self.peer = None
+
+
+def test_garbage_names_the_types_and_the_holder_in_the_cycle():
+    gc.collect()
+    a, b = Node(torch.ones(1024)), Node(torch.ones(10))
+    a.peer, b.peer = b, a
+    del a, b
+    found = []
+    old = gc.get_debug()
+    gc.set_debug(old | gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+    finally:
+        gc.set_debug(old)
+    found, gc.garbage[:] = list(gc.garbage), []
+    # CPU tensors are not CUDA: treat them as such by describing with a kind that says yes.
+    report = _inspect._describe_garbage(found, KIND, None, cuda_only=False)
+    del found
+    gc.collect()
+    assert ["Node", 2] in report["types"]
+    assert report["cuda_tensors"] == 2 and report["cuda_tensor_bytes"] == 4096 + 40
+    top = report["tensors"][0]
+    assert top["holder"] == "Node.tensor" and top["bytes"] == 4096 + 40 and top["count"] == 2
+    assert top["cycle"] == "Node.peer -> Node.peer -> Node"
+
+
+def test_user_frames_drop_torch_and_find_the_thread_entry():
+    frames = [("/x/site-packages/torch/nn/modules/linear.py", 125, "forward"),
+              ("/home/u/train.py", 41, "step"),
+              ("/home/u/train.py", 60, "worker"),
+              ("/usr/lib/python3.12/threading.py", 1010, "run"),
+              ("/usr/lib/python3.12/threading.py", 1073, "_bootstrap_inner"),
+              ("/usr/lib/python3.12/threading.py", 1030, "_bootstrap")]
+    assert _inspect.user_frames(frames)[0] == ("/home/u/train.py", 41, "step")
+    assert _inspect.thread_entry(frames) == ("/home/u/train.py", "worker")
+    assert _inspect.thread_entry(frames[:3]) is None
+
+
+def test_spans_find_addresses_inside_a_block_only():
+    spans = _inspect.Spans([(1000, 100, "a"), (2000, 10, "b")])
+    assert spans.find(1000) == "a" and spans.find(1099) == "a" and spans.find(1100) is None
+    assert spans.find(999) is None and spans.find(2005) == "b"
+
+
+def test_investigate_groups_new_blocks_by_stack_and_names_the_holder(monkeypatch):
+    """The whole investigation over an allocator snapshot stand-in: blocks are CPU storages,
+    with the stacks PyTorch would have recorded."""
+    old = torch.ones(8)
+    HISTORY.extend(torch.ones(256) for _ in range(4))
+    stack = [{"filename": "/site-packages/torch/random.py", "line": 3, "name": "randn"},
+             {"filename": "/home/u/train.py", "line": 41, "name": "step"}]
+
+    def blocks(tensors, frames):
+        out = []
+        for t in tensors:
+            address, size = _inspect.storage_span(t)
+            out.append({"address": address, "size": size, "state": "active_allocated", "frames": frames})
+        return out
+
+    state = {"blocks": blocks([old], [])}
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot",
+                        lambda: {"segments": [{"device": 0, "blocks": state["blocks"]}]})
+    try:
+        baseline = _inspect.take_baseline(torch, KIND)
+        state["blocks"] = blocks([old], []) + blocks(HISTORY, stack)
+        result = _inspect.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
+                                      skip_threads={threading.get_ident()}, thread_names={})
+    finally:
+        HISTORY.clear()
+    assert result["candidate_count"] == 4 and result["candidate_bytes"] == 4 * 1024
+    (group,) = result["groups"]
+    assert group["frames"] == [["/home/u/train.py", 41, "step"]]
+    assert group["count"] == 4 and group["unheld_bytes"] == 0
+    (holder,) = group["holders"]
+    assert holder["pattern"] == f"{__name__}.HISTORY[*]" and holder["count"] == 4
+    from gpumemdoctor import rootcause
+    root = rootcause.empty_root()
+    rootcause.apply_record(root, "investigation", {"when": "exit", "t": 5.0, "step": 40, "trace": True,
+                                                   **result}, t0=1.0)
+    suspects, meta = rootcause.leak_suspects(root, 0)
+    assert meta["searched"] and meta["t"] == 4.0
+    assert suspects[0]["where"] == ["/home/u/train.py", 41, "step"]
+    assert suspects[0]["summary"].startswith("4.00 KiB in 4 allocations at train.py:41 in step(); held by ")
+    assert "(allocated at /home/u/train.py:41)" in suspects[0]["remedy"]
