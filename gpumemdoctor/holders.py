@@ -127,10 +127,14 @@ def _flags(h: Holder) -> list[dict]:
 
 
 def busy_gpus(gpus: list[GpuMemory], allowed_bytes: int) -> list[tuple[int, int]]:
-    """(GPU index, bytes held) for each GPU holding more than allowed: its processes and unaccounted memory."""
+    """(GPU index, bytes held) for each GPU holding more than allowed: its processes, and unaccounted
+    memory from UNACCOUNTED_FLOOR_BYTES up."""
     busy = []
     for gpu in gpus:
-        held = sum(h.used_bytes or 0 for h in gpu.holders) + (gpu.unaccounted_bytes or 0)
+        # Unaccounted memory below the floor is the driver's own (3.25 MiB on an idle H200).
+        unaccounted = gpu.unaccounted_bytes or 0
+        held = sum(h.used_bytes or 0 for h in gpu.holders) + (
+            unaccounted if unaccounted >= UNACCOUNTED_FLOOR_BYTES else 0)
         if held > allowed_bytes:
             busy.append((gpu.index, held))
     return busy
