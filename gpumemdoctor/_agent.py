@@ -35,8 +35,7 @@ SUSPECT_MIN_BYTES = 4 << 20
 CHECK_EVERY = 8
 INVESTIGATE_AFTER_STEPS = 16
 INVESTIGATE_AFTER_S = 3.0
-WARMUP_STEPS = 10  # --trace on: what is alive after these many steps (or seconds) is not new
-WARMUP_S = 2.0
+WARMUP_STEPS = 10  # --trace on: what is alive after these many steps is not new
 BUDGET_S = {"growth": 2.0, "exit": 5.0}  # how long one holder search may take
 MAX_OBJECTS = {"growth": 2_000_000, "exit": 5_000_000}
 MAX_THREAD_RECORDS = 1000
@@ -252,6 +251,8 @@ class _Agent:
             if not self.cuda_seen:
                 self.cuda_seen = True
                 self.write({"type": "cuda", "t": time.monotonic()})
+                if self.trace_mode == "on":
+                    self._start_trace("flag")
                 self._start_thread()
         except Exception:
             pass
@@ -299,17 +300,13 @@ class _Agent:
                 if self.stop.wait(self.interval_s):
                     return
             self._describe_devices()
-            if self.trace_mode == "on":
-                self._start_trace("flag")
             self._wait_for_first_allocation()
             while not self.stop.wait(self.interval_s):
                 now = time.monotonic()
                 # While the program marks steps, samples are taken at step boundaries instead.
                 if now - self.last_sample_t >= self.interval_s and now - self.last_step_t >= self.interval_s:
                     self.sample("time")
-                if (self.investigate_at is not None and not self.steps
-                        and now >= self.investigate_at[1]):
-                    self._investigate("growth")
+
         except Exception:
             pass
 
@@ -447,8 +444,8 @@ class _Agent:
         """Cheap online check of the allocated floor; see growth.floor_growth."""
         if self.suspected:
             return
-        if self.trace_mode == "on" and self.baseline is None and self.first_alloc_t is not None and (
-                self.steps >= WARMUP_STEPS or now - self.first_alloc_t >= WARMUP_S):
+        if (self.trace_mode == "on" and self.baseline is None and by == "step"
+                and self.steps >= WARMUP_STEPS):
             self._take_baseline("warm-up")
         for row in rows:
             xs, ys = self.floors.setdefault((row[0], by), ([], []))
@@ -473,6 +470,11 @@ class _Agent:
         self.floors.clear()
         self.write({"type": "suspect", "t": time.monotonic(), "step": self.steps, "device": torch_index,
                     "by": by, "grown_bytes": fit.grown_bytes, "rate": fit.rate_bytes_per_x})
+        if threading.current_thread() is not threading.main_thread() and by == "time":
+            # Only the program's own thread may call into PyTorch's memory history: from another
+            # thread it can race the program's imports (seen on torch 2.11: a circular-import
+            # error in torch._inductor). Without steps, the holders are looked for at exit.
+            return
         if self.baseline is None:
             self._take_baseline("growth")
         if self.trace_mode == "auto":
@@ -498,8 +500,11 @@ class _Agent:
         """PyTorch's allocation history with Python stacks, from now on."""
         error = None
         try:
+            # "state" keeps the stack of each live block and no event history: cheaper, and the
+            # snapshot stays quick to take. The event history is kept only for --snapshot.
+            enabled = "all" if os.environ.get(ENV_SNAPSHOT) == "1" else "state"
             self.torch.cuda.memory._record_memory_history(
-                enabled="all", context="alloc", stacks="python", max_entries=TRACE_MAX_ENTRIES)
+                enabled=enabled, context="alloc", stacks="python", max_entries=TRACE_MAX_ENTRIES)
             self.trace_on = True
         except Exception as exc:  # the cudaMallocAsync backend has no history
             error = f"{type(exc).__name__}: {exc}"[:300]

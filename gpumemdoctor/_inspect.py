@@ -388,9 +388,17 @@ def user_module_names() -> set:
 
 
 def render(labels: list[str]) -> str:
-    """A path of labels as one readable line: `__main__.errors[3].__traceback__ -> work() local buf`."""
+    """A path of labels as one readable line: `__main__.errors[3].__traceback__ -> work() local buf`.
+    Hops through an autograd graph are counted, not spelled out."""
     text = ""
+    hops = 0
     for i, label in enumerate(labels):
+        if label.startswith(".next_functions["):
+            hops += 1
+            continue
+        if hops:
+            text += f" ({hops} autograd node{'s' if hops != 1 else ''} down)"
+            hops = 0
         if i == 1 and label.startswith("[") and labels[0] and not labels[0].startswith("thread "):
             label = "." + label[2:-2] if label.startswith("['") else label  # module global: name.attr
         text += label
@@ -398,7 +406,10 @@ def render(labels: list[str]) -> str:
 
 
 def pattern(text: str) -> str:
-    """The path with its indexes and line numbers generalised, to group look-alike paths."""
+    """The path with its indexes and line numbers generalised, to group look-alike paths.
+    Everything an autograd graph holds is one pattern: the tensor that holds the graph."""
+    if ".grad_fn" in text:
+        text = text[:text.index(".grad_fn")] + ".grad_fn (autograd graph)"
     out, i = [], 0
     while i < len(text):
         c = text[i]
@@ -456,7 +467,13 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, max_ob
     spans = Spans((b["address"], b["size"], i) for i, b in enumerate(blocks))
     walk = Walk(kind, spans, budget_s, max_objects, skip_ids={id(baseline), id(blocks)},
                 user_modules=user_module_names())
-    walk.run(roots(skip_threads))
+    collecting = gc.isenabled()
+    gc.disable()  # the walk allocates: an automatic collection now would free the program's garbage
+    try:
+        walk.run(roots(skip_threads))
+    finally:
+        if collecting:
+            gc.enable()
     groups: dict = {}
     for i, b in enumerate(blocks):
         frames = b["frames"]

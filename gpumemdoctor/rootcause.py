@@ -157,7 +157,10 @@ def leak_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
     # The search that saw the most of the new memory: at exit, unless the program had
     # already dropped what it held (a function that returned).
     chosen = max(found, key=lambda i: (_bytes_on(i, torch_index), i["when"] == "exit"))
-    suspects = [_allocation_suspect(g) for g in chosen["groups"] if g["device"] in (torch_index, None)]
+    groups = [g for g in chosen["groups"] if g["device"] in (torch_index, None)]
+    # A leak repeats: one-off allocations (this step's batch, gradients) are not suspects.
+    repeated = [g for g in groups if g["count"] >= 2] or groups[:1]
+    suspects = [_allocation_suspect(g) for g in repeated]
     meta = {"searched": True, "when": chosen["when"], "step": chosen["step"], "t": chosen["t"],
             "allocation_stacks": chosen["trace"], "source": chosen["source"],
             "new_bytes": chosen["candidate_bytes"], "new_allocations": chosen["candidate_count"],
@@ -186,7 +189,8 @@ def _allocation_suspect(g: dict) -> dict:
     holders = g["holders"]
     threads = g["thread"]
     parts = [f"{fb(g['bytes'])} in {g['count']} allocation{'s' if g['count'] != 1 else ''}"]
-    parts.append(f"at {_at(where)}" if where else "(no allocation stack recorded)")
+    parts.append(f"at {_at(where)}" if where else
+                 "(no Python stack: allocated before recording began, or by PyTorch's C++ code)")
     if threads:
         parts.append(f"in thread {', '.join(threads)}")
     summary = " ".join(parts)

@@ -110,6 +110,8 @@ def test_an_accumulated_loss_keeps_the_autograd_graph():
         assert "TanhBackward" not in path or "_saved_result" in path
         assert path.endswith("._saved_result")
         assert kind == "autograd-graph"
+        assert " autograd node" in path  # the hops are counted, not spelled out
+        assert _inspect.pattern(path) == f"{__name__}.TOTAL.grad_fn (autograd graph)"
     finally:
         del TOTAL, first
 
