@@ -521,12 +521,17 @@ class _Agent:
         own = {t.ident for t in threading.enumerate() if t.name.startswith("gpumemdoctor-")}
         if when == "exit":
             own.add(threading.get_ident())  # our frames at exit hold nothing of the program's
+        collecting = gc.isenabled()
+        gc.disable()  # the search allocates: a collection now would free the program's garbage
         try:
             result = _inspect.investigate(self.torch, self._tensor_kind(), self.baseline, BUDGET_S[when],
                                           MAX_OBJECTS[when], own, self._thread_names())
         except Exception as exc:
             self.write({"type": "error", "where": f"investigation ({when})", "message": repr(exc)[:500]})
             return
+        finally:
+            if collecting:
+                gc.enable()
         self.write({"type": "investigation", "when": when, "t": time.monotonic(), "step": self.steps,
                     "trace": self.trace_on, **result})
 
@@ -571,11 +576,13 @@ class _Agent:
             if torch is not None and self.devices and torch.cuda.is_initialized():
                 if os.environ.get(ENV_SNAPSHOT) == "1" and self.run_dir:
                     self._dump_snapshot(torch)
+                end = self._read_devices()  # before anything else can free memory
+                self.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
                 if self.suspected or self.trace_mode == "on":
                     if self.baseline is None:  # a run shorter than its warm-up: all of it is new
                         self.baseline = {"blocks": set(), "storages": set()}
                     self._investigate("exit")
-                self._probe(torch)
+                self._probe(torch, end)
         except Exception as exc:
             self.write({"type": "error", "where": "exit probes", "message": repr(exc)[:500]})
         self.write({"type": "exit", "t": time.monotonic(), "steps": self.steps,
@@ -583,10 +590,8 @@ class _Agent:
         if self.server is not None:
             self.server.close()
 
-    def _probe(self, torch) -> None:
+    def _probe(self, torch, end: list) -> None:
         """Re-measure after each thing that can give memory back, to say what held it."""
-        end = self._read_devices()
-        self.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
         touched = [row[0] for row in end]  # never create a context on a device the program left alone
         collected = self._collect_garbage(torch)
         self.write({"type": "p", "phase": "gc", "t": time.monotonic(), "collected": collected,
