@@ -160,6 +160,8 @@ def leak_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
     groups = [g for g in chosen["groups"] if g["device"] in (torch_index, None)]
     # A leak repeats: one-off allocations (this step's batch, gradients) are not suspects.
     repeated = [g for g in groups if g["count"] >= 2] or groups[:1]
+    if chosen["trace"]:  # with stacks recorded, stackless blocks are PyTorch's own (gradients)
+        repeated = [g for g in repeated if g["frames"]] or repeated
     suspects = [_allocation_suspect(g) for g in repeated]
     meta = {"searched": True, "when": chosen["when"], "step": chosen["step"], "t": chosen["t"],
             "allocation_stacks": chosen["trace"], "source": chosen["source"],

@@ -163,3 +163,62 @@ def test_context_survives_a_first_reading_that_caught_an_allocation_in_flight():
     parts = [b.context_bytes, b.live_tensor_bytes, b.garbage_bytes, b.pending_stream_bytes,
              b.cache_bytes, b.non_torch_bytes]
     assert sum(parts) == b.nvml_bytes
+
+
+# -- root cause, on the recordings -------------------------------------------------
+
+from tests.expect import root_cause  # noqa: E402
+
+ROOT_CAUSE = [p for p in sorted(SCENARIO_DIR.glob("*.py")) if not p.name.startswith("_")
+              and root_cause(p) and p.stem != "garbage_cycle"]  # garbage: see issue 3's note
+
+
+@pytest.mark.parametrize("path", ROOT_CAUSE, ids=[p.stem for p in ROOT_CAUSE])
+def test_recorded_suspects_name_the_line_and_the_holder(path):
+    """Re-diagnosed from the recording alone: the suspects come out of the agent's records."""
+    _, recording = load(path.stem)
+    want = root_cause(path)
+    verdict, _ = expectations(path)
+    diagnosis = diagnose(recording)
+    finding = next(f for f in diagnosis.findings if f.kind == verdict)
+    top = finding.suspects[0]
+    assert Path(top["where"][0]).name == path.name and top["where"][1] == want["line"]
+    holder = top["holders"][0]
+    assert holder["pattern"].startswith(want["holder"]) and holder["kind"] == want["holder-kind"]
+    assert holder["bytes"] >= 0.9 * top["bytes"]
+    from gpumemdoctor.units import format_bytes
+    assert top["summary"].startswith(f"{format_bytes(top['bytes'])} in {top['count']} allocations at ")
+    assert f"{path.name}:{want['line']}" in top["remedy"] or holder["kind"] == "frame-local"
+    if "thread" in want:
+        assert any(t.startswith(want["thread"]) and t.endswith("(ended)") for t in top["thread"])
+    assert all(s["count"] >= 2 for s in finding.suspects)  # one-off allocations are not suspects
+
+
+def test_a_leak_without_a_search_says_why():
+    """A recording with the root-cause records removed: the leak stays, and says why no suspects."""
+    report, recording = load("leak_training_list")
+    for agent in recording.agents:
+        agent.root = {**agent.root, "investigations": [], "suspicions": []}
+    leak = next(f for f in diagnose(recording).findings if f.kind == "leak")
+    assert leak.suspects == []
+    assert leak.evidence["root_cause"]["searched"] is False
+    assert "--trace on" in leak.evidence["root_cause"]["why_not"]
+
+
+def test_threads_that_left_memory_outside_pytorch_are_named():
+    _, recording = load("non_torch_threads")
+    finding = next(f for f in diagnose(recording).findings if f.kind == "non-torch")
+    names = [s["thread"][0] for s in finding.suspects]
+    assert sorted(names) == [f"raw-{i}" for i in range(5)]
+    assert all(s["bytes"] == 64 * MIB for s in finding.suspects)
+    assert "compute-sanitizer" in finding.suspects[0]["remedy"]
+
+
+def test_a_forged_root_cause_record_is_refused():
+    from gpumemdoctor.errors import BadReportError
+
+    report, _ = load("leak_training_list")
+    agent = next(a for a in report["recording"]["agents"] if a["root"]["investigations"])
+    agent["root"]["investigations"][0]["groups"][0]["holders"][0]["kind"] = "rm -rf"
+    with pytest.raises(BadReportError, match="is not one of"):
+        Recording.from_json(report["recording"])
