@@ -574,21 +574,32 @@ class _Agent:
                 self.thread.join(timeout=1.0)
             torch = self.torch
             if torch is not None and self.devices and torch.cuda.is_initialized():
-                if os.environ.get(ENV_SNAPSHOT) == "1" and self.run_dir:
-                    self._dump_snapshot(torch)
-                end = self._read_devices()  # before anything else can free memory
-                self.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
-                if self.suspected or self.trace_mode == "on":
-                    if self.baseline is None:  # a run shorter than its warm-up: all of it is new
-                        self.baseline = {"blocks": set(), "storages": set()}
-                    self._investigate("exit")
-                self._probe(torch, end)
+                self._exit_probes(torch)
         except Exception as exc:
             self.write({"type": "error", "where": "exit probes", "message": repr(exc)[:500]})
         self.write({"type": "exit", "t": time.monotonic(), "steps": self.steps,
                     "explicit_steps": self.explicit_steps, "cupy": _cupy_pool()})
         if self.server is not None:
             self.server.close()
+
+    def _exit_probes(self, torch) -> None:
+        # No automatic collection until the garbage has been looked at: the snapshot and the
+        # search allocate, and a collection they set off would free the cycles unseen.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            end = self._read_devices()  # the memory as the program left it
+            self.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
+            if os.environ.get(ENV_SNAPSHOT) == "1" and self.run_dir:
+                self._dump_snapshot(torch)
+            if self.suspected or self.trace_mode == "on":
+                if self.baseline is None:  # a run shorter than its warm-up: all of it is new
+                    self.baseline = {"blocks": set(), "storages": set()}
+                self._investigate("exit")
+            self._probe(torch, end)
+        finally:
+            if collecting:
+                gc.enable()
 
     def _probe(self, torch, end: list) -> None:
         """Re-measure after each thing that can give memory back, to say what held it."""

@@ -532,7 +532,7 @@ def _new_tensor_storages(kind: TensorKind, before: set) -> list[dict]:
 
 # -- garbage cycles ---------------------------------------------------------------
 
-def collect_garbage(kind: TensorKind, frames_of: Spans | None) -> dict:
+def collect_garbage(kind: TensorKind, frames_of: Spans | None, cuda_only: bool = True) -> dict:
     """gc.collect(), but look at what it frees first: the types in the cycles and the CUDA
     tensors among them, with the object in the cycle that holds each."""
     before = len(gc.garbage)
@@ -553,7 +553,7 @@ def collect_garbage(kind: TensorKind, frames_of: Spans | None) -> dict:
     finally:
         gc.set_debug(old)
     try:
-        report = _describe_garbage(found, kind, frames_of)
+        report = _describe_garbage(found, kind, frames_of, cuda_only)
     finally:
         del found
     report["collected"] = collected + gc.collect()  # now free them for real

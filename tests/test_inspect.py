@@ -247,3 +247,26 @@ def test_investigate_groups_new_blocks_by_stack_and_names_the_holder(monkeypatch
     assert suspects[0]["where"] == ["/home/u/train.py", 41, "step"]
     assert suspects[0]["summary"].startswith("4.00 KiB in 4 allocations at train.py:41 in step(); held by ")
     assert "(allocated at /home/u/train.py:41)" in suspects[0]["remedy"]
+
+
+def test_the_exit_sequence_sees_the_cycle_when_gc_is_held_off(monkeypatch):
+    """As the agent does at exit: gc off, a search that allocates a lot, then the garbage look-up.
+    With gc on, the search's allocations set off a collection that frees the cycle unseen."""
+    gc.collect()
+    ring = [Node(torch.ones(1 << 14)) for _ in range(8)]
+    for a, b in zip(ring, ring[1:] + ring[:1]):
+        a.peer = b  # one cycle through all 8
+    del ring, a, b
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"segments": []})
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        _inspect.investigate(torch, KIND, {"blocks": {(1, 1)}, "storages": set()}, budget_s=10,
+                             max_objects=2_000_000, skip_threads={threading.get_ident()}, thread_names={})
+        report = _inspect.collect_garbage(KIND, None, cuda_only=False)
+    finally:
+        if collecting:
+            gc.enable()
+    assert ["Node", 8] in report["types"]
+    assert report["cuda_tensors"] == 8 and report["cuda_tensor_bytes"] == 8 * 4 * (1 << 14)
+    assert report["tensors"][0]["holder"] == "Node.tensor"

@@ -207,13 +207,7 @@ def test_freed_tensors_are_cache_on_the_cuda_malloc_async_backend(tmp_path):
 ROOT_CAUSE = [p for p in SCENARIOS if root_cause(p)]
 
 
-GARBAGE_XFAIL = pytest.mark.xfail(
-    strict=True, reason="known open defect (issue 3): on the GPU the DEBUG_SAVEALL pass does not see "
-                        "the cycle that holds CUDA tensors; only the later real collection frees it")
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, marks=GARBAGE_XFAIL) if p.stem == "garbage_cycle" else p
-                                  for p in ROOT_CAUSE], ids=[p.stem for p in ROOT_CAUSE])
+@pytest.mark.parametrize("path", ROOT_CAUSE, ids=[p.stem for p in ROOT_CAUSE])
 def test_suspects_name_the_allocating_line_and_the_holder(path, reports):
     """Each suspect kind (a global, an attribute, a kept exception, a hook, an autograd graph,
     a thread, a cycle) is found on a real GPU: its allocating line and who holds it."""
@@ -247,7 +241,6 @@ def test_leak_suspects_come_with_when_and_the_rate(reports):
     assert growth["start_step"] is not None and growth["rate_bytes_per_s"] > 0
 
 
-@GARBAGE_XFAIL
 def test_garbage_cycle_names_the_types_in_the_cycle(reports):
     report = reports(next(p for p in SCENARIOS if p.stem == "garbage_cycle"))
     finding = next(f for f in report["findings"] if f["kind"] == "garbage-cycle")
