@@ -562,13 +562,13 @@ def collect_garbage(kind: TensorKind, frames_of: Spans | None, cuda_only: bool =
 
 def _describe_garbage(found: list, kind: TensorKind, frames_of: Spans | None,
                       cuda_only: bool = True) -> dict:
-    types_seen = collections.Counter(type(o).__qualname__ for o in found)
     in_garbage = {id(o) for o in found}
     storages: dict = {}
+    owners: list = []
+    walk_children = Walk(kind, Spans([]), 1.0, 1)._children
     for obj in found:
         if issubclass(type(obj), ATOMIC) or kind(obj):
             continue
-        walk_children = Walk(kind, Spans([]), 1.0, 1)._children
         try:
             children = list(walk_children(obj))
         except Exception:
@@ -584,12 +584,16 @@ def _describe_garbage(found: list, kind: TensorKind, frames_of: Spans | None,
             span = storage_span(child)
             if span is None or span[0] in storages:
                 continue
+            owners.append(obj)
             owner = _owner_name(obj, found)
             storages[span[0]] = {"bytes": span[1], "holder": f"{owner}{label}",
                                  "cycle": _cycle(obj, found, in_garbage, kind),
                                  "frames": [list(f) for f in user_frames(frames_of.find(span[0]) or [])
                                             [:MAX_FRAMES]] if frames_of else []}
     tensors = sorted(storages.values(), key=lambda s: -s["bytes"])
+    # The types of the cycles that hold the tensors; a collection at exit also frees much else.
+    in_cycles = _component(owners, in_garbage, walk_children) if owners else found
+    types_seen = collections.Counter(type(o).__qualname__ for o in in_cycles)
     user_types = [(n, c) for n, c in types_seen.most_common() if n not in _PLUMBING]
     return {"objects": len(found), "types": [[n, c] for n, c in (user_types or types_seen.most_common())[:8]],
             "cuda_tensor_bytes": sum(s["bytes"] for s in tensors), "cuda_tensors": len(tensors),
@@ -597,6 +601,24 @@ def _describe_garbage(found: list, kind: TensorKind, frames_of: Spans | None,
 
 
 _PLUMBING = {"dict", "list", "tuple", "cell", "function", "method", "frame", "set", "Tensor", "Parameter"}
+
+
+def _component(starts: list, in_garbage: set, children, limit: int = 20_000) -> list:
+    """The garbage reachable from `starts` through garbage only (at most `limit` objects)."""
+    seen = {id(o) for o in starts}
+    out = list(starts)
+    queue = collections.deque(starts)
+    while queue and len(out) < limit:
+        try:
+            kids = list(children(queue.popleft()))
+        except Exception:
+            continue
+        for _, child in kids:
+            if id(child) in in_garbage and id(child) not in seen:
+                seen.add(id(child))
+                out.append(child)
+                queue.append(child)
+    return out
 
 
 def _owner_name(obj, found) -> str:
