@@ -587,7 +587,7 @@ def _describe_garbage(found: list, kind: TensorKind, frames_of: Spans | None,
             owners.append(obj)
             owner = _owner_name(obj, found)
             storages[span[0]] = {"bytes": span[1], "holder": f"{owner}{label}",
-                                 "cycle": _cycle(obj, found, in_garbage, kind),
+                                 "cycle": pattern(_cycle(obj, found, in_garbage, kind)),
                                  "frames": [list(f) for f in user_frames(frames_of.find(span[0]) or [])
                                             [:MAX_FRAMES]] if frames_of else []}
     tensors = sorted(storages.values(), key=lambda s: -s["bytes"])
