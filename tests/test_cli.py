@@ -354,6 +354,9 @@ BAD_INPUTS = {
     "unknown option": (None, None, "--nope"),
     "-o existing file": (["-o", "exists.json", "t.py"], _existing_output, "--force"),
     "-o folder missing": (["-o", "nodir/r.json", "t.py"], None, "does not exist"),
+    "--snapshot existing file": (["--snapshot", "exists.json", "t.py"], _existing_output, "--snapshot"),
+    "--snapshot folder missing": (["--snapshot", "nodir/s.pickle", "t.py"], None, "does not exist"),
+    "--trace unknown mode": (["--trace", "sometimes", "t.py"], None, "'auto', 'on', 'off'"),
 }
 
 
@@ -371,7 +374,7 @@ def test_bad_input_is_one_line_and_exit_2(cli, script, tmp_path, case):
     assert result.stdout == ""
     assert not (tmp_path / "ran.txt").exists()
     assert no_reports(tmp_path) == []
-    if case == "-o existing file":
+    if case in ("-o existing file", "--snapshot existing file"):
         assert (tmp_path / "exists.json").read_text() == "keep me\n"
 
 
