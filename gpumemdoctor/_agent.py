@@ -447,6 +447,8 @@ class _Agent:
         if (self.trace_mode == "on" and self.baseline is None and by == "step"
                 and self.steps >= WARMUP_STEPS):
             self._take_baseline("warm-up")
+        if by == "time" and self.steps:
+            return  # a program that marks steps is judged at its step boundaries only
         for row in rows:
             xs, ys = self.floors.setdefault((row[0], by), ([], []))
             xs.append(self.steps if by == "step" else now)
