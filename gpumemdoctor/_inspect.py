@@ -271,14 +271,20 @@ def _key_label(key) -> str:
     return f"[{text[:40]}]"
 
 
-def _attributes(obj):
+def _instance_dict(obj):
+    """(the object's own __dict__ or None, its attributes as labelled children)."""
     try:
         attrs = object.__getattribute__(obj, "__dict__")
     except Exception:
         attrs = None
-    if type(attrs) is dict:
-        for k, v in list(attrs.items()):
-            yield f".{k}", v
+    if type(attrs) is not dict:
+        return None, []
+    return attrs, [(f".{k}", v) for k, v in list(attrs.items())]
+
+
+def _attributes(obj):
+    attrs, children = _instance_dict(obj)
+    yield from children
     for cls in type(obj).__mro__:
         slots = cls.__dict__.get("__slots__", ())
         for slot in (slots,) if type(slots) is str else slots:
@@ -308,13 +314,7 @@ def _tensor_children(t):
         grad = None
     if grad is not None:
         yield ".grad", grad
-    try:
-        attrs = object.__getattribute__(t, "__dict__")
-    except Exception:
-        attrs = None
-    if type(attrs) is dict:
-        for k, v in list(attrs.items()):
-            yield f".{k}", v
+    yield from _instance_dict(t)[1]
 
 
 def _autograd_children(node):
