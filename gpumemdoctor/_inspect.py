@@ -537,21 +537,13 @@ def collect_garbage(kind: TensorKind, frames_of: Spans | None, cuda_only: bool =
     tensors among them, with the object in the cycle that holds each."""
     before = len(gc.garbage)
     old = gc.get_debug()
-    found: list = []
-    collected = 0
     gc.set_debug(old | gc.DEBUG_SAVEALL)
     try:
-        # Again until nothing more is found: a pass can leave a cycle for the next one (objects
-        # whose finalizers ran are only freed by a later collection).
-        for _ in range(3):
-            n = gc.collect()
-            collected += n
-            found.extend(gc.garbage[before:])
-            del gc.garbage[before:]
-            if not n:
-                break
+        collected = gc.collect()
     finally:
         gc.set_debug(old)
+    found = gc.garbage[before:]
+    del gc.garbage[before:]
     try:
         report = _describe_garbage(found, kind, frames_of, cuda_only)
     finally:
