@@ -33,6 +33,7 @@ TRACE_MAX_ENTRIES = 100_000  # of PyTorch's allocation history (a ring: old entr
 # recorded (--trace auto) and, a little later, the holders are looked for.
 SUSPECT_MIN_BYTES = 4 << 20
 CHECK_EVERY = 8
+MAX_FLOOR_POINTS = 512  # then every other point is dropped: a check stays about 0.1 ms, on the step path
 INVESTIGATE_AFTER_STEPS = 16
 INVESTIGATE_AFTER_S = 3.0
 WARMUP_STEPS = 10  # --trace on: what is alive after these many steps is not new
@@ -464,7 +465,7 @@ class _Agent:
                         return
                 else:
                     self.positive_checks = 0
-            if len(xs) > 4000:  # keep every other point: the floor survives thinning
+            if len(xs) > MAX_FLOOR_POINTS:  # keep every other point: the floor survives thinning
                 del xs[::2], ys[::2]
 
     def _suspect(self, torch_index: int, by: str, fit) -> None:
@@ -472,10 +473,11 @@ class _Agent:
         self.floors.clear()
         self.write({"type": "suspect", "t": time.monotonic(), "step": self.steps, "device": torch_index,
                     "by": by, "grown_bytes": fit.grown_bytes, "rate": fit.rate_bytes_per_x})
-        if threading.current_thread() is not threading.main_thread() and by == "time":
-            # Only the program's own thread may call into PyTorch's memory history: from another
-            # thread it can race the program's imports (seen on torch 2.11: a circular-import
-            # error in torch._inductor). Without steps, the holders are looked for at exit.
+        if by == "time":
+            # Time samples come from the agent's thread, and only the program's own thread may
+            # call into PyTorch's memory history: from another thread it can race the program's
+            # imports (seen on torch 2.11: a circular-import error in torch._inductor). Without
+            # steps, the holders are looked for at exit.
             return
         if self.baseline is None:
             self._take_baseline("growth")

@@ -111,19 +111,17 @@ def live_blocks(torch) -> list[dict]:
     return blocks
 
 
-def cuda_storages(kind: TensorKind) -> set:
-    """Addresses of the storages of every CUDA tensor the garbage collector knows about."""
-    out = set()
+def cuda_tensors(kind: TensorKind):
+    """(tensor, storage address, storage bytes) of every CUDA tensor the garbage collector knows."""
     for obj in gc.get_objects():
-        if kind(obj):
-            try:
-                if obj.is_cuda:
-                    span = storage_span(obj)
-                    if span:
-                        out.add(span[0])
-            except Exception:
-                continue
-    return out
+        if not kind(obj):
+            continue
+        try:
+            span = storage_span(obj) if obj.is_cuda else None
+        except Exception:
+            continue
+        if span:
+            yield obj, span[0], span[1]
 
 
 def user_frames(frames: list) -> list:
@@ -181,7 +179,7 @@ class Walk:
             obj, node = queue.popleft()
             self.visited += 1
             try:
-                for label, child in self._children(obj):
+                for label, child in children(obj, self.kind):
                     self._push(queue, child, node, label)
             except Exception:
                 continue
@@ -214,54 +212,56 @@ class Walk:
             node = parent
         return labels[::-1]
 
-    def _children(self, obj):
-        # Types are tested on type(obj): isinstance() would ask odd objects for __class__.
-        t = type(obj)
-        if issubclass(t, dict):
-            for k, v in list(obj.items()):
-                yield _key_label(k), v
-        elif issubclass(t, (list, tuple, collections.deque)):
-            for i, v in enumerate(list(obj)):
-                yield f"[{i}]", v
-        elif issubclass(t, (set, frozenset)):
-            for v in list(obj):
-                yield "{…}", v
-        elif self.kind(obj):
-            yield from _tensor_children(obj)
-        elif t is types.FrameType:
-            yield from _frame_children(obj)
-        elif t is types.TracebackType:
-            yield " -> ", obj.tb_frame
-            if obj.tb_next is not None:
-                yield ".tb_next", obj.tb_next
-        elif issubclass(t, BaseException):
-            yield ".__traceback__", obj.__traceback__
-            yield ".__context__", obj.__context__
-            yield ".__cause__", obj.__cause__
-            yield ".args", obj.args
-            yield from _attributes(obj)
-        elif t is types.FunctionType:
-            yield from _function_children(obj)
-        elif t is types.MethodType:
-            yield ".__self__", obj.__self__
-            yield ".__func__", obj.__func__
-        elif issubclass(t, functools.partial):
-            yield ".func", obj.func
-            yield ".args", obj.args
-            yield ".keywords", obj.keywords
-        elif hasattr(t, "next_functions"):
-            yield from _autograd_children(obj)
-        elif issubclass(t, type):
-            for k, v in list(vars(obj).items()):
-                if not k.startswith("__"):
-                    yield f".{k}", v
-        elif t is types.CellType:
-            try:
-                yield "", obj.cell_contents
-            except ValueError:
-                pass
-        else:
-            yield from _attributes(obj)
+
+def children(obj, kind: TensorKind):
+    """(label, referent) of an object, for the kinds of objects that hold a program's tensors."""
+    # Types are tested on type(obj): isinstance() would ask odd objects for __class__.
+    t = type(obj)
+    if issubclass(t, dict):
+        for k, v in list(obj.items()):
+            yield _key_label(k), v
+    elif issubclass(t, (list, tuple, collections.deque)):
+        for i, v in enumerate(list(obj)):
+            yield f"[{i}]", v
+    elif issubclass(t, (set, frozenset)):
+        for v in list(obj):
+            yield "{…}", v
+    elif kind(obj):
+        yield from _tensor_children(obj)
+    elif t is types.FrameType:
+        yield from _frame_children(obj)
+    elif t is types.TracebackType:
+        yield " -> ", obj.tb_frame
+        if obj.tb_next is not None:
+            yield ".tb_next", obj.tb_next
+    elif issubclass(t, BaseException):
+        yield ".__traceback__", obj.__traceback__
+        yield ".__context__", obj.__context__
+        yield ".__cause__", obj.__cause__
+        yield ".args", obj.args
+        yield from _attributes(obj)
+    elif t is types.FunctionType:
+        yield from _function_children(obj)
+    elif t is types.MethodType:
+        yield ".__self__", obj.__self__
+        yield ".__func__", obj.__func__
+    elif issubclass(t, functools.partial):
+        yield ".func", obj.func
+        yield ".args", obj.args
+        yield ".keywords", obj.keywords
+    elif hasattr(t, "next_functions"):
+        yield from _autograd_children(obj)
+    elif issubclass(t, type):
+        for k, v in list(vars(obj).items()):
+            if not k.startswith("__"):
+                yield f".{k}", v
+    elif t is types.CellType:
+        try:
+            yield "", obj.cell_contents
+        except ValueError:
+            pass
+    else:
+        yield from _attributes(obj)
 
 
 def _key_label(key) -> str:
@@ -357,6 +357,10 @@ def _function_children(fn):
             yield f".{k}", v
 
 
+def _is_user_module(name: str, module) -> bool:
+    return name == "__main__" or not is_library_file(getattr(module, "__file__", None) or "")
+
+
 def roots(skip_threads: set) -> list:
     """(label, object) to start from: the program's modules, live frames, then libraries."""
     user, library = [], []
@@ -364,8 +368,7 @@ def roots(skip_threads: set) -> list:
         attrs = getattr(module, "__dict__", None)
         if type(attrs) is not dict or name.startswith("gpumemdoctor"):
             continue
-        filename = getattr(module, "__file__", None) or ""
-        if name == "__main__" or (filename and not is_library_file(filename)):
+        if _is_user_module(name, module):
             user.append((name, attrs))
         else:
             library.append((name, attrs))
@@ -383,8 +386,7 @@ def roots(skip_threads: set) -> list:
 
 
 def user_module_names() -> set:
-    return {name for name, module in list(sys.modules.items())
-            if name == "__main__" or not is_library_file(getattr(module, "__file__", None) or "")}
+    return {name for name, module in list(sys.modules.items()) if _is_user_module(name, module)}
 
 
 def render(labels: list[str]) -> str:
@@ -452,7 +454,8 @@ def holder_kind(labels: list[str]) -> str:
 def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, max_objects: int,
                 skip_threads: set, thread_names: dict) -> dict:
     """Group the memory allocated since the baseline and still alive by allocating stack,
-    and find who holds it. `baseline` is what `take_baseline` returned."""
+    and find who holds it. `baseline` is what `take_baseline` returned. The caller holds automatic
+    gc off: the search allocates, and a collection it set off would free the program's garbage."""
     started = time.monotonic()
     blocks = []
     source = "allocator"
@@ -467,13 +470,7 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, max_ob
     spans = Spans((b["address"], b["size"], i) for i, b in enumerate(blocks))
     walk = Walk(kind, spans, budget_s, max_objects, skip_ids={id(baseline), id(blocks)},
                 user_modules=user_module_names())
-    collecting = gc.isenabled()
-    gc.disable()  # the walk allocates: an automatic collection now would free the program's garbage
-    try:
-        walk.run(roots(skip_threads))
-    finally:
-        if collecting:
-            gc.enable()
+    walk.run(roots(skip_threads))
     groups: dict = {}
     for i, b in enumerate(blocks):
         frames = b["frames"]
@@ -510,23 +507,16 @@ def take_baseline(torch, kind: TensorKind) -> dict:
         blocks = {(b["address"], b["size"]) for b in live_blocks(torch)}
     except Exception:
         blocks = set()
-    return {"blocks": blocks, "storages": cuda_storages(kind) if not blocks else set()}
+    return {"blocks": blocks,
+            "storages": {address for _, address, _ in cuda_tensors(kind)} if not blocks else set()}
 
 
 def _new_tensor_storages(kind: TensorKind, before: set) -> list[dict]:
     seen, out = set(), []
-    for obj in gc.get_objects():
-        if not kind(obj):
-            continue
-        try:
-            if not obj.is_cuda:
-                continue
-            span = storage_span(obj)
-        except Exception:
-            continue
-        if span and span[0] not in before and span[0] not in seen:
-            seen.add(span[0])
-            out.append({"device": obj.device.index, "address": span[0], "size": span[1], "frames": []})
+    for tensor, address, size in cuda_tensors(kind):
+        if address not in before and address not in seen:
+            seen.add(address)
+            out.append({"device": tensor.device.index, "address": address, "size": size, "frames": []})
     return out
 
 
@@ -557,16 +547,11 @@ def _describe_garbage(found: list, kind: TensorKind, frames_of: Spans | None,
     in_garbage = {id(o) for o in found}
     storages: dict = {}
     owners: list = []
-    walk_children = Walk(kind, Spans([]), 1.0, 1)._children
     for obj in found:
         if issubclass(type(obj), ATOMIC) or kind(obj):
             continue
-        try:
-            children = list(walk_children(obj))
-        except Exception:
-            continue
-        for label, child in children:
-            if not kind(child) or id(child) not in in_garbage:
+        for label, child in _inside(obj, kind, in_garbage):
+            if not kind(child):
                 continue
             try:
                 if cuda_only and not child.is_cuda:
@@ -584,7 +569,7 @@ def _describe_garbage(found: list, kind: TensorKind, frames_of: Spans | None,
                                             [:MAX_FRAMES]] if frames_of else []}
     tensors = sorted(storages.values(), key=lambda s: -s["bytes"])
     # The types of the cycles that hold the tensors; a collection at exit also frees much else.
-    in_cycles = _component(owners, in_garbage, walk_children) if owners else found
+    in_cycles = _component(owners, in_garbage, kind) if owners else found
     types_seen = collections.Counter(type(o).__qualname__ for o in in_cycles)
     user_types = [(n, c) for n, c in types_seen.most_common() if n not in _PLUMBING]
     return {"objects": len(found), "types": [[n, c] for n, c in (user_types or types_seen.most_common())[:8]],
@@ -595,18 +580,22 @@ def _describe_garbage(found: list, kind: TensorKind, frames_of: Spans | None,
 _PLUMBING = {"dict", "list", "tuple", "cell", "function", "method", "frame", "set", "Tensor", "Parameter"}
 
 
-def _component(starts: list, in_garbage: set, children, limit: int = 20_000) -> list:
+def _inside(obj, kind: TensorKind, in_garbage: set) -> list:
+    """The labelled referents of `obj` that are garbage too."""
+    try:
+        return [(label, child) for label, child in children(obj, kind) if id(child) in in_garbage]
+    except Exception:
+        return []
+
+
+def _component(starts: list, in_garbage: set, kind: TensorKind, limit: int = 20_000) -> list:
     """The garbage reachable from `starts` through garbage only (at most `limit` objects)."""
     seen = {id(o) for o in starts}
     out = list(starts)
     queue = collections.deque(starts)
     while queue and len(out) < limit:
-        try:
-            kids = list(children(queue.popleft()))
-        except Exception:
-            continue
-        for _, child in kids:
-            if id(child) in in_garbage and id(child) not in seen:
+        for _, child in _inside(queue.popleft(), kind, in_garbage):
+            if id(child) not in seen:
                 seen.add(id(child))
                 out.append(child)
                 queue.append(child)
@@ -627,23 +616,16 @@ def _owner_name(obj, found) -> str:
 
 def _cycle(start, found, in_garbage: set, kind: TensorKind, limit: int = 6) -> str:
     """A short loop of references through `start` inside the garbage, as types and labels."""
-    walk_children = Walk(kind, Spans([]), 1.0, 1)._children
     queue = collections.deque([(start, [])])
     seen = {id(start)}
     while queue:
         obj, path = queue.popleft()
         if len(path) >= limit:
             continue
-        try:
-            children = list(walk_children(obj))
-        except Exception:
-            continue
-        for label, child in children:
-            if id(child) not in in_garbage:
-                continue
+        for label, child in _inside(obj, kind, in_garbage):
             step = path + [(obj, label)]
             if child is start:
-                return " -> ".join(f"{_short_type(o)}{l if not isinstance(o, dict) else ''}"
+                return " -> ".join(f"{_short_type(o)}{'' if type(o) is dict else l}"
                                    for o, l in step) + f" -> {_short_type(start)}"
             if id(child) not in seen:
                 seen.add(id(child))

@@ -104,7 +104,7 @@ SUSPECT = _shape({"kind": _one_of(*SUSPECT_KINDS), "bytes": _int, "count": _opt(
                   "where": _opt(_frame), "stack": _list_of(_frame), "thread": _opt(_list_of(_str)),
                   "holders": _list_of(HOLDER), "unheld_bytes": _opt(_int), "summary": _str, "remedy": _str})
 
-# agent record type -> (field of AgentRoot, shape, one or many)
+# agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record
 RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
            "investigation": ("investigations", INVESTIGATION), "thread": ("threads", THREAD),
            "garbage": ("garbage", GARBAGE), "snapshot": ("snapshot", SNAPSHOT)}
@@ -297,12 +297,9 @@ def thread_suspects(root: dict, torch_index: int, series: str) -> list[dict]:
             summary += f", running {os.path.basename(th['entry'][0])} {th['entry'][1]}()"
         if overlapping:
             summary += f"; it ran alongside {', '.join(overlapping[:3])}, whose allocations are counted too"
+        # (The finding's own remedy says which tools give stacks outside PyTorch.)
         remedy = ("Free what the thread allocates before it ends, or hand it to an owner that will: "
                   "a thread's allocations outlive it.")
-        if series == "non_torch":
-            remedy += (" Stacks of individual allocations outside PyTorch need CUDA-level tools: "
-                       "Nsight Systems (nsys profile --trace=cuda --cudabacktrace=all) or "
-                       "compute-sanitizer --leak-check full.")
         out.append({"kind": "thread", "bytes": delta, "count": None,
                     "where": [th["entry"][0], 0, th["entry"][1]] if th["entry"] else None, "stack": [],
                     "thread": [th["name"]], "holders": [], "unheld_bytes": None, "summary": summary,

@@ -163,11 +163,11 @@ def _findings(console: Console, diagnosis: Diagnosis) -> None:
 
 def _suspects(table: Table, f) -> None:
     """Where the memory was allocated and who holds it, biggest first."""
-    searched = f.evidence.get("root_cause") if isinstance(f.evidence, dict) else None
+    searched = f.evidence.get("root_cause")
     if f.kind == "leak" and isinstance(searched, dict) and not searched.get("searched"):
         table.add_row("", Text(f"Suspects: none looked for: {searched.get('why_not')}.", style="italic"))
         return
-    garbage = f.evidence.get("garbage") if isinstance(f.evidence, dict) else None
+    garbage = f.evidence.get("garbage")
     if f.kind == "garbage-cycle" and isinstance(garbage, dict) and garbage.get("types"):
         types = ", ".join(f"{name} ×{count}" for name, count in garbage["types"][:5])
         table.add_row("", f"gc.collect() freed {garbage.get('objects_freed')} objects; types in the "
