@@ -39,6 +39,9 @@ INVESTIGATE_AFTER_S = 3.0
 WARMUP_STEPS = 10  # --trace on: what is alive after these many steps is not new
 BUDGET_S = {"growth": 2.0, "exit": 5.0}  # how long one holder search may take
 MAX_OBJECTS = {"growth": 2_000_000, "exit": 5_000_000}
+# A run in which no growth was seen is searched at exit when its live tensors reach this: the
+# answer to "why does nvidia-smi still show the memory I freed?".
+LIVE_SEARCH_MIN_BYTES = 64 << 20
 MAX_THREAD_RECORDS = 1000
 DEFAULT_INTERVAL_S = 0.02
 MAX_INTERVAL_S = 5.0
@@ -518,8 +521,10 @@ class _Agent:
     def _investigate(self, when: str) -> None:
         """Group what was allocated since the baseline and is still alive, and find its holders."""
         self.investigate_at = None
-        if self.baseline is None or self.torch is None:
+        if self.torch is None or (self.baseline is None and when != "exit"):
             return
+        # No baseline at exit (no growth seen, or seen by time only): all of it counts as new.
+        baseline = self.baseline or {"blocks": set(), "storages": set()}
         from gpumemdoctor import _inspect
 
         own = {t.ident for t in threading.enumerate() if t.name.startswith("gpumemdoctor-")}
@@ -528,8 +533,9 @@ class _Agent:
         collecting = gc.isenabled()
         gc.disable()  # the search allocates: a collection now would free the program's garbage
         try:
-            result = _inspect.investigate(self.torch, self._tensor_kind(), self.baseline, BUDGET_S[when],
-                                          MAX_OBJECTS[when], own, self._thread_names())
+            result = _inspect.investigate(self.torch, self._tensor_kind(), baseline, BUDGET_S[when],
+                                          MAX_OBJECTS[when], own, self._thread_names(),
+                                          all_live=when == "exit")
         except Exception as exc:
             self.write({"type": "error", "where": f"investigation ({when})", "message": repr(exc)[:500]})
             return
@@ -596,9 +602,10 @@ class _Agent:
             self.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
             if os.environ.get(ENV_SNAPSHOT) == "1" and self.run_dir:
                 self._dump_snapshot(torch)
-            if self.suspected or self.trace_mode == "on":
-                if self.baseline is None:  # a run shorter than its warm-up: all of it is new
-                    self.baseline = {"blocks": set(), "storages": set()}
+            # One search at exit covers every live block, those new since the baseline (a
+            # leak's) and the rest (what a program that grew nothing still holds).
+            if (self.suspected or self.trace_mode == "on"
+                    or (self.fd is not None and any((row[1] or 0) >= LIVE_SEARCH_MIN_BYTES for row in end))):
                 self._investigate("exit")
             self._probe(torch, end)
         finally:

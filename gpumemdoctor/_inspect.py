@@ -452,31 +452,36 @@ def holder_kind(labels: list[str]) -> str:
 # -- an investigation -------------------------------------------------------------
 
 def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, max_objects: int,
-                skip_threads: set, thread_names: dict) -> dict:
-    """Group the memory allocated since the baseline and still alive by allocating stack,
-    and find who holds it. `baseline` is what `take_baseline` returned. The caller holds automatic
-    gc off: the search allocates, and a collection it set off would free the program's garbage."""
+                skip_threads: set, thread_names: dict, all_live: bool = False) -> dict:
+    """Group the live memory allocated since the baseline (with `all_live`, all of the live memory,
+    each group marked new or not) by allocating stack, and find who holds it. `baseline` is what
+    `take_baseline` returned. The caller holds automatic gc off: the search allocates, and a
+    collection it set off would free the program's garbage."""
     started = time.monotonic()
-    blocks = []
     source = "allocator"
     try:
-        blocks = [b for b in live_blocks(torch) if (b["address"], b["size"]) not in baseline["blocks"]]
+        live = live_blocks(torch)
     except Exception:
-        blocks = []
-    if not blocks and not baseline["blocks"]:
-        # No allocator snapshot here (the cudaMallocAsync backend): new tensor storages instead.
+        live = []
+    if live or baseline["blocks"]:
+        old = baseline["blocks"]
+        blocks = [dict(b, new=(b["address"], b["size"]) not in old) for b in live]
+    else:
+        # No allocator snapshot here (the cudaMallocAsync backend): tensor storages instead.
         source = "tensors"
-        blocks = _new_tensor_storages(kind, baseline["storages"])
+        blocks = [dict(b, new=b["address"] not in baseline["storages"]) for b in _tensor_storages(kind)]
+    if not all_live:
+        blocks = [b for b in blocks if b["new"]]
     spans = Spans((b["address"], b["size"], i) for i, b in enumerate(blocks))
-    walk = Walk(kind, spans, budget_s, max_objects, skip_ids={id(baseline), id(blocks)},
+    walk = Walk(kind, spans, budget_s, max_objects, skip_ids={id(baseline), id(blocks), id(live)},
                 user_modules=user_module_names())
     walk.run(roots(skip_threads))
     groups: dict = {}
     for i, b in enumerate(blocks):
         frames = b["frames"]
-        key = (b["device"], tuple(user_frames(frames)[:MAX_FRAMES]))
-        g = groups.setdefault(key, {"device": b["device"], "bytes": 0, "count": 0,
-                                    "frames": [list(f) for f in key[1]], "thread": None,
+        key = (b["device"], b["new"], tuple(user_frames(frames)[:MAX_FRAMES]))
+        g = groups.setdefault(key, {"device": b["device"], "new": b["new"], "bytes": 0, "count": 0,
+                                    "frames": [list(f) for f in key[2]], "thread": None,
                                     "holders": {}, "unheld_bytes": 0})
         g["bytes"] += b["size"]
         g["count"] += 1
@@ -493,11 +498,14 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, max_ob
                                                     "kind": holder_kind(labels), "count": 0, "bytes": 0})
         h["count"] += 1
         h["bytes"] += b["size"]
-    out = sorted(groups.values(), key=lambda g: -g["bytes"])[:MAX_GROUPS]
+    out = []
+    for new in (True, False):  # the biggest groups of each: old memory must not crowd out new
+        out += sorted((g for g in groups.values() if g["new"] is new), key=lambda g: -g["bytes"])[:MAX_GROUPS]
     for g in out:
         g["holders"] = sorted(g["holders"].values(), key=lambda h: -h["bytes"])[:MAX_HOLDERS]
-    return {"source": source, "candidate_bytes": sum(b["size"] for b in blocks),
-            "candidate_count": len(blocks), "groups": out, "visited": walk.visited,
+    fresh = [b for b in blocks if b["new"]]
+    return {"source": source, "all_live": all_live, "candidate_bytes": sum(b["size"] for b in fresh),
+            "candidate_count": len(fresh), "groups": out, "visited": walk.visited,
             "gave_up": walk.gave_up, "elapsed_s": round(time.monotonic() - started, 3)}
 
 
@@ -511,10 +519,10 @@ def take_baseline(torch, kind: TensorKind) -> dict:
             "storages": {address for _, address, _ in cuda_tensors(kind)} if not blocks else set()}
 
 
-def _new_tensor_storages(kind: TensorKind, before: set) -> list[dict]:
+def _tensor_storages(kind: TensorKind) -> list[dict]:
     seen, out = set(), []
     for tensor, address, size in cuda_tensors(kind):
-        if address not in before and address not in seen:
+        if address not in seen:
             seen.add(address)
             out.append({"device": tensor.device.index, "address": address, "size": size, "frames": []})
     return out

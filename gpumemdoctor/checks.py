@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import __version__
-from .diagnosis import FINDING_KINDS, Diagnosis
+from .diagnosis import FINDING_KINDS, INFORMATIVE, Diagnosis
 from .errors import BadReportError, UsageError
 from .recording import Recording
 from .strict import need_dict, need_str, opt_int
@@ -24,7 +24,7 @@ from .units import format_bytes as fb
 from .units import parse_size
 
 BASELINE_SCHEMA = "gpumemdoctor.baseline/1"
-FAILABLE = tuple(k for k in FINDING_KINDS if k != "context")
+FAILABLE = tuple(k for k in FINDING_KINDS if k not in INFORMATIVE)
 MIN_SLACK_BYTES = 1 << 20  # a tolerance in percent of a tiny figure still allows 1 MiB
 
 

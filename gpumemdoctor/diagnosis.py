@@ -22,7 +22,9 @@ from .recording import AgentRecording, DeviceReading, Recording, TorchSample
 from .units import format_bytes as fb
 
 VERDICTS = ("clean", "leak", "allocator-cache", "pending-stream", "garbage-cycle", "non-torch")
-FINDING_KINDS = VERDICTS[1:] + ("orphan-process", "context")
+# "context" and "live-at-exit" inform: they never make a verdict and never fail a CI check.
+INFORMATIVE = ("context", "live-at-exit")
+FINDING_KINDS = VERDICTS[1:] + ("orphan-process",) + INFORMATIVE
 
 MIB = 1 << 20
 SIGNIFICANT_BYTES = 64 * MIB  # retained memory below this is not worth a verdict
@@ -121,7 +123,7 @@ def diagnose(recording: Recording) -> Diagnosis:
             "match; figures that need NVML are n/a")
     if not recording.nvml and not result.breakdowns:
         result.notes.append("the target never held GPU memory")
-    result.findings.sort(key=lambda f: (f.kind == "context", -f.bytes))
+    result.findings.sort(key=lambda f: (f.kind in INFORMATIVE, f.kind == "context", -f.bytes))
     result.verdict = choose_verdict(result.findings)
     return result
 
@@ -235,6 +237,21 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                 "accumulated without .item() (it keeps the autograd graph), stored outputs; "
                 "keep Python numbers with .item() or .detach(), and del what you no longer need.",
                 suspects=suspects))
+
+    leaked = any(f.kind == "leak" and f.pid == agent.pid and f.device == nvml_index for f in result.findings)
+    if not leaked and b.live_tensor_bytes and b.live_tensor_bytes >= SIGNIFICANT_BYTES:
+        suspects, searched = rootcause.live_suspects(agent.root, torch_index)
+        result.findings.append(Finding(
+            kind="live-at-exit", bytes=b.live_tensor_bytes, pid=agent.pid, device=nvml_index,
+            summary=f"{fb(b.live_tensor_bytes)} of tensors in {where} were still referenced when the "
+                    f"program ended. They did not keep growing, so this is not a leak: it is what the "
+                    f"program still holds (a model, data, or a reference it forgot to drop), and "
+                    f"nvidia-smi counts it until the process exits.",
+            evidence={"live_at_end_bytes": b.live_tensor_bytes, "root_cause": searched},
+            remedy=suspects[0]["remedy"] if suspects else
+            "Nothing to do if the program still needs it; otherwise del the references to it and call "
+            "torch.cuda.empty_cache() to give the memory back to the device.",
+            suspects=suspects))
 
     if b.pending_stream_bytes and b.pending_stream_bytes >= SIGNIFICANT_BYTES:
         after_sync = probes.get("sync")

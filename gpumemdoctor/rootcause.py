@@ -82,10 +82,13 @@ def _shape(spec: dict) -> Callable:
 
 _int, _num, _str = need_int, need_num, need_str
 HOLDER = _shape({"path": _str, "pattern": _str, "kind": _one_of(*HOLDER_KINDS), "count": _int, "bytes": _int})
-GROUP = _shape({"device": _opt(_int), "bytes": _int, "count": _int, "frames": _list_of(_frame),
+# "new": allocated since the baseline; None in recordings from before exit searches covered all
+# live memory, which held new blocks only.
+GROUP = _shape({"device": _opt(_int), "new": _opt(_bool), "bytes": _int, "count": _int, "frames": _list_of(_frame),
                 "thread": _opt(_list_of(_str)), "holders": _list_of(HOLDER), "unheld_bytes": _int})
 INVESTIGATION = _shape({"when": _one_of("growth", "exit"), "t": _num, "step": _opt(_int), "trace": _bool,
-                        "source": _one_of("allocator", "tensors"), "candidate_bytes": _int,
+                        "source": _one_of("allocator", "tensors"), "all_live": _opt(_bool),
+                        "candidate_bytes": _int,
                         "candidate_count": _int, "groups": _list_of(GROUP), "visited": _int,
                         "gave_up": _opt(_str), "elapsed_s": _num})
 SUSPICION = _shape({"t": _num, "step": _opt(_int), "device": _int, "by": _str, "grown_bytes": _int,
@@ -148,16 +151,20 @@ def parse_suspects(obj: Any) -> list[dict]:
 
 # -- suspects -----------------------------------------------------------------------
 
+def _on(group: dict, torch_index: int, new: bool | None = None) -> bool:
+    return (group["device"] in (torch_index, None)
+            and (new is None or (group["new"] is not False) is new))
+
+
 def leak_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
     """Suspects of a leak on one device, and what the search was (or why there was none)."""
-    found = [i for i in root["investigations"]
-             if any(g["device"] in (torch_index, None) for g in i["groups"])]
+    found = [i for i in root["investigations"] if any(_on(g, torch_index, True) for g in i["groups"])]
     if not found:
         return [], {"searched": False, "why_not": _why_not(root, torch_index)}
     # The search that saw the most of the new memory: at exit, unless the program had
     # already dropped what it held (a function that returned).
     chosen = max(found, key=lambda i: (_bytes_on(i, torch_index), i["when"] == "exit"))
-    groups = [g for g in chosen["groups"] if g["device"] in (torch_index, None)]
+    groups = [g for g in chosen["groups"] if _on(g, torch_index, True)]
     # A leak repeats: one-off allocations (this step's batch, gradients) are not suspects.
     repeated = [g for g in groups if g["count"] >= 2] or groups[:1]
     if chosen["trace"]:  # with stacks recorded, stackless blocks are PyTorch's own (gradients)
@@ -172,7 +179,7 @@ def leak_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
 
 
 def _bytes_on(investigation: dict, torch_index: int) -> int:
-    return sum(g["bytes"] for g in investigation["groups"] if g["device"] in (torch_index, None))
+    return sum(g["bytes"] for g in investigation["groups"] if _on(g, torch_index, True))
 
 
 def _why_not(root: dict, torch_index: int) -> str:
@@ -253,6 +260,53 @@ def _remedy(holder: dict | None, where: list | None, threads: list | None) -> st
     if threads and any("(ended)" in t for t in threads):
         text += " The thread that allocated them has ended; the reference above is what keeps them."
     return text
+
+
+def live_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
+    """Who holds the tensors still alive at exit on one device (the exit search over all live
+    memory), biggest first, and what the search was."""
+    found = [i for i in root["investigations"] if i["when"] == "exit" and i["all_live"]]
+    if not found:
+        return [], {"searched": False, "why_not": "the program ended before the exit search ran, or "
+                                                   "the recording predates it"}
+    chosen = found[-1]
+    suspects = []
+    for g in (g for g in chosen["groups"] if _on(g, torch_index)):
+        if g["frames"]:
+            s = _allocation_suspect(g)
+            s["remedy"] = _live_remedy(g["holders"][0] if g["holders"] else None, s["where"])
+            suspects.append(s)
+            continue
+        # No allocation stacks: one suspect per holder, which is what the user can act on.
+        for h in g["holders"]:
+            summary = f"{fb(h['bytes'])} in {h['count']} tensor{'s' if h['count'] != 1 else ''} held by {h['path']}"
+            if h["count"] > 1:
+                summary += f" and {h['count'] - 1} more like it"
+            suspects.append({"kind": "allocation", "bytes": h["bytes"], "count": h["count"], "where": None,
+                             "stack": [], "thread": g["thread"], "holders": [h], "unheld_bytes": None,
+                             "summary": summary, "remedy": _live_remedy(h, None)})
+        if g["unheld_bytes"]:
+            suspects.append({"kind": "allocation", "bytes": g["unheld_bytes"], "count": None, "where": None,
+                             "stack": [], "thread": g["thread"], "holders": [], "unheld_bytes": g["unheld_bytes"],
+                             "summary": f"{fb(g['unheld_bytes'])} with no holder found",
+                             "remedy": _live_remedy(None, None)})
+    suspects.sort(key=lambda s: -s["bytes"])
+    meta = {"searched": True, "when": "exit", "step": chosen["step"], "t": chosen["t"],
+            "allocation_stacks": chosen["trace"], "source": chosen["source"],
+            "objects_visited": chosen["visited"], "gave_up": chosen["gave_up"],
+            "elapsed_s": chosen["elapsed_s"]}
+    return suspects[:MAX_SUSPECTS], meta
+
+
+def _live_remedy(holder: dict | None, where: list | None) -> str:
+    if holder is not None and holder["kind"] in ("kept-exception", "hook", "autograd-graph", "cycle"):
+        return _remedy(holder, where, None)  # these say how to let go of that kind of reference
+    at = f" (allocated at {where[0]}:{where[1]})" if where else ""
+    if holder is None:
+        return _remedy(None, where, None)
+    return (f"{holder['path']} still references it{at}. If the program no longer needs it, drop that "
+            f"reference (del it or set it to None; an optimizer holds its model's parameters too), "
+            f"then torch.cuda.empty_cache() gives the memory back to the device.")
 
 
 def garbage_suspects(root: dict) -> tuple[list[dict], dict]:

@@ -25,15 +25,17 @@ def expectations(path: Path) -> tuple[str, list[str]]:
 
 def root_cause(path: Path) -> dict:
     """What a scenario says about its root cause: `# expect-holder:` (a start of the holder's path
-    pattern), `# expect-holder-kind:`, `# expect-thread:` (a start of a thread name), and the line
-    that allocates the memory, marked with a `# allocates` comment. Empty when it says nothing."""
+    pattern), `# expect-holder-kind:`, `# expect-thread:` (a start of a thread name),
+    `# expect-suspects-on:` (the finding that carries the suspects; the verdict's by default), and
+    the line that allocates the memory, marked with a `# allocates` comment. Empty when it says
+    nothing."""
     out: dict = {}
     lines = path.read_text().splitlines()
     for line in lines:
         if not line.startswith("#"):
             break
         key, _, value = line[1:].partition(":")
-        if key.strip() in ("expect-holder", "expect-holder-kind", "expect-thread"):
+        if key.strip() in ("expect-holder", "expect-holder-kind", "expect-thread", "expect-suspects-on"):
             out[key.strip()[len("expect-"):]] = value.strip()
     if out:
         marked = [i for i, line in enumerate(lines, 1) if "# allocates" in line]

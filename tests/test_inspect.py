@@ -249,6 +249,49 @@ def test_investigate_groups_new_blocks_by_stack_and_names_the_holder(monkeypatch
     assert "(allocated at /home/u/train.py:41)" in suspects[0]["remedy"]
 
 
+def test_the_exit_search_covers_all_live_memory_new_and_old(monkeypatch):
+    """At exit every live block is searched, each group marked new (since the baseline) or not:
+    a leak's suspects come from the new groups only, the live-at-exit suspects from all."""
+    global WEIGHTS
+    WEIGHTS = [torch.ones(512) for _ in range(3)]
+    HISTORY.extend(torch.ones(256) for _ in range(4))
+    snap = {"blocks": []}
+
+    def block(t):
+        address, size = _inspect.storage_span(t)
+        return {"address": address, "size": size, "state": "active_allocated", "frames": []}
+
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot",
+                        lambda: {"segments": [{"device": 0, "blocks": snap["blocks"]}]})
+    try:
+        snap["blocks"] = [block(t) for t in WEIGHTS]
+        baseline = _inspect.take_baseline(torch, KIND)
+        snap["blocks"] += [block(t) for t in HISTORY]
+        result = _inspect.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
+                                      skip_threads={threading.get_ident()}, thread_names={}, all_live=True)
+        only_new = _inspect.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
+                                        skip_threads={threading.get_ident()}, thread_names={})
+    finally:
+        HISTORY.clear()
+        del WEIGHTS
+    assert result["all_live"] is True and result["candidate_count"] == 4
+    assert sorted((g["new"], g["count"]) for g in result["groups"]) == [(False, 3), (True, 4)]
+    assert [(g["new"], g["count"]) for g in only_new["groups"]] == [(True, 4)]
+    from gpumemdoctor import rootcause
+    root = rootcause.empty_root()
+    rootcause.apply_record(root, "investigation", {"when": "exit", "t": 5.0, "step": None, "trace": False,
+                                                   **result}, t0=0.0)
+    leak, _ = rootcause.leak_suspects(root, 0)
+    assert [s["holders"][0]["pattern"] for s in leak] == [f"{__name__}.HISTORY[*]"]
+    live, meta = rootcause.live_suspects(root, 0)
+    assert meta["searched"] and meta["allocation_stacks"] is False
+    # Without stacks, one suspect per holder, biggest first.
+    assert [(s["holders"][0]["pattern"], s["bytes"]) for s in live] == [
+        (f"{__name__}.WEIGHTS[*]", 3 * 2048), (f"{__name__}.HISTORY[*]", 4 * 1024)]
+    assert live[0]["summary"] == f"6.00 KiB in 3 tensors held by {__name__}.WEIGHTS[0] and 2 more like it"
+    assert "still references it" in live[0]["remedy"]
+
+
 def test_the_exit_sequence_sees_the_cycle_when_gc_is_held_off(monkeypatch):
     """As the agent does at exit: gc off, a search that allocates a lot, then the garbage look-up.
     With gc on, the search's allocations set off a collection that frees the cycle unseen."""

@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..diagnosis import Breakdown, Diagnosis
+from ..diagnosis import INFORMATIVE, Breakdown, Diagnosis
 from ..recording import Recording
 from ..units import format_bytes as fb
 
@@ -153,7 +153,7 @@ def _findings(console: Console, diagnosis: Diagnosis) -> None:
     table.add_column("mark", width=4)
     table.add_column("text", overflow="fold")
     for f in diagnosis.findings:
-        mark = "  •" if f.kind == "context" else "  ✗"
+        mark = "  •" if f.kind in INFORMATIVE else "  ✗"
         table.add_row(mark, Text(f.kind, style="bold") + Text(f"  {fb(f.bytes)}"))
         table.add_row("", f.summary)
         _suspects(table, f)
@@ -164,7 +164,7 @@ def _findings(console: Console, diagnosis: Diagnosis) -> None:
 def _suspects(table: Table, f) -> None:
     """Where the memory was allocated and who holds it, biggest first."""
     searched = f.evidence.get("root_cause")
-    if f.kind == "leak" and isinstance(searched, dict) and not searched.get("searched"):
+    if f.kind in ("leak", "live-at-exit") and isinstance(searched, dict) and not searched.get("searched"):
         table.add_row("", Text(f"Suspects: none looked for: {searched.get('why_not')}.", style="italic"))
         return
     garbage = f.evidence.get("garbage")

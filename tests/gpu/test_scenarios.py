@@ -214,7 +214,7 @@ def test_suspects_name_the_allocating_line_and_the_holder(path, reports):
     report = reports(path)
     want = root_cause(path)
     verdict, _ = expectations(path)
-    finding = next(f for f in report["findings"] if f["kind"] == verdict)
+    finding = next(f for f in report["findings"] if f["kind"] == want.get("suspects-on", verdict))
     assert finding["suspects"], (finding["evidence"], report["_stderr"])
     top = finding["suspects"][0]
     assert top["where"] is not None, top
@@ -274,3 +274,18 @@ def test_trace_off_still_finds_the_holder_without_stacks(tmp_path):
     assert searched["searched"] and searched["allocation_stacks"] is False, searched
     top = leak["suspects"][0]
     assert top["where"] is None and top["holders"][0]["pattern"] == "__main__.stats.history[*]", top
+
+
+def test_live_at_exit_names_the_holder_without_stacks_by_default(tmp_path):
+    """Without --trace on, a program in which nothing grew gets no stacks, but the exit search
+    still says who holds what it left alive."""
+    path = next(p for p in SCENARIOS if p.stem == "live_model_at_exit")
+    report = run_scenario(path, tmp_path, args=("--trace", "auto"))
+    assert report["verdict"] == "clean", report["findings"]
+    live = next(f for f in report["findings"] if f["kind"] == "live-at-exit")
+    assert live["bytes"] >= 512 * MIB
+    searched = live["evidence"]["root_cause"]
+    assert searched["searched"] and searched["allocation_stacks"] is False, searched
+    top = live["suspects"][0]
+    assert top["where"] is None and top["holders"][0]["pattern"] == root_cause(path)["holder"], top
+    assert top["bytes"] == 512 * MIB and top["count"] == 8, top
