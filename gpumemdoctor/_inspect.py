@@ -408,16 +408,20 @@ def render(labels: list[str]) -> str:
 
 
 def pattern(text: str) -> str:
-    """The path with its indexes and line numbers generalised, to group look-alike paths.
+    """The path with its indexes (also the '3' of a submodule) and line numbers generalised, to
+    group look-alike paths.
     Everything an autograd graph holds is one pattern: the tensor that holds the graph."""
     if ".grad_fn" in text:
         text = text[:text.index(".grad_fn")] + ".grad_fn (autograd graph)"
     out, i = [], 0
     while i < len(text):
         c = text[i]
-        if c == "[" and i + 1 < len(text) and (text[i + 1].isdigit() or text[i + 1] == "-"):
+        if c == "[" and i + 1 < len(text) and (text[i + 1].isdigit() or text[i + 1] in "-'"):
             j = text.find("]", i)
-            if j > 0 and text[i + 1:j].lstrip("-").isdigit():
+            inside = text[i + 1:j] if j > 0 else ""
+            if inside.startswith("'") and inside.endswith("'") and len(inside) > 2:
+                inside = inside[1:-1]  # a submodule's name in a Sequential or ModuleList: '3'
+            if inside.lstrip("-").isdigit():
                 out.append("[*]")
                 i = j + 1
                 continue

@@ -288,9 +288,10 @@ def live_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
         if g["unheld_bytes"]:
             suspects.append({"kind": "allocation", "bytes": g["unheld_bytes"], "count": None, "where": None,
                              "stack": [], "thread": g["thread"], "holders": [], "unheld_bytes": g["unheld_bytes"],
-                             "summary": f"{fb(g['unheld_bytes'])} with no holder found",
+                             "summary": f"{fb(g['unheld_bytes'])} held by no tensor the search reached",
                              "remedy": _live_remedy(None, None)})
-    suspects.sort(key=lambda s: -s["bytes"])
+    # What someone holds comes first: blocks without a holder are mostly PyTorch's own buffers.
+    suspects.sort(key=lambda s: (not s["holders"], -s["bytes"]))
     meta = {"searched": True, "when": "exit", "step": chosen["step"], "t": chosen["t"],
             "allocation_stacks": chosen["trace"], "source": chosen["source"],
             "objects_visited": chosen["visited"], "gave_up": chosen["gave_up"],
