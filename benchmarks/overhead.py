@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                         extra = ""
                         if mode == "tool":
                             extra = (f"  agent samples {run['agent_samples']}, "
-                                     f"steps seen {run['agent_steps']}")
+                                     f"steps seen {run['agent_steps']}, "
+                                     f"exit probes {run['exit_probes_s']} s "
+                                     f"(holder search {run['exit_search_s']} s)")
                         print(f"  {name:9s} {mode:5s} #{pair + 1}: "
                               f"{run['step_time_ms']:.4f} ms/step, wall {run['wall_s']:.2f} s"
                               f"{extra}{tag}", flush=True)
@@ -241,7 +243,8 @@ def _run_once(name: str, mode: str, cmd: list[str], env: dict, cwd: str, timeout
 
 def _agent_activity(report: str) -> dict:
     """How much the agent did in a tool run, from its report: proof that it was measuring."""
-    out = {"agent_samples": None, "agent_step_samples": None, "agent_steps": None}
+    out = {"agent_samples": None, "agent_step_samples": None, "agent_steps": None,
+           "exit_probes_s": None, "exit_search_s": None}
     try:
         with open(report, encoding="utf-8") as f:
             obj = json.load(f)
@@ -253,6 +256,13 @@ def _agent_activity(report: str) -> dict:
         for agent in (obj.get("recording") or {}).get("agents") or []:
             if agent.get("pid") == target_pid:
                 out["agent_steps"] = agent.get("steps")
+                # The work done at exit, inside the target: from its first exit reading to its last.
+                probes = agent.get("probes") or {}
+                if "end" in probes and "empty_cache" in probes:
+                    out["exit_probes_s"] = round(probes["empty_cache"]["t"] - probes["end"]["t"], 3)
+                searches = [i["elapsed_s"] for i in (agent.get("root") or {}).get("investigations") or []
+                            if i.get("when") == "exit"]
+                out["exit_search_s"] = searches[-1] if searches else None
     except (OSError, ValueError, AttributeError, TypeError):
         pass
     return out

@@ -29,7 +29,7 @@ import types
 
 MAX_FRAMES = 8  # of the allocating stack kept per group
 MAX_GROUPS = 8
-MAX_HOLDERS = 3  # distinct holder patterns per group
+MAX_HOLDERS = 6  # distinct holder patterns per group (without stacks, all is one group)
 ATOMIC = (str, bytes, bytearray, int, float, complex, bool, type(None), types.CodeType,
           types.BuiltinFunctionType, types.ModuleType, memoryview, range)
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -304,7 +304,11 @@ def _live_remedy(holder: dict | None, where: list | None) -> str:
         return _remedy(holder, where, None)  # these say how to let go of that kind of reference
     at = f" (allocated at {where[0]}:{where[1]})" if where else ""
     if holder is None:
-        return _remedy(None, where, None)
+        return ("No tensor the search reached holds it. PyTorch keeps some memory of its own among "
+                "the allocated blocks: a cuBLAS workspace per stream and thread that ran a matmul "
+                "(32 MiB each on an H200; torch._C._cuda_clearCublasWorkspaces() frees them). "
+                "Otherwise it is held from C/C++, by a reference cycle, or beyond the search's budget"
+                + (f" (allocated at {where[0]}:{where[1]})" if where else "") + ".")
     return (f"{holder['path']} still references it{at}. If the program no longer needs it, drop that "
             f"reference (del it or set it to None; an optimizer holds its model's parameters too), "
             f"then torch.cuda.empty_cache() gives the memory back to the device.")
