@@ -290,8 +290,13 @@ def live_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
                              "stack": [], "thread": g["thread"], "holders": [], "unheld_bytes": g["unheld_bytes"],
                              "summary": f"{fb(g['unheld_bytes'])} held by no tensor the search reached",
                              "remedy": _live_remedy(None, None)})
-    # What someone holds comes first: blocks without a holder are mostly PyTorch's own buffers.
-    suspects.sort(key=lambda s: (not s["holders"], -s["bytes"]))
+    # What someone holds comes first; blocks without a holder (mostly PyTorch's own buffers)
+    # keep one line at the end.
+    suspects.sort(key=lambda s: -s["bytes"])
+    held = [s for s in suspects if s["holders"]]
+    unheld = [s for s in suspects if not s["holders"]]
+    suspects = held[:MAX_SUSPECTS - (1 if unheld else 0)]
+    suspects += unheld[:MAX_SUSPECTS - len(suspects)]
     meta = {"searched": True, "when": "exit", "step": chosen["step"], "t": chosen["t"],
             "allocation_stacks": chosen["trace"], "source": chosen["source"],
             "objects_visited": chosen["visited"], "gave_up": chosen["gave_up"],

@@ -228,3 +228,31 @@ def test_a_forged_root_cause_record_is_refused():
     agent["root"]["investigations"][0]["groups"][0]["holders"][0]["kind"] = "rm -rf"
     with pytest.raises(BadReportError, match="is not one of"):
         Recording.from_json(report["recording"])
+
+
+def test_live_at_exit_names_what_a_clean_program_still_holds():
+    """Nothing grew, but 451 MiB was alive at exit: the finding says who holds it, and it is no verdict."""
+    _, recording = load("clean_adam")
+    diagnosis = diagnose(recording)
+    assert diagnosis.verdict == "clean"
+    live = next(f for f in diagnosis.findings if f.kind == "live-at-exit")
+    assert live.evidence["root_cause"]["searched"] and not live.evidence["root_cause"]["allocation_stacks"]
+    patterns = [s["holders"][0]["pattern"] for s in live.suspects if s["holders"]]
+    assert "__main__.model._modules[*]._parameters['weight']" in patterns
+    assert "__main__.opt.state[<Parameter>]['exp_avg']" in patterns
+    # What no tensor holds comes last, with what it usually is.
+    assert live.suspects[-1]["holders"] == [] and "cuBLAS workspace" in live.suspects[-1]["remedy"]
+    assert sum(s["bytes"] for s in live.suspects) <= live.bytes
+    assert diagnosis.findings[-2:] == [live, next(f for f in diagnosis.findings if f.kind == "context")]
+
+
+def test_a_leak_is_not_also_reported_as_live_at_exit():
+    _, recording = load("leak_training_list")
+    kinds = [f.kind for f in diagnose(recording).findings]
+    assert "leak" in kinds and "live-at-exit" not in kinds
+
+
+def test_informative_findings_cannot_fail_a_ci_check():
+    from gpumemdoctor.checks import FAILABLE
+
+    assert "live-at-exit" not in FAILABLE and "context" not in FAILABLE and "leak" in FAILABLE
