@@ -46,7 +46,11 @@ def _verdict(console: Console, diagnosis: Diagnosis) -> None:
         line.append(" (no NVIDIA GPU was measured)")
     else:
         line.append(diagnosis.verdict, style=VERDICT_STYLE.get(diagnosis.verdict, "bold"))
-        line.append(f" ({VERDICT_MEANING[diagnosis.verdict]})")
+        live = sum(f.bytes for f in diagnosis.findings if f.kind == "live-at-exit")
+        if diagnosis.verdict == "clean" and live:
+            line.append(f" (nothing grew; {fb(live)} of tensors still referenced at exit, see live-at-exit)")
+        else:
+            line.append(f" ({VERDICT_MEANING[diagnosis.verdict]})")
     console.print(line)
     headline = next((f for f in diagnosis.findings if f.kind == diagnosis.verdict), None)
     if headline is not None:
