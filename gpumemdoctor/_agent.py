@@ -523,7 +523,8 @@ class _Agent:
                     "ok": self.trace_on, "error": error})
 
     def _investigate(self, when: str, budget: str | None = None) -> None:
-        """Group what was allocated since the baseline and is still alive, and find its holders."""
+        """Group what was allocated since the baseline and is still alive (at exit: all that is
+        alive, each group marked new or not), and find its holders."""
         self.investigate_at = None
         if self.torch is None or (self.baseline is None and when != "exit"):
             return

@@ -291,7 +291,7 @@ def live_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
                              "summary": f"{fb(g['unheld_bytes'])} held by no tensor the search reached",
                              "remedy": _live_remedy(None, None)})
     # What someone holds comes first; blocks without a holder (mostly PyTorch's own buffers)
-    # keep one line at the end.
+    # come last, and keep at least one line.
     suspects.sort(key=lambda s: -s["bytes"])
     held = [s for s in suspects if s["holders"]]
     unheld = [s for s in suspects if not s["holders"]]
