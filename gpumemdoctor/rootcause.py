@@ -301,7 +301,7 @@ def live_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
             "allocation_stacks": chosen["trace"], "source": chosen["source"],
             "objects_visited": chosen["visited"], "gave_up": chosen["gave_up"],
             "elapsed_s": chosen["elapsed_s"]}
-    return suspects[:MAX_SUSPECTS], meta
+    return suspects, meta
 
 
 def _live_remedy(holder: dict | None, where: list | None) -> str:
@@ -312,8 +312,7 @@ def _live_remedy(holder: dict | None, where: list | None) -> str:
         return ("No tensor the search reached holds it. PyTorch keeps some memory of its own among "
                 "the allocated blocks: a cuBLAS workspace per stream and thread that ran a matmul "
                 "(32 MiB each on an H200; torch._C._cuda_clearCublasWorkspaces() frees them). "
-                "Otherwise it is held from C/C++, by a reference cycle, or beyond the search's budget"
-                + (f" (allocated at {where[0]}:{where[1]})" if where else "") + ".")
+                f"Otherwise it is held from C/C++, by a reference cycle, or beyond the search's budget{at}.")
     return (f"{holder['path']} still references it{at}. If the program no longer needs it, drop that "
             f"reference (del it or set it to None; an optimizer holds its model's parameters too), "
             f"then torch.cuda.empty_cache() gives the memory back to the device.")
