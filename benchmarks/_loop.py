@@ -8,6 +8,11 @@ import time
 DEFAULT_WARMUP = 50
 
 
+def phase(name: str) -> None:
+    """`PHASE <name> <wall clock>` on stdout: overhead.py splits a run's wall time with these."""
+    print(f"PHASE {name} {time.time():.6f}", flush=True)
+
+
 def parser(doc: str, default_steps: int) -> argparse.ArgumentParser:
     """STEPS and --warmup; the workload adds its own options."""
     p = argparse.ArgumentParser(description=doc.split("\n")[0])
@@ -45,6 +50,7 @@ def mlp(torch, width: int, layers: int, activation):
 
 def time_steps(torch, train_step, steps: int, warmup: int) -> None:
     """Run `warmup` untimed steps, time `steps` between synchronizes, print STEP_TIME_MS."""
+    phase("loop")
     for i in range(warmup):
         train_step(i)
     torch.cuda.synchronize()
@@ -54,3 +60,4 @@ def time_steps(torch, train_step, steps: int, warmup: int) -> None:
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     print(f"STEP_TIME_MS {elapsed * 1e3 / steps:.6f}", flush=True)
+    phase("end")

@@ -50,6 +50,7 @@ WORKLOADS = {
     "short": ("workload_short.py", 5.0),
 }
 STEP_LINE = re.compile(r"^STEP_TIME_MS\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+PHASE_LINE = re.compile(r"^PHASE (\w+) ([0-9.]+)\s*$", re.MULTILINE)
 
 _CUDA_CHECK = """\
 import json, torch
@@ -217,6 +218,7 @@ def _run_once(name: str, mode: str, cmd: list[str], env: dict, cwd: str, timeout
     if report is not None and os.path.exists(report):
         os.remove(report)
     start = time.perf_counter()
+    launched = time.time()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd,
                               timeout=timeout)
@@ -225,6 +227,7 @@ def _run_once(name: str, mode: str, cmd: list[str], env: dict, cwd: str, timeout
         raise RunFailed(f"{name} ({mode}) ran past {timeout:g} s: {_shell(cmd)}\n"
                         f"--- stderr ---\n{stderr or ''}")
     wall = time.perf_counter() - start
+    done = time.time()
     found = STEP_LINE.findall(proc.stdout)
     if proc.returncode != 0 or not found:
         why = f"exit status {proc.returncode}" if proc.returncode != 0 else "no STEP_TIME_MS line"
@@ -232,6 +235,15 @@ def _run_once(name: str, mode: str, cmd: list[str], env: dict, cwd: str, timeout
                         f"--- stdout ---\n{proc.stdout}--- stderr ---\n{proc.stderr}")
     run = {"mode": mode, "step_time_ms": float(found[-1]), "wall_s": round(wall, 6),
            "returncode": proc.returncode}
+    # Where the wall time went: before the script's first line (interpreter, imports, and under
+    # the tool its own start-up), the script itself (import torch, CUDA, the loop), and after its
+    # last line (exit hooks, which hold the agent's exit probes; teardown; the tool's report).
+    phases = {name: float(t) for name, t in PHASE_LINE.findall(proc.stdout)}
+    if "start" in phases and "end" in phases:
+        run.update(before_script_s=round(phases["start"] - launched, 4),
+                   script_s=round(phases["end"] - phases["start"], 4),
+                   to_loop_s=round(phases.get("loop", phases["start"]) - phases["start"], 4),
+                   after_script_s=round(done - phases["end"], 4))
     if report is not None:
         run.update(_agent_activity(report))
         # The verdict line goes to the tool's console (stdout or stderr) and may wrap.
@@ -244,12 +256,13 @@ def _run_once(name: str, mode: str, cmd: list[str], env: dict, cwd: str, timeout
 def _agent_activity(report: str) -> dict:
     """How much the agent did in a tool run, from its report: proof that it was measuring."""
     out = {"agent_samples": None, "agent_step_samples": None, "agent_steps": None,
-           "exit_probes_s": None, "exit_search_s": None}
+           "exit_probes_s": None, "exit_search_s": None, "tool_cost": None, "agent_cost": None}
     try:
         with open(report, encoding="utf-8") as f:
             obj = json.load(f)
         rows = obj.get("timeline") or []
         target_pid = (obj.get("target") or {}).get("pid")
+        out["tool_cost"] = (obj.get("recording") or {}).get("tool_cost")
         mine = [r for r in rows if r.get("pid") == target_pid]
         out["agent_samples"] = len(mine)
         out["agent_step_samples"] = sum(1 for r in mine if r.get("by") == "step")
@@ -263,6 +276,7 @@ def _agent_activity(report: str) -> dict:
                 searches = [i["elapsed_s"] for i in (agent.get("root") or {}).get("investigations") or []
                             if i.get("when") == "exit"]
                 out["exit_search_s"] = searches[-1] if searches else None
+                out["agent_cost"] = ((agent.get("exit_info") or {}).get("cost"))
     except (OSError, ValueError, AttributeError, TypeError):
         pass
     return out
@@ -286,7 +300,21 @@ def _summarise(runs: list[dict], target: float) -> dict:
                    for p, t in zip(plain, tool)]
     plain_wall = statistics.median(r["wall_s"] for r in plain)
     tool_wall = statistics.median(r["wall_s"] for r in tool)
+    split = {}
+    for part in ("before_script_s", "to_loop_s", "script_s", "after_script_s"):
+        if all(part in r for r in counted):
+            split[part] = {"plain": statistics.median(r[part] for r in plain),
+                           "tool": statistics.median(r[part] for r in tool)}
+            split[part]["extra"] = split[part]["tool"] - split[part]["plain"]
+    costs: dict = {}
+    for r in tool:
+        for source in ("tool_cost", "agent_cost"):
+            for k, v in (r.get(source) or {}).items():
+                if isinstance(v, (int, float)):
+                    costs.setdefault(f"{source.split('_')[0]}.{k}", []).append(v)
     return {
+        "wall_split": split,
+        "tool_own_costs_median_s": {k: statistics.median(v) for k, v in sorted(costs.items())},
         "plain_step_ms_median": plain_step, "tool_step_ms_median": tool_step,
         "slowdown_pct": slowdown, "within_target": slowdown <= target,
         "pair_slowdown_pct": pair_ratios,
@@ -325,6 +353,15 @@ def _print_table(workloads: dict) -> None:
         print(line(r))
     print("(medians over the counted runs; slowdown = tool / plain step time - 1; "
           "plain spread = (max - min) / median of the plain step times)")
+    for name, w in workloads.items():
+        split = w["summary"].get("wall_split") or {}
+        if split:
+            print(f"\n{name}: where the extra wall time goes (medians, seconds; plain -> tool)")
+            for part, v in split.items():
+                print(f"  {part:16s} {v['plain']:8.3f} -> {v['tool']:8.3f}  ({v['extra']:+.3f})")
+        costs = w["summary"].get("tool_own_costs_median_s") or {}
+        if costs:
+            print("  measured by the tool itself: " + ", ".join(f"{k} {v:.3f}" for k, v in costs.items()))
 
 
 def _shell(cmd: list[str]) -> str:

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import sys
 
-from _loop import check, cuda_torch, mlp, parser, time_steps
+from _loop import check, cuda_torch, phase, mlp, parser, time_steps
 
 DEFAULT_STEPS = 2500  # ~6 s at 2.4 ms a step on an H200
 N_BATCHES = 4
 
 
 def main() -> int:
+    phase("start")
     p = parser(__doc__, DEFAULT_STEPS)
     p.add_argument("--hidden", type=int, default=4096)
     p.add_argument("--layers", type=int, default=4)

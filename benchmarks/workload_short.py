@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import sys
 
-from _loop import check, cuda_torch, mlp, parser, time_steps
+from _loop import check, cuda_torch, phase, mlp, parser, time_steps
 
 DEFAULT_STEPS = 6000  # ~6 s at 1.0 ms a step on an H200
 
 
 def main() -> int:
+    phase("start")
     p = parser(__doc__, DEFAULT_STEPS)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--width", type=int, default=64)

@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 
+from gpumemdoctor import _events
+
 ENV_RUN_DIR = "GPUMEMDOCTOR_RUN_DIR"
 ENV_INTERVAL = "GPUMEMDOCTOR_INTERVAL_S"
 ENV_SOCKET = "GPUMEMDOCTOR_SOCKET"  # "0": no local socket for `gpumemdoctor watch`
@@ -41,8 +43,9 @@ WARMUP_STEPS = 10  # --trace on: what is alive after these many steps is not new
 # was seen (and no --trace on): the walk ends early only when every block has a holder, and
 # PyTorch's own buffers (cuBLAS workspaces) never have one, so it usually runs to its budget
 # or to the end of the heap (76k objects, 0.3-0.4 s, in the scenarios on an H200).
-BUDGET_S = {"growth": 2.0, "exit": 5.0, "live": 1.0}
-MAX_OBJECTS = {"growth": 2_000_000, "exit": 5_000_000, "live": 1_000_000}
+BUDGET_S = {"growth": 2.0, "exit": 5.0, "live": 1.0, "oom": 3.0}
+MAX_OBJECTS = {"growth": 2_000_000, "exit": 5_000_000, "live": 1_000_000, "oom": 3_000_000}
+MAX_OOM_RECORDS = 20  # out-of-memory errors recorded per process; the first is searched for holders
 # A run in which no growth was seen is searched at exit when its live tensors reach this: the
 # answer to "why does nvidia-smi still show the memory I freed?".
 LIVE_SEARCH_MIN_BYTES = 64 << 20
@@ -206,6 +209,10 @@ class _Agent:
         self.investigate_at: tuple | None = None  # (step, monotonic time)
         self.thread_entries: dict = {}  # (file, function) -> names of the threads that ran it
         self.thread_records = 0
+        self.collections: _events.Collections | None = None
+        self.oom_records = 0
+        self.samples_skipped = 0  # time samples put off because the collector was near its threshold
+        self.cost = {"init_s": 0.0, "sample_s": 0.0}
 
     # -- the channel ---------------------------------------------------------
     def write(self, record: dict) -> None:
@@ -254,14 +261,74 @@ class _Agent:
             pass
 
     def on_cuda(self) -> None:
-        # Runs inside torch's lazy CUDA initialisation: it must never raise.
+        # Runs inside torch's lazy CUDA initialisation, on the thread that started CUDA: it must
+        # never raise. Everything the agent keeps for the rest of the run is set up here, on the
+        # program's thread, so that the sampling thread later allocates nothing that lasts.
         try:
-            if not self.cuda_seen:
-                self.cuda_seen = True
-                self.write({"type": "cuda", "t": time.monotonic()})
-                if self.trace_mode == "on":
-                    self._start_trace("flag")
-                self._start_thread()
+            if self.cuda_seen:
+                return
+            self.cuda_seen = True
+            started = time.perf_counter()
+            origin = {}
+            try:
+                origin = _events.cuda_origin()
+            except Exception:
+                pass
+            self.write({"type": "cuda", "t": time.monotonic(), **origin})
+            if self.trace_mode == "on":
+                self._start_trace("flag")
+            try:
+                self._describe_devices()
+            except Exception:
+                self.devices = []
+            self._watch_events()
+            self.cost["init_s"] += time.perf_counter() - started
+            self._start_thread()
+        except Exception:
+            pass
+
+    def _watch_events(self) -> None:
+        """PyTorch's out-of-memory observer and the garbage collector's callbacks."""
+        if not self.run_dir:
+            return
+        torch = self.torch
+        try:
+            torch._C._cuda_attach_out_of_memory_observer(self._on_oom)
+        except Exception:
+            pass
+        if self.devices and self.collections is None:
+            self.collections = _events.Collections(self._allocated_now, self.write, lambda: self.steps)
+            self.collections.install()
+
+    def _allocated_now(self) -> dict:
+        torch = self.torch
+        out = {}
+        for d in self.devices:
+            value = _stat(torch.cuda.memory_stats_as_nested_dict(d["index"]), "allocated_bytes", "current")
+            if value is not None:
+                out[d["index"]] = value
+        return out
+
+    def _on_oom(self, device, request, limit, device_free) -> None:
+        """PyTorch's allocator could not serve a request: the figures and who held the memory,
+        now, on the allocating thread, before the stack unwinds."""
+        try:
+            if self.oom_records >= MAX_OOM_RECORDS or self.finished:
+                return
+            self.oom_records += 1
+            with _events.quiet_gc():
+                processes = []
+                d = next((d for d in self.devices if d["index"] == device), None)
+                if self.nvml is not None and d is not None and d["nvml_device"] is not None:
+                    try:
+                        processes = self.nvml.processes(d["nvml_device"])
+                    except Exception:
+                        processes = []
+                record = _events.out_of_memory(self.torch, device, request, limit, device_free, processes)
+                record["step"] = self.steps
+                self.write(record)
+                if self.oom_records == 1:
+                    self._investigate("oom")
         except Exception:
             pass
 
@@ -307,7 +374,9 @@ class _Agent:
             while not torch.cuda.is_initialized():
                 if self.stop.wait(self.interval_s):
                     return
-            self._describe_devices()
+            if not self.devices:  # CUDA started without the lazy-init callback
+                self._describe_devices()
+                self._watch_events()
             self._wait_for_first_allocation()
             while not self.stop.wait(self.interval_s):
                 now = time.monotonic()
@@ -328,10 +397,13 @@ class _Agent:
         torch = self.torch
         started = time.monotonic()
         while True:
-            if any(_stat(torch.cuda.memory_stats_as_nested_dict(d["index"]), "reserved_bytes", "current")
-                   for d in self.devices):
+            if _events.gc_headroom() and any(
+                    _stat(torch.cuda.memory_stats_as_nested_dict(d["index"]), "reserved_bytes", "current")
+                    for d in self.devices):
                 self.first_alloc_t = time.monotonic()
-                self.sample("first")
+                while not self.sample("first"):  # put off while the collector is near its threshold
+                    if self.stop.wait(0.001):
+                        return
                 return
             waited = time.monotonic() - started
             if waited > FIRST_ALLOCATION_WAIT_S:
@@ -400,12 +472,27 @@ class _Agent:
                 _stat(stats, "requested_bytes", "current"), nvml_used,
                 _stat(stats, "allocated_bytes", "peak"), _stat(stats, "reserved_bytes", "peak")]
 
-    def sample(self, by: str) -> None:
+    def sample(self, by: str) -> bool:
+        """One reading of every device; False when it was not taken.
+
+        A step sample runs on the program's thread, with automatic collection held off
+        while it reads. The agent's own thread ("time", "first") never changes the
+        collector's settings: it reads only when that cannot set a collection off."""
         if self.dead or not self.devices:
-            return
+            return True
+        if by == "step":
+            with _events.quiet_gc():
+                return self._sample(by)
+        if not _events.gc_headroom():
+            self.samples_skipped += 1
+            return False
+        return self._sample(by)
+
+    def _sample(self, by: str) -> bool:
         # A step boundary waits for a timer sample in progress (tens of us); the timer never waits.
         if not (self.sample_lock.acquire(timeout=0.01) if by == "step" else self.sample_lock.acquire(blocking=False)):
-            return
+            return False
+        started = time.perf_counter()
         try:
             now = time.monotonic()
             self.last_sample_t = now
@@ -424,7 +511,9 @@ class _Agent:
         except Exception:
             pass
         finally:
+            self.cost["sample_s"] += time.perf_counter() - started
             self.sample_lock.release()
+        return True
 
     def _on_optimizer_step(self, *args, **kwargs) -> None:
         if not self.explicit_steps:
@@ -481,10 +570,13 @@ class _Agent:
         self.write({"type": "suspect", "t": time.monotonic(), "step": self.steps, "device": torch_index,
                     "by": by, "grown_bytes": fit.grown_bytes, "rate": fit.rate_bytes_per_x})
         if by == "time":
-            # Time samples come from the agent's thread, and only the program's own thread may
-            # call into PyTorch's memory history: from another thread it can race the program's
-            # imports (seen on torch 2.11: a circular-import error in torch._inductor). Without
+            # Time samples come from the agent's thread. Turning PyTorch's memory history on from
+            # it once raced the program's imports (torch 2.11: a circular import in torch._inductor
+            # while the program imported torch._dynamo), so it is done only while no module is
+            # being imported; the call itself imports nothing (probed on torch 2.11). Without
             # steps, the holders are looked for at exit.
+            if self.trace_mode == "auto" and not self.trace_on and not _events.import_in_progress():
+                self._start_trace("growth")
             return
         if self.baseline is None:
             self._take_baseline("growth")
@@ -525,11 +617,13 @@ class _Agent:
     def _investigate(self, when: str, budget: str | None = None) -> None:
         """Group what was allocated since the baseline and is still alive (at exit: all that is
         alive, each group marked new or not), and find its holders."""
-        self.investigate_at = None
-        if self.torch is None or (self.baseline is None and when != "exit"):
+        if when != "oom":
+            self.investigate_at = None
+        if self.torch is None or (self.baseline is None and when == "growth"):
             return
-        # No baseline at exit (no growth seen, or seen by time only): all of it counts as new.
-        baseline = self.baseline or {"blocks": set(), "storages": set()}
+        # No baseline at exit or at an out-of-memory error (no growth seen, or seen by time
+        # only): all of it counts as new.
+        baseline = self.baseline or {"blocks": {}, "storages": set()}
         from gpumemdoctor import _inspect
 
         own = {t.ident for t in threading.enumerate() if t.name.startswith("gpumemdoctor-")}
@@ -541,7 +635,7 @@ class _Agent:
             result = _inspect.investigate(self.torch, self._tensor_kind(), baseline,
                                           BUDGET_S[budget or when], MAX_OBJECTS[budget or when], own,
                                           self._thread_names(),
-                                          all_live=when == "exit")
+                                          all_live=when in ("exit", "oom"))
         except Exception as exc:
             self.write({"type": "error", "where": f"investigation ({when})", "message": repr(exc)[:500]})
             return
@@ -568,11 +662,13 @@ class _Agent:
                 names.append(thread.name)
         if not self.devices or self.thread_records >= MAX_THREAD_RECORDS:
             return None
-        return (time.monotonic(), entry, self._read_devices())
+        with _events.quiet_gc():
+            return (time.monotonic(), entry, self._read_devices())
 
     def thread_ended(self, thread, token) -> None:
         t0, entry, before = token
-        after = self._read_devices()
+        with _events.quiet_gc():
+            after = self._read_devices()
         if [r[1:4] + r[5:6] for r in before] == [r[1:4] + r[5:6] for r in after]:
             return  # the thread changed nothing on the GPU
         self.thread_records += 1
@@ -584,6 +680,8 @@ class _Agent:
         if self.pid != os.getpid() or self.finished:
             return
         self.finished = True
+        if self.collections is not None:
+            self.collections.paused = True  # the exit probes' own collections are not the program's
         try:
             self.stop.set()
             if self.thread is not None:
@@ -593,8 +691,17 @@ class _Agent:
                 self._exit_probes(torch)
         except Exception as exc:
             self.write({"type": "error", "where": "exit probes", "message": repr(exc)[:500]})
+        died_of = None
+        try:
+            died_of = _events.uncaught()
+        except Exception:
+            pass
         self.write({"type": "exit", "t": time.monotonic(), "steps": self.steps,
-                    "explicit_steps": self.explicit_steps, "cupy": _cupy_pool()})
+                    "explicit_steps": self.explicit_steps, "cupy": _cupy_pool(),
+                    "uncaught": died_of, "samples": self.samples, "samples_skipped": self.samples_skipped,
+                    "collections": self.collections.summary() if self.collections is not None else None,
+                    "out_of_memory": self.oom_records,
+                    "cost": {k: round(v, 6) for k, v in self.cost.items()}})
         if self.server is not None:
             self.server.close()
 
@@ -603,28 +710,39 @@ class _Agent:
         # search allocate, and a collection they set off would free the cycles unseen.
         collecting = gc.isenabled()
         gc.disable()
+        mark = time.perf_counter()
+
+        def took(name: str) -> None:
+            nonlocal mark
+            now = time.perf_counter()
+            self.cost[f"exit_{name}_s"] = now - mark
+            mark = now
+
         try:
             end = self._read_devices()  # the memory as the program left it
             self.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
             if os.environ.get(ENV_SNAPSHOT) == "1" and self.run_dir:
                 self._dump_snapshot(torch)
+                took("snapshot")
             # One search at exit covers every live block, those new since the baseline (a
             # leak's) and the rest (what a program that grew nothing still holds).
             if self.suspected or self.trace_mode == "on":
                 self._investigate("exit")
             elif self.fd is not None and any((row[1] or 0) >= LIVE_SEARCH_MIN_BYTES for row in end):
                 self._investigate("exit", budget="live")
-            self._probe(torch, end)
+            took("search")
+            self._probe(torch, end, took)
         finally:
             if collecting:
                 gc.enable()
 
-    def _probe(self, torch, end: list) -> None:
+    def _probe(self, torch, end: list, took) -> None:
         """Re-measure after each thing that can give memory back, to say what held it."""
         touched = [row[0] for row in end]  # never create a context on a device the program left alone
         collected = self._collect_garbage(torch)
         self.write({"type": "p", "phase": "gc", "t": time.monotonic(), "collected": collected,
                     "d": self._read_devices()})
+        took("garbage")
         for index in touched:
             torch.cuda.synchronize(index)
             # Blocks held for finished side-stream work are reclaimed at the next allocation.
@@ -633,6 +751,7 @@ class _Agent:
         torch.cuda.empty_cache()
         self.write({"type": "p", "phase": "empty_cache", "t": time.monotonic(),
                     "d": self._read_devices()})
+        took("release")
 
 
     def _collect_garbage(self, torch) -> int:

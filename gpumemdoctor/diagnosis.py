@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from . import rootcause
-from .growth import GrowthFit, floor_growth
+from . import judgement, rootcause
+from .growth import MIN_POINTS, GrowthFit, floor_growth
 from .recording import AgentRecording, DeviceReading, Recording, TorchSample
 from .units import format_bytes as fb
 
-VERDICTS = ("clean", "leak", "allocator-cache", "pending-stream", "garbage-cycle", "non-torch")
+VERDICTS = ("clean", "leak", "out-of-memory", "allocator-cache", "pending-stream", "garbage-cycle", "non-torch",
+            "child-contexts")
 # "context" and "live-at-exit" inform: they never make a verdict and never fail a CI check.
 INFORMATIVE = ("context", "live-at-exit")
 FINDING_KINDS = VERDICTS[1:] + ("orphan-process",) + INFORMATIVE
@@ -36,7 +37,8 @@ MIN_LEAK_BYTES = 16 * MIB  # growth below this over the run is not called a leak
 LIBRARY_ALLOWANCE_BYTES = 512 * MIB
 MIN_STEPS = 8
 # When several causes apply at a similar size, the more specific one is named.
-SPECIFICITY = ("garbage-cycle", "pending-stream", "leak", "non-torch", "allocator-cache")
+SPECIFICITY = ("garbage-cycle", "pending-stream", "leak", "child-contexts", "non-torch", "allocator-cache")
+MIN_SIBLING_CONTEXTS = 2  # children of one process with contexts on its GPU before they are called avoidable
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Diagnosis:
     growth: list[Growth] = field(default_factory=list)
     peaks: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    evidence: list[dict] = field(default_factory=list)  # judgement.Evidence.to_json() per process and GPU
 
 
 def diagnose(recording: Recording) -> Diagnosis:
@@ -114,6 +117,7 @@ def diagnose(recording: Recording) -> Diagnosis:
         if pid not in torch_pids and any(used for _, used in points):
             _diagnose_nvml_only(pid, device, points, result)
     _orphans(recording, result)
+    _child_contexts(recording, result)
     unseen = [a.pid for a in recording.agents if a.cuda_t is not None
               and not any(pid == a.pid for pid, _ in recording.nvml)]
     if unseen:
@@ -129,7 +133,14 @@ def diagnose(recording: Recording) -> Diagnosis:
 
 
 def choose_verdict(findings: list[Finding]) -> str:
-    """The cause that explains most memory; near-ties go to the more specific cause."""
+    """An out-of-memory error decides first: `leak` when a leak was found in that process on that
+    GPU (it filled the memory), else `out-of-memory`. Otherwise the cause that explains most
+    memory; near-ties go to the more specific cause."""
+    for oom in (f for f in findings if f.kind == "out-of-memory"):
+        if any(f.kind == "leak" and f.pid == oom.pid and f.device == oom.device for f in findings):
+            return "leak"
+    if any(f.kind == "out-of-memory" for f in findings):
+        return "out-of-memory"
     causes = [f for f in findings if f.kind in SPECIFICITY]
     if not causes:
         return "clean"
@@ -201,57 +212,39 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                                       if r.nvml_used_bytes and r.reserved_bytes is not None else None
                                       for _, r in series], MIN_LEAK_BYTES)
 
-    if b.garbage_bytes and b.garbage_bytes >= SIGNIFICANT_BYTES:
-        suspects, garbage = rootcause.garbage_suspects(agent.root)
-        result.findings.append(Finding(
-            kind="garbage-cycle", bytes=b.garbage_bytes, pid=agent.pid, device=nvml_index,
-            summary=f"{fb(b.garbage_bytes)} of tensors in {where} were unreachable but held by "
-                    f"reference cycles: only the cyclic garbage collector frees them.",
-            evidence={"allocated_at_end": end.allocated_bytes,
-                      "allocated_after_gc_collect": after_gc.allocated_bytes if after_gc else None,
-                      "objects_collected": agent.probes["gc"].collected if "gc" in agent.probes else None,
-                      "garbage": garbage},
-            remedy="Break the cycle (weakref for back-references, clear the container, avoid keeping "
-                   "exceptions or frames), or call gc.collect() after freeing large structures.",
-            suspects=suspects))
-
+    growth = None
     if allocated is not None:
         live_end = b.live_tensor_bytes if b.live_tensor_bytes is not None else end.allocated_bytes
         retained = live_end - allocated.start_floor_bytes
         if retained >= max(MIN_LEAK_BYTES, allocated.grown_bytes // 2):
             g = _growth(agent, torch_index, nvml_index, "allocated", by, allocated, series)
-            suspects, searched = rootcause.leak_suspects(agent.root, torch_index)
             result.growth.append(g)
-            result.findings.append(Finding(
-                kind="leak", bytes=retained, pid=agent.pid, device=nvml_index,
-                summary=f"Live PyTorch tensors in {where} kept growing, {_rate(g)}, and "
-                        f"{fb(retained)} of that growth is still held at the end.",
-                evidence={"series": "allocated", "by": by, "grown_bytes": allocated.grown_bytes,
-                          "start_floor_bytes": allocated.start_floor_bytes,
-                          "end_floor_bytes": allocated.end_floor_bytes,
-                          "live_at_end_bytes": live_end, "rate_bytes_per_step": g.rate_bytes_per_step,
-                          "rate_bytes_per_s": g.rate_bytes_per_s, "points": allocated.points,
-                          "root_cause": searched},
-                remedy=suspects[0]["remedy"] if suspects and suspects[0]["holders"] else
-                "Find what keeps each step's tensors alive: a list that is appended to, a loss "
-                "accumulated without .item() (it keeps the autograd graph), stored outputs; "
-                "keep Python numbers with .item() or .detach(), and del what you no longer need.",
-                suspects=suspects))
-
-    leaked = any(f.kind == "leak" and f.pid == agent.pid and f.device == nvml_index for f in result.findings)
-    if not leaked and b.live_tensor_bytes and b.live_tensor_bytes >= SIGNIFICANT_BYTES:
-        suspects, searched = rootcause.live_suspects(agent.root, torch_index)
-        result.findings.append(Finding(
-            kind="live-at-exit", bytes=b.live_tensor_bytes, pid=agent.pid, device=nvml_index,
-            summary=f"{fb(b.live_tensor_bytes)} of tensors in {where} were still referenced when the "
-                    f"program ended. They did not keep growing, so this is not a leak: it is what the "
-                    f"program still holds (a model, data, or a reference it forgot to drop), and "
-                    f"nvidia-smi counts it until the process exits.",
-            evidence={"live_at_end_bytes": b.live_tensor_bytes, "root_cause": searched},
-            remedy=suspects[0]["remedy"] if suspects else
-            "Nothing to do if the program still needs it; otherwise del the references to it and call "
-            "torch.cuda.empty_cache() to give the memory back to the device.",
-            suspects=suspects))
+            growth = {"series": "allocated", "by": by, "grown_bytes": allocated.grown_bytes,
+                      "start_floor_bytes": allocated.start_floor_bytes,
+                      "end_floor_bytes": allocated.end_floor_bytes, "live_at_end_bytes": live_end,
+                      "retained_bytes": retained, "rate_bytes_per_step": g.rate_bytes_per_step,
+                      "rate_bytes_per_s": g.rate_bytes_per_s, "points": allocated.points,
+                      "rate_text": _rate(g)}
+    evidence = _evidence(agent, torch_index, nvml_index, where, b, series, by, growth)
+    result.evidence.append(evidence.to_json())
+    for j in judgement.judge(evidence):
+        if j.kind == "leak" and j.evidence["decided_by"] == "growth":
+            j.suspects, j.evidence["root_cause"] = rootcause.leak_suspects(agent.root, torch_index)
+            j.remedy = j.suspects[0]["remedy"] if j.suspects and j.suspects[0]["holders"] else LEAK_REMEDY
+        elif j.kind == "live-at-exit":
+            j.suspects, j.evidence["root_cause"] = rootcause.live_suspects(agent.root, torch_index)
+            j.remedy = j.suspects[0]["remedy"] if j.suspects else (
+                "Nothing to do if the program still needs it; otherwise del the references to it and "
+                "call torch.cuda.empty_cache() to give the memory back to the device.")
+        elif j.kind == "garbage-cycle":
+            j.suspects, j.evidence["garbage"] = rootcause.garbage_suspects(agent.root)
+            j.evidence.update({"allocated_at_end": end.allocated_bytes,
+                               "allocated_after_gc_collect": after_gc.allocated_bytes if after_gc else None,
+                               "objects_collected": agent.probes["gc"].collected if "gc" in agent.probes
+                               else None})
+        result.findings.append(Finding(kind=j.kind, bytes=j.bytes, pid=agent.pid, device=nvml_index,
+                                       summary=j.summary, evidence=j.evidence, remedy=j.remedy,
+                                       suspects=j.suspects))
 
     if b.pending_stream_bytes and b.pending_stream_bytes >= SIGNIFICANT_BYTES:
         after_sync = probes.get("sync")
@@ -290,6 +283,48 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     elif b.non_torch_bytes and b.non_torch_bytes > LIBRARY_ALLOWANCE_BYTES:
         result.findings.append(_non_torch_finding(agent, torch_index, nvml_index, where, b.non_torch_bytes,
                                                   b.non_torch_bytes, "more than CUDA libraries take"))
+
+
+LEAK_REMEDY = ("Find what keeps each step's tensors alive: a list that is appended to, a loss accumulated "
+               "without .item() (it keeps the autograd graph), stored outputs; keep Python numbers with "
+               ".item() or .detach(), and del what you no longer need.")
+
+
+def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str, b: Breakdown,
+              series: list, by: str, growth: dict | None) -> judgement.Evidence:
+    """What was observed of one process on one GPU, for the judgement."""
+    samples = sum(1 for _, r in series if r.allocated_bytes is not None)
+    exit_search = rootcause.search_of(agent.root, "exit")
+    held, unheld = rootcause.accumulations(exit_search, torch_index)
+    oom_search = rootcause.search_of(agent.root, "oom")
+    oom_held, _ = rootcause.accumulations(oom_search, torch_index)
+    oom_suspects, oom_meta = rootcause.live_suspects(agent.root, torch_index, when="oom")
+    _, exit_meta = rootcause.live_suspects(agent.root, torch_index)
+    info = agent.exit_info or {}
+    collections = info.get("collections")
+    if collections is not None:
+        freeing = [c for c in agent.root["collections"] if any(i == torch_index for i, _ in c["freed"])]
+        collections = dict(collections, records=len(freeing),
+                           first_t=freeing[0]["t"] if freeing else None,
+                           biggest_at=_biggest_collection(freeing, torch_index))
+    return judgement.Evidence(
+        pid=agent.pid, device=nvml_index, torch_index=torch_index, where=where, samples=samples, by=by,
+        enough_samples=samples >= MIN_POINTS, growth=growth,
+        live_bytes=b.live_tensor_bytes if b.exit_probes else None, garbage_bytes=b.garbage_bytes,
+        accumulations=held, unheld=unheld, exit_search=exit_meta, collections=collections,
+        ooms=[o for o in agent.root["ooms"] if o["device"] == torch_index],
+        oom_accumulations=oom_held, oom_suspects=oom_suspects, oom_search=oom_meta,
+        uncaught=info.get("uncaught"), exited_normally=agent.exited_normally)
+
+
+def _biggest_collection(freeing: list[dict], torch_index: int) -> dict | None:
+    if not freeing:
+        return None
+    c = max(freeing, key=lambda c: sum(b for i, b in c["freed"] if i == torch_index))
+    line = rootcause.user_line(c["stack"])
+    return {"t": c["t"], "step": c["step"], "generation": c["generation"], "thread": c["thread"],
+            "freed_bytes": sum(b for i, b in c["freed"] if i == torch_index),
+            "at": rootcause.at(line) if line else None}
 
 
 def _context(during: list[tuple[TorchSample, DeviceReading]], end: DeviceReading | None) -> int | None:
@@ -417,6 +452,62 @@ def _orphans(rec: Recording, result: Diagnosis) -> None:
                       "used_bytes_by_device": {str(k): v for k, v in held.items()}},
             remedy=f"Wait for or stop the child before exiting (join(), terminate(), a context "
                    f"manager); to free the memory now: kill {proc.pid}."))
+
+
+def _child_contexts(rec: Recording, result: Diagnosis) -> None:
+    """Child processes with a CUDA context of their own on a GPU their parent uses: DataLoader
+    workers that touched CUDA, or several children of one process (a pool). Each pays a context
+    (about 500 MiB) that the parent could have spared them. One finding per parent and GPU; their
+    own context findings give way to it (the breakdowns keep every process)."""
+    holders: dict = {}  # NVML index -> {pid: most memory seen}
+    for (pid, dev), points in rec.nvml.items():
+        most = max((u for _, u in points if u), default=0)
+        if most:
+            holders.setdefault(dev, {})[pid] = most
+    parents = {p.pid: p.ppid for p in rec.processes}
+    agents = {a.pid: a for a in rec.agents}
+    for a in rec.agents:
+        parents.setdefault(a.pid, a.ppid)
+    for dev, held in sorted(holders.items()):
+        children: dict = {}
+        for pid in held:
+            parent = parents.get(pid)
+            if parent is not None and parent in held:
+                children.setdefault(parent, []).append(pid)
+        for parent, pids in sorted(children.items()):
+            workers = [p for p in pids if (agents.get(p) and agents[p].cuda_origin or {}).get("dataloader_worker")]
+            if not workers and len(pids) < MIN_SIBLING_CONTEXTS:
+                continue
+            flagged = workers or pids
+            rows = []
+            for pid in sorted(flagged):
+                origin = agents[pid].cuda_origin if pid in agents and agents[pid].cuda_origin else {}
+                line = rootcause.user_line(origin.get("stack") or [])
+                rows.append({"pid": pid, "bytes": held[pid],
+                             "context_bytes": next((b.context_bytes for b in result.breakdowns
+                                                    if b.pid == pid and b.device == dev), None),
+                             "dataloader_worker": origin.get("dataloader_worker"),
+                             "started_cuda_at": rootcause.at(line) if line else None,
+                             "thread": origin.get("thread")})
+            total = sum(r["bytes"] for r in rows)
+            what = "DataLoader workers" if workers else "child processes"
+            lines = sorted({r["started_cuda_at"] for r in rows if r["started_cuda_at"]})
+            summary = (f"{len(rows)} {what} of process {parent} each created a CUDA context of their own on "
+                       f"GPU {dev}: {fb(total)} in all, about {fb(total // len(rows))} each.")
+            if lines:
+                summary += f" CUDA started in them at {', '.join(lines[:2])}."
+            remedy = ("Keep CUDA out of DataLoader workers: return CPU tensors from the Dataset, collate_fn and "
+                      "worker_init_fn, and move each batch to the GPU in the main process (pin_memory=True "
+                      "makes the copy fast). Do not call torch.cuda.* (set_device, empty tensors on cuda) in "
+                      "worker_init_fn." if workers else
+                      "Each process that touches CUDA pays its own context. If these processes only prepare "
+                      "data, keep them on the CPU and send their results to the parent; if they must use the "
+                      "GPU, use fewer of them.")
+            result.findings.append(Finding(
+                kind="child-contexts", bytes=total, pid=parent, device=dev, summary=summary,
+                evidence={"processes": rows, "parent": parent, "count": len(rows)}, remedy=remedy))
+            result.findings[:] = [f for f in result.findings
+                                  if not (f.kind == "context" and f.pid in flagged and f.device == dev)]
 
 
 def _short_command(cmdline: list[str] | None, limit: int = 60) -> str:

@@ -120,6 +120,8 @@ class AgentRecording:
     cupy_pool: dict | None = None
     errors: list[str] = field(default_factory=list)
     root: dict = field(default_factory=rootcause.empty_root)  # see rootcause.py
+    cuda_origin: dict | None = None  # where CUDA started, and what kind of process this is
+    exit_info: dict | None = None  # what the agent wrote as the process ended (rootcause.EXIT_INFO)
 
     def device(self, torch_index: int) -> TorchDevice | None:
         for d in self.devices:
@@ -136,7 +138,8 @@ class AgentRecording:
                 "probes": {k: v.to_json() for k, v in self.probes.items()},
                 "steps": self.steps, "explicit_steps": self.explicit_steps,
                 "exited_normally": self.exited_normally, "cupy_pool": self.cupy_pool,
-                "errors": self.errors, "root": self.root}
+                "errors": self.errors, "root": self.root, "cuda_origin": self.cuda_origin,
+                "exit_info": self.exit_info}
 
     @classmethod
     def from_json(cls, obj: Any) -> AgentRecording:
@@ -165,6 +168,10 @@ class AgentRecording:
             cupy_pool=cupy,
             errors=[need_str(e, "error") for e in need_list(obj.get("errors", []), "errors")],
             root=rootcause.parse_root(obj.get("root", {})),
+            cuda_origin=None if obj.get("cuda_origin") is None else rootcause.CUDA_ORIGIN(
+                obj["cuda_origin"], "cuda_origin"),
+            exit_info=None if obj.get("exit_info") is None else rootcause.EXIT_INFO(
+                obj["exit_info"], "exit_info"),
         )
 
 
@@ -219,6 +226,7 @@ class Recording:
     processes: list[ProcessRecord] = field(default_factory=list)
     agents: list[AgentRecording] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what went wrong while recording
+    tool_cost: dict = field(default_factory=dict)  # seconds the supervisor spent outside the target
 
     @property
     def target_pid(self) -> int | None:
@@ -241,6 +249,7 @@ class Recording:
             "processes": [p.to_json() for p in self.processes],
             "agents": [a.to_json() for a in self.agents],
             "notes": self.notes,
+            "tool_cost": self.tool_cost,
         }
 
     @classmethod
@@ -276,6 +285,8 @@ class Recording:
             processes=[ProcessRecord.from_json(p) for p in need_list(obj.get("processes", []), "processes")],
             agents=[AgentRecording.from_json(a) for a in need_list(obj.get("agents", []), "agents")],
             notes=[need_str(n, "note") for n in need_list(obj.get("notes", []), "notes")],
+            tool_cost={need_str(k, "tool_cost"): opt_num(v, "tool_cost")
+                       for k, v in need_dict(obj.get("tool_cost", {}), "tool_cost").items()},
         )
 
 
@@ -317,6 +328,8 @@ def _apply(agent: AgentRecording | None, rec: dict, t0: float) -> AgentRecording
         agent.torch_version = opt_str(rec.get("version"), "version")
     elif kind == "cuda":
         agent.cuda_t = t
+        if "stack" in rec:
+            agent.cuda_origin = rootcause.CUDA_ORIGIN(rec, "cuda")
     elif kind == "devices":
         agent.allocator_backend = opt_str(rec.get("allocator_backend"), "backend")
         agent.devices = [TorchDevice.from_json(d) for d in need_list(rec.get("devices"), "devices")]
@@ -338,6 +351,8 @@ def _apply(agent: AgentRecording | None, rec: dict, t0: float) -> AgentRecording
         agent.explicit_steps = bool(rec.get("explicit_steps"))
         cupy = rec.get("cupy")
         agent.cupy_pool = cupy if isinstance(cupy, dict) else None
+        if "cost" in rec:
+            agent.exit_info = rootcause.EXIT_INFO(rec, "exit")
     elif kind in rootcause.RECORDS:
         rootcause.apply_record(agent.root, kind, rec, t0)
     elif kind == "error":

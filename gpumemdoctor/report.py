@@ -26,6 +26,7 @@ def build(recording: Recording, diagnosis: Diagnosis) -> dict:
         "growth": [g.to_json() for g in diagnosis.growth],
         "peaks": diagnosis.peaks,
         "notes": diagnosis.notes,
+        "evidence": diagnosis.evidence,
         "target": {"argv": target.get("argv"), "pid": target.get("pid"),
                    "exit_code": target.get("exit_code"), "signal": target.get("signal"),
                    "duration_s": recording.duration_s},
@@ -158,6 +159,19 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
     if peaks.get("nvml_t") is not None:
         need_num(peaks["nvml_t"], "peak time")
     notes = [need_str(n, "note") for n in need_list(obj.get("notes", []), "notes")]
+    evidence = [_evidence(e) for e in need_list(obj.get("evidence", []), "evidence")]
     recording = Recording.from_json(obj.get("recording"))
     return recording, Diagnosis(verdict=verdict, findings=findings, breakdowns=breakdowns,
-                                growth=growth, peaks=peaks, notes=notes)
+                                growth=growth, peaks=peaks, notes=notes, evidence=evidence)
+
+
+def _evidence(e: Any) -> dict:
+    """One process and GPU's evidence: its identity and counts are checked; the rest is data."""
+    e = need_dict(e, "evidence")
+    need_int(e.get("pid"), "evidence pid")
+    opt_int(e.get("device"), "evidence device")
+    need_int(e.get("samples"), "evidence samples")
+    for key in ("accumulations", "unheld", "out_of_memory"):
+        for item in need_list(e.get(key, []), f"evidence {key}"):
+            need_int(need_dict(item, f"evidence {key}").get("bytes", item.get("request_bytes")), f"{key} bytes")
+    return e

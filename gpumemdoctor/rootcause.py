@@ -81,12 +81,15 @@ def _shape(spec: dict) -> Callable:
 
 
 _int, _num, _str = need_int, need_num, need_str
-HOLDER = _shape({"path": _str, "pattern": _str, "kind": _one_of(*HOLDER_KINDS), "count": _int, "bytes": _int})
+_SIZES = _opt(_list_of(_pair(_int, _int)))  # the most common block sizes, [size, count]
+HOLDER = _shape({"path": _str, "pattern": _str, "kind": _one_of(*HOLDER_KINDS), "count": _int, "bytes": _int,
+                 "sizes": _SIZES})
 # "new": allocated since the baseline; None in recordings from before exit searches covered all
 # live memory, which held new blocks only.
 GROUP = _shape({"device": _opt(_int), "new": _opt(_bool), "bytes": _int, "count": _int, "frames": _list_of(_frame),
-                "thread": _opt(_list_of(_str)), "holders": _list_of(HOLDER), "unheld_bytes": _int})
-INVESTIGATION = _shape({"when": _one_of("growth", "exit"), "t": _num, "step": _opt(_int), "trace": _bool,
+                "thread": _opt(_list_of(_str)), "holders": _list_of(HOLDER), "unheld_bytes": _int,
+                "unheld_count": _opt(_int), "unheld_sizes": _SIZES})
+INVESTIGATION = _shape({"when": _one_of("growth", "exit", "oom"), "t": _num, "step": _opt(_int), "trace": _bool,
                         "source": _one_of("allocator", "tensors"), "all_live": _opt(_bool),
                         "candidate_bytes": _int,
                         "candidate_count": _int, "groups": _list_of(GROUP), "visited": _int,
@@ -103,6 +106,33 @@ GARBAGE = _shape({"objects": _int, "types": _list_of(_pair(_str, _int)),
 THREAD = _shape({"name": _str, "entry": _opt(_pair(_str, _str)),
                  "t0": _num, "t": _num, "d0": _list_of(_reading), "d1": _list_of(_reading)})
 SNAPSHOT = _shape({"path": _str, "trace": _bool})
+# A collection of Python's garbage collector that freed CUDA memory, while the program ran.
+COLLECTION = _shape({"t": _num, "step": _opt(_int), "generation": _int, "collected": _int,
+                     "freed": _list_of(_pair(_int, _int)), "thread": _str, "stack": _list_of(_frame),
+                     "elapsed_s": _num})
+# PyTorch's allocator could not serve a request (its out-of-memory observer).
+OOM = _shape({"t": _num, "step": _opt(_int), "device": _int, "request_bytes": _int, "limit_bytes": _int,
+              "device_free_bytes": _int, "allocated_bytes": _opt(_int), "reserved_bytes": _opt(_int),
+              "active_bytes": _opt(_int), "largest_free_block_bytes": _opt(_int),
+              "free_in_segments_bytes": _opt(_int), "processes": _list_of(_pair(_int, _opt(_int))),
+              "thread": _str, "stack": _list_of(_frame)})
+# Where a process started CUDA, and what kind of process it is.
+CUDA_ORIGIN = _shape({"thread": _opt(_str), "stack": _opt(_list_of(_frame)),
+                      "dataloader_worker": _opt(_shape({"id": _int, "num_workers": _int})),
+                      "multiprocessing_child": _opt(_bool)})
+UNCAUGHT = _shape({"exc_type": _str, "message": _str, "stack": _list_of(_frame)})
+COLLECTIONS_SUMMARY = _shape({"measured": _int, "skipped": _int, "freeing": _int, "freed_bytes": _int,
+                              "max_freed_bytes": _int, "cost_s": _num})
+
+
+def _costs(v: Any, what: str) -> dict:
+    return {need_str(k, what): need_num(x, what) for k, x in need_dict(v, what).items()}
+
+
+# What the agent wrote as the process ended.
+EXIT_INFO = _shape({"uncaught": _opt(UNCAUGHT), "samples": _opt(_int), "samples_skipped": _opt(_int),
+                    "collections": _opt(COLLECTIONS_SUMMARY), "out_of_memory": _opt(_int),
+                    "cost": _opt(_costs)})
 SUSPECT = _shape({"kind": _one_of(*SUSPECT_KINDS), "bytes": _int, "count": _opt(_int),
                   "where": _opt(_frame), "stack": _list_of(_frame), "thread": _opt(_list_of(_str)),
                   "holders": _list_of(HOLDER), "unheld_bytes": _opt(_int), "summary": _str, "remedy": _str})
@@ -110,13 +140,14 @@ SUSPECT = _shape({"kind": _one_of(*SUSPECT_KINDS), "bytes": _int, "count": _opt(
 # agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record
 RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
            "investigation": ("investigations", INVESTIGATION), "thread": ("threads", THREAD),
-           "garbage": ("garbage", GARBAGE), "snapshot": ("snapshot", SNAPSHOT)}
+           "garbage": ("garbage", GARBAGE), "snapshot": ("snapshot", SNAPSHOT),
+           "collection": ("collections", COLLECTION), "oom": ("ooms", OOM)}
 _SINGLE = ("garbage", "snapshot")
 
 
 def empty_root() -> dict:
     return {"suspicions": [], "traces": [], "baselines": [], "investigations": [], "threads": [],
-            "garbage": None, "snapshot": None}
+            "garbage": None, "snapshot": None, "collections": [], "ooms": []}
 
 
 def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:
@@ -262,13 +293,18 @@ def _remedy(holder: dict | None, where: list | None, threads: list | None) -> st
     return text
 
 
-def live_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
-    """Who holds the tensors still alive at exit on one device (the exit search over all live
-    memory), biggest first, and what the search was."""
-    found = [i for i in root["investigations"] if i["when"] == "exit" and i["all_live"]]
+def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[list[dict], dict]:
+    """Who holds the tensors alive on one device at exit (or at the first out-of-memory error,
+    `when="oom"`: the search over all live memory made then), biggest first, and what the
+    search was."""
+    found = [i for i in root["investigations"] if i["when"] == when and i["all_live"]]
     if not found:
-        return [], {"searched": False, "why_not": "the program ended before the exit search ran, or "
-                                                   "the recording predates it"}
+        why = ("the program ended before the exit search ran, or the recording predates it" if when == "exit"
+               else "no search was made at the out-of-memory error")
+        if when == "exit" and not root["investigations"]:
+            why = ("less than 64 MiB of tensors was alive at exit and no growth was seen, so no search "
+                   "was made; run again with --trace on for allocation stacks")
+        return [], {"searched": False, "why_not": why}
     chosen = found[-1]
     suspects = []
     for g in (g for g in chosen["groups"] if _on(g, torch_index)):
@@ -297,7 +333,7 @@ def live_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
     unheld = [s for s in suspects if not s["holders"]]
     suspects = held[:MAX_SUSPECTS - (1 if unheld else 0)]
     suspects += unheld[:MAX_SUSPECTS - len(suspects)]
-    meta = {"searched": True, "when": "exit", "step": chosen["step"], "t": chosen["t"],
+    meta = {"searched": True, "when": when, "step": chosen["step"], "t": chosen["t"],
             "allocation_stacks": chosen["trace"], "source": chosen["source"],
             "objects_visited": chosen["visited"], "gave_up": chosen["gave_up"],
             "elapsed_s": chosen["elapsed_s"]}
@@ -377,3 +413,106 @@ def _series(row: list, series: str) -> int | None:
     if row[5] is None or row[3] is None:
         return None
     return row[5] - row[3]
+
+
+# -- accumulations: how a leak looks when it could not be watched growing ----------------
+
+MIN_ALIKE = 8  # tensors held the same way (or allocations nobody holds) before they are "many"
+# Paths through these are a model's own state, which is many alike tensors by design.
+MODEL_STATE = ("._parameters[", "._buffers[", ".param_groups[", "[<Parameter>]", "._modules[*]._parameters")
+
+
+def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[dict], list[dict]]:
+    """(held, unheld) accumulations on one device in a search over all live memory:
+    at least MIN_ALIKE tensors reached the same way (one holder pattern such as
+    `x[*]`, a traceback chain, a hook's closure), and at least MIN_ALIKE alike
+    allocations that no object the search reached holds (with stacks: one
+    allocating line; without: one size), biggest first."""
+    if investigation is None:
+        return [], []
+    held: dict = {}
+    unheld = []
+    for g in investigation["groups"]:
+        if not _on(g, torch_index):
+            continue
+        where = _user_line(g["frames"])
+        for h in g["holders"]:
+            if h["count"] < MIN_ALIKE or any(m in h["pattern"] for m in MODEL_STATE):
+                continue
+            a = held.setdefault(h["pattern"], {"pattern": h["pattern"], "path": h["path"], "kind": h["kind"],
+                                               "count": 0, "bytes": 0, "sizes": {}, "where": where,
+                                               "thread": g["thread"]})
+            a["count"] += h["count"]
+            a["bytes"] += h["bytes"]
+            for size, n in h.get("sizes") or []:
+                a["sizes"][size] = a["sizes"].get(size, 0) + n
+        sizes = g.get("unheld_sizes") or []
+        count = g.get("unheld_count") or 0
+        # Without stacks every block is one group: only blocks of one size are alike.
+        alike = count if g["frames"] else (sizes[0][1] if sizes else 0)
+        if alike >= MIN_ALIKE:
+            unheld.append({"count": alike, "bytes": g["unheld_bytes"] if g["frames"] else sizes[0][0] * alike,
+                           "sizes": sizes, "where": where, "thread": g["thread"],
+                           "same_line": bool(g["frames"])})
+    out = []
+    for a in held.values():
+        a["sizes"] = sorted(([s, n] for s, n in a["sizes"].items()), key=lambda p: -p[1])[:3]
+        out.append(a)
+    return sorted(out, key=lambda a: -a["bytes"]), sorted(unheld, key=lambda u: -u["bytes"])
+
+
+def alike_text(a: dict) -> str:
+    """`40 tensors of 64.0 MiB each` / `80 tensors, 72 of them 4.00 MiB`."""
+    sizes = a.get("sizes") or []
+    what = "tensors" if "pattern" in a else "allocations"
+    if sizes and sizes[0][1] == a["count"]:
+        return f"{a['count']} {what} of {fb(sizes[0][0])} each"
+    if sizes:
+        return f"{a['count']} {what}, {sizes[0][1]} of them {fb(sizes[0][0])}"
+    return f"{a['count']} {what}"
+
+
+def accumulation_suspect(a: dict) -> dict:
+    """A suspect made of a held accumulation."""
+    holder = {"path": a["path"], "pattern": a["pattern"], "kind": a["kind"], "count": a["count"],
+              "bytes": a["bytes"], "sizes": a["sizes"]}
+    summary = f"{fb(a['bytes'])} in {alike_text(a)} held by {a['path']}"
+    if a["count"] > 1:
+        summary += f" and {a['count'] - 1} more like it"
+    if a["where"]:
+        summary += f"; allocated at {_at(a['where'])}"
+    if a["thread"]:
+        summary += f" in thread {', '.join(a['thread'])}"
+    return {"kind": "allocation", "bytes": a["bytes"], "count": a["count"], "where": a["where"],
+            "stack": [a["where"]] if a["where"] else [], "thread": a["thread"], "holders": [holder],
+            "unheld_bytes": None, "summary": summary, "remedy": _remedy(holder, a["where"], a["thread"])}
+
+
+def unheld_suspect(u: dict) -> dict:
+    """A suspect made of alike allocations that nothing in Python holds."""
+    where = f" at {_at(u['where'])}" if u["where"] else ""
+    summary = f"{fb(u['bytes'])} in {alike_text(u)}{where} that no Python object holds"
+    at = f" (allocated at {u['where'][0]}:{u['where'][1]})" if u["where"] else ""
+    remedy = ("Memory that no Python object holds, in many alike pieces, is kept by references from C++. "
+              "The usual cause: backward(create_graph=True) on a leaf makes a reference cycle "
+              "leaf -> .grad -> its graph -> leaf that Python's gc cannot see (PyTorch warns about it); "
+              "use torch.autograd.grad(..., create_graph=True) instead, or set the leaf's .grad to None "
+              "when done. Otherwise look for tensors kept by a C/C++ extension or a custom autograd "
+              f"Function's ctx{at}.")
+    return {"kind": "allocation", "bytes": u["bytes"], "count": u["count"], "where": u["where"],
+            "stack": [u["where"]] if u["where"] else [], "thread": u["thread"], "holders": [],
+            "unheld_bytes": u["bytes"], "summary": summary, "remedy": remedy}
+
+
+def search_of(root: dict, when: str) -> dict | None:
+    """The last search over all live memory made at `when` ("exit" or "oom")."""
+    found = [i for i in root["investigations"] if i["when"] == when and i["all_live"] is not False]
+    return found[-1] if found else None
+
+
+def user_line(stack: list) -> list | None:
+    return _user_line(stack)
+
+
+def at(frame: list) -> str:
+    return _at(frame)

@@ -175,6 +175,7 @@ def run(options: RunOptions) -> Recording:
         signum = getattr(signal, name, None)
         if signum is not None:
             previous[signum] = signal.signal(signum, forward)
+    cost: dict = {"before_target_s": _since_process_start()}
     try:
         proc = subprocess.Popen(argv, env=env)
         for signum in early:
@@ -189,6 +190,7 @@ def run(options: RunOptions) -> Recording:
                 watch.measure_gpu = False
             time.sleep(options.poll_interval_s)
         returncode = proc.wait()
+        exited = time.monotonic()
         try:
             watch.after_exit()
         except Exception as exc:
@@ -201,10 +203,12 @@ def run(options: RunOptions) -> Recording:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     duration = time.monotonic() - t0
+    cost["orphan_wait_s"] = round(time.monotonic() - exited, 6)
     agents = read_agents(run_dir, t0)
     if options.snapshot_path:
         notes.extend(_keep_snapshots(run_dir, options.snapshot_path, proc.pid))
     shutil.rmtree(run_dir, ignore_errors=True)
+    cost["collect_s"] = round(time.monotonic() - t0 - duration - cost["orphan_wait_s"], 6)
 
     for agent in agents:
         if agent.torch_version:
@@ -218,8 +222,15 @@ def run(options: RunOptions) -> Recording:
         poll_interval_s=options.poll_interval_s, nvml_available=options.measure_gpu,
         versions=versions, devices=[d.to_json() for d in devices], nvml=watch.series,
         processes=sorted(watch.members.values(), key=lambda p: (not p.is_target, p.pid)),
-        agents=agents, notes=notes,
+        agents=agents, notes=notes, tool_cost=cost,
     )
+
+
+def _since_process_start() -> float | None:
+    """Seconds since this process (the tool's own interpreter) started: its start-up cost."""
+    me = procs.info(os.getpid())
+    started = me.create_time if me is not None else None
+    return None if started is None else round(max(0.0, time.time() - started), 6)
 
 
 def _keep_snapshots(run_dir: str, path: str, target_pid: int) -> list[str]:

@@ -45,6 +45,23 @@ def root_cause(path: Path) -> dict:
     return out
 
 
+def header(path: Path, key: str) -> str | None:
+    """The value of `# KEY: value` in the scenario's first comment lines."""
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        name, _, value = line[1:].partition(":")
+        if name.strip() == key:
+            return value.strip()
+    return None
+
+
+def exit_status(path: Path) -> int:
+    """`# expect-exit: N`: the target's exit status (0 when not given)."""
+    value = header(path, "expect-exit")
+    return int(value) if value is not None else 0
+
+
 def extra_args(path: Path) -> list[str]:
     """`# expect-args: --trace on`: options the scenario is run with."""
     for line in path.read_text().splitlines():

@@ -9,15 +9,26 @@ from ..diagnosis import INFORMATIVE, Breakdown, Diagnosis
 from ..recording import Recording
 from ..units import format_bytes as fb
 
-VERDICT_STYLE = {"clean": "bold green", "leak": "bold red", "allocator-cache": "bold yellow",
-                 "pending-stream": "bold yellow", "garbage-cycle": "bold red", "non-torch": "bold red"}
+VERDICT_STYLE = {"clean": "bold green", "leak": "bold red", "out-of-memory": "bold red",
+                 "allocator-cache": "bold yellow", "pending-stream": "bold yellow", "garbage-cycle": "bold red",
+                 "non-torch": "bold red", "child-contexts": "bold yellow"}
 VERDICT_MEANING = {
     "clean": "nothing grew and nothing unexpected is held",
-    "leak": "live PyTorch tensors kept growing and are still held",
+    "leak": "the program keeps adding tensors it never lets go",
+    "out-of-memory": "an allocation did not fit on the GPU",
     "allocator-cache": "freed tensors' memory is kept by PyTorch's cache",
     "pending-stream": "freed memory is held for unfinished stream work",
     "garbage-cycle": "tensors are held by reference cycles until gc runs",
     "non-torch": "memory outside PyTorch's allocator grew or is held",
+    "child-contexts": "child processes hold CUDA contexts they should not need",
+}
+DECIDED_BY = {
+    "growth": "seen growing over the run",
+    "structure": "decided by what was held at exit: the run was too short to see growth",
+    "unheld": "decided by what no Python object holds: the run was too short to see growth",
+    "out-of-memory": "decided at the out-of-memory error",
+    "gc-at-exit": "found by gc.collect() at exit",
+    "gc-during-run": "found by the garbage collector's own runs",
 }
 BARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 40
@@ -55,6 +66,9 @@ def _verdict(console: Console, diagnosis: Diagnosis) -> None:
     headline = next((f for f in diagnosis.findings if f.kind == diagnosis.verdict), None)
     if headline is not None:
         console.print(headline.summary)
+        decided = headline.evidence.get("decided_by")
+        if decided in DECIDED_BY and decided != "growth":
+            console.print(Text(f"({DECIDED_BY[decided]})", style="italic"))
     orphans = [f for f in diagnosis.findings if f.kind == "orphan-process"]
     for f in orphans:
         console.print(Text("warning: ", style="bold red") + Text(f.summary))

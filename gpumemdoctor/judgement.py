@@ -1,0 +1,318 @@
+"""One judgement over all the evidence about one process on one GPU. Pure.
+
+A leak is memory a program keeps adding to. The best proof is watching it grow,
+but a fast script, a crash or an out-of-memory error can end a run before the
+sampler has seen enough. So each piece of evidence is weighed here, in one table,
+and every finding says which evidence decided it:
+
+| # | evidence                                                                  | finding                      | decided by        |
+|---|---------------------------------------------------------------------------|------------------------------|-------------------|
+| 1 | an out-of-memory error, with one accumulation holding at least half of the | leak, and out-of-memory      | `out-of-memory`   |
+|   | allocated memory at that moment                                           | (cause `accumulation`)       |                   |
+| 2 | the allocated floor kept growing over enough samples, and is still held    | leak                         | `growth`          |
+| 3 | too few samples to judge growth, and >= 8 alike tensors held the same way   | leak                         | `structure`       |
+|   | (`x[*]`, kept tracebacks, a hook's closure, an autograd graph), >= 64 MiB   |                              |                   |
+| 4 | too few samples, and >= 8 alike allocations nothing in Python holds,        | leak                         | `unheld`          |
+|   | >= 64 MiB (a C++ reference cycle, such as backward(create_graph=True))     |                              |                   |
+| 5 | an out-of-memory error not explained by row 1                              | out-of-memory (cause below)  | `out-of-memory`   |
+| 6 | gc.collect() at exit freed >= 64 MiB of tensors, or one automatic          | garbage-cycle                | `gc-at-exit`,     |
+|   | collection while the program ran freed >= 64 MiB                           |                              | `gc-during-run`   |
+| 7 | >= 64 MiB of tensors still referenced at exit, and no leak                  | live-at-exit (informs)       | `exit`            |
+
+Rows 1-4 decide one leak finding (the first that applies). With enough samples,
+watching decides: an accumulation that did not grow while the program was
+watched (a dataset loaded once) is not a leak, and is shown under live-at-exit.
+
+An out-of-memory error's cause (row 5): `request-too-large` (the request alone is
+more than the device, or than the memory the program may use), `fragmentation`
+(the allocator's free pieces add up to the request but none is big enough),
+`other-processes` (other processes hold what would have served it), else `full`
+(the program's own memory filled the device).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import rootcause
+from .units import format_bytes as fb
+
+MIB = 1 << 20
+SIGNIFICANT_BYTES = 64 * MIB
+MIN_LEAK_BYTES = 16 * MIB
+OOM_ACCUMULATION_SHARE = 0.5  # of the allocated memory at the error, held by one accumulation
+OTHER_PROCESSES_SHARE = 0.25  # of the device, held by other processes, to blame them
+OOM_CAUSES = ("accumulation", "request-too-large", "fragmentation", "other-processes", "full")
+
+
+@dataclass
+class Evidence:
+    """Everything observed about one process on one GPU that bears on the verdict."""
+
+    pid: int
+    device: int | None  # NVML index
+    torch_index: int
+    where: str  # "process 123 on GPU 0"
+    samples: int  # readings in the series that growth is judged on
+    by: str  # "step" or "time"
+    enough_samples: bool
+    growth: dict | None  # the allocated floor's growth, when seen: grown, retained, rate text, figures
+    live_bytes: int | None  # tensors still referenced at exit (None without exit probes)
+    garbage_bytes: int | None  # freed by gc.collect() at exit
+    accumulations: list[dict] = field(default_factory=list)  # rootcause.accumulations at exit
+    unheld: list[dict] = field(default_factory=list)
+    exit_search: dict = field(default_factory=dict)  # what the exit search was, or why there was none
+    collections: dict | None = None  # the garbage collector's callbacks: what collections freed
+    ooms: list[dict] = field(default_factory=list)  # out-of-memory errors on this device
+    oom_accumulations: list[dict] = field(default_factory=list)  # held at the first error
+    oom_suspects: list[dict] = field(default_factory=list)
+    oom_search: dict = field(default_factory=dict)
+    uncaught: dict | None = None  # the exception the program died of
+    exited_normally: bool = False  # its exit hook ran
+
+    def to_json(self) -> dict:
+        """What the report keeps of it: the facts, not the suspects (those are on the findings)."""
+        return {"pid": self.pid, "device": self.device, "samples": self.samples, "by": self.by,
+                "enough_samples_for_growth": self.enough_samples,
+                "growth": self.growth, "live_at_exit_bytes": self.live_bytes,
+                "garbage_at_exit_bytes": self.garbage_bytes,
+                "accumulations": [_brief(a) for a in self.accumulations],
+                "unheld": [_brief(u) for u in self.unheld],
+                "collections": self.collections,
+                "out_of_memory": [_oom_brief(o) for o in self.ooms],
+                "uncaught": None if self.uncaught is None else
+                {"exc_type": self.uncaught["exc_type"], "at": _line(self.uncaught["stack"])}}
+
+
+@dataclass
+class Judged:
+    """A finding of the judgement, before diagnosis.py makes it a Finding."""
+
+    kind: str
+    bytes: int
+    summary: str
+    evidence: dict
+    remedy: str
+    suspects: list[dict] = field(default_factory=list)
+
+
+def judge(e: Evidence) -> list[Judged]:
+    """The decision table above, row by row."""
+    out: list[Judged] = []
+    oom = e.ooms[0] if e.ooms else None
+    cause = _oom_cause(e, oom) if oom is not None else None
+    leak = (_leak_at_oom(e, oom) if cause == "accumulation" else None) or _leak_by_growth(e) \
+        or _leak_by_structure(e) or _leak_unheld(e)
+    if leak is not None:
+        out.append(leak)
+    if oom is not None:
+        out.append(_out_of_memory(e, oom, cause))
+    garbage = _garbage(e)
+    if garbage is not None:
+        out.append(garbage)
+    if leak is None and e.live_bytes and e.live_bytes >= SIGNIFICANT_BYTES:
+        out.append(_live_at_exit(e))
+    return out
+
+
+# -- the leak rows ----------------------------------------------------------------
+
+def _leak_at_oom(e: Evidence, oom: dict) -> Judged | None:
+    a = e.oom_accumulations[0]
+    return Judged(
+        kind="leak", bytes=a["bytes"],
+        summary=f"{e.where} ran out of memory at {_at_line(oom)}, and {fb(a['bytes'])} of the "
+                f"{fb(oom['allocated_bytes'])} allocated then was {rootcause.alike_text(a)} held by "
+                f"{a['pattern']}: an accumulation filled the GPU.",
+        evidence={"decided_by": "out-of-memory", "accumulation": _brief(a),
+                  "allocated_at_error": oom["allocated_bytes"], "root_cause": e.oom_search,
+                  **_samples(e)},
+        remedy=rootcause.accumulation_suspect(a)["remedy"],
+        suspects=[rootcause.accumulation_suspect(x) for x in e.oom_accumulations[:rootcause.MAX_SUSPECTS]])
+
+
+def _leak_by_growth(e: Evidence) -> Judged | None:
+    g = e.growth
+    if g is None:
+        return None
+    return Judged(
+        kind="leak", bytes=g["retained_bytes"],
+        summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and "
+                f"{fb(g['retained_bytes'])} of that growth is still held at the end.",
+        evidence={"decided_by": "growth", **{k: v for k, v in g.items() if k != "rate_text"}, **_samples(e)},
+        remedy="")  # diagnosis.py gives it the suspects and their remedy
+
+
+def _leak_by_structure(e: Evidence) -> Judged | None:
+    if e.enough_samples or not e.accumulations:
+        return None
+    total = sum(a["bytes"] for a in e.accumulations)
+    if total < SIGNIFICANT_BYTES:
+        return None
+    a = e.accumulations[0]
+    return Judged(
+        kind="leak", bytes=total,
+        summary=f"{fb(total)} of tensors in {e.where} had piled up: {rootcause.alike_text(a)} held by "
+                f"{a['pattern']}. {_too_short(e)} so this accumulation, which is how a leak looks, "
+                f"decided.",
+        evidence={"decided_by": "structure", "accumulations": [_brief(x) for x in e.accumulations],
+                  "root_cause": e.exit_search, **_samples(e)},
+        remedy=rootcause.accumulation_suspect(a)["remedy"],
+        suspects=[rootcause.accumulation_suspect(x) for x in e.accumulations[:rootcause.MAX_SUSPECTS]])
+
+
+def _leak_unheld(e: Evidence) -> Judged | None:
+    if e.enough_samples or not e.unheld:
+        return None
+    total = sum(u["bytes"] for u in e.unheld)
+    if total < SIGNIFICANT_BYTES:
+        return None
+    u = e.unheld[0]
+    return Judged(
+        kind="leak", bytes=total,
+        summary=f"{fb(total)} in {e.where} is {rootcause.alike_text(u)} that no Python object holds, "
+                f"still allocated at exit. {_too_short(e)} so this decided: many alike allocations "
+                f"kept alive from C++, as a reference cycle through autograd does.",
+        evidence={"decided_by": "unheld", "unheld": [_brief(x) for x in e.unheld],
+                  "root_cause": e.exit_search, **_samples(e)},
+        remedy=rootcause.unheld_suspect(u)["remedy"],
+        suspects=[rootcause.unheld_suspect(x) for x in e.unheld[:rootcause.MAX_SUSPECTS]])
+
+
+# -- out of memory, garbage, what is still held -------------------------------------------
+
+def _oom_cause(e: Evidence, oom: dict) -> str:
+    allocated = oom["allocated_bytes"] or 0
+    if e.oom_accumulations and e.oom_accumulations[0]["bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
+        return "accumulation"
+    if oom["request_bytes"] > oom["limit_bytes"]:
+        return "request-too-large"
+    largest = oom["largest_free_block_bytes"]
+    free_in_segments = oom["free_in_segments_bytes"]
+    if largest is not None and free_in_segments is not None and \
+            largest < oom["request_bytes"] <= free_in_segments + oom["device_free_bytes"]:
+        return "fragmentation"
+    others = sum(used or 0 for pid, used in oom["processes"] if pid != e.pid)
+    if others >= OTHER_PROCESSES_SHARE * oom["limit_bytes"] and oom["request_bytes"] <= others + oom["device_free_bytes"]:
+        return "other-processes"
+    return "full"
+
+
+def _out_of_memory(e: Evidence, oom: dict, cause: str) -> Judged:
+    request, limit = oom["request_bytes"], oom["limit_bytes"]
+    allocated, reserved = oom["allocated_bytes"], oom["reserved_bytes"]
+    unallocated = None if allocated is None or reserved is None else reserved - allocated
+    others = [[pid, used] for pid, used in oom["processes"] if pid != e.pid]
+    figures = (f"Tried to allocate {fb(request)} with {fb(oom['device_free_bytes'])} free of {fb(limit)}; "
+               f"PyTorch had {fb(allocated)} allocated and {fb(unallocated)} reserved but unallocated "
+               f"(largest free piece {fb(oom['largest_free_block_bytes'])})")
+    if others:
+        figures += f"; {len(others)} other process{'es' if len(others) > 1 else ''} held " \
+                   f"{fb(sum(u or 0 for _, u in others))}"
+    if e.uncaught is not None and "OutOfMemoryError" in e.uncaught["exc_type"]:
+        caught = " The program ended with this error."
+    elif e.exited_normally and e.uncaught is None:
+        caught = " The program caught the error and went on."
+    else:
+        caught = ""
+    why, remedy = {
+        "accumulation": ("an accumulation of tensors had filled the GPU (see the leak finding)",
+                         "Fix the leak above; the error is its consequence."),
+        "request-too-large": (f"the request alone is larger than the {fb(limit)} the process may use",
+                              "Make that tensor smaller (a smaller batch or sequence, chunking, a lower "
+                              "precision); no amount of freeing makes it fit on this GPU."),
+        "fragmentation": (f"PyTorch held {fb(oom['free_in_segments_bytes'])} free inside its segments, "
+                          f"enough for the request, but in pieces of at most "
+                          f"{fb(oom['largest_free_block_bytes'])}: the cache is fragmented",
+                          "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead "
+                          "of splitting), or allocate the largest tensors first and keep their sizes "
+                          "steady; torch.cuda.empty_cache() before the big allocation also helps."),
+        "other-processes": (f"other processes held {fb(sum(u or 0 for _, u in others))} of the GPU",
+                            "Stop or move the other processes (their PIDs are in the evidence; "
+                            "`gpumemdoctor ps` shows them), or choose another GPU."),
+        "full": ("the program's own tensors and cache filled the GPU",
+                 "Use less memory per step: a smaller batch, activation checkpointing, mixed "
+                 "precision, or free what is no longer needed before this line."),
+    }[cause]
+    suspects = e.oom_suspects if cause in ("full", "accumulation") else []
+    return Judged(
+        kind="out-of-memory", bytes=request,
+        summary=f"{e.where} ran out of GPU memory at {_at_line(oom)}: {why}.{caught}",
+        evidence={"decided_by": "out-of-memory", "cause": cause, "figures": figures,
+                  "errors": len(e.ooms), "first": _oom_brief(oom), "root_cause": e.oom_search},
+        remedy=remedy, suspects=suspects)
+
+
+def _garbage(e: Evidence) -> Judged | None:
+    at_exit = e.garbage_bytes or 0
+    during = (e.collections or {}).get("max_freed_bytes") or 0
+    if max(at_exit, during) < SIGNIFICANT_BYTES:
+        return None
+    c = e.collections or {}
+    if at_exit >= SIGNIFICANT_BYTES:
+        summary = (f"{fb(at_exit)} of tensors in {e.where} were unreachable but held by reference "
+                   f"cycles: only the cyclic garbage collector frees them.")
+        decided = "gc-at-exit"
+    else:
+        summary = (f"Reference cycles in {e.where} held tensors until Python's garbage collector ran: "
+                   f"{c.get('freeing')} collection{'s' if c.get('freeing') != 1 else ''} during the run "
+                   f"freed {fb(c.get('freed_bytes'))} of CUDA memory, up to {fb(during)} at once. "
+                   f"Nothing of it was left at exit, but until each collection it took GPU memory.")
+        decided = "gc-during-run"
+    if during >= SIGNIFICANT_BYTES and at_exit >= SIGNIFICANT_BYTES:
+        summary += (f" Collections during the run also freed {fb(c.get('freed_bytes'))} "
+                    f"(up to {fb(during)} at once).")
+    return Judged(kind="garbage-cycle", bytes=max(at_exit, during), summary=summary,
+                  evidence={"decided_by": decided, "garbage_at_exit_bytes": e.garbage_bytes,
+                            "collections_during_run": e.collections},
+                  remedy="Break the cycle (weakref for back-references, clear the container, avoid "
+                         "keeping exceptions or frames, no lambdas or bound methods of an object stored "
+                         "on itself), or call gc.collect() after freeing large structures.")
+
+
+def _live_at_exit(e: Evidence) -> Judged:
+    if e.enough_samples:
+        why = "They did not keep growing while the program was watched, so this is not a leak: it is"
+    else:
+        why = (f"{_too_short(e)} and nothing else pointed to a leak, so this is taken as")
+    return Judged(
+        kind="live-at-exit", bytes=e.live_bytes,
+        summary=f"{fb(e.live_bytes)} of tensors in {e.where} were still referenced when the program "
+                f"ended. {why} what the program still holds (a model, data, or a reference it forgot "
+                f"to drop), and nvidia-smi counts it until the process exits.",
+        evidence={"decided_by": "exit", "live_at_end_bytes": e.live_bytes, "root_cause": e.exit_search,
+                  "accumulations": [_brief(a) for a in e.accumulations], **_samples(e)},
+        remedy="")  # diagnosis.py gives it the suspects and their remedy
+
+
+# -- words ---------------------------------------------------------------------------
+
+def _too_short(e: Evidence) -> str:
+    what = "step samples" if e.by == "step" else "samples"
+    return (f"The run was too short to see growth over time ({e.samples} {what}; judging growth "
+            f"needs 8),")
+
+
+def _samples(e: Evidence) -> dict:
+    return {"samples": e.samples, "by": e.by, "enough_samples_for_growth": e.enough_samples}
+
+
+def _line(stack: list) -> str | None:
+    frame = rootcause.user_line(stack)
+    return rootcause.at(frame) if frame else None
+
+
+def _at_line(oom: dict) -> str:
+    line = _line(oom["stack"])
+    thread = f" in thread {oom['thread']}" if oom["thread"] != "MainThread" else ""
+    return (line or "an unknown line") + thread
+
+
+def _brief(a: dict) -> dict:
+    return {k: v for k, v in a.items() if k in ("pattern", "path", "kind", "count", "bytes", "sizes",
+                                                 "where", "thread", "same_line")}
+
+
+def _oom_brief(o: dict) -> dict:
+    return {k: o[k] for k in ("t", "step", "device", "request_bytes", "limit_bytes", "device_free_bytes",
+                              "allocated_bytes", "reserved_bytes", "largest_free_block_bytes",
+                              "free_in_segments_bytes", "processes", "thread")} | {"at": _line(o["stack"])}
