@@ -133,15 +133,16 @@ def diagnose(recording: Recording) -> Diagnosis:
 
 
 def choose_verdict(findings: list[Finding]) -> str:
-    """An out-of-memory error decides first: `leak` when a leak was found in that process on that
-    GPU (it filled the memory), else `out-of-memory`. Otherwise the cause that explains most
-    memory; near-ties go to the more specific cause."""
-    for oom in (f for f in findings if f.kind == "out-of-memory"):
-        if any(f.kind == "leak" and f.pid == oom.pid and f.device == oom.device for f in findings):
-            return "leak"
-    if any(f.kind == "out-of-memory" for f in findings):
-        return "out-of-memory"
+    """An out-of-memory error decides first: `leak` when an accumulation had filled the memory,
+    else `out-of-memory`. Otherwise the cause that explains most memory; near-ties go to the
+    more specific cause. The allocator's cache is a cause only when nothing else is: freed memory
+    kept for reuse is what garbage, a leak's frees or any loop leave behind."""
+    ooms = [f for f in findings if f.kind == "out-of-memory"]
+    if ooms:
+        return "leak" if any(f.evidence.get("cause") == "accumulation" for f in ooms) else "out-of-memory"
     causes = [f for f in findings if f.kind in SPECIFICITY]
+    if any(f.kind != "allocator-cache" for f in causes):
+        causes = [f for f in causes if f.kind != "allocator-cache"]
     if not causes:
         return "clean"
     biggest = max(f.bytes for f in causes)
@@ -294,6 +295,9 @@ def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, w
               series: list, by: str, growth: dict | None) -> judgement.Evidence:
     """What was observed of one process on one GPU, for the judgement."""
     samples = sum(1 for _, r in series if r.allocated_bytes is not None)
+    # Samples can miss the build-up: a loop that runs between two samples, or right before exit.
+    seen_most = max((r.allocated_bytes for _, r in series if r.allocated_bytes is not None), default=0)
+    unseen = max(0, (b.live_tensor_bytes or 0) - seen_most) if b.exit_probes else 0
     exit_search = rootcause.search_of(agent.root, "exit")
     held, unheld = rootcause.accumulations(exit_search, torch_index)
     oom_search = rootcause.search_of(agent.root, "oom")
@@ -309,7 +313,8 @@ def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, w
                            biggest_at=_biggest_collection(freeing, torch_index))
     return judgement.Evidence(
         pid=agent.pid, device=nvml_index, torch_index=torch_index, where=where, samples=samples, by=by,
-        enough_samples=samples >= MIN_POINTS, growth=growth,
+        enough_samples=samples >= MIN_POINTS and unseen < max(SIGNIFICANT_BYTES, (b.live_tensor_bytes or 0) // 4),
+        unseen_bytes=unseen, growth=growth,
         live_bytes=b.live_tensor_bytes if b.exit_probes else None, garbage_bytes=b.garbage_bytes,
         accumulations=held, unheld=unheld, exit_search=exit_meta, collections=collections,
         ooms=[o for o in agent.root["ooms"] if o["device"] == torch_index],
@@ -489,11 +494,13 @@ def _child_contexts(rec: Recording, result: Diagnosis) -> None:
                              "dataloader_worker": origin.get("dataloader_worker"),
                              "started_cuda_at": rootcause.at(line) if line else None,
                              "thread": origin.get("thread")})
-            total = sum(r["bytes"] for r in rows)
+            at_once, most = _at_once(rec, dev, {r["pid"] for r in rows})
             what = "DataLoader workers" if workers else "child processes"
             lines = sorted({r["started_cuda_at"] for r in rows if r["started_cuda_at"]})
+            each = sum(r["bytes"] for r in rows) // len(rows)
             summary = (f"{len(rows)} {what} of process {parent} each created a CUDA context of their own on "
-                       f"GPU {dev}: {fb(total)} in all, about {fb(total // len(rows))} each.")
+                       f"GPU {dev}, about {fb(each)} each: up to {most} at once, holding {fb(at_once)} "
+                       f"together.")
             if lines:
                 summary += f" CUDA started in them at {', '.join(lines[:2])}."
             remedy = ("Keep CUDA out of DataLoader workers: return CPU tensors from the Dataset, collate_fn and "
@@ -504,10 +511,25 @@ def _child_contexts(rec: Recording, result: Diagnosis) -> None:
                       "data, keep them on the CPU and send their results to the parent; if they must use the "
                       "GPU, use fewer of them.")
             result.findings.append(Finding(
-                kind="child-contexts", bytes=total, pid=parent, device=dev, summary=summary,
-                evidence={"processes": rows, "parent": parent, "count": len(rows)}, remedy=remedy))
+                kind="child-contexts", bytes=at_once, pid=parent, device=dev, summary=summary,
+                evidence={"processes": rows, "parent": parent, "count": len(rows), "most_at_once": most,
+                          "bytes_at_once": at_once}, remedy=remedy))
             result.findings[:] = [f for f in result.findings
                                   if not (f.kind == "context" and f.pid in flagged and f.device == dev)]
+
+
+def _at_once(rec: Recording, dev: int, pids: set) -> tuple[int, int]:
+    """(most memory the processes held together on the GPU, most of them holding memory at once),
+    from the supervisor's NVML polls."""
+    events = sorted((t, pid, used or 0) for (pid, d), points in rec.nvml.items() if d == dev and pid in pids
+                    for t, used in points)
+    current: dict = {}
+    most_bytes = most_count = 0
+    for _, pid, used in events:
+        current[pid] = used
+        most_bytes = max(most_bytes, sum(current.values()))
+        most_count = max(most_count, sum(1 for v in current.values() if v))
+    return most_bytes, most_count
 
 
 def _short_command(cmdline: list[str] | None, limit: int = 60) -> str:

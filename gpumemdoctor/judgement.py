@@ -54,7 +54,8 @@ class Evidence:
     where: str  # "process 123 on GPU 0"
     samples: int  # readings in the series that growth is judged on
     by: str  # "step" or "time"
-    enough_samples: bool
+    enough_samples: bool  # at least 8, and they saw the memory that is alive at exit build up
+    unseen_bytes: int  # what was allocated after the last sample and is alive at exit
     growth: dict | None  # the allocated floor's growth, when seen: grown, retained, rate text, figures
     live_bytes: int | None  # tensors still referenced at exit (None without exit probes)
     garbage_bytes: int | None  # freed by gc.collect() at exit
@@ -72,7 +73,7 @@ class Evidence:
     def to_json(self) -> dict:
         """What the report keeps of it: the facts, not the suspects (those are on the findings)."""
         return {"pid": self.pid, "device": self.device, "samples": self.samples, "by": self.by,
-                "enough_samples_for_growth": self.enough_samples,
+                "enough_samples_for_growth": self.enough_samples, "unseen_bytes": self.unseen_bytes,
                 "growth": self.growth, "live_at_exit_bytes": self.live_bytes,
                 "garbage_at_exit_bytes": self.garbage_bytes,
                 "accumulations": [_brief(a) for a in self.accumulations],
@@ -100,8 +101,11 @@ def judge(e: Evidence) -> list[Judged]:
     out: list[Judged] = []
     oom = e.ooms[0] if e.ooms else None
     cause = _oom_cause(e, oom) if oom is not None else None
-    leak = (_leak_at_oom(e, oom) if cause == "accumulation" else None) or _leak_by_growth(e) \
-        or _leak_by_structure(e) or _leak_unheld(e)
+    if oom is not None:
+        # The search at the error is the better evidence: what was held when memory ran out.
+        leak = (_leak_at_oom(e, oom) if cause == "accumulation" else None) or _leak_by_growth(e)
+    else:
+        leak = _leak_by_growth(e) or _leak_by_structure(e) or _leak_unheld(e)
     if leak is not None:
         out.append(leak)
     if oom is not None:
@@ -181,9 +185,9 @@ def _leak_unheld(e: Evidence) -> Judged | None:
 # -- out of memory, garbage, what is still held -------------------------------------------
 
 def _oom_cause(e: Evidence, oom: dict) -> str:
-    allocated = oom["allocated_bytes"] or 0
-    if e.oom_accumulations and e.oom_accumulations[0]["bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
-        return "accumulation"
+    """The first that applies: the request cannot fit at all; the allocator's free pieces would
+    have served it had they been one piece; an accumulation filled the memory; other processes
+    hold it; the program's own memory is simply too much."""
     if oom["request_bytes"] > oom["limit_bytes"]:
         return "request-too-large"
     largest = oom["largest_free_block_bytes"]
@@ -191,6 +195,9 @@ def _oom_cause(e: Evidence, oom: dict) -> str:
     if largest is not None and free_in_segments is not None and \
             largest < oom["request_bytes"] <= free_in_segments + oom["device_free_bytes"]:
         return "fragmentation"
+    allocated = oom["allocated_bytes"] or 0
+    if e.oom_accumulations and e.oom_accumulations[0]["bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
+        return "accumulation"
     others = sum(used or 0 for pid, used in oom["processes"] if pid != e.pid)
     if others >= OTHER_PROCESSES_SHARE * oom["limit_bytes"] and oom["request_bytes"] <= others + oom["device_free_bytes"]:
         return "other-processes"
@@ -288,12 +295,16 @@ def _live_at_exit(e: Evidence) -> Judged:
 
 def _too_short(e: Evidence) -> str:
     what = "step samples" if e.by == "step" else "samples"
-    return (f"The run was too short to see growth over time ({e.samples} {what}; judging growth "
-            f"needs 8),")
+    if e.samples < 8:
+        return (f"The run was too short to see growth over time ({e.samples} {what}; judging growth "
+                f"needs 8),")
+    return (f"The samples did not see the memory build up ({fb(e.unseen_bytes)} of what was alive at exit "
+            f"came after the last of {e.samples} {what}),")
 
 
 def _samples(e: Evidence) -> dict:
-    return {"samples": e.samples, "by": e.by, "enough_samples_for_growth": e.enough_samples}
+    return {"samples": e.samples, "by": e.by, "enough_samples_for_growth": e.enough_samples,
+            "unseen_bytes": e.unseen_bytes}
 
 
 def _line(stack: list) -> str | None:

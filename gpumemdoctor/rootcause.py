@@ -93,7 +93,7 @@ INVESTIGATION = _shape({"when": _one_of("growth", "exit", "oom"), "t": _num, "st
                         "source": _one_of("allocator", "tensors"), "all_live": _opt(_bool),
                         "candidate_bytes": _int,
                         "candidate_count": _int, "groups": _list_of(GROUP), "visited": _int,
-                        "gave_up": _opt(_str), "elapsed_s": _num})
+                        "gave_up": _opt(_str), "elapsed_s": _num, "snapshot_s": _opt(_num)})
 SUSPICION = _shape({"t": _num, "step": _opt(_int), "device": _int, "by": _str, "grown_bytes": _int,
                     "rate": _num})
 TRACE = _shape({"t": _num, "step": _opt(_int), "why": _str, "ok": _bool, "error": _opt(_str)})

@@ -227,10 +227,17 @@ def run(options: RunOptions) -> Recording:
 
 
 def _since_process_start() -> float | None:
-    """Seconds since this process (the tool's own interpreter) started: its start-up cost."""
-    me = procs.info(os.getpid())
-    started = me.create_time if me is not None else None
-    return None if started is None else round(max(0.0, time.time() - started), 6)
+    """Seconds since this process (the tool's own interpreter) started: its start-up cost.
+    From /proc, in clock ticks since boot (psutil's create_time counts boot time in whole
+    seconds, too coarse for this); None elsewhere."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return round(max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK")), 3)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _keep_snapshots(run_dir: str, path: str, target_pid: int) -> list[str]:

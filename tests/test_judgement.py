@@ -13,7 +13,8 @@ MIB = 1 << 20
 
 def evidence(**kw) -> judgement.Evidence:
     base = dict(pid=10, device=0, torch_index=0, where="process 10 on GPU 0", samples=3, by="time",
-                enough_samples=False, growth=None, live_bytes=0, garbage_bytes=0, exited_normally=True)
+                enough_samples=False, unseen_bytes=0, growth=None, live_bytes=0, garbage_bytes=0,
+                exited_normally=True)
     base.update(kw)
     return judgement.Evidence(**base)
 
@@ -116,10 +117,42 @@ def test_garbage_collected_during_the_run_is_garbage_cycle_evidence():
     assert found[0].bytes == 640 * MIB and "Nothing of it was left at exit" in found[0].summary
 
 
+def test_fragmentation_is_the_cause_even_when_what_fills_the_memory_is_alike():
+    """The free pieces would have served the request: fragmentation, though the memory in use
+    is many alike tensors (kept on purpose, or not: the error itself is fragmentation's)."""
+    kept = held(count=78, size=640 * MIB, pattern="__main__.results[*]", kind="global")
+    fragmented = oom(request_bytes=1536 * MIB, allocated_bytes=78 * 640 * MIB,
+                     largest_free_block_bytes=384 * MIB, free_in_segments_bytes=29 * 1024 * MIB)
+    found = judgement.judge(evidence(ooms=[fragmented], oom_accumulations=[kept], accumulations=[kept]))
+    assert kinds(found) == [("out-of-memory", "out-of-memory")]
+    assert found[0].evidence["cause"] == "fragmentation"
+    assert "expandable_segments:True" in found[0].remedy
+
+
+def test_samples_that_missed_the_build_up_leave_the_structure_to_decide():
+    found = judgement.judge(evidence(samples=11, enough_samples=False, unseen_bytes=316 * MIB,
+                                     accumulations=[held(count=80, size=4 * MIB, pattern="__main__.seen[*]",
+                                                         kind="global")], live_bytes=361 * MIB))
+    assert kinds(found) == [("leak", "structure")]
+    assert "did not see the memory build up (316 MiB" in found[0].summary
+
+
+def _finding(kind, bytes=1, **evidence):
+    return Finding(kind=kind, bytes=bytes, summary="", evidence=evidence, remedy="", pid=1, device=0)
+
+
 def test_the_verdict_of_an_out_of_memory_error():
-    def f(kind, **kw):
-        return Finding(kind=kind, bytes=kw.get("bytes", 1), summary="", evidence={}, remedy="", pid=1, device=0)
-    assert choose_verdict([f("out-of-memory"), f("allocator-cache", bytes=10 << 30)]) == "out-of-memory"
-    assert choose_verdict([f("out-of-memory"), f("leak")]) == "leak"
-    assert choose_verdict([f("child-contexts", bytes=3 << 30), f("allocator-cache", bytes=1 << 30)]) \
+    assert choose_verdict([_finding("out-of-memory", cause="full"), _finding("allocator-cache", bytes=10 << 30)]) \
+        == "out-of-memory"
+    assert choose_verdict([_finding("out-of-memory", cause="accumulation"), _finding("leak")]) == "leak"
+    # a leak seen growing does not turn a fragmentation error into a leak verdict
+    assert choose_verdict([_finding("out-of-memory", cause="fragmentation"), _finding("leak", bytes=50 << 30)]) \
+        == "out-of-memory"
+
+
+def test_the_cache_is_the_verdict_only_when_nothing_else_is():
+    assert choose_verdict([_finding("garbage-cycle", bytes=272 << 20), _finding("allocator-cache", bytes=386 << 20)]) \
+        == "garbage-cycle"
+    assert choose_verdict([_finding("allocator-cache", bytes=386 << 20)]) == "allocator-cache"
+    assert choose_verdict([_finding("child-contexts", bytes=3 << 30), _finding("leak", bytes=1 << 30)]) \
         == "child-contexts"
