@@ -450,8 +450,10 @@ class _Agent:
     def _read_device(self, d: dict, tries: int = 3):
         torch = self.torch
         for _ in range(tries):
-            stats = torch.cuda.memory_stats_as_nested_dict(d["index"])
-            reserved = _stat(stats, "reserved_bytes", "current")
+            # One of PyTorch's stats dicts alive at a time, read into ints at once: the fewer
+            # containers the agent holds, the less it moves the program's garbage collector
+            # (dicts come from a free list that the program shares).
+            row = _row(d["index"], torch.cuda.memory_stats_as_nested_dict(d["index"]))
             nvml_used = None
             if self.nvml is not None and d["nvml_device"] is not None:
                 try:
@@ -460,17 +462,15 @@ class _Agent:
                     nvml_used = None
             # NVML and the allocator are read one after the other: if the allocator
             # moved in between, the pair does not describe one moment; read again.
-            again = torch.cuda.memory_stats_as_nested_dict(d["index"])
-            if _stat(again, "reserved_bytes", "current") == reserved:
+            if _stat(torch.cuda.memory_stats_as_nested_dict(d["index"]), "reserved_bytes", "current") == row[3]:
                 break
+        reserved = row[3]
         if not reserved and not nvml_used:
             return None  # a device this process has not touched
         if reserved and nvml_used == 0:
             nvml_used = None  # NVML does not list us though we hold memory: another PID namespace
-        return [d["index"], _stat(stats, "allocated_bytes", "current"),
-                _stat(stats, "active_bytes", "current"), reserved,
-                _stat(stats, "requested_bytes", "current"), nvml_used,
-                _stat(stats, "allocated_bytes", "peak"), _stat(stats, "reserved_bytes", "peak")]
+        row[5] = nvml_used
+        return row
 
     def sample(self, by: str) -> bool:
         """One reading of every device; False when it was not taken.
@@ -825,6 +825,14 @@ def device_ids(props) -> tuple:
     if hasattr(props, "pci_bus_id"):
         pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
     return uuid, pci
+
+
+def _row(index: int, stats: dict) -> list:
+    """[torch index, allocated, active, reserved, requested, nvml used (filled in later),
+    allocated peak, reserved peak] from PyTorch's nested stats."""
+    return [index, _stat(stats, "allocated_bytes", "current"), _stat(stats, "active_bytes", "current"),
+            _stat(stats, "reserved_bytes", "current"), _stat(stats, "requested_bytes", "current"), None,
+            _stat(stats, "allocated_bytes", "peak"), _stat(stats, "reserved_bytes", "peak")]
 
 
 def _stat(stats: dict, name: str, field: str):

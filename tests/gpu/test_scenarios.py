@@ -355,8 +355,12 @@ def test_dataloader_workers_with_contexts_are_one_finding(reports):
     found = [f for f in report["findings"] if f["kind"] == "child-contexts"]
     assert len(found) == 1, report["findings"]
     rows = found[0]["evidence"]["processes"]
-    assert len(rows) == 6 and all(r["dataloader_worker"] for r in rows), rows
-    assert all(r["started_cuda_at"] and "worker_init_fn" in r["started_cuda_at"] for r in rows), rows
+    # six workers an epoch (persistent_workers=False makes new ones each epoch), six at once
+    assert len(rows) % 6 == 0 and all(r["dataloader_worker"] for r in rows), rows
+    assert found[0]["evidence"]["most_at_once"] == 6, found[0]["evidence"]
+    # where CUDA started in each worker: the scenario's own worker_init_fn
+    assert all(r["started_cuda_at"] and r["started_cuda_at"].startswith("dataloader_worker_contexts.py:")
+               for r in rows), rows
     assert found[0]["bytes"] >= 6 * 300 * MIB
     # the terminal stays short: no context finding per worker
     worker_pids = {r["pid"] for r in rows}
