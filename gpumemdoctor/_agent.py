@@ -54,6 +54,7 @@ DEFAULT_INTERVAL_S = 0.02
 MAX_INTERVAL_S = 5.0
 SAMPLES_PER_DOUBLING = 1000  # long runs sample more slowly so a recording stays small
 FIRST_ALLOCATION_WAIT_S = 10.0
+STARVED_S = 0.25  # a time sample put off this long (no room below the collector's threshold) is taken anyway
 EVERY_STEP_UNTIL = 100  # the first steps are all sampled (about 50 us each): short runs need them
 
 _agent: _Agent | None = None
@@ -485,7 +486,12 @@ class _Agent:
                 return self._sample(by)
         if not _events.gc_headroom():
             self.samples_skipped += 1
-            return False
+            if time.monotonic() - self.last_sample_t < STARVED_S:
+                return False
+            # The program has not allocated for a while (it sleeps, or waits on the GPU), with its
+            # collector near the threshold: read with automatic collection held off, briefly.
+            with _events.quiet_gc():
+                return self._sample(by)
         return self._sample(by)
 
     def _sample(self, by: str) -> bool:
@@ -501,7 +507,8 @@ class _Agent:
             rows = self._read_devices()
             for row in rows:  # [index, allocated, active, reserved, requested, nvml, ...]
                 if row[3] and row[5]:
-                    self.context[row[0]] = min(self.context.get(row[0], row[5] - row[3]), row[5] - row[3])
+                    if self.samples < 5:  # as diagnosis._context: the first readings only
+                        self.context[row[0]] = min(self.context.get(row[0], row[5] - row[3]), row[5] - row[3])
             self.write({"type": "s", "t": now, "by": by, "step": self.steps, "d": rows})
             self.samples += 1
             if self.run_dir and by in ("step", "time"):
