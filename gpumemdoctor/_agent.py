@@ -398,9 +398,13 @@ class _Agent:
         torch = self.torch
         started = time.monotonic()
         while True:
-            if _events.gc_headroom() and any(
+            # The poll must not wait for room below the collector's threshold: a program that
+            # allocated and then sleeps would never be read (seen on an H100: an idle child).
+            with _events.quiet_gc():
+                allocated = any(
                     _stat(torch.cuda.memory_stats_as_nested_dict(d["index"]), "reserved_bytes", "current")
-                    for d in self.devices):
+                    for d in self.devices)
+            if allocated:
                 self.first_alloc_t = time.monotonic()
                 while not self.sample("first"):  # put off while the collector is near its threshold
                     if self.stop.wait(0.001):
