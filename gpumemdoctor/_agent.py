@@ -511,7 +511,7 @@ class _Agent:
             rows = self._read_devices()
             for row in rows:  # [index, allocated, active, reserved, requested, nvml, ...]
                 if row[3] and row[5]:
-                    if self.samples < 5:  # as diagnosis._context: the first readings only
+                    if self.samples < 5:  # the first readings: later ones can catch an NVML dip
                         self.context[row[0]] = min(self.context.get(row[0], row[5] - row[3]), row[5] - row[3])
             self.write({"type": "s", "t": now, "by": by, "step": self.steps, "d": rows})
             self.samples += 1

@@ -38,7 +38,7 @@ LIBRARY_ALLOWANCE_BYTES = 512 * MIB
 MIN_STEPS = 8
 # When several causes apply at a similar size, the more specific one is named.
 SPECIFICITY = ("garbage-cycle", "pending-stream", "leak", "child-contexts", "non-torch", "allocator-cache")
-CONTEXT_READINGS = 5  # the context is the smallest NVML minus reserved over this many first readings
+DIP_BYTES = 64 * MIB  # a context reading this far below both neighbours is NVML's dip, not the context
 MIN_SIBLING_CONTEXTS = 2  # children of one process with contexts on its GPU before they are called avoidable
 
 
@@ -334,7 +334,7 @@ def _biggest_collection(freeing: list[dict], torch_index: int) -> dict | None:
 
 
 def _context(during: list[tuple[TorchSample, DeviceReading]], end: DeviceReading | None) -> int | None:
-    """The smallest NVML minus reserved over the first readings taken after the first allocation.
+    """The smallest NVML minus reserved over the readings taken after the first allocation.
 
     Before its first allocation NVML shows only part of a context (14 MiB on an
     H200 against about 520 MiB once it is complete), so readings with nothing
@@ -342,17 +342,18 @@ def _context(during: list[tuple[TorchSample, DeviceReading]], end: DeviceReading
     kernels that load later only add to the figure, so the smallest is normally
     that first one, and it stays right when one reading catches an allocation
     that NVML already counts and the allocator does not yet (seen once on an
-    H200: 64 MiB too much in the first sample). Only the first few readings count:
-    NVML's figure for a process can dip for one reading mid-run (seen once on an
-    H100: 226 MiB between readings of 640 and 730 MiB), and a dip must not shrink the
-    context. A process too short to be sampled has only its exit reading, which also
-    holds the libraries it loaded.
+    H200: 64 MiB too much in the first sample). NVML's figure for a process can also
+    dip for one reading (seen once on an H100: 226 MiB between readings of 640 and
+    730 MiB): a reading far below both its neighbours does not count. A process too
+    short to be sampled has only its exit reading, which also holds the libraries it
+    loaded.
     """
-    readings = [r for _, r in during if r.reserved_bytes and r.nvml_used_bytes][:CONTEXT_READINGS]
-    if not readings and end is not None and end.reserved_bytes and end.nvml_used_bytes:
-        readings = [end]
-    gaps = [r.nvml_used_bytes - r.reserved_bytes for r in readings]
-    return max(0, min(gaps)) if gaps else None
+    gaps = [r.nvml_used_bytes - r.reserved_bytes
+            for r in [r for _, r in during] + ([end] if end is not None else [])
+            if r.reserved_bytes and r.nvml_used_bytes]
+    kept = [g for i, g in enumerate(gaps)
+            if not (0 < i < len(gaps) - 1 and g < gaps[i - 1] - DIP_BYTES and g < gaps[i + 1] - DIP_BYTES)]
+    return max(0, min(kept)) if kept else None
 
 
 def _non_torch_finding(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str,

@@ -183,18 +183,24 @@ def test_recorded_suspects_name_the_line_and_the_holder(path):
     diagnosis = diagnose(recording)
     finding = next(f for f in diagnosis.findings if f.kind == want.get("suspects-on", verdict))
     top = finding.suspects[0]
-    assert Path(top["where"][0]).name == path.name and top["where"][1] == want["line"]
     holder = top["holders"][0]
     assert holder["pattern"].startswith(want["holder"])
-    assert holder["kind"] == want.get("holder-kind", "cycle")
+    if "holder-kind" in want or verdict == "garbage-cycle":
+        assert holder["kind"] == want.get("holder-kind", "cycle")
     assert holder["bytes"] >= 0.9 * top["bytes"]
+    if top["where"] is None:
+        # A run too short for --trace auto to turn stacks on: the holder, without the line.
+        assert finding.evidence.get("decided_by") in ("structure", "out-of-memory", "growth")
+        assert finding.evidence["root_cause"]["allocation_stacks"] is False
+        return
+    assert Path(top["where"][0]).name == path.name and top["where"][1] == want["line"]
     if verdict == "garbage-cycle":
         garbage = finding.evidence["garbage"]
         assert garbage["cuda_tensor_bytes"] == 8 * 64 * MIB and garbage["cuda_tensors"] == 8
         assert "Node.parent" in top["summary"] and "garbage_cycle.py:14" in top["summary"]
         return
     from gpumemdoctor.units import format_bytes
-    assert top["summary"].startswith(f"{format_bytes(top['bytes'])} in {top['count']} allocations at ")
+    assert top["summary"].startswith(f"{format_bytes(top['bytes'])} in {top['count']} ")
     assert f"{path.name}:{want['line']}" in top["remedy"] or holder["kind"] == "frame-local"
     if "thread" in want:
         assert any(t.startswith(want["thread"]) and t.endswith("(ended)") for t in top["thread"])
