@@ -478,7 +478,7 @@ class _Agent:
         return row
 
     def sample(self, by: str) -> bool:
-        """One reading of every device; False when it was not taken.
+        """One reading of every device; False when it was put off (the caller may try again).
 
         A step sample runs on the program's thread, with automatic collection held off
         while it reads. The agent's own thread ("time", "first") never changes the

@@ -122,6 +122,7 @@ def judge(e: Evidence) -> list[Judged]:
 
 def _leak_at_oom(e: Evidence, oom: dict) -> Judged | None:
     a = e.oom_accumulations[0]
+    suspects = [rootcause.accumulation_suspect(x) for x in e.oom_accumulations[:rootcause.MAX_SUSPECTS]]
     return Judged(
         kind="leak", bytes=a["bytes"],
         summary=f"{e.where} ran out of memory at {_at_line(oom)}, and {fb(a['bytes'])} of the "
@@ -130,8 +131,7 @@ def _leak_at_oom(e: Evidence, oom: dict) -> Judged | None:
         evidence={"decided_by": "out-of-memory", "accumulation": _brief(a),
                   "allocated_at_error": oom["allocated_bytes"], "root_cause": e.oom_search,
                   **_samples(e)},
-        remedy=rootcause.accumulation_suspect(a)["remedy"],
-        suspects=[rootcause.accumulation_suspect(x) for x in e.oom_accumulations[:rootcause.MAX_SUSPECTS]])
+        remedy=suspects[0]["remedy"], suspects=suspects)
 
 
 def _leak_by_growth(e: Evidence) -> Judged | None:
@@ -147,39 +147,31 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
 
 
 def _leak_by_structure(e: Evidence) -> Judged | None:
-    if e.enough_samples or not e.accumulations:
-        return None
-    total = sum(a["bytes"] for a in e.accumulations)
-    if total < SIGNIFICANT_BYTES:
-        return None
-    a = e.accumulations[0]
-    return Judged(
-        kind="leak", bytes=total,
-        summary=f"{fb(total)} of tensors in {e.where} had piled up: {rootcause.alike_text(a)} held by "
-                f"{a['pattern']}. {_too_short(e)} so this accumulation, which is how a leak looks, "
-                f"decided.",
-        evidence={"decided_by": "structure", "accumulations": [_brief(x) for x in e.accumulations],
-                  "root_cause": e.exit_search, **_samples(e)},
-        remedy=rootcause.accumulation_suspect(a)["remedy"],
-        suspects=[rootcause.accumulation_suspect(x) for x in e.accumulations[:rootcause.MAX_SUSPECTS]])
+    return _leak_at_exit(
+        e, e.accumulations, "structure", "accumulations", rootcause.accumulation_suspect,
+        lambda total, a: f"{fb(total)} of tensors in {e.where} had piled up: {rootcause.alike_text(a)} "
+                         f"held by {a['pattern']}. {_too_short(e)} so this accumulation, which is how "
+                         f"a leak looks, decided.")
 
 
 def _leak_unheld(e: Evidence) -> Judged | None:
-    if e.enough_samples or not e.unheld:
+    return _leak_at_exit(
+        e, e.unheld, "unheld", "unheld", rootcause.unheld_suspect,
+        lambda total, u: f"{fb(total)} in {e.where} is {rootcause.alike_text(u)} that no Python object "
+                         f"holds, still allocated at exit. {_too_short(e)} so this decided: many alike "
+                         f"allocations kept alive from C++, as a reference cycle through autograd does.")
+
+
+def _leak_at_exit(e: Evidence, found: list[dict], decided_by: str, key: str, suspect, summary) -> Judged | None:
+    """Rows 3 and 4: what was held at exit decides, when the samples could not."""
+    total = sum(x["bytes"] for x in found)
+    if e.enough_samples or total < SIGNIFICANT_BYTES:
         return None
-    total = sum(u["bytes"] for u in e.unheld)
-    if total < SIGNIFICANT_BYTES:
-        return None
-    u = e.unheld[0]
-    return Judged(
-        kind="leak", bytes=total,
-        summary=f"{fb(total)} in {e.where} is {rootcause.alike_text(u)} that no Python object holds, "
-                f"still allocated at exit. {_too_short(e)} so this decided: many alike allocations "
-                f"kept alive from C++, as a reference cycle through autograd does.",
-        evidence={"decided_by": "unheld", "unheld": [_brief(x) for x in e.unheld],
-                  "root_cause": e.exit_search, **_samples(e)},
-        remedy=rootcause.unheld_suspect(u)["remedy"],
-        suspects=[rootcause.unheld_suspect(x) for x in e.unheld[:rootcause.MAX_SUSPECTS]])
+    suspects = [suspect(x) for x in found[:rootcause.MAX_SUSPECTS]]
+    return Judged(kind="leak", bytes=total, summary=summary(total, found[0]),
+                  evidence={"decided_by": decided_by, key: [_brief(x) for x in found],
+                            "root_cause": e.exit_search, **_samples(e)},
+                  remedy=suspects[0]["remedy"], suspects=suspects)
 
 
 # -- out of memory, garbage, what is still held -------------------------------------------
