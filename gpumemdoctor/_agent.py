@@ -54,6 +54,7 @@ DEFAULT_INTERVAL_S = 0.02
 MAX_INTERVAL_S = 5.0
 SAMPLES_PER_DOUBLING = 1000  # long runs sample more slowly so a recording stays small
 FIRST_ALLOCATION_WAIT_S = 10.0
+NAP_S = 0.05  # the sampling thread's longest sleep: how soon it sees the program ending
 STARVED_S = 0.25  # a time sample put off this long (no room below the collector's threshold) is taken anyway
 EVERY_STEP_UNTIL = 100  # the first steps are all sampled (about 50 us each): short runs need them
 
@@ -195,6 +196,15 @@ class _Agent:
         self.last_step_sample_t = 0.0
         self.sample_lock = threading.Lock()
         self.stop = threading.Event()
+        self.stopping = False  # the sampling thread sleeps in short naps and looks at this
+        self.neutral: _events.Neutral | None = None  # made at CUDA's start, on the program's thread
+        self.stats_fn = None  # torch index -> PyTorch's nested allocator stats
+        self.rows: list[list] = []  # one reading per device, filled in place (see _fill_rows)
+        self.live: list[bool] = []  # which rows the last reading filled
+        self.nvml_readers: list = []  # nvml.ProcessMemory per device, or None
+        self.floor_xs: dict = {}  # by -> per device slot, the online floor check's series
+        self.floor_ys: dict = {}
+        self.floor_growth = None
         self.thread: threading.Thread | None = None
         self.cuda_seen = False
         self.finished = False
@@ -204,7 +214,6 @@ class _Agent:
         self.kind = None  # _inspect.TensorKind, made when first needed
         self.baseline: dict | None = None
         self.first_alloc_t: float | None = None
-        self.floors: dict = {}  # (torch index, by) -> ([x], [allocated])
         self.positive_checks = 0
         self.suspected = False
         self.investigate_at: tuple | None = None  # (step, monotonic time)
@@ -223,6 +232,16 @@ class _Agent:
             os.write(self.fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
         except Exception:
             self.dead = True  # disk full, folder gone: stop recording, keep the program
+
+    def write_line(self, text: str) -> None:
+        """One record already written as JSON text: what the sampling path uses, since
+        json.dumps and a record's dict would come from the program's free lists."""
+        if self.dead or self.fd is None:
+            return
+        try:
+            os.write(self.fd, f"{text}\n".encode())
+        except Exception:
+            self.dead = True
 
     # -- start-up ------------------------------------------------------------
     def begin(self, forked_from: int | None = None) -> None:
@@ -280,6 +299,7 @@ class _Agent:
                 self._start_trace("flag")
             try:
                 self._describe_devices()
+                self._prepare_reading()
             except Exception:
                 self.devices = []
             self._watch_events()
@@ -298,17 +318,49 @@ class _Agent:
         except Exception:
             pass
         if self.devices and self.collections is None:
-            self.collections = _events.Collections(self._allocated_now, self.write, lambda: self.steps)
-            self.collections.install()
+            collections = _events.Collections(self.neutral, self._read_allocated, len(self.devices),
+                                              self.write_line, lambda: self.steps)
+            for i, d in enumerate(self.devices):
+                collections.indexes[i] = d["index"]
+            self.collections = collections
+            collections.install()
 
-    def _allocated_now(self) -> dict:
+    def _prepare_reading(self) -> None:
+        """What every later reading fills in place, made once here on the program's thread:
+        the sampling path then makes no container the program's collector would see."""
         torch = self.torch
-        out = {}
+        self.stats_fn = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None) \
+            or torch.cuda.memory_stats_as_nested_dict
+        self.rows = [[d["index"], None, None, None, None, None, None, None] for d in self.devices]
+        self.live = [False] * len(self.devices)
+        self.nvml_readers = []
         for d in self.devices:
-            value = _stat(torch.cuda.memory_stats_as_nested_dict(d["index"]), "allocated_bytes", "current")
-            if value is not None:
-                out[d["index"]] = value
-        return out
+            reader = None
+            if self.nvml is not None and d["nvml_device"] is not None:
+                try:
+                    reader = self.nvml.ProcessMemory(d["nvml_device"], self.pid)
+                    if reader.used() is None:
+                        reader = None
+                except Exception:
+                    reader = None
+            self.nvml_readers.append(reader)
+        for by in ("step", "time"):
+            self.floor_xs[by] = [[] for _ in self.devices]
+            self.floor_ys[by] = [[] for _ in self.devices]
+        from gpumemdoctor.growth import floor_growth
+
+        self.floor_growth = floor_growth
+        self.neutral = _events.Neutral()
+
+    def _read_allocated(self, out: list) -> None:
+        """out[i] = allocated bytes of device slot i (through Neutral: makes only PyTorch's dicts)."""
+        stats_fn = self.stats_fn
+        devices = self.devices
+        for i in range(len(devices)):
+            try:
+                out[i] = stats_fn(devices[i]["index"])["allocated_bytes"]["all"]["current"]
+            except Exception:
+                out[i] = 0
 
     def _on_oom(self, device, request, limit, device_free) -> None:
         """PyTorch's allocator could not serve a request: the figures and who held the memory,
@@ -373,13 +425,14 @@ class _Agent:
         try:
             torch = self.torch
             while not torch.cuda.is_initialized():
-                if self.stop.wait(self.interval_s):
+                if self._nap(self.interval_s):
                     return
             if not self.devices:  # CUDA started without the lazy-init callback
                 self._describe_devices()
+                self._prepare_reading()
                 self._watch_events()
             self._wait_for_first_allocation()
-            while not self.stop.wait(self.interval_s):
+            while not self._nap(self.interval_s):
                 now = time.monotonic()
                 # While the program marks steps, samples are taken at step boundaries instead.
                 if now - self.last_sample_t >= self.interval_s and now - self.last_step_t >= self.interval_s:
@@ -388,6 +441,17 @@ class _Agent:
         except Exception:
             pass
 
+    def _nap(self, seconds: float) -> bool:
+        """Sleep; True when the agent is stopping. Short naps with time.sleep, not
+        Event.wait: a timed wait on a lock makes a tuple each time."""
+        end = time.monotonic() + seconds
+        while not self.stopping:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(left if left < NAP_S else NAP_S)
+        return True
+
     def _wait_for_first_allocation(self) -> None:
         """Read the context right after the first allocation, before libraries load their kernels.
 
@@ -395,27 +459,38 @@ class _Agent:
         it, so the first sample with reserved memory is the one that measures it.
         The stats call polled here costs about 10 us.
         """
-        torch = self.torch
         started = time.monotonic()
         while True:
             # The poll must not wait for room below the collector's threshold: a program that
             # allocated and then sleeps would never be read (seen on an H100: an idle child).
-            with _events.quiet_gc():
-                allocated = any(
-                    _stat(torch.cuda.memory_stats_as_nested_dict(d["index"]), "reserved_bytes", "current")
-                    for d in self.devices)
+            collecting = gc.isenabled()
+            if collecting:
+                gc.disable()
+            try:
+                allocated = self.neutral.read(self._any_reserved, None)
+            finally:
+                if collecting:
+                    gc.enable()
             if allocated:
                 self.first_alloc_t = time.monotonic()
                 while not self.sample("first"):  # put off while the collector is near its threshold
-                    if self.stop.wait(0.001):
+                    if self._nap(0.001):
                         return
                 return
             waited = time.monotonic() - started
             if waited > FIRST_ALLOCATION_WAIT_S:
                 self.sample("time")
                 return
-            if self.stop.wait(0.001 if waited < 0.1 else 0.01):
+            if self._nap(0.001 if waited < 0.1 else 0.01):
                 return
+
+    def _any_reserved(self, _) -> bool:
+        stats_fn = self.stats_fn
+        devices = self.devices
+        for i in range(len(devices)):
+            if stats_fn(devices[i]["index"])["reserved_bytes"]["all"]["current"]:
+                return True
+        return False
 
     def _describe_devices(self) -> None:
         torch = self.torch
@@ -444,38 +519,62 @@ class _Agent:
                                 for d in described]})
 
     def _read_devices(self) -> list:
-        """[torch index, allocated, active, reserved, requested, nvml used, alloc peak, reserved peak]."""
-        rows = []
-        for d in self.devices:
-            row = self._read_device(d)
-            if row is not None:
-                rows.append(row)
-        return rows
+        """[torch index, allocated, active, reserved, requested, nvml used, alloc peak, reserved
+        peak] of each device this process has touched: copies, for the paths that keep them."""
+        if self.neutral is None:
+            return []
+        self.neutral.read(self._fill_rows, None)
+        return [list(self.rows[i]) for i in range(len(self.rows)) if self.live[i]]
 
-    def _read_device(self, d: dict, tries: int = 3):
-        torch = self.torch
+    def _fill_rows(self, _) -> int:
+        """Read every device into self.rows, in place; how many are live. Runs inside
+        Neutral.read: it makes no object but PyTorch's dicts (one device's alive at a time)
+        and ctypes' short-lived ones, which have no free list."""
+        live = 0
+        for i in range(len(self.rows)):
+            if self._fill_row(i):
+                live += 1
+        return live
+
+    def _fill_row(self, i: int, tries: int = 3) -> bool:
+        stats_fn = self.stats_fn
+        row = self.rows[i]
+        index = row[0]
+        reader = self.nvml_readers[i]
+        nvml_used = None
         for _ in range(tries):
-            # One of PyTorch's stats dicts alive at a time, read into ints at once: the fewer
-            # containers the agent holds, the less it moves the program's garbage collector
-            # (dicts come from a free list that the program shares).
-            row = _row(d["index"], torch.cuda.memory_stats_as_nested_dict(d["index"]))
+            stats = stats_fn(index)
+            row[1] = _stat(stats, "allocated_bytes", "current")
+            row[2] = _stat(stats, "active_bytes", "current")
+            row[3] = _stat(stats, "reserved_bytes", "current")
+            row[4] = _stat(stats, "requested_bytes", "current")
+            row[6] = _stat(stats, "allocated_bytes", "peak")
+            row[7] = _stat(stats, "reserved_bytes", "peak")
+            stats = None
             nvml_used = None
-            if self.nvml is not None and d["nvml_device"] is not None:
+            if reader is not None:
                 try:
-                    nvml_used = self.nvml.used_by(d["nvml_device"], self.pid)
+                    nvml_used = reader.used()
+                except Exception:
+                    nvml_used = None
+            elif self.nvml is not None and self.devices[i]["nvml_device"] is not None:
+                try:  # no direct reading on this driver: pynvml's list (makes containers)
+                    nvml_used = self.nvml.used_by(self.devices[i]["nvml_device"], self.pid)
                 except Exception:
                     nvml_used = None
             # NVML and the allocator are read one after the other: if the allocator
             # moved in between, the pair does not describe one moment; read again.
-            if _stat(torch.cuda.memory_stats_as_nested_dict(d["index"]), "reserved_bytes", "current") == row[3]:
+            if _stat(stats_fn(index), "reserved_bytes", "current") == row[3]:
                 break
         reserved = row[3]
         if not reserved and not nvml_used:
-            return None  # a device this process has not touched
+            self.live[i] = False  # a device this process has not touched
+            return False
         if reserved and nvml_used == 0:
             nvml_used = None  # NVML does not list us though we hold memory: another PID namespace
         row[5] = nvml_used
-        return row
+        self.live[i] = True
+        return True
 
     def sample(self, by: str) -> bool:
         """One reading of every device; False when it was put off (the caller may try again).
@@ -483,52 +582,73 @@ class _Agent:
         A step sample runs on the program's thread, with automatic collection held off
         while it reads. The agent's own thread ("time", "first") never changes the
         collector's settings: it reads only when that cannot set a collection off."""
-        if self.dead or not self.devices:
+        if self.dead or not self.devices or self.neutral is None:
             return True
         if by == "step":
-            with _events.quiet_gc():
-                return self._sample(by)
-        if not _events.gc_headroom():
+            return self._sample(by, True) is not False
+        done = self._sample(by, False)
+        if done is None:  # no room below the collector's threshold
             self.samples_skipped += 1
             if time.monotonic() - self.last_sample_t < STARVED_S:
                 return False
             # The program has not allocated for a while (it sleeps, or waits on the GPU), with its
             # collector near the threshold: read with automatic collection held off, briefly.
-            with _events.quiet_gc():
-                return self._sample(by)
-        return self._sample(by)
+            done = self._sample(by, True)
+        return done is not False
 
-    def _sample(self, by: str) -> bool:
-        # A step boundary waits for a timer sample in progress (tens of us); the timer never waits.
-        if not (self.sample_lock.acquire(timeout=0.01) if by == "step" else self.sample_lock.acquire(blocking=False)):
-            return False
+    def _sample(self, by: str, quiet: bool):
+        """True when read, False when another reading was in progress, None when there was no
+        room below the collector's threshold. Makes no container on the way (see Neutral):
+        the record is written as text, into rows and series made once."""
+        lock = self.sample_lock
+        if by != "step" and lock.locked():
+            return False  # the timer never waits; a step boundary waits for a timer sample (tens of us)
+        lock.acquire()
         started = time.thread_time()  # the agent's own work, not its waits for the GIL
+        collecting = quiet and gc.isenabled()
+        if collecting:
+            gc.disable()
         try:
             now = time.monotonic()
+            if self.neutral.read(self._fill_rows, None, not quiet) is _events.NO_ROOM:
+                return None
             self.last_sample_t = now
             if by == "step":
                 self.last_step_sample_t = now
-            rows = self._read_devices()
-            for row in rows:  # [index, allocated, active, reserved, requested, nvml, ...]
-                if row[3] and row[5]:
-                    if self.samples < 5:  # the first readings: later ones can catch an NVML dip
-                        self.context[row[0]] = min(self.context.get(row[0], row[5] - row[3]), row[5] - row[3])
-            self.write({"type": "s", "t": now, "by": by, "step": self.steps, "d": rows})
+            rows = self.rows
+            live = self.live
+            text = ""
+            for i in range(len(rows)):
+                if not live[i]:
+                    continue
+                row = rows[i]  # [index, allocated, active, reserved, requested, nvml, ...]
+                if self.samples < 5 and row[3] and row[5]:  # the first readings: later ones can catch an NVML dip
+                    gap = row[5] - row[3]
+                    known = self.context.get(row[0])
+                    if known is None or gap < known:
+                        self.context[row[0]] = gap
+                item = (f"[{row[0]},{_json_int(row[1])},{_json_int(row[2])},{_json_int(row[3])},"
+                        f"{_json_int(row[4])},{_json_int(row[5])},{_json_int(row[6])},{_json_int(row[7])}]")
+                text = f"{text},{item}" if text else item
+            self.write_line(f'{{"type":"s","t":{now!r},"by":"{by}","step":{self.steps},"d":[{text}]}}')
             self.samples += 1
-            if self.run_dir and by in ("step", "time"):
-                self._watch_growth(now, by, rows)
+            if self.run_dir and (by == "step" or by == "time"):
+                self._watch_growth(now, by)
             if self.samples % SAMPLES_PER_DOUBLING == 0:
                 self.interval_s = min(self.interval_s * 2, MAX_INTERVAL_S)
         except Exception:
             pass
         finally:
+            if collecting:
+                gc.enable()
             self.cost["sample_s"] += time.thread_time() - started
-            self.sample_lock.release()
+            lock.release()
         return True
 
-    def _on_optimizer_step(self, *args, **kwargs) -> None:
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        # PyTorch calls hook(optimizer, args, kwargs): a signature with *args would make a tuple.
         if not self.explicit_steps:
-            self.on_step(explicit=False)
+            self.on_step(False)
 
     def on_step(self, explicit: bool) -> None:
         try:
@@ -548,8 +668,9 @@ class _Agent:
             pass
 
     # -- root cause: growth suspected online, allocation stacks, holders ---------
-    def _watch_growth(self, now: float, by: str, rows: list) -> None:
-        """Cheap online check of the allocated floor; see growth.floor_growth."""
+    def _watch_growth(self, now: float, by: str) -> None:
+        """Cheap online check of the allocated floor; see growth.floor_growth (which makes no
+        container while it finds no growth)."""
         if self.suspected:
             return
         if (self.trace_mode == "on" and self.baseline is None and by == "step"
@@ -557,18 +678,22 @@ class _Agent:
             self._take_baseline("warm-up")
         if by == "time" and self.steps:
             return  # a program that marks steps is judged at its step boundaries only
-        for row in rows:
-            xs, ys = self.floors.setdefault((row[0], by), ([], []))
-            xs.append(self.steps if by == "step" else now)
-            ys.append(row[1])
+        all_xs = self.floor_xs[by]
+        all_ys = self.floor_ys[by]
+        x = self.steps if by == "step" else now
+        for i in range(len(self.rows)):
+            if not self.live[i]:
+                continue
+            xs = all_xs[i]
+            ys = all_ys[i]
+            xs.append(x)
+            ys.append(self.rows[i][1])
             if len(xs) % CHECK_EVERY == 0 and len(xs) >= 2 * CHECK_EVERY:
-                from gpumemdoctor.growth import floor_growth
-
-                fit = floor_growth(xs, ys, SUSPECT_MIN_BYTES)
+                fit = self.floor_growth(xs, ys, SUSPECT_MIN_BYTES)
                 if fit is not None:
                     self.positive_checks += 1
                     if self.positive_checks >= 2:
-                        self._suspect(row[0], by, fit)
+                        self._suspect(self.rows[i][0], by, fit)
                         return
                 else:
                     self.positive_checks = 0
@@ -577,7 +702,9 @@ class _Agent:
 
     def _suspect(self, torch_index: int, by: str, fit) -> None:
         self.suspected = True
-        self.floors.clear()
+        for series in (*self.floor_xs.values(), *self.floor_ys.values()):
+            for points in series:
+                points.clear()
         self.write({"type": "suspect", "t": time.monotonic(), "step": self.steps, "device": torch_index,
                     "by": by, "grown_bytes": fit.grown_bytes, "rate": fit.rate_bytes_per_x})
         if by == "time":
@@ -694,6 +821,7 @@ class _Agent:
         if self.collections is not None:
             self.collections.paused = True  # the exit probes' own collections are not the program's
         try:
+            self.stopping = True
             self.stop.set()
             if self.thread is not None:
                 self.thread.join(timeout=1.0)
@@ -844,6 +972,10 @@ def _row(index: int, stats: dict) -> list:
     return [index, _stat(stats, "allocated_bytes", "current"), _stat(stats, "active_bytes", "current"),
             _stat(stats, "reserved_bytes", "current"), _stat(stats, "requested_bytes", "current"), None,
             _stat(stats, "allocated_bytes", "peak"), _stat(stats, "reserved_bytes", "peak")]
+
+
+def _json_int(value) -> str:
+    return "null" if value is None else str(value)
 
 
 def _stat(stats: dict, name: str, field: str):

@@ -9,10 +9,16 @@ program's own threads the agent holds automatic collection off while it reads
 (`quiet_gc`), exactly as the program would by calling gc.disable() itself; on the
 agent's own thread it never touches the collector's settings and reads only when
 the count is far enough from the threshold (`gc_headroom`).
+
+Holding collection off is not enough: a reading leaves its traces in the count and in
+the free lists that the program shares (PyTorch's 39 dicts per device, taken from the
+dict free list or made anew, then given back to it), and those decide when the
+program's later collections come. `Neutral` puts both back as it found them.
 """
 from __future__ import annotations
 
 import gc
+import json
 import os
 import sys
 import threading
@@ -26,6 +32,91 @@ MIN_FREED_RECORD_BYTES = 1 << 20  # a collection that freed less CUDA memory is 
 MAX_COLLECTION_RECORDS = 1000  # then collections are only added up
 GC_COST_SHARE = 0.01  # the callback stops measuring while it has cost more than this share of the run
 MAX_STACK = 16
+MAX_HELD_INFO = 20_000  # info dicts kept (two dicts each, ~130 bytes): then the rare miss is left alone
+
+
+class _Ballast:
+    """An object whose making and freeing move the collector's count by one (no free list)."""
+
+    __slots__ = ("_",)
+
+
+LEND_DICTS = 48  # lent to the dict free list around a reading: PyTorch's nested stats are 39
+
+
+class Neutral:
+    """Runs a reading so that the collector's count and the dict free list end as they began.
+
+    Before the reading, dicts of its own reserve are lent to the free list, so that the
+    reading's dicts come from it and go back to it; after, as many are taken back as
+    were lent, plus any the reading had to make anew (the count says how many), less any
+    the free list could not take (it was full; the count says that too). The count is
+    then put back with ballast: objects without a free list, made or freed one by one.
+    gc.get_count()'s own tuple comes from the free list of 3-tuples, where one of ours
+    is lent too. Measured in tests/test_events.py on CPython 3.11 and 3.12: the same
+    count, step by step, as a run that never read.
+
+    `fn(arg)` must leave nothing alive and make no containers but dicts. Run it with
+    automatic collection held off, or with room below the threshold (`room=True`):
+    a collection in the middle would make the count meaningless.
+    """
+
+    def __init__(self, lend: int = LEND_DICTS):
+        self.lend = lend
+        self.reserve = [{} for _ in range(lend)]
+        self.ballast = [_Ballast() for _ in range(lend)]
+        self.t3 = (0, 0, 0)
+        self.short = 0  # readings whose count could not be put back (no ballast left)
+
+    def read(self, fn, arg, room: bool = False):
+        """fn(arg), or NO_ROOM when `room` is asked and the count is near the threshold."""
+        get = gc.get_count
+        self.t3 = None  # lent: gc.get_count's own tuple comes from the free list
+        c0 = get()[0]
+        if room and gc.isenabled():
+            threshold = gc.get_threshold()[0]
+            if threshold and c0 + GC_HEADROOM >= threshold:
+                self.t3 = (c0, threshold, 0)
+                return NO_ROOM
+        reserve = self.reserve
+        ballast = self.ballast
+        lent = len(reserve)
+        if lent > self.lend:
+            lent = self.lend
+        lift = lent - c0  # the count never goes below zero: a freed dict it missed would go unseen
+        while lift > 0:
+            ballast.append(_Ballast())
+            lift -= 1
+        c1 = get()[0]
+        n = lent
+        while n:
+            reserve.pop()  # to the free list, or freed if it is full
+            n -= 1
+        destroyed = c1 - get()[0]
+        done = False
+        try:
+            result = fn(arg)
+            done = True
+        finally:
+            created = get()[0] - c1 + destroyed if done else 0
+            n = lent - destroyed + created
+            while n > 0:
+                reserve.append({})
+                n -= 1
+            c = get()[0]
+            while c > c0 and ballast:
+                ballast.pop()
+                c -= 1
+            if c > c0:
+                self.short += 1
+            while c < c0:
+                ballast.append(_Ballast())
+                c += 1
+            self.t3 = (c, c0, n)
+        return result
+
+
+NO_ROOM = object()
 
 
 class quiet_gc:
@@ -71,15 +162,28 @@ class Collections:
     device, twice a collection; collections are rare in tensor code (one per 500
     steps of an AdamW loop on an H100), and the callback stops measuring while it
     has cost more than GC_COST_SHARE of the time since CUDA started.
+
+    The callback makes no container of its own while the program runs: both readings
+    go through `Neutral`, into lists made once, and a record is one line of text. The
+    Python stack of the place the collection interrupted is kept for the first record
+    only: reading it makes frame objects, which the program frees later (a count of one
+    moved per record).
     """
 
-    def __init__(self, read_allocated, write, steps):
-        self.read_allocated = read_allocated  # () -> {torch index: allocated bytes}
-        self.write = write
+    def __init__(self, neutral: Neutral, read_allocated, devices: int, write_line, steps):
+        self.neutral = neutral
+        self.read_allocated = read_allocated  # (out) -> out[i]: allocated bytes of device slot i
+        self.devices = devices
+        self.indexes = [0] * devices  # torch index of each slot, filled by read_allocated's owner
+        self.before = [0] * devices
+        self.after = [0] * devices
+        self.write_line = write_line
         self.steps = steps  # () -> the step count now
         self.started = time.perf_counter()
         self.paused = False
-        self.before = None
+        self.measuring = False
+        self.t0 = 0.0
+        self.held = []  # the collector's own info dicts, kept off the free list (see _keep_info)
         self.measured = 0
         self.skipped = 0
         self.freeing = 0  # collections that freed CUDA memory (at least MIN_FREED_RECORD_BYTES)
@@ -92,48 +196,91 @@ class Collections:
         if self.callback not in gc.callbacks:
             gc.callbacks.append(self.callback)
 
+    def _keep_info(self, info) -> None:
+        """The collector makes its `info` dict only because a callback is installed. Made anew
+        (the dict free list was empty), it would go to the free list when the callbacks
+        return, and the program's next dict would come from there instead of being made: its
+        next collection one allocation late. The free list is empty now exactly when a dict
+        made now is new; then both are kept. (Empty now can also mean that `info` took the
+        list's last dict: that is told apart nowhere, and rarer in a program that collects.)"""
+        if len(self.held) >= MAX_HELD_INFO:
+            return
+        c = gc.get_count()[0]
+        probe = {}
+        if gc.get_count()[0] != c:
+            self.held.append(info)
+            self.held.append(probe)
+
     def callback(self, phase, info) -> None:
         try:
             if self.paused:
                 return
             now = time.perf_counter()
             if phase == "start":
+                self._keep_info(info)
+                self.measuring = False
                 if self.cost_s > GC_COST_SHARE * (now - self.started) + 0.002:
                     self.skipped += 1
-                    self.before = None
                     return
-                self.before = (now, self.read_allocated())
+                self.neutral.read(self.read_allocated, self.before)
+                self.t0 = now
+                self.measuring = True
                 self.cost_s += time.perf_counter() - now
                 return
-            if self.before is None:
+            if not self.measuring:
                 return
-            t0, before = self.before
-            self.before = None
-            after = self.read_allocated()
+            self.measuring = False
+            self.neutral.read(self.read_allocated, self.after)
             self.measured += 1
-            freed = {i: before[i] - after.get(i, 0) for i in before if before[i] - after.get(i, 0) > 0}
-            total = sum(freed.values())
+            total = 0
+            freed = ""
+            for i in range(self.devices):
+                gone = self.before[i] - self.after[i]
+                if gone > 0:
+                    total += gone
+                    freed = f"{freed},[{self.indexes[i]},{gone}]" if freed else f"[{self.indexes[i]},{gone}]"
             if total >= MIN_FREED_RECORD_BYTES:
                 self.freeing += 1
                 self.freed_bytes += total
-                self.max_freed_bytes = max(self.max_freed_bytes, total)
+                if total > self.max_freed_bytes:
+                    self.max_freed_bytes = total
                 if self.records < MAX_COLLECTION_RECORDS:
                     self.records += 1
-                    self.write({"type": "collection", "t": time.monotonic(), "step": self.steps(),
-                                "generation": int(info.get("generation", -1)),
-                                "collected": int(info.get("collected", 0)),
-                                "freed": [[i, b] for i, b in sorted(freed.items())],
-                                "thread": threading.current_thread().name,
-                                "stack": program_stack(sys._getframe(), 6),
-                                "elapsed_s": round(time.perf_counter() - t0, 6)})
+                    stack = program_stack_json(sys._getframe(), 6) if self.records == 1 else "[]"
+                    self.write_line(
+                        f'{{"type":"collection","t":{time.monotonic()!r},"step":{self.steps()},'
+                        f'"generation":{info.get("generation", -1)},"collected":{info.get("collected", 0)},'
+                        f'"freed":[{freed}],"thread":{json_text(threading.current_thread().name)},'
+                        f'"stack":{stack},"elapsed_s":{round(time.perf_counter() - self.t0, 6)!r}}}')
             self.cost_s += time.perf_counter() - now
         except Exception:
-            self.before = None
+            self.measuring = False
 
     def summary(self) -> dict:
         return {"measured": self.measured, "skipped": self.skipped, "freeing": self.freeing,
                 "freed_bytes": self.freed_bytes, "max_freed_bytes": self.max_freed_bytes,
-                "cost_s": round(self.cost_s, 6)}
+                "cost_s": round(self.cost_s, 6), "info_dicts_kept": len(self.held) // 2}
+
+
+def json_text(text: str) -> str:
+    """A JSON string, without json.dumps's containers (plain text needs no escaping)."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return f'"{text}"'
+    return json.dumps(text)
+
+
+def program_stack_json(frame, limit: int = MAX_STACK) -> str:
+    """program_stack() as JSON text, made without containers."""
+    out = ""
+    n = 0
+    while frame is not None and n < limit:
+        code = frame.f_code
+        if not code.co_filename.startswith(_PACKAGE_DIR):
+            item = f"[{json_text(code.co_filename)},{frame.f_lineno or 0},{json_text(code.co_name)}]"
+            out = f"{out},{item}" if out else item
+            n += 1
+        frame = frame.f_back
+    return f"[{out}]"
 
 
 def free_blocks(torch, device: int) -> tuple[int | None, int | None]:

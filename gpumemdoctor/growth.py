@@ -29,28 +29,67 @@ class GrowthFit:
 
 def floor_growth(xs: list[float], ys: list[int | None], min_growth_bytes: int,
                  tolerance_bytes: int = 1 << 20) -> GrowthFit | None:
-    """The floor's sustained rise over x, or None when the series does not keep growing."""
-    points = [(x, y) for x, y in zip(xs, ys) if y is not None]
-    if len(points) < MIN_POINTS:
+    """The floor's sustained rise over x, or None when the series does not keep growing.
+
+    The agent runs this inside the measured program, so the answer "no growth" makes no
+    container (no list, tuple or dict): those would come from free lists that the program
+    shares, and move its garbage collector (see _events.Neutral). Indexes only.
+    """
+    count = 0
+    for i in range(len(ys)):
+        if ys[i] is not None:
+            count += 1
+    if count < MIN_POINTS:
         return None
-    points = points[max(1, int(len(points) * WARMUP_FRACTION)):]
-    size = len(points) // WINDOWS
+    skip = int(count * WARMUP_FRACTION)
+    if skip < 1:
+        skip = 1
+    size = (count - skip) // WINDOWS
     if size < 1:
         return None
-    windows = [points[i * size:(i + 1) * size] for i in range(WINDOWS - 1)]
-    windows.append(points[(WINDOWS - 1) * size:])
-    floors = [min(window, key=lambda p: p[1]) for window in windows]
-    rises = [b[1] - a[1] for a, b in zip(floors, floors[1:])]
-    if any(rise < -tolerance_bytes for rise in rises):
-        return None  # a floor fell back: sawtooth or a cleared cache
-    if rises[-1] <= tolerance_bytes or sum(r > tolerance_bytes for r in rises) < len(rises) - 1:
+    # One pass over the points after warm-up: each window's lowest point (its floor), and how
+    # the floors rise from one window to the next.
+    seen = window = in_window = 0
+    floor_x = floor_y = first_x = first_y = prev_y = last_rise = 0
+    rising = 0
+    for i in range(len(ys)):
+        y = ys[i]
+        if y is None:
+            continue
+        seen += 1
+        if seen <= skip:
+            continue
+        if in_window == 0 or y < floor_y:
+            floor_x, floor_y = xs[i], y
+        in_window += 1
+        if in_window == size and window < WINDOWS - 1 or seen == count:
+            if window == 0:
+                first_x, first_y = floor_x, floor_y
+            else:
+                last_rise = floor_y - prev_y
+                if last_rise < -tolerance_bytes:
+                    return None  # a floor fell back: sawtooth or a cleared cache
+                if last_rise > tolerance_bytes:
+                    rising += 1
+            prev_y = floor_y
+            window += 1
+            in_window = 0
+    if last_rise <= tolerance_bytes or rising < WINDOWS - 2:
         return None  # growth stopped: warm-up, or a cache that filled once
-    grown = floors[-1][1] - floors[0][1]
+    grown = prev_y - first_y
     if grown < min_growth_bytes:
         return None
-    return GrowthFit(grown_bytes=int(grown), rate_bytes_per_x=_slope(floors),
-                     start_x=floors[0][0], start_floor_bytes=int(floors[0][1]),
-                     end_floor_bytes=int(floors[-1][1]), points=len(points))
+    return GrowthFit(grown_bytes=int(grown), rate_bytes_per_x=_slope(_floors(xs, ys, skip, size)),
+                     start_x=first_x, start_floor_bytes=int(first_y),
+                     end_floor_bytes=int(prev_y), points=count - skip)
+
+
+def _floors(xs: list[float], ys: list[int | None], skip: int, size: int) -> list[tuple[float, int]]:
+    """Each window's lowest point, as floor_growth cuts them (once growth is found)."""
+    points = [(x, y) for x, y in zip(xs, ys) if y is not None][skip:]
+    windows = [points[i * size:(i + 1) * size] for i in range(WINDOWS - 1)]
+    windows.append(points[(WINDOWS - 1) * size:])
+    return [min(window, key=lambda p: p[1]) for window in windows]
 
 
 def _slope(points: list[tuple[float, int]]) -> float:

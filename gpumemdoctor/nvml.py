@@ -212,3 +212,48 @@ def versions() -> dict:
         "nvml": _text(_call(nv.nvmlSystemGetNVMLVersion)),
         "cuda_driver": f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) else None,
     }
+
+
+class ProcessMemory:
+    """One process's NVML figure on one device, read with buffers made once.
+
+    The agent reads this inside the program it measures, many times a run: pynvml's own
+    process list makes a dict and an object per process and a list each call, which come
+    from free lists the program shares and move its garbage collector. This reading makes
+    no container (ctypes' call takes its arguments in a tuple, from a free list that is
+    never empty in practice). None when it cannot be read this way: use used_by().
+    """
+
+    def __init__(self, device: Device, pid: int, capacity: int = 64):
+        import ctypes
+
+        nv = init()
+        fn = _pick_processes_fn(device.handle)
+        name = getattr(fn, "__name__", "")
+        struct = {"nvmlDeviceGetComputeRunningProcesses_v3": "c_nvmlProcessInfo_v3_t",
+                  "nvmlDeviceGetComputeRunningProcesses_v2": "c_nvmlProcessInfo_v2_t"}.get(name)
+        getter = getattr(nv, "_nvmlGetFunctionPointer", None)
+        if struct is None or getter is None or not hasattr(nv, struct):
+            raise NoGpuError(f"no direct process-list call for {name or fn!r}")
+        self._call = getter(name)
+        self._array = (getattr(nv, struct) * capacity)()
+        self._count = ctypes.c_uint(0)
+        self._count_ref = ctypes.byref(self._count)
+        self._handle = device.handle
+        self._pid = pid
+        self._capacity = capacity
+        self._missing = getattr(getattr(nv, "NVML_VALUE_NOT_AVAILABLE_ulonglong", None), "value", None)
+
+    def used(self) -> int | None:
+        """Bytes the process holds on the device, 0 when NVML does not list it, None when the
+        list could not be read (more processes than the buffer holds, an NVML error)."""
+        self._count.value = self._capacity
+        if self._call(self._handle, self._count_ref, self._array) != 0:
+            return None
+        array = self._array
+        for i in range(self._count.value):
+            entry = array[i]
+            if entry.pid == self._pid:
+                used = entry.usedGpuMemory
+                return None if used == self._missing else int(used)
+        return 0

@@ -3,9 +3,11 @@ callback, holding automatic collection off, and what an uncaught exception leave
 from __future__ import annotations
 
 import gc
+import json
+import os
 import sys
 
-from gpumemdoctor import _events
+from gpumemdoctor import _events, rootcause
 
 
 class Payload:
@@ -21,9 +23,19 @@ class Payload:
         Payload.allocated -= self.size
 
 
+def _allocated(out):
+    out[0] = Payload.allocated
+
+
+def _collections(read, step):
+    lines = []
+    watch = _events.Collections(_events.Neutral(), read, 1, lines.append, lambda: step)
+    watch.indexes[0] = 0
+    return watch, lines
+
+
 def test_a_collection_that_frees_memory_is_recorded_with_its_size_and_thread():
-    written = []
-    watch = _events.Collections(lambda: {0: Payload.allocated}, written.append, lambda: 7)
+    watch, lines = _collections(_allocated, 7)
     watch.install()
     try:
         for _ in range(3):
@@ -36,7 +48,8 @@ def test_a_collection_that_frees_memory_is_recorded_with_its_size_and_thread():
     finally:
         gc.callbacks.remove(watch.callback)
     assert watch.freeing >= 1 and watch.freed_bytes == 12 << 20
-    record = written[-1]
+    record = json.loads(lines[-1])  # written as text: rootcause checks it like any record
+    rootcause.COLLECTION(record, "collection")
     assert record["type"] == "collection" and record["step"] == 7
     assert sum(b for _, b in record["freed"]) == 12 << 20
     assert record["thread"] == "MainThread"
@@ -44,18 +57,23 @@ def test_a_collection_that_frees_memory_is_recorded_with_its_size_and_thread():
 
 
 def test_a_collection_that_frees_nothing_is_counted_only():
-    written = []
-    watch = _events.Collections(lambda: {0: 5}, written.append, lambda: 0)
+    def five(out):
+        out[0] = 5
+
+    watch, lines = _collections(five, 0)
     watch.install()
     try:
         gc.collect()
     finally:
         gc.callbacks.remove(watch.callback)
-    assert written == [] and watch.measured >= 1 and watch.freeing == 0
+    assert lines == [] and watch.measured >= 1 and watch.freeing == 0
 
 
 def test_paused_collections_are_not_measured():
-    watch = _events.Collections(lambda: {0: 0}, lambda r: None, lambda: 0)
+    def zero(out):
+        out[0] = 0
+
+    watch, _ = _collections(zero, 0)
     watch.paused = True
     watch.install()
     try:
@@ -114,3 +132,149 @@ def test_program_stack_leaves_out_gpumemdoctor_frames():
     stack = _events.program_stack(sys._getframe())
     assert stack[0][2] == "test_program_stack_leaves_out_gpumemdoctor_frames"
     assert all("gpumemdoctor/_events.py" not in f[0] for f in stack)
+
+
+# -- neutrality: the agent's readings leave the program's collector as they found it -----------
+
+def _nested_stats(index):
+    """Shaped like torch._C._cuda_memoryStats: 39 dicts alive at once."""
+    out = {"num_alloc_retries": 0}
+    for name in ("allocation", "segment", "active", "inactive_split", "allocated_bytes",
+                 "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes"):
+        out[name] = {pool: {"current": 1 << 20, "peak": 2 << 20, "allocated": 3, "freed": 2}
+                     for pool in ("all", "small_pool", "large_pool")}
+    out["oversize_allocations"] = {"current": 0, "peak": 0}
+    out["oversize_segments"] = {"current": 0, "peak": 0}
+    return out
+
+
+def _reserved(index):
+    """What the agent does with the stats: a number out, nothing kept."""
+    return _nested_stats(index)["reserved_bytes"]["all"]["current"]
+
+
+def _free_dicts(limit=100):
+    """How many dicts the dict free list holds (up to limit): dicts made until one is new."""
+    held = []
+    count = gc.get_count()[0]
+    for i in range(limit):
+        held.append({})
+        if gc.get_count()[0] != count:
+            return i
+    return limit
+
+
+def test_a_reading_leaves_the_count_and_the_dict_free_list_as_it_found_them():
+    neutral = _events.Neutral()
+    for on_free_list in (0, 1, 5, 38, 39, 40, 42, 60, 79, 80, 0, 3):
+        for read in (False, True):
+            gc.disable()
+            try:
+                gc.collect()  # a full collection empties the free lists
+                keep = [{} for _ in range(80)]
+                for _ in range(on_free_list):
+                    keep.pop()
+                gc.get_count()  # its tuple, on its free list before the first measure
+                before = gc.get_count()[0]
+                if read:
+                    assert neutral.read(_reserved, 0) == 1 << 20
+                after = gc.get_count()[0]
+                free = _free_dicts()
+            finally:
+                gc.enable()
+            del keep
+            assert (after - before, free) == (0, on_free_list), (on_free_list, read)
+    assert neutral.short == 0 and len(neutral.reserve) <= neutral.lend
+
+
+class _Node:
+    def __init__(self, parent=None):
+        self.parent = parent
+        self.children = []
+        if parent is not None:
+            parent.children.append(self)
+
+
+def _cycles_program(read=None, steps=300):
+    """Allocates dicts, lists and reference cycles; the collector's count after every step,
+    and how many collections of each generation ran."""
+    gc.collect()
+    log, trace = [], []
+    before = gc.get_stats()
+    for step in range(steps):
+        root = _Node()
+        _Node(root)
+        del root
+        log.append([{"s": step, "i": i} for i in range((step * 7) % 50)])
+        if step % 3 == 0:
+            junk = [{"a": i} for i in range(step % 70)]  # fills the dict free list now and then
+            del junk
+        if read is not None:
+            read(step)
+        trace.append(gc.get_count()[0])
+    after = gc.get_stats()
+    return trace, [b["collections"] - a["collections"] for a, b in zip(before, after)]
+
+
+def test_the_program_collects_at_the_same_moments_when_read_every_step():
+    plain = _cycles_program()
+    neutral = _events.Neutral()
+
+    def read(step):
+        collecting = gc.isenabled()
+        gc.disable()  # as on the program's thread: quiet while reading
+        try:
+            neutral.read(_reserved, 0)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def bare(step):
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            _reserved(0)
+        finally:
+            if collecting:
+                gc.enable()
+
+    assert _cycles_program(bare) != plain  # the reading alone moves the collector: the test can fail
+    assert _cycles_program(read) == plain
+
+
+def _agent_with_stand_in_torch(tmp_path):
+    import types
+
+    from gpumemdoctor import _agent
+
+    torch = types.SimpleNamespace(
+        _C=types.SimpleNamespace(_cuda_memoryStats=_nested_stats),
+        cuda=types.SimpleNamespace(memory_stats_as_nested_dict=_nested_stats))
+    agent = _agent._Agent(str(tmp_path), 0.0)
+    agent.torch = torch
+    agent.devices = [{"index": 0, "uuid": "GPU-0", "pci_bus_id": None, "name": "stand-in", "nvml_device": None}]
+    agent._prepare_reading()
+    agent._watch_events()  # the collector's callback; PyTorch's out-of-memory observer is absent here
+    return agent
+
+
+def test_the_agents_samples_and_collection_callback_leave_the_collector_alone(tmp_path):
+    plain = _cycles_program()
+    agent = _agent_with_stand_in_torch(tmp_path)
+    try:
+        def read(step):
+            agent.on_step(False)  # a step sample, on the program's thread
+            if step % 5 == 0:
+                agent.sample("time")  # what the sampling thread does, here at known moments
+        measured = _cycles_program(read)
+    finally:
+        gc.callbacks.remove(agent.collections.callback)
+        os.close(agent.fd)
+    assert agent.samples > 300 and agent.collections.measured >= 10
+    assert measured[1] == plain[1]  # as many collections of each generation
+    if sys.version_info[:2] in ((3, 11), (3, 12)):  # where it was measured (CI's and the GPU machines')
+        assert measured[0] == plain[0]  # and each at the same moment
+    lines = (tmp_path / f"agent-{os.getpid()}.jsonl").read_text().splitlines()
+    samples = [json.loads(line) for line in lines if '"type":"s"' in line]
+    assert samples[0]["d"] == [[0, 1 << 20, 1 << 20, 1 << 20, 1 << 20, None, 2 << 20, 2 << 20]]
+    assert {s["by"] for s in samples} == {"step", "time"}

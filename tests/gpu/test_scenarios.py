@@ -375,11 +375,6 @@ def _cycles_line(stdout: str) -> list[int]:
     return [int(v) for v in line.split()[1:]]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect (2026-11-23, H100): plain 'CYCLES 16777216 20 1 0', under the tool "
-    "'CYCLES 50331648 19 1 0'; exact with neither the gc callback's allocator reads nor the time "
-    "samples (--interval 60 and no callback), off by one collection with either: both create "
-    "PyTorch's stats dicts, which share the dict free list with the program"))
 def test_the_agent_does_not_change_when_the_program_collects_its_garbage(tmp_path):
     """The same reference-cycle program holds the same bytes in cycles at its end, and its
     collector ran the same number of times, plainly and under gpumemdoctor run."""
