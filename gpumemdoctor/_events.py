@@ -67,6 +67,7 @@ class Neutral:
         self.ballast = [_Ballast() for _ in range(lend)]
         self.t3 = (0, 0, 0)
         self.short = 0  # readings whose count could not be put back (no ballast left)
+        self.collected = 0  # readings inside which a collection ran
 
     def read(self, fn, arg, room: bool = False):
         """fn(arg), or NO_ROOM when `room` is asked and the count is near the threshold."""
@@ -99,19 +100,24 @@ class Neutral:
             done = True
         finally:
             created = get()[0] - c1 + destroyed if done else 0
+            collected = created < 0  # a collection ran inside (one already due when the reading began)
+            if collected:
+                self.collected += 1
+                created = 0
             n = lent - destroyed + created
             while n > 0:
                 reserve.append({})
                 n -= 1
             c = get()[0]
-            while c > c0 and ballast:
-                ballast.pop()
-                c -= 1
-            if c > c0:
-                self.short += 1
-            while c < c0:
-                ballast.append(_Ballast())
-                c += 1
+            if not collected:  # after a collection the count starts again from zero: nothing to put back
+                while c > c0 and ballast:
+                    ballast.pop()
+                    c -= 1
+                if c > c0:
+                    self.short += 1
+                while c < c0:
+                    ballast.append(_Ballast())
+                    c += 1
             self.t3 = (c, c0, n)
         return result
 
