@@ -199,7 +199,7 @@ class _Agent:
         self.stopping = False  # the sampling thread sleeps in short naps and looks at this
         self.neutral: _events.Neutral | None = None  # made at CUDA's start, on the program's thread
         self.stats_fn = None  # torch index -> PyTorch's nested allocator stats
-        self.rows: list[list] = []  # one reading per device, filled in place (see _fill_rows)
+        self.rows: list[list] = []  # one reading per device, filled in place (see _read_rows)
         self.live: list[bool] = []  # which rows the last reading filled
         self.nvml_readers: list = []  # nvml.ProcessMemory per device, or None
         self.floor_xs: dict = {}  # by -> per device slot, the online floor check's series
@@ -523,58 +523,76 @@ class _Agent:
         peak] of each device this process has touched: copies, for the paths that keep them."""
         if self.neutral is None:
             return []
-        self.neutral.read(self._fill_rows, None)
+        self._read_rows(False)
         return [list(self.rows[i]) for i in range(len(self.rows)) if self.live[i]]
 
-    def _fill_rows(self, _) -> int:
-        """Read every device into self.rows, in place; how many are live. Runs inside
-        Neutral.read: it makes no object but PyTorch's dicts (one device's alive at a time)
-        and ctypes' short-lived ones, which have no free list."""
-        live = 0
-        for i in range(len(self.rows)):
-            if self._fill_row(i):
-                live += 1
-        return live
+    def _read_rows(self, room: bool):
+        """Fill self.rows in place: PyTorch's figures, then NVML's, then PyTorch's reserved again
+        (if the allocator moved meanwhile, the pair does not describe one moment: read again).
+        PyTorch is read inside Neutral.read; NVML outside it, because the foreign call lets
+        other threads run, and what the program allocates meanwhile must not be counted as
+        the agent's. NO_ROOM when `room` is asked and the collector is near its threshold."""
+        neutral = self.neutral
+        for _ in range(3):
+            if neutral.read(self._read_torch, None, room) is _events.NO_ROOM:
+                return _events.NO_ROOM
+            self._read_nvml()
+            moved = neutral.read(self._reserved_moved, None, room)
+            if moved is _events.NO_ROOM:
+                return _events.NO_ROOM
+            if not moved:
+                break
+        rows = self.rows
+        for i in range(len(rows)):
+            row = rows[i]
+            reserved = row[3]
+            nvml_used = row[5]
+            if not reserved and not nvml_used:
+                self.live[i] = False  # a device this process has not touched
+                continue
+            if reserved and nvml_used == 0:
+                row[5] = None  # NVML does not list us though we hold memory: another PID namespace
+            self.live[i] = True
+        return True
 
-    def _fill_row(self, i: int, tries: int = 3) -> bool:
+    def _read_torch(self, _) -> None:
+        """PyTorch's figures into the rows; makes only PyTorch's dicts, one device's at a time."""
         stats_fn = self.stats_fn
-        row = self.rows[i]
-        index = row[0]
-        reader = self.nvml_readers[i]
-        nvml_used = None
-        for _ in range(tries):
-            stats = stats_fn(index)
+        rows = self.rows
+        for i in range(len(rows)):
+            row = rows[i]
+            stats = stats_fn(row[0])
             row[1] = _stat(stats, "allocated_bytes", "current")
             row[2] = _stat(stats, "active_bytes", "current")
             row[3] = _stat(stats, "reserved_bytes", "current")
             row[4] = _stat(stats, "requested_bytes", "current")
             row[6] = _stat(stats, "allocated_bytes", "peak")
             row[7] = _stat(stats, "reserved_bytes", "peak")
-            stats = None
-            nvml_used = None
+
+    def _reserved_moved(self, _) -> bool:
+        stats_fn = self.stats_fn
+        rows = self.rows
+        for i in range(len(rows)):
+            if _stat(stats_fn(rows[i][0]), "reserved_bytes", "current") != rows[i][3]:
+                return True
+        return False
+
+    def _read_nvml(self) -> None:
+        rows = self.rows
+        for i in range(len(rows)):
+            reader = self.nvml_readers[i]
+            used = None
             if reader is not None:
                 try:
-                    nvml_used = reader.used()
+                    used = reader.used()
                 except Exception:
-                    nvml_used = None
+                    used = None
             elif self.nvml is not None and self.devices[i]["nvml_device"] is not None:
                 try:  # no direct reading on this driver: pynvml's list (makes containers)
-                    nvml_used = self.nvml.used_by(self.devices[i]["nvml_device"], self.pid)
+                    used = self.nvml.used_by(self.devices[i]["nvml_device"], self.pid)
                 except Exception:
-                    nvml_used = None
-            # NVML and the allocator are read one after the other: if the allocator
-            # moved in between, the pair does not describe one moment; read again.
-            if _stat(stats_fn(index), "reserved_bytes", "current") == row[3]:
-                break
-        reserved = row[3]
-        if not reserved and not nvml_used:
-            self.live[i] = False  # a device this process has not touched
-            return False
-        if reserved and nvml_used == 0:
-            nvml_used = None  # NVML does not list us though we hold memory: another PID namespace
-        row[5] = nvml_used
-        self.live[i] = True
-        return True
+                    used = None
+            rows[i][5] = used
 
     def sample(self, by: str) -> bool:
         """One reading of every device; False when it was put off (the caller may try again).
@@ -610,7 +628,7 @@ class _Agent:
             gc.disable()
         try:
             now = time.monotonic()
-            if self.neutral.read(self._fill_rows, None, not quiet) is _events.NO_ROOM:
+            if self._read_rows(not quiet) is _events.NO_ROOM:
                 return None
             self.last_sample_t = now
             if by == "step":
