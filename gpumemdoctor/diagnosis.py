@@ -287,6 +287,8 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                                                   b.non_torch_bytes, "more than CUDA libraries take"))
 
 
+MIN_WATCHED_AFTER = 4  # samples at (nearly) the final level before growth over time may decide
+
 LEAK_REMEDY = ("Find what keeps each step's tensors alive: a list that is appended to, a loss accumulated "
                "without .item() (it keeps the autograd graph), stored outputs; keep Python numbers with "
                ".item() or .detach(), and del what you no longer need.")
@@ -295,10 +297,17 @@ LEAK_REMEDY = ("Find what keeps each step's tensors alive: a list that is append
 def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str, b: Breakdown,
               series: list, by: str, growth: dict | None) -> judgement.Evidence:
     """What was observed of one process on one GPU, for the judgement."""
-    samples = sum(1 for _, r in series if r.allocated_bytes is not None)
+    values = [r.allocated_bytes for _, r in series if r.allocated_bytes is not None]
+    samples = len(values)
     # Samples can miss the build-up: a loop that runs between two samples, or right before exit.
-    seen_most = max((r.allocated_bytes for _, r in series if r.allocated_bytes is not None), default=0)
+    seen_most = max(values, default=0)
     unseen = max(0, (b.live_tensor_bytes or 0) - seen_most) if b.exit_probes else 0
+    # Or see it only at the very end: an inference loop of 0.1 s at the end of a run, caught by
+    # the last of eleven samples (H100). Growth over time decides only when the samples went on
+    # for a while after they first saw what is alive at exit.
+    near = max(SIGNIFICANT_BYTES, (b.live_tensor_bytes or 0) // 4)
+    reached = next((i for i, v in enumerate(values) if v >= seen_most - near), samples)
+    watched_after = samples - reached
     exit_search = rootcause.search_of(agent.root, "exit")
     held, unheld = rootcause.accumulations(exit_search, torch_index)
     oom_search = rootcause.search_of(agent.root, "oom")
@@ -314,8 +323,8 @@ def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, w
                            biggest_at=_biggest_collection(freeing, torch_index))
     return judgement.Evidence(
         pid=agent.pid, device=nvml_index, torch_index=torch_index, where=where, samples=samples, by=by,
-        enough_samples=samples >= MIN_POINTS and unseen < max(SIGNIFICANT_BYTES, (b.live_tensor_bytes or 0) // 4),
-        unseen_bytes=unseen, growth=growth,
+        enough_samples=samples >= MIN_POINTS and unseen < near and watched_after >= MIN_WATCHED_AFTER,
+        unseen_bytes=unseen, watched_after=watched_after, growth=growth,
         live_bytes=b.live_tensor_bytes if b.exit_probes else None, garbage_bytes=b.garbage_bytes,
         accumulations=held, unheld=unheld, exit_search=exit_meta, collections=collections,
         ooms=[o for o in agent.root["ooms"] if o["device"] == torch_index],

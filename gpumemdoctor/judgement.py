@@ -54,7 +54,7 @@ class Evidence:
     where: str  # "process 123 on GPU 0"
     samples: int  # readings in the series that growth is judged on
     by: str  # "step" or "time"
-    enough_samples: bool  # at least 8, and they saw the memory that is alive at exit build up
+    enough_samples: bool  # at least 8, they saw what is alive at exit, and for long enough after
     unseen_bytes: int  # what was allocated after the last sample and is alive at exit
     growth: dict | None  # the allocated floor's growth, when seen: grown, retained, rate text, figures
     live_bytes: int | None  # tensors still referenced at exit (None without exit probes)
@@ -69,11 +69,13 @@ class Evidence:
     oom_search: dict = field(default_factory=dict)
     uncaught: dict | None = None  # the exception the program died of
     exited_normally: bool = False  # its exit hook ran
+    watched_after: int = 0  # samples from the first that saw (nearly) what is alive at exit, to the end
 
     def to_json(self) -> dict:
         """What the report keeps of it: the facts, not the suspects (those are on the findings)."""
         return {"pid": self.pid, "device": self.device, "samples": self.samples, "by": self.by,
                 "enough_samples_for_growth": self.enough_samples, "unseen_bytes": self.unseen_bytes,
+                "watched_after": self.watched_after,
                 "growth": self.growth, "live_at_exit_bytes": self.live_bytes,
                 "garbage_at_exit_bytes": self.garbage_bytes,
                 "accumulations": [_brief(a) for a in self.accumulations],
@@ -290,13 +292,16 @@ def _too_short(e: Evidence) -> str:
     if e.samples < 8:
         return (f"The run was too short to see growth over time ({e.samples} {what}; judging growth "
                 f"needs 8),")
-    return (f"The samples did not see the memory build up ({fb(e.unseen_bytes)} of what was alive at exit "
-            f"came after the last of {e.samples} {what}),")
+    if e.unseen_bytes >= SIGNIFICANT_BYTES:
+        return (f"The samples did not see the memory build up ({fb(e.unseen_bytes)} of what was alive at "
+                f"exit came after the last of {e.samples} {what}),")
+    return (f"The samples saw what was alive at exit only at the very end (the last {e.watched_after} of "
+            f"{e.samples} {what}), too late to tell a leak from a program that ends at its peak,")
 
 
 def _samples(e: Evidence) -> dict:
     return {"samples": e.samples, "by": e.by, "enough_samples_for_growth": e.enough_samples,
-            "unseen_bytes": e.unseen_bytes}
+            "unseen_bytes": e.unseen_bytes, "watched_after": e.watched_after}
 
 
 def _line(stack: list) -> str | None:

@@ -137,6 +137,15 @@ def test_samples_that_missed_the_build_up_leave_the_structure_to_decide():
     assert "did not see the memory build up (316 MiB" in found[0].summary
 
 
+def test_samples_that_saw_it_only_at_the_very_end_leave_the_structure_to_decide():
+    found = judgement.judge(evidence(samples=11, enough_samples=False, unseen_bytes=44 * MIB, watched_after=1,
+                                     accumulations=[held(count=80, size=4 * MIB, pattern="__main__.seen[*]",
+                                                         kind="global")], live_bytes=361 * MIB))
+    assert kinds(found) == [("leak", "structure")]
+    assert "only at the very end (the last 1 of 11 samples)" in found[0].summary
+    assert found[0].evidence["watched_after"] == 1
+
+
 def _finding(kind, bytes=1, **evidence):
     return Finding(kind=kind, bytes=bytes, summary="", evidence=evidence, remedy="", pid=1, device=0)
 
