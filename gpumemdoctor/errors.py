@@ -7,6 +7,7 @@ from __future__ import annotations
 EXIT_USAGE = 2
 EXIT_NO_GPU = 3
 EXIT_BAD_REPORT = 4
+EXIT_MISSING_EXTRA = 5  # an optional extra is not installed (--html without plotly)
 EXIT_CHECK_FAILED = 10  # a CI check failed (and the target itself succeeded)
 EXIT_GPU_BUSY = 11  # `ps --expect-free`: a GPU holds more than allowed
 EXIT_WATCH_ALERT = 12  # `watch --exit-on-alert`: a limit was crossed
@@ -35,3 +36,9 @@ class BadReportError(DoctorError):
     """A report or recording file that is not what it claims to be."""
 
     exit_code = EXIT_BAD_REPORT
+
+
+class MissingExtraError(DoctorError):
+    """An option needs an optional extra that is not installed."""
+
+    exit_code = EXIT_MISSING_EXTRA
