@@ -168,22 +168,25 @@ def _marks(diagnosis: Diagnosis, pid: int, device: int | None) -> tuple[list, li
     """Vertical lines where growth was under way from, and at each out-of-memory error."""
     shapes, notes = [], []
 
-    def mark(t: float, text: str, colour: str, dash: str) -> None:
+    def mark(t: float, text: str, colour: str, dash: str, side: str) -> None:
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": t, "x1": t, "y0": 0, "y1": 1,
                        "line": {"color": colour, "width": 1.5, "dash": dash}})
+        # growth's label left of its line, an error's right of it: the two are often close together
         notes.append({"xref": "x", "yref": "paper", "x": t, "y": 1, "yanchor": "bottom", "text": text,
-                      "showarrow": False, "font": {"color": colour, "size": 11}, "xanchor": "left"})
+                      "showarrow": False, "font": {"color": colour, "size": 11},
+                      "xanchor": "right" if side == "left" else "left"})
 
     for g in diagnosis.growth:
         if g.pid == pid and g.device == device and g.start_t is not None:
             what = "leak" if g.series == "allocated" else f"{SERIES_NAMES.get(g.series, g.series)} growing"
             at = f"step {g.start_step}" if g.start_step is not None else f"{g.start_t:.1f} s"
-            mark(g.start_t, f"{what} from {at}", "#c0392b", "dash")
+            mark(g.start_t, f"{what} from {at}", "#c0392b", "dash", "left")
     for e in diagnosis.evidence:
         if e.get("pid") == pid and e.get("device") == device:
             for oom in e.get("out_of_memory") or []:
                 if isinstance(oom.get("t"), (int, float)):
-                    mark(oom["t"], f"out of memory ({fb(oom.get('request_bytes'))} asked)", "#8e44ad", "solid")
+                    mark(oom["t"], f"out of memory ({fb(oom.get('request_bytes'))} asked)", "#8e44ad", "solid",
+                         "right")
     return shapes, notes
 
 
@@ -334,12 +337,12 @@ def _suspects(f: Finding) -> str:
         head += f"; gave up {searched['gave_up']})" if searched.get("gave_up") else ")"
     out.append(f'<h4>{_e(head)}</h4><div class="suspects">')
     for i, s in enumerate(f.suspects, 1):
-        out.append(_suspect(i, s))
+        out.append(_suspect(i, s, f.remedy))
     out.append("</div>")
     return "".join(out)
 
 
-def _suspect(i: int, s: dict) -> str:
+def _suspect(i: int, s: dict, finding_remedy: str) -> str:
     rows = []
     if s.get("stack"):
         frames = "".join(f"<li><code>{_e(file)}:{_e(line)}</code> in <code>{_e(fn)}()</code></li>"
@@ -356,7 +359,8 @@ def _suspect(i: int, s: dict) -> str:
         rows.append(f"<dt>Held by</dt><dd>{''.join(_holder(h) for h in s['holders'])}</dd>")
     if s.get("unheld_bytes"):
         rows.append(f"<dt>Held by no Python object</dt><dd>{_e(fb(s['unheld_bytes']))}</dd>")
-    remedy = f'<p class="remedy">→ {_e(s["remedy"])}</p>' if s.get("remedy") else ""
+    remedy = (f'<p class="remedy">→ {_e(s["remedy"])}</p>'
+              if s.get("remedy") and s["remedy"] != finding_remedy else "")
     opened = " open" if i == 1 else ""
     return (f'<details class="suspect"{opened}><summary>{i}. {_e(s.get("summary", ""))}</summary>'
             f'<dl>{"".join(rows)}</dl>{remedy}</details>')
