@@ -3,7 +3,8 @@ from __future__ import annotations
 
 # Exit codes of gpumemdoctor itself. A target that ran passes its own exit
 # status through (128 + N when a signal N killed it), so these only appear when
-# gpumemdoctor could not do its job. Keep README's table in step with this one.
+# gpumemdoctor could not do its job. Keep the table in docs/cli.md in step with this one
+# (tests/test_docs.py checks that every code is there).
 EXIT_USAGE = 2
 EXIT_NO_GPU = 3
 EXIT_BAD_REPORT = 4

@@ -24,7 +24,7 @@ from . import _html_page as page
 from .terminal import DECIDED_BY, VERDICT_MEANING
 
 # Envelope buckets for the whole page, shared among its series: a series keeps at most about twice
-# its buckets in points, whatever the run's length, so the page's weight is bounded (see README).
+# its buckets in points, whatever the run's length, so the page's weight is bounded (docs/html.md).
 PAGE_BUCKETS = 20_000
 MIN_BUCKETS, MAX_BUCKETS = 150, 2000
 MIB, GIB = 1 << 20, 1 << 30
