@@ -56,7 +56,7 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
               help="Run a module, like python -m; everything after it is the module's own.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Where to write the JSON report [default: gpumemdoctor-<script>.<pid>.json].")
-@click.option("--force", is_flag=True, help="Overwrite the report file if it exists.")
+@click.option("--force", is_flag=True, help="Overwrite the report (and --html) file if it exists.")
 @click.option("--interval", type=click.FloatRange(0.001, 60), default=0.02, show_default=True,
               help="Seconds between the agent's allocator samples.")
 @click.option("--poll-interval", type=click.FloatRange(0.001, 10), default=0.005, show_default=True,
