@@ -51,39 +51,47 @@ def timeline(recording: Recording) -> list[dict]:
     return rows
 
 
+_OPTIONS = {"report": "-o", "snapshot": "--snapshot", "HTML page": "--html"}  # the option that names each file
+
+
 def write(report: dict, path: str, force: bool) -> None:
     """Write the report; refuse to replace a file unless forced."""
+    write_text(json.dumps(report, indent=1) + "\n", path, force)
+
+
+def write_text(text: str, path: str, force: bool, what: str = "report") -> None:
+    """Write a report (JSON or HTML) readable by its owner only; refuse to replace a file unless forced."""
+    option = _OPTIONS[what]
     if os.path.isdir(path):
-        raise UsageError(f"the report path {path} is a directory: give a file name with -o")
+        raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
     # Readable by its owner only: it holds the target's command line and working folder.
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
     try:
         with os.fdopen(os.open(path, flags, 0o600), "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+            f.write(text)
     except FileExistsError:
-        raise UsageError(f"{path} exists: pass --force to overwrite it, or -o to choose another name") from None
+        raise UsageError(f"{path} exists: pass --force to overwrite it, or {option} to choose another name") from None
     except OSError as exc:
-        raise UsageError(f"cannot write the report to {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
 
 
 def check_writable(path: str, force: bool, what: str = "report") -> None:
     """Fail before the target runs when the report (or snapshot) could not be written after it."""
-    option = "-o" if what == "report" else f"--{what}"
+    option = _OPTIONS[what]
     if os.path.isdir(path):
         raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
     if os.path.exists(path) and not force:
         raise UsageError(f"{path} exists: pass --force to overwrite it, or {option} to choose another name")
-    check_folder_writable(os.path.dirname(os.path.abspath(path)))
+    check_folder_writable(os.path.dirname(os.path.abspath(path)), what, option)
 
 
-def check_folder_writable(folder: str) -> None:
+def check_folder_writable(folder: str, what: str = "report", option: str = "-o") -> None:
     """The folder a report will go to exists and can be written."""
     if not os.path.isdir(folder):
-        raise UsageError(f"cannot write the report: folder {folder} does not exist")
+        raise UsageError(f"cannot write the {what}: folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
-        raise UsageError(f"cannot write the report: folder {folder} is not writable; "
-                         f"pass -o to write it elsewhere")
+        raise UsageError(f"cannot write the {what}: folder {folder} is not writable; "
+                         f"pass {option} to write it elsewhere")
 
 
 def load(path: str) -> tuple[Recording, Diagnosis]:

@@ -100,13 +100,13 @@ def imported_modules(importtime_stderr: str) -> set[str]:
 
 @pytest.mark.parametrize("args", [["--help"], ["run", "--help"], ["report", "--help"]],
                          ids=["top", "run", "report"])
-def test_help_is_cheap_it_loads_neither_torch_nor_pynvml(cli, tmp_path, args):
+def test_help_is_cheap_it_loads_neither_torch_nor_pynvml_nor_plotly(cli, tmp_path, args):
     result = cli(*args, cwd=tmp_path, python_flags=("-X", "importtime"))
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Usage:" in result.stdout
     modules = imported_modules(result.stderr)
     assert "gpumemdoctor.cli" in modules  # the import list was read at all
-    heavy = sorted(m for m in modules if m.split(".")[0] in ("torch", "pynvml"))
+    heavy = sorted(m for m in modules if m.split(".")[0] in ("torch", "pynvml", "plotly"))
     assert heavy == []
 
 

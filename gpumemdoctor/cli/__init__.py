@@ -21,6 +21,7 @@ def cli(debug: bool) -> None:
     gpumemdoctor run train.py --epochs 1     run a script, then a verdict and a report
     gpumemdoctor run -m mypkg.train          run a module, like python -m
     gpumemdoctor report REPORT.json          show a saved report again
+    gpumemdoctor report R.json --html OUT    the same, as one HTML page with charts
     gpumemdoctor compare OLD.json NEW.json   what changed between two runs, checked
     gpumemdoctor ps                          who holds each GPU's memory right now
     gpumemdoctor watch --pid N               a running process's GPU memory, live

@@ -44,7 +44,7 @@ def make_policy(max_peak: int | None, max_retained: int | None, fail_on: str | N
 
 
 def publish(console, title: str, verdict: str | None, figures: dict, results: list,
-            junit: str | None) -> None:
+            junit: str | None, html: str | None = None) -> None:
     """Draw the checks, write JUnit XML if asked, and append to GitHub's step summary if set."""
     from ..reporters import checks as reporter
 
@@ -59,6 +59,13 @@ def publish(console, title: str, verdict: str | None, figures: dict, results: li
     if summary:
         try:
             with open(summary, "a", encoding="utf-8") as f:
-                f.write(reporter.markdown_summary(title, verdict, figures, results))
+                f.write(reporter.markdown_summary(title, verdict, figures, results, html,
+                                                  _run_url(os.environ)))
         except OSError as exc:
             console.print(f"gpumemdoctor: could not append to GITHUB_STEP_SUMMARY ({exc.strerror or exc})")
+
+
+def _run_url(env) -> str | None:
+    """The GitHub Actions run's page, where its uploaded artifacts are listed; None outside Actions."""
+    server, repo, run_id = (env.get(k) for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))
+    return f"{server}/{repo}/actions/runs/{run_id}" if server and repo and run_id else None

@@ -56,7 +56,7 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
               help="Run a module, like python -m; everything after it is the module's own.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Where to write the JSON report [default: gpumemdoctor-<script>.<pid>.json].")
-@click.option("--force", is_flag=True, help="Overwrite the report file if it exists.")
+@click.option("--force", is_flag=True, help="Overwrite the report (and --html) file if it exists.")
 @click.option("--interval", type=click.FloatRange(0.001, 60), default=0.02, show_default=True,
               help="Seconds between the agent's allocator samples.")
 @click.option("--poll-interval", type=click.FloatRange(0.001, 10), default=0.005, show_default=True,
@@ -70,6 +70,11 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
                    "--snapshot]")
 @click.option("--snapshot", type=click.Path(dir_okay=False), metavar="PATH", default=None,
               help="Write PyTorch's allocator snapshot (a pickle for pytorch.org/memory_viz) here at exit.")
+@click.option("--html", "html", type=click.Path(dir_okay=False), metavar="PATH", default=None,
+              help='Also write the report as one self-contained HTML page, with charts '
+                   '(needs pip install "gpumemdoctor[html]").')
+@click.option("--html-next-to-json", is_flag=True,
+              help="Write the HTML page next to the JSON report, named like it with .html.")
 @check_options
 @click.option("--baseline", type=click.Path(dir_okay=False), metavar="FILE",
               help="Compare the run's figures with this baseline and fail past --tolerance.")
@@ -78,7 +83,7 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
 @click.pass_context
 def run_command(ctx: click.Context, output: str | None, force: bool, interval: float,
                 poll_interval: float, allow_no_gpu: bool, quiet: bool, trace: str | None,
-                snapshot: str | None, max_peak: int | None,
+                snapshot: str | None, html: str | None, html_next_to_json: bool, max_peak: int | None,
                 max_retained: int | None, fail_on: str | None, tolerance: str,
                 nvml_tolerance: str | None, junit: str | None, baseline: str | None,
                 update_baseline: bool) -> int:
@@ -91,7 +96,8 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     from ..console import make_console
     from ..diagnosis import diagnose
     from ..errors import NoGpuError
-    from ..report import build, check_folder_writable, check_writable, write
+    from ..report import build, check_folder_writable, check_writable, write, write_text
+    from ..reporters import html as html_reporter
     from ..reporters import terminal
     from ..supervisor import RunOptions, exit_status, run
 
@@ -106,6 +112,14 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         check_folder_writable(os.getcwd())  # the default name holds the target's PID, unknown yet
     if snapshot is not None:
         check_writable(snapshot, force, what="snapshot")
+    if html is not None and html_next_to_json:
+        raise UsageError("give --html PATH or --html-next-to-json, not both")
+    if html is not None or html_next_to_json:
+        html_reporter.require_plotly()
+        if html is None and output is not None:
+            html = _next_to(output)
+        if html is not None:
+            check_writable(html, force, what="HTML page")
     if update_baseline and not baseline:
         raise UsageError("--update-baseline needs --baseline FILE to write to")
     baseline_figures = checks.load_baseline(baseline) if baseline and not update_baseline else None
@@ -132,12 +146,23 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     except UsageError as exc:
         click.echo(f"gpumemdoctor: error: {exc}", err=True)
         path = None
+    if html_next_to_json and html is None:
+        html = _next_to(output or f"gpumemdoctor-{name}.{recording.target_pid}.json")
+    if html is not None:
+        try:
+            write_text(html_reporter.render(recording, diagnosis, path), html, force, what="HTML page")
+        except UsageError as exc:
+            click.echo(f"gpumemdoctor: error: {exc}", err=True)
+            html = None
     if quiet:
         verdict = diagnosis.verdict or "none (no GPU measured)"
-        console.print(f"gpumemdoctor verdict: {verdict}" + (f"  report: {path}" if path else ""))
+        console.print(f"gpumemdoctor verdict: {verdict}" + (f"  report: {path}" if path else "")
+                      + (f"  html: {html}" if html else ""))
     else:
         console.print()
         terminal.render(console, recording, diagnosis, path)
+        if html:
+            console.print(f"HTML report: {html}")
     if update_baseline:
         checks.write_baseline(baseline, checks.baseline_document(recording, diagnosis))
         console.print(f"Baseline written: {baseline}")
@@ -145,10 +170,16 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         return status
     results = checks.evaluate(recording, diagnosis, policy)
     publish(console, " ".join(recording.target.get("argv") or []), diagnosis.verdict,
-            checks.figures(recording, diagnosis), results, junit)
+            checks.figures(recording, diagnosis), results, junit, html)
     if status == 0 and not all(r.passed for r in results):
         return EXIT_CHECK_FAILED  # the target's own failure, if any, wins
     return status
+
+
+def _next_to(json_path: str) -> str:
+    """The HTML page's name beside a JSON report: vram-report.json -> vram-report.html."""
+    stem, ext = os.path.splitext(json_path)
+    return (stem if ext.lower() == ".json" else json_path) + ".html"
 
 
 def _check_target(target: list[str]) -> str:

@@ -1,6 +1,7 @@
 """CI check results drawn three ways: terminal lines, JUnit XML, and a GitHub step summary."""
 from __future__ import annotations
 
+import os
 from xml.etree import ElementTree as ET
 
 from rich.console import Console
@@ -55,14 +56,19 @@ def junit_xml(results: list[CheckResult], suite: str = "gpumemdoctor") -> str:
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def markdown_summary(title: str, verdict: str | None, figures: dict, results: list[CheckResult]) -> str:
-    """A GitHub step summary: the verdict, the figures, and the checks."""
+def markdown_summary(title: str, verdict: str | None, figures: dict, results: list[CheckResult],
+                     html: str | None = None, run_url: str | None = None) -> str:
+    """A GitHub step summary: the verdict, the HTML report's name, the figures, and the checks."""
     failed = [r for r in results if not r.passed]
     head = "failed" if failed else "passed"
     lines = [f"### gpumemdoctor: {title}", "",
              f"Verdict: **{verdict or 'none'}**; checks {head} "
-             f"({len(results) - len(failed)} of {len(results)} passed)", "",
-             "| figure | bytes |", "| --- | --- |"]
+             f"({len(results) - len(failed)} of {len(results)} passed)", ""]
+    if html:
+        where = f"[this run's artifacts]({run_url})" if run_url else "this job's artifacts"
+        lines += [f"HTML report: `{os.path.basename(html)}`, with the timeline, breakdown and suspects: "
+                  f"upload it as an artifact and open it from {where}.", ""]
+    lines += ["| figure | bytes |", "| --- | --- |"]
     for key, value in figures.items():
         lines.append(f"| {key} | {fb(value)} |")
     if results:

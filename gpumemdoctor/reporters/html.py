@@ -1,0 +1,417 @@
+"""The HTML report: one self-contained page, with plotly charts, drawn from a finished diagnosis.
+
+It computes nothing about memory: the verdict, findings, suspects, breakdowns, growth and
+out-of-memory moments are the diagnosis's, the series are the recording's, and long series are cut
+down by `envelope.envelope` (min and max per bucket) before they are drawn. plotly is an optional
+extra and is imported only here, when a page is drawn.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import gzip
+import html
+import json
+import time
+
+from .. import __version__
+from ..diagnosis import INFORMATIVE, Breakdown, Diagnosis, Finding
+from ..envelope import envelope
+from ..errors import MissingExtraError
+from ..recording import Recording
+from ..units import format_bytes as fb
+from . import _html_page as page
+from .terminal import DECIDED_BY, VERDICT_MEANING
+
+# Envelope buckets for the whole page, shared among its series: a series keeps at most about twice
+# its buckets in points, whatever the run's length, so the page's weight is bounded (docs/html.md).
+PAGE_BUCKETS = 20_000
+MIN_BUCKETS, MAX_BUCKETS = 150, 2000
+MIB, GIB = 1 << 20, 1 << 30
+COLOURS = {"NVML": "#333333", "reserved": "#4c78a8", "active": "#f58518", "allocated": "#e45756",
+           "steps": "#9a9a9a"}
+PARTS = [("CUDA context", "context_bytes", "#9d9da1"), ("live tensors", "live_tensor_bytes", "#e45756"),
+         ("garbage cycles", "garbage_bytes", "#b279a2"), ("pending stream", "pending_stream_bytes", "#eeca3b"),
+         ("allocator cache", "cache_bytes", "#4c78a8"), ("outside PyTorch", "non_torch_bytes", "#72b7b2")]
+SERIES_NAMES = {"allocated": "allocated", "non_torch": "outside PyTorch", "nvml": "NVML"}
+
+
+def require_plotly() -> None:
+    """Fail with one line, before any work, when the html extra is not installed."""
+    try:
+        import plotly.offline  # noqa: F401
+    except ImportError:
+        raise MissingExtraError('the HTML report needs plotly: pip install "gpumemdoctor[html]"') from None
+
+
+def render(recording: Recording, diagnosis: Diagnosis, source: str | None = None) -> str:
+    """The whole page as one string."""
+    require_plotly()
+    from plotly.offline import get_plotlyjs_version
+
+    figures = {}
+    if diagnosis.breakdowns:
+        figures["breakdown"] = _breakdown_figure(recording, diagnosis.breakdowns)
+    keys = _timeline_keys(recording)
+    buckets = max(MIN_BUCKETS, min(MAX_BUCKETS, PAGE_BUCKETS // max(1, 5 * len(keys))))
+    timelines = []
+    for pid, device in keys:
+        fig_id = f"timeline-{pid}-{device if device is not None else 'x'}"
+        figures[fig_id] = _timeline_figure(recording, diagnosis, pid, device, buckets)
+        timelines.append((fig_id, pid, device))
+    body = "\n".join([
+        _target(recording, diagnosis),
+        _timeline_section(recording, timelines),
+        _breakdown_section(recording, diagnosis) if diagnosis.breakdowns else "",
+        _findings_section(diagnosis),
+        _notes(diagnosis),
+        _footer(recording, source, get_plotlyjs_version()),
+    ])
+    argv = " ".join(recording.target.get("argv") or [])
+    title = f"gpumemdoctor: {diagnosis.verdict or 'no verdict'} — {argv}"
+    return page.document(title=title, header=_header(recording, diagnosis), body=body, figures=_to_json(figures), plotly_gz_b64=_plotly_js())
+
+
+@functools.lru_cache(maxsize=1)
+def _plotly_js() -> str:
+    """plotly.js, gzipped and base64-encoded: 1.96 MB in the page instead of 4.8 MB.
+
+    The page unpacks it with the browser's DecompressionStream; nothing is fetched.
+    """
+    from plotly.offline import get_plotlyjs
+
+    return base64.b64encode(gzip.compress(get_plotlyjs().encode(), compresslevel=9, mtime=0)).decode()
+
+
+def _to_json(figures: dict) -> str:
+    text = json.dumps(figures, separators=(",", ":"), allow_nan=False)
+    return text.replace("</", "<\\/")  # it sits in a <script> element
+
+
+# -- charts ------------------------------------------------------------------------------------
+def _unit(top: int) -> tuple[int, str]:
+    return (GIB, "GiB") if top >= 4 * GIB else (MIB, "MiB")
+
+
+def _timeline_keys(recording: Recording) -> list[tuple[int, int | None]]:
+    """Every process and GPU with samples or NVML points: the target first."""
+    keys = set(k for k, points in recording.nvml.items() if points)
+    for agent in recording.agents:
+        for sample in agent.samples:
+            for r in sample.readings:
+                device = agent.device(r.torch_index)
+                keys.add((agent.pid, device.nvml_index if device else None))
+    target = recording.target_pid
+    return sorted(keys, key=lambda k: (k[0] != target, k[0], -1 if k[1] is None else k[1]))
+
+
+def _timeline_series(recording: Recording, pid: int, device: int | None) -> dict[str, list]:
+    """The recorded points of each series, in bytes: NVML from the supervisor's polls, the rest
+    from the agent's samples (the agent's own NVML reading where there were no polls)."""
+    series: dict[str, list] = {"NVML": list(recording.nvml.get((pid, device), [])),
+                               "reserved": [], "active": [], "allocated": [], "steps": []}
+    agent = recording.agent(pid)
+    sampled_nvml = []
+    for sample in agent.samples if agent else []:
+        for r in sample.readings:
+            d = agent.device(r.torch_index)
+            if (d.nvml_index if d else None) != device:
+                continue
+            series["reserved"].append((sample.t, r.reserved_bytes))
+            series["active"].append((sample.t, r.active_bytes))
+            series["allocated"].append((sample.t, r.allocated_bytes))
+            series["steps"].append((sample.t, sample.step))
+            sampled_nvml.append((sample.t, r.nvml_used_bytes))
+    if not series["NVML"]:
+        series["NVML"] = sampled_nvml
+    return series
+
+
+def _timeline_figure(recording: Recording, diagnosis: Diagnosis, pid: int, device: int | None,
+                     buckets: int) -> dict:
+    series = _timeline_series(recording, pid, device)
+    top = max((v for name, pts in series.items() if name != "steps" for _, v in pts if v is not None),
+              default=0)
+    scale, unit = _unit(top)
+    traces = []
+    for name in ("NVML", "reserved", "active", "allocated"):
+        points = envelope(series[name], buckets)
+        if not points:
+            continue
+        traces.append({
+            "type": "scatter", "mode": "lines", "name": name, "x": [round(t, 4) for t, _ in points],
+            "y": [None if v is None else v / scale for _, v in points],
+            "line": {"color": COLOURS[name], "width": 2 if name == "NVML" else 1.5,
+                     "shape": "hv" if name == "NVML" else "linear"},
+            "hovertemplate": f"%{{y:.1f}} {unit}<extra>{name}</extra>"})
+    steps = envelope(series["steps"], buckets)
+    if any(s for _, s in steps):
+        traces.append({"type": "scatter", "mode": "lines", "name": "steps", "yaxis": "y2",
+                       "x": [round(t, 4) for t, _ in steps], "y": [s for _, s in steps],
+                       "line": {"color": COLOURS["steps"], "width": 1, "dash": "dot", "shape": "hv"},
+                       "hovertemplate": "step %{y}<extra></extra>"})
+    shapes, notes = _marks(diagnosis, pid, device)
+    layout = {
+        "height": 360, "margin": {"l": 64, "r": 64, "t": 36, "b": 48},
+        "hovermode": "x unified", "legend": {"orientation": "h", "y": 1.12, "x": 0},
+        "xaxis": {"title": {"text": "seconds since the run started"}, "zeroline": False},
+        "yaxis": {"title": {"text": unit}, "rangemode": "tozero"},
+        "yaxis2": {"title": {"text": "steps"}, "overlaying": "y", "side": "right", "rangemode": "tozero",
+                   "showgrid": False, "tickformat": "d"},
+        "shapes": shapes, "annotations": notes,
+        "meta": {"pid": pid, "device": device, "unit": unit, "scale": scale, "buckets": buckets},
+    }
+    return {"data": traces, "layout": layout}
+
+
+def _marks(diagnosis: Diagnosis, pid: int, device: int | None) -> tuple[list, list]:
+    """Vertical lines where growth was under way from, and at each out-of-memory error."""
+    shapes, notes = [], []
+
+    def mark(t: float, text: str, colour: str, dash: str, side: str) -> None:
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": t, "x1": t, "y0": 0, "y1": 1,
+                       "line": {"color": colour, "width": 1.5, "dash": dash}})
+        # growth's label left of its line, an error's right of it: the two are often close together
+        notes.append({"xref": "x", "yref": "paper", "x": t, "y": 1, "yanchor": "bottom", "text": text,
+                      "showarrow": False, "font": {"color": colour, "size": 11},
+                      "xanchor": "right" if side == "left" else "left"})
+
+    for g in diagnosis.growth:
+        if g.pid == pid and g.device == device and g.start_t is not None:
+            what = "leak" if g.series == "allocated" else f"{SERIES_NAMES.get(g.series, g.series)} growing"
+            at = f"step {g.start_step}" if g.start_step is not None else f"{g.start_t:.1f} s"
+            mark(g.start_t, f"{what} from {at}", "#c0392b", "dash", "left")
+    for e in diagnosis.evidence:
+        if e.get("pid") == pid and e.get("device") == device:
+            for oom in e.get("out_of_memory") or []:
+                if isinstance(oom.get("t"), (int, float)):
+                    mark(oom["t"], f"out of memory ({fb(oom.get('request_bytes'))} asked)", "#8e44ad", "solid",
+                         "right")
+    return shapes, notes
+
+
+def _breakdown_figure(recording: Recording, breakdowns: list[Breakdown]) -> dict:
+    rows = _ordered(recording, breakdowns)
+    labels = [f"process {b.pid}, GPU {b.device if b.device is not None else '?'}" for b in rows]
+    top = max([b.nvml_bytes or 0 for b in rows] + [sum(getattr(b, key) or 0 for _, key, _ in PARTS) for b in rows])
+    scale, unit = _unit(top)
+    traces = []
+    for name, key, colour in PARTS:
+        values = [getattr(b, key) for b in rows]
+        if not any(values):
+            continue
+        traces.append({"type": "bar", "orientation": "h", "name": name, "y": labels,
+                       "x": [None if v is None else v / scale for v in values], "marker": {"color": colour},
+                       "hovertemplate": f"%{{x:.1f}} {unit}<extra>{name}</extra>"})
+    traces.append({"type": "scatter", "mode": "markers", "name": "NVML total", "y": labels,
+                   "x": [None if b.nvml_bytes is None else b.nvml_bytes / scale for b in rows],
+                   "marker": {"symbol": "line-ns", "size": 22, "line": {"width": 3, "color": "#222"}},
+                   "hovertemplate": f"%{{x:.1f}} {unit}<extra>NVML total</extra>"})
+    layout = {"barmode": "stack", "height": 110 + 34 * len(rows), "margin": {"l": 150, "r": 24, "t": 30, "b": 44},
+              "xaxis": {"title": {"text": unit}}, "yaxis": {"autorange": "reversed"},
+              "legend": {"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0, "traceorder": "normal"},
+              "meta": {"unit": unit, "scale": scale}}
+    return {"data": traces, "layout": layout}
+
+
+def _ordered(recording: Recording, breakdowns: list[Breakdown]) -> list[Breakdown]:
+    target = recording.target_pid
+    return sorted(breakdowns, key=lambda b: (b.pid != target, b.pid, b.device or 0))
+
+
+# -- text --------------------------------------------------------------------------------------
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _header(recording: Recording, diagnosis: Diagnosis) -> str:
+    verdict = diagnosis.verdict
+    if verdict is None:
+        meaning = "no NVIDIA GPU was measured"
+    else:
+        live = sum(f.bytes for f in diagnosis.findings if f.kind == "live-at-exit")
+        meaning = (f"nothing grew; {fb(live)} of tensors still referenced at exit (see live-at-exit)"
+                   if verdict == "clean" and live else VERDICT_MEANING[verdict])
+    parts = [f'<header class="verdict v-{_e(verdict or "none")}"><div class="inner">',
+             '<div class="label">gpumemdoctor verdict</div>',
+             f'<h1 id="verdict">{_e(verdict or "none")}</h1>',
+             f'<p class="meaning">{_e(meaning)}</p>']
+    headline = next((f for f in diagnosis.findings if f.kind == verdict), None)
+    if headline is not None:
+        parts.append(f'<p class="headline">{_e(headline.summary)}</p>')
+        decided = headline.evidence.get("decided_by")
+        if decided:
+            parts.append(f'<p class="decided">Decided by <b>{_e(decided)}</b>'
+                         f'{": " + _e(DECIDED_BY[decided]) if decided in DECIDED_BY else ""}</p>')
+    for f in diagnosis.findings:
+        if f.kind == "orphan-process":
+            parts.append(f'<p class="warning">Warning: {_e(f.summary)}</p>')
+    parts.append("</div></header>")
+    return "\n".join(parts)
+
+
+def _target(recording: Recording, diagnosis: Diagnosis) -> str:
+    t = recording.target
+    status = f"killed by signal {t['signal']}" if t.get("signal") else f"exit {t.get('exit_code')}"
+    rows = [("Command", f"<code>python {_e(' '.join(t.get('argv') or []))}</code>"),
+            ("Process", f"{_e(t.get('pid'))}, {_e(status)}, ran {recording.duration_s:.1f} s"),
+            ("Recorded", _e(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(recording.started_wall))))]
+    for d in recording.devices:
+        rows.append((f"GPU {_e(d['index'])}", f"{_e(d.get('name') or '?')}, {_e(fb(d.get('total_bytes')))}"))
+    p = diagnosis.peaks
+    peaks = []
+    if p.get("nvml_bytes") is not None:
+        at = f" at {p['nvml_t']:.1f} s" if p.get("nvml_t") is not None else ""
+        peaks.append(f"NVML {fb(p['nvml_bytes'])}{at}")
+    for key in ("allocated", "reserved"):
+        if p.get(f"{key}_bytes") is not None:
+            peaks.append(f"{key} {fb(p[f'{key}_bytes'])}")
+    if peaks:
+        rows.append(("Peaks", _e(", ".join(peaks))))
+    versions = ", ".join(f"{k} {v}" for k, v in recording.versions.items() if v)
+    if versions:
+        rows.append(("Versions", _e(versions)))
+    cells = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
+    return f'<section class="target"><dl>{cells}</dl></section>'
+
+
+def _breakdown_section(recording: Recording, diagnosis: Diagnosis) -> str:
+    rows = _ordered(recording, diagnosis.breakdowns)
+    head = "".join(f"<th>{_e(name)}</th>" for name, _, _ in PARTS)
+    body = []
+    for b in rows:
+        when = "" if b.exit_probes else " <small>(when last sampled)</small>"
+        cells = "".join(f"<td>{_e(fb(getattr(b, key)))}</td>" for _, key, _ in PARTS)
+        body.append(f"<tr><th>process {b.pid}, GPU {_e(b.device if b.device is not None else '?')}{when}</th>"
+                    f"{cells}<td><b>{_e(fb(b.nvml_bytes))}</b></td></tr>")
+    return ('<section id="breakdown-section"><h2>Where the memory was at exit</h2>'
+            '<p class="hint">NVML total = CUDA context + live tensors + garbage cycles + pending stream + '
+            'allocator cache + outside PyTorch. The black tick is NVML\'s total.</p>'
+            '<div class="chart" id="breakdown"></div>'
+            f'<table class="figures"><tr><th></th>{head}<th>NVML total</th></tr>{"".join(body)}</table>'
+            '</section>')
+
+
+def _findings_section(diagnosis: Diagnosis) -> str:
+    if not diagnosis.findings:
+        return '<section id="findings"><h2>Findings</h2><p>None.</p></section>'
+    return ('<section id="findings"><h2>Findings</h2>'
+            + "".join(_finding(f) for f in diagnosis.findings) + "</section>")
+
+
+def _finding(f: Finding) -> str:
+    where = []
+    if f.pid is not None:
+        where.append(f"process {f.pid}")
+    if f.device is not None:
+        where.append(f"GPU {f.device}")
+    mark = "•" if f.kind in INFORMATIVE else "✗"
+    out = [f'<article class="finding k-{_e(f.kind)}" data-kind="{_e(f.kind)}">',
+           f'<h3><span class="mark">{mark}</span> {_e(f.kind)} <span class="bytes">{_e(fb(f.bytes))}</span>'
+           f' <span class="where">{_e(", ".join(where))}</span></h3>',
+           f'<p class="summary">{_e(f.summary)}</p>']
+    out.append(_suspects(f))
+    out.append(f'<p class="remedy"><b>What to do:</b> {_e(f.remedy)}</p>')
+    out.append('<details class="evidence"><summary>Evidence</summary>'
+               f'<pre>{_e(json.dumps(f.evidence, indent=1))}</pre></details>')
+    out.append("</article>")
+    return "\n".join(out)
+
+
+def _suspects(f: Finding) -> str:
+    out = []
+    searched = f.evidence.get("root_cause")
+    if f.kind in ("leak", "live-at-exit") and isinstance(searched, dict) and not searched.get("searched"):
+        return f'<p class="searched">Suspects: none looked for: {_e(searched.get("why_not"))}.</p>'
+    garbage = f.evidence.get("garbage")
+    if f.kind == "garbage-cycle" and isinstance(garbage, dict) and garbage.get("types"):
+        types = ", ".join(f"{name} ×{count}" for name, count in garbage["types"][:8])
+        out.append(f'<p>gc.collect() freed {_e(garbage.get("objects_freed"))} objects; types in the cycles: '
+                   f'{_e(types)}</p>')
+    if not f.suspects:
+        return "".join(out)
+    head = "Suspects"
+    if isinstance(searched, dict) and searched.get("searched"):
+        when = "at exit" if searched.get("when") == "exit" else f"at step {searched.get('step')}"
+        head += f" (searched {when}, {searched.get('elapsed_s', 0):.2f} s"
+        head += f"; gave up {searched['gave_up']})" if searched.get("gave_up") else ")"
+    out.append(f'<h4>{_e(head)}</h4><div class="suspects">')
+    for i, s in enumerate(f.suspects, 1):
+        out.append(_suspect(i, s, f.remedy))
+    out.append("</div>")
+    return "".join(out)
+
+
+def _suspect(i: int, s: dict, finding_remedy: str) -> str:
+    rows = []
+    if s.get("stack"):
+        frames = "".join(f"<li><code>{_e(file)}:{_e(line)}</code> in <code>{_e(fn)}()</code></li>"
+                         for file, line, fn in s["stack"])
+        rows.append(f"<dt>Allocated at</dt><dd><ol class=\"stack\">{frames}</ol>"
+                    "<small>innermost frame first</small></dd>")
+    elif s.get("where"):
+        file, line, fn = s["where"]
+        rows.append(f"<dt>Where</dt><dd><code>{_e(file)}:{_e(line)}</code> in <code>{_e(fn)}()</code></dd>")
+    if s.get("thread"):
+        thread = s["thread"] if isinstance(s["thread"], str) else ", ".join(s["thread"])
+        rows.append(f"<dt>Thread</dt><dd>{_e(thread)}</dd>")
+    if s.get("holders"):
+        rows.append(f"<dt>Held by</dt><dd>{''.join(_holder(h) for h in s['holders'])}</dd>")
+    if s.get("unheld_bytes"):
+        rows.append(f"<dt>Held by no Python object</dt><dd>{_e(fb(s['unheld_bytes']))}</dd>")
+    remedy = (f'<p class="remedy">→ {_e(s["remedy"])}</p>'
+              if s.get("remedy") and s["remedy"] != finding_remedy else "")
+    opened = " open" if i == 1 else ""
+    return (f'<details class="suspect"{opened}><summary>{i}. {_e(s.get("summary", ""))}</summary>'
+            f'<dl>{"".join(rows)}</dl>{remedy}</details>')
+
+
+def _holder(h: dict) -> str:
+    """A holder's reference chain, one link a line, and what it holds."""
+    links = [part for part in str(h.get("path", "")).split(" -> ") if part]
+    chain = "".join(f"<li><code>{_e(link)}</code></li>" for link in links)
+    sizes = ", ".join(f"{count} × {fb(size)}" for size, count in (h.get("sizes") or [])[:4])
+    facts = [f"{h.get('count')} tensor{'s' if h.get('count') != 1 else ''}", fb(h.get("bytes"))]
+    if h.get("kind"):
+        facts.append(str(h["kind"]))
+    if sizes:
+        facts.append(sizes)
+    pattern = (f' · <span class="pattern">pattern <code>{_e(h["pattern"])}</code></span>'
+               if h.get("pattern") and h.get("pattern") != h.get("path") else "")
+    return (f'<div class="holder"><ol class="chain">{chain}</ol>'
+            f'<div class="facts">{_e(" · ".join(facts))}{pattern}</div></div>')
+
+
+def _timeline_section(recording: Recording, timelines: list) -> str:
+    if not timelines:
+        return ""
+    commands = {a.pid: " ".join(a.argv) for a in recording.agents}
+    commands.update({p.pid: " ".join(p.cmdline) for p in recording.processes if p.cmdline})
+    out = ['<section id="timelines"><h2>Timeline</h2>',
+           '<p class="hint">NVML is what nvidia-smi sees (the supervisor\'s polls); reserved, active and '
+           'allocated are PyTorch\'s allocator, read by the agent; steps on the right axis. Drag to zoom, '
+           'double-click to zoom out; long runs are cut down to each interval\'s lowest and highest point, '
+           'so spikes and floors stay.</p>']
+    for fig_id, pid, device in timelines:
+        role = " (target)" if pid == recording.target_pid else ""
+        gpu = f"GPU {device}" if device is not None else "GPU ?"
+        cmd = commands.get(pid, "")
+        out.append(f'<h3>process {pid}{role}, {_e(gpu)}</h3>'
+                   + (f'<p class="cmd"><code>{_e(cmd)}</code></p>' if cmd else "")
+                   + f'<div class="chart" id="{fig_id}" data-pid="{pid}" data-device="{_e(device)}"></div>')
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _notes(diagnosis: Diagnosis) -> str:
+    if not diagnosis.notes:
+        return ""
+    items = "".join(f"<li>{_e(n)}</li>" for n in diagnosis.notes)
+    return f'<section id="notes"><h2>Notes</h2><ul>{items}</ul></section>'
+
+
+def _footer(recording: Recording, source: str | None, plotly_js_version: str) -> str:
+    made = f" from {_e(source)}" if source else ""
+    return (f'<footer>Drawn by gpumemdoctor {_e(__version__)}{made} (recorded by gpumemdoctor '
+            f'{_e(recording.tool_version)}), with plotly.js {_e(plotly_js_version)} embedded: '
+            'this page fetches nothing.</footer>')
