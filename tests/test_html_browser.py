@@ -23,6 +23,8 @@ from gpumemdoctor.reporters import html  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "reports"
+LEAK_PID = json.loads((FIXTURES / "leak_training_list.json").read_text())["target"]["pid"]
+OOM_PID = json.loads((FIXTURES / "oom_accumulation.json").read_text())["target"]["pid"]
 SCREENSHOT = ROOT / "docs" / "images" / "leak-report.png"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -113,19 +115,19 @@ def test_page_loads_offline_without_errors_and_draws_every_chart(browser, tmp_pa
 def test_the_timeline_holds_the_recorded_values(browser, tmp_path):
     path, recording, diagnosis = write_page(tmp_path, "leak_training_list")
     opened = Opened(browser, path)
-    traces = opened.traces("timeline-641-0")
-    scale = opened.layout("timeline-641-0")["meta"]["scale"]
-    want = recorded(recording, 641, 0)
+    traces = opened.traces(f"timeline-{LEAK_PID}-0")
+    scale = opened.layout(f"timeline-{LEAK_PID}-0")["meta"]["scale"]
+    want = recorded(recording, LEAK_PID, 0)
     for name in ("NVML", "reserved", "active", "allocated"):
         assert [round(y * scale) for y in traces[name]["y"]] == want[name], name
     assert traces["allocated"]["x"] == pytest.approx(want["t"], abs=1e-4)
     assert traces["NVML"]["x"] == pytest.approx(want["nvml_t"], abs=1e-4)
     assert traces["steps"]["y"] == want["steps"] and traces["steps"]["yaxis"] == "y2"
     # the leak's start is marked where the diagnosis says it began
-    layout = opened.layout("timeline-641-0")
+    layout = opened.layout(f"timeline-{LEAK_PID}-0")
     growth = diagnosis.growth[0]
     assert any(s["x0"] == growth.start_t for s in layout["shapes"])
-    assert any(a["text"] == "leak from step 12" for a in layout["annotations"])
+    assert any(a["text"] == f"leak from step {growth.start_step}" for a in layout["annotations"])
     # and the breakdown bar holds the breakdown
     bars = opened.traces("breakdown")
     b = diagnosis.breakdowns[0]
@@ -137,29 +139,29 @@ def test_the_timeline_holds_the_recorded_values(browser, tmp_path):
 def test_the_out_of_memory_moment_is_marked(browser, tmp_path):
     path, _, diagnosis = write_page(tmp_path, "oom_accumulation")
     opened = Opened(browser, path)
-    layout = opened.layout("timeline-1683-0")
+    layout = opened.layout(f"timeline-{OOM_PID}-0")
     oom_t = diagnosis.evidence[0]["out_of_memory"][0]["t"]
     assert any(s["x0"] == oom_t for s in layout["shapes"])
-    assert opened.page.locator("#timeline-1683-0 .annotation-text", has_text="out of memory").count() == 1
+    assert opened.page.locator(f"#timeline-{OOM_PID}-0 .annotation-text", has_text="out of memory").count() == 1
 
 
 def test_hover_shows_the_values_and_a_drag_zooms(browser, tmp_path):
     path, _, _ = write_page(tmp_path, "leak_training_list")
     opened = Opened(browser, path)
     page = opened.page
-    chart = page.locator("#timeline-641-0 .nsewdrag").first
+    chart = page.locator(f"#timeline-{LEAK_PID}-0 .nsewdrag").first
     box = chart.bounding_box()
-    page.mouse.move(box["x"] + box["width"] * 0.8, box["y"] + box["height"] * 0.5)
-    page.wait_for_selector("#timeline-641-0 .hoverlayer .legend", timeout=5000)
-    hover = page.text_content("#timeline-641-0 .hoverlayer")
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
+    page.wait_for_selector(f"#timeline-{LEAK_PID}-0 .hoverlayer .legend", timeout=5000)
+    hover = page.text_content(f"#timeline-{LEAK_PID}-0 .hoverlayer")
     assert "MiB" in hover and "allocated" in hover
-    before = opened.layout("timeline-641-0")["xaxis"]["range"]
+    before = opened.layout(f"timeline-{LEAK_PID}-0")["xaxis"]["range"]
     page.mouse.move(box["x"] + box["width"] * 0.4, box["y"] + box["height"] * 0.5)
     page.mouse.down()
     page.mouse.move(box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.5, steps=5)
     page.mouse.up()
     page.wait_for_function(
-        "r => { const x = document.getElementById('timeline-641-0').layout.xaxis.range;"
+        f"r => {{ const x = document.getElementById('timeline-{LEAK_PID}-0').layout.xaxis.range;"
         " return x[1] - x[0] < (r[1] - r[0]) / 2; }", arg=before, timeout=5000)
 
 
@@ -189,8 +191,8 @@ def test_a_one_hour_page_loads_and_keeps_its_spike(browser, tmp_path):
     assert path.stat().st_size < 5_000_000
     opened = Opened(browser, path)
     assert opened.charts == "drawn" and opened.errors == []
-    scale = opened.layout("timeline-641-0")["meta"]["scale"]
-    assert round(max(opened.traces("timeline-641-0")["NVML"]["y"]) * scale) == spike
+    scale = opened.layout(f"timeline-{LEAK_PID}-0")["meta"]["scale"]
+    assert round(max(opened.traces(f"timeline-{LEAK_PID}-0")["NVML"]["y"]) * scale) == spike
 
 
 def test_screenshot_of_a_leak_report(browser, tmp_path):
