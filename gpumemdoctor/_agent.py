@@ -195,7 +195,6 @@ class _Agent:
         self.last_step_t = 0.0
         self.last_step_sample_t = 0.0
         self.sample_lock = threading.Lock()
-        self.stop = threading.Event()
         self.stopping = False  # the sampling thread sleeps in short naps and looks at this
         self.neutral: _events.Neutral | None = None  # made at CUDA's start, on the program's thread
         self.stats_fn = None  # torch index -> PyTorch's nested allocator stats
@@ -840,7 +839,6 @@ class _Agent:
             self.collections.paused = True  # the exit probes' own collections are not the program's
         try:
             self.stopping = True
-            self.stop.set()
             if self.thread is not None:
                 self.thread.join(timeout=1.0)
             torch = self.torch
@@ -982,14 +980,6 @@ def device_ids(props) -> tuple:
     if hasattr(props, "pci_bus_id"):
         pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
     return uuid, pci
-
-
-def _row(index: int, stats: dict) -> list:
-    """[torch index, allocated, active, reserved, requested, nvml used (filled in later),
-    allocated peak, reserved peak] from PyTorch's nested stats."""
-    return [index, _stat(stats, "allocated_bytes", "current"), _stat(stats, "active_bytes", "current"),
-            _stat(stats, "reserved_bytes", "current"), _stat(stats, "requested_bytes", "current"), None,
-            _stat(stats, "allocated_bytes", "peak"), _stat(stats, "reserved_bytes", "peak")]
 
 
 def _json_int(value) -> str:

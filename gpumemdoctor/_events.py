@@ -8,7 +8,7 @@ reading the allocator (a nested dict from PyTorch) could set one off early. On t
 program's own threads the agent holds automatic collection off while it reads
 (`quiet_gc`), exactly as the program would by calling gc.disable() itself; on the
 agent's own thread it never touches the collector's settings and reads only when
-the count is far enough from the threshold (`gc_headroom`).
+the count is far enough from the threshold (`Neutral.read(..., room=True)`).
 
 Holding collection off is not enough: a reading leaves its traces in the count and in
 the free lists that the program shares (PyTorch's 39 dicts per device, taken from the
@@ -139,14 +139,6 @@ class quiet_gc:
         if self.was:
             gc.enable()
         return False
-
-
-def gc_headroom() -> bool:
-    """True when reading the allocator now cannot push the collector over its threshold."""
-    if not gc.isenabled():
-        return True
-    threshold = gc.get_threshold()[0]
-    return threshold == 0 or gc.get_count()[0] + GC_HEADROOM < threshold
 
 
 def program_stack(frame, limit: int = MAX_STACK) -> list:

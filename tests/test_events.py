@@ -98,14 +98,16 @@ def test_quiet_gc_holds_collection_off_and_restores_it():
 
 
 def test_headroom_follows_the_collector_count():
+    """Neutral.read(room=True) reads only with room below the collector's threshold."""
+    neutral = _events.Neutral()
     threshold = gc.get_threshold()
     try:
         gc.set_threshold(100000)
-        assert _events.gc_headroom()
+        assert neutral.read(lambda _: 7, None, room=True) == 7
         gc.set_threshold(1)
-        assert not _events.gc_headroom() or gc.get_count()[0] + _events.GC_HEADROOM < 1
+        assert neutral.read(lambda _: 7, None, room=True) is _events.NO_ROOM
         gc.set_threshold(0)  # automatic collection off: always room
-        assert _events.gc_headroom()
+        assert neutral.read(lambda _: 7, None, room=True) == 7
     finally:
         gc.set_threshold(*threshold)
 
