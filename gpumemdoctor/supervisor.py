@@ -18,12 +18,24 @@ from dataclasses import dataclass, field
 
 from . import __version__, nvml, procs
 from ._agent import ENV_INTERVAL, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE
-from .recording import ProcessRecord, Recording, read_agents
+from .combine import AgentFiles
+from .recording import ProcessRecord, Recording
+from .series import Series
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
 FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 TREE_REFRESH_S = 0.5
 ORPHAN_GRACE_S = 1.0
+AGENT_READ_S = 1.0  # the agents' files are read this often while the target runs
+HOST_RSS_S = 0.2  # the target tree's host memory (RSS) is read this often
+NVML_RETRY_S = 1.0  # a device whose NVML calls fail is tried again this often
+MAX_NVML_FAILURES = 16  # outages recorded; later ones are only counted
+MAX_MEMBERS = 256  # process records; past it, ended processes that never held GPU memory are forgotten
+MAX_STRANGERS = 4096  # other users' PIDs remembered as not ours; past it, forgotten and looked up again
+# What is kept of each long series (see series.py): an NVML series gets a point only when its
+# figure changes; the host memory is read every HOST_RSS_S.
+NVML_SERIES = {"head": 64, "tail": 64, "buckets": 128, "window": 16, "events": 2}
+HOST_SERIES = {"head": 64, "tail": 64, "buckets": 128, "window": 16, "events": 2}
 
 
 @dataclass
@@ -39,8 +51,19 @@ class RunOptions:
     snapshot_path: str | None = None  # where the target's allocator snapshot goes
 
 
+def _host_figures(point: tuple) -> tuple:
+    return point[1], point[2]
+
+
 class _TreeWatch:
-    """The target's process tree and what NVML says each member holds."""
+    """The target's process tree, what NVML says each member holds, and its host memory.
+
+    Everything it keeps is bounded, however long the run: each NVML series and the host
+    memory are series.Series, the process records are capped at MAX_MEMBERS (ended
+    processes that never held GPU memory are forgotten first), and NVML outages at
+    MAX_NVML_FAILURES. A device whose NVML calls fail is not read as empty (that would
+    look like every process freeing its memory): its series stop, the outage is recorded
+    with its error, and the device is tried again every NVML_RETRY_S."""
 
     def __init__(self, target_pid: int, t0: float, devices: list, measure_gpu: bool):
         self.target_pid = target_pid
@@ -49,8 +72,16 @@ class _TreeWatch:
         self.measure_gpu = measure_gpu
         self.members: dict[int, ProcessRecord] = {}
         self.strangers: set[int] = set()
-        self.series: dict[tuple[int, int], list[tuple[float, int | None]]] = {}
+        self.series: dict[tuple[int, int], Series] = {}
+        self.host: Series = Series(figures=_host_figures, **HOST_SERIES)
+        self.failures: list[dict] = []
+        self.failures_dropped = 0
+        self.forgotten = 0  # process records dropped past MAX_MEMBERS
+        self._failing: dict[int, dict] = {}  # NVML index -> its outage under way
+        self._retry_at: dict[int, float] = {}
+        self._live: list[int] = [target_pid]  # the tree at the last refresh
         self.last_refresh = 0.0
+        self.last_host = 0.0
         self._add(target_pid, is_target=True)
 
     def _add(self, pid: int, is_target: bool = False) -> None:
@@ -61,20 +92,59 @@ class _TreeWatch:
             first_seen_t=round(time.monotonic() - self.t0, 6))
 
     def refresh_tree(self) -> None:
-        for pid in procs.descendants(self.target_pid):
+        live = procs.descendants(self.target_pid)
+        for pid in live:
             if pid not in self.members:
                 self._add(pid)
+        self._live = [self.target_pid, *live]
+        if len(self.members) > MAX_MEMBERS:
+            self._forget()
+        if len(self.strangers) > MAX_STRANGERS:
+            self.strangers.clear()
         self.last_refresh = time.monotonic()
 
+    def _forget(self) -> None:
+        """Drop the oldest records of processes that have ended without holding GPU memory."""
+        keep = set(self._live) | {pid for pid, _ in self.series}
+        for record in sorted(self.members.values(), key=lambda p: p.first_seen_t):
+            if len(self.members) <= MAX_MEMBERS:
+                break
+            if not record.is_target and record.pid not in keep:
+                del self.members[record.pid]
+                self.forgotten += 1
+
+    def sample_host(self) -> None:
+        """The host memory of the target, and of the target with its descendants."""
+        now = time.monotonic()
+        self.last_host = now
+        target = procs.rss(self.target_pid)
+        if target is None:
+            return  # ended (a zombie has no memory of its own any more)
+        tree = target + sum(r for r in (procs.rss(pid) for pid in self._live[1:]) if r)
+        self.host.add((round(now - self.t0, 6), target, tree))
+
     def poll(self) -> None:
-        if time.monotonic() - self.last_refresh >= TREE_REFRESH_S:
+        now = time.monotonic()
+        if now - self.last_refresh >= TREE_REFRESH_S:
             self.refresh_tree()
+        if now - self.last_host >= HOST_RSS_S:
+            self.sample_host()
         if not self.measure_gpu:
             return
-        t = round(time.monotonic() - self.t0, 6)
+        t = round(now - self.t0, 6)
         for device in self.devices:
+            index = device.index
+            if index in self._failing and now < self._retry_at[index]:
+                continue
+            try:
+                listed_all = nvml.processes(device, strict=True)
+            except Exception as exc:  # a GPU lost, an NVML error on every call: the run goes on
+                self._failed(index, t, now, exc)
+                continue
+            if index in self._failing:
+                self._failing.pop(index)["to_t"] = t
             listed = {}
-            for pid, used in nvml.processes(device):
+            for pid, used in listed_all:
                 if pid not in self.members and pid not in self.strangers:
                     if procs.descends_from(pid, self.target_pid):
                         self._add(pid)
@@ -83,15 +153,30 @@ class _TreeWatch:
                 if pid in self.members:
                     listed[pid] = used
             for pid, used in listed.items():
-                self._record(pid, device.index, t, used)
-            for (pid, index), points in self.series.items():
-                if index == device.index and pid not in listed and points[-1][1] != 0:
-                    points.append((t, 0))  # no context on this device any more
+                self._record(pid, index, t, used)
+            for (pid, i), series in self.series.items():
+                if i == index and pid not in listed and series.last[1] != 0:
+                    series.add((t, 0))  # no context on this device any more
+
+    def _failed(self, index: int, t: float, now: float, exc: Exception) -> None:
+        failure = self._failing.get(index)
+        if failure is None:
+            failure = {"device": index, "from_t": t, "to_t": None, "error": str(exc)[:300] or type(exc).__name__,
+                       "failed_calls": 0}
+            self._failing[index] = failure
+            if len(self.failures) < MAX_NVML_FAILURES:
+                self.failures.append(failure)
+            else:
+                self.failures_dropped += 1
+        failure["failed_calls"] += 1
+        self._retry_at[index] = now + NVML_RETRY_S
 
     def _record(self, pid: int, index: int, t: float, used: int | None) -> None:
-        points = self.series.setdefault((pid, index), [])
-        if not points or points[-1][1] != used:
-            points.append((t, used))
+        series = self.series.get((pid, index))
+        if series is None:
+            series = self.series[(pid, index)] = Series(**NVML_SERIES)
+        if series.last is None or series.last[1] != used:
+            series.add((t, used))
 
     def after_exit(self) -> None:
         """Give exiting descendants a moment, then note who still holds memory."""
@@ -104,16 +189,34 @@ class _TreeWatch:
             time.sleep(0.05)
         for record in self._alive_descendants():
             record.alive_after_exit = True
-            for (pid, index), points in self.series.items():
+            for (pid, index), series in self.series.items():
                 if pid == record.pid:
-                    record.used_after_exit_bytes[index] = points[-1][1]
+                    record.used_after_exit_bytes[index] = series.last[1]
 
     def _alive_descendants(self) -> list[ProcessRecord]:
         return [p for p in self.members.values()
                 if not p.is_target and procs.same_process(p.pid, p.create_time)]
 
     def _holds_memory(self, pid: int) -> bool:
-        return any(points[-1][1] for (p, _), points in self.series.items() if p == pid)
+        return any(series.last[1] for (p, _), series in self.series.items() if p == pid)
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.failures_dropped:
+            out.append(f"NVML failed {self.failures_dropped} more times than the report lists")
+        if self.forgotten:
+            out.append(f"{self.forgotten} short-lived processes of the target's tree that never held GPU "
+                       f"memory are not listed (the report keeps {MAX_MEMBERS} process records)")
+        return out
+
+    def downsampling(self) -> dict:
+        out = {}
+        for (pid, index), series in sorted(self.series.items()):
+            if series.seen > series.kept:
+                out[f"nvml {pid} gpu {index}"] = series.summary()
+        if self.host.seen > self.host.kept:
+            out["host_rss"] = self.host.summary()
+        return out
 
 
 def _terminal_delivered_it() -> bool:
@@ -176,11 +279,14 @@ def run(options: RunOptions) -> Recording:
         if signum is not None:
             previous[signum] = signal.signal(signum, forward)
     cost: dict = {"before_target_s": _since_process_start()}
+    oom_kills_before = procs.cgroup_oom_kills()
     try:
         proc = subprocess.Popen(argv, env=env)
         for signum in early:
             forward(signum, None)
         watch = _TreeWatch(proc.pid, t0, devices, options.measure_gpu)
+        agents = AgentFiles(run_dir, t0, proc.pid)
+        last_read = time.monotonic()
         while proc.poll() is None:
             try:
                 watch.poll()
@@ -188,6 +294,13 @@ def run(options: RunOptions) -> Recording:
                 if watch.measure_gpu:
                     notes.append(f"NVML polling stopped at {time.monotonic() - t0:.1f} s: {exc}")
                 watch.measure_gpu = False
+            if time.monotonic() - last_read >= AGENT_READ_S:
+                last_read = time.monotonic()
+                try:
+                    agents.poll()  # read as the run goes: the end stays quick, the memory bounded
+                except Exception as exc:
+                    notes.append(f"reading the agents' files failed at {last_read - t0:.1f} s: {exc}")
+                    last_read = float("inf")
             time.sleep(options.poll_interval_s)
         returncode = proc.wait()
         exited = time.monotonic()
@@ -204,25 +317,34 @@ def run(options: RunOptions) -> Recording:
             signal.signal(signum, handler)
     duration = time.monotonic() - t0
     cost["orphan_wait_s"] = round(time.monotonic() - exited, 6)
-    agents = read_agents(run_dir, t0)
+    oom_kills_after = procs.cgroup_oom_kills()
+    agent_list, agent_notes, agent_series = agents.finish()
+    notes.extend(agent_notes)
     if options.snapshot_path:
         notes.extend(_keep_snapshots(run_dir, options.snapshot_path, proc.pid))
     shutil.rmtree(run_dir, ignore_errors=True)
     cost["collect_s"] = round(time.monotonic() - t0 - duration - cost["orphan_wait_s"], 6)
+    cost["supervisor_peak_rss_bytes"] = procs.peak_rss_of_self()
 
-    for agent in agents:
+    for agent in agent_list:
         if agent.torch_version:
             versions.setdefault("torch", agent.torch_version)
+    oom_kills = (oom_kills_after - oom_kills_before
+                 if oom_kills_before is not None and oom_kills_after is not None else None)
     return Recording(
         tool_version=__version__,
         target={"argv": list(options.target_args), "pid": proc.pid,
                 "exit_code": returncode if returncode >= 0 else None,
-                "signal": -returncode if returncode < 0 else None, "cwd": os.getcwd()},
+                "signal": -returncode if returncode < 0 else None, "cwd": os.getcwd(),
+                "cgroup_oom_kills": oom_kills},
         started_wall=started_wall, duration_s=round(duration, 6),
         poll_interval_s=options.poll_interval_s, nvml_available=options.measure_gpu,
-        versions=versions, devices=[d.to_json() for d in devices], nvml=watch.series,
+        versions=versions, devices=[d.to_json() for d in devices],
+        nvml={key: series.points() for key, series in watch.series.items()},
         processes=sorted(watch.members.values(), key=lambda p: (not p.is_target, p.pid)),
-        agents=agents, notes=notes, tool_cost=cost,
+        agents=agent_list, notes=notes + watch.notes(), tool_cost=cost,
+        host_rss=watch.host.points(), nvml_failures=watch.failures,
+        downsampling={**watch.downsampling(), **agent_series},
     )
 
 
