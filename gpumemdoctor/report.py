@@ -52,18 +52,29 @@ def timeline(recording: Recording) -> list[dict]:
 
 
 def write(report: dict, path: str, force: bool) -> None:
-    """Write the report; refuse to replace a file unless forced."""
+    """Write the report; refuse to replace a file unless forced. A write that fails midway (a
+    full disk) leaves no half report behind, where this call created the file."""
     if os.path.isdir(path):
         raise UsageError(f"the report path {path} is a directory: give a file name with -o")
     # Readable by its owner only: it holds the target's command line and working folder.
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+    created = not os.path.lexists(path)
     try:
-        with os.fdopen(os.open(path, flags, 0o600), "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
-            f.write("\n")
+        fd = os.open(path, flags, 0o600)
     except FileExistsError:
         raise UsageError(f"{path} exists: pass --force to overwrite it, or -o to choose another name") from None
     except OSError as exc:
+        raise UsageError(f"cannot write the report to {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+            f.write("\n")
+    except OSError as exc:
+        if created and os.path.isfile(path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
         raise UsageError(f"cannot write the report to {path}: {exc.strerror or exc}") from None
 
 
