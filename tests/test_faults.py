@@ -174,8 +174,8 @@ HOST_TARGET = """
     grow = sys.argv[1] == "grow"
     kept = []
     print("ready", flush=True)
-    time.sleep(0.5)
-    for _ in range(30):
+    time.sleep(0.3)
+    for _ in range(40):
         if grow:
             kept.append(b"x" * (10 << 20))  # written, so resident
         time.sleep(0.05)
@@ -191,7 +191,8 @@ def test_target_killed_while_its_host_memory_rose_is_said_plainly(cli, script, t
     (finding,) = [f for f in report["findings"] if f["kind"] == "host-memory"]
     assert finding["summary"].startswith("The target was killed by SIGKILL while its host memory rose from")
     ev = finding["evidence"]
-    assert ev["last_bytes"] - ev["rise_from_bytes"] >= 150 * MIB
+    assert ev["last_bytes"] - ev["rise_from_bytes"] >= 100 * MIB  # over the run's second half
+    assert ev["last_bytes"] - ev["start_bytes"] >= 350 * MIB
     assert len(ev["curve"]) >= 4 and ev["curve"][-1][1] == ev["last_bytes"]
     assert len(report["recording"]["host_rss"]) >= 4
     assert "warning: The target was killed by SIGKILL while its host memory rose" in result.stderr

@@ -81,12 +81,11 @@ def test_watch_flat_process_and_its_exit(cli, tmp_path, sleeper):
     state = tmp_path / "nvml.json"
     _write(state, sleeper.pid, GIB)
 
-    def end_it():  # once watch has taken a sample (its start-up takes about 0.8 s here)
+    def end_it():  # once watch has taken enough samples to judge (its start-up takes about 0.8 s)
         log = tmp_path / "w.jsonl"
         deadline = time.monotonic() + 15
-        while not (log.exists() and log.read_text()) and time.monotonic() < deadline:
+        while (not log.exists() or log.read_text().count("\n") < 12) and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.5)
         sleeper.kill()
         sleeper.wait()
         _write(state, sleeper.pid, 0)
