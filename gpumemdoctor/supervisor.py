@@ -318,31 +318,40 @@ def run(options: RunOptions) -> Recording:
     duration = time.monotonic() - t0
     cost["orphan_wait_s"] = round(time.monotonic() - exited, 6)
     oom_kills_after = procs.cgroup_oom_kills()
-    agent_list, agent_notes, agent_series = agents.finish()
-    notes.extend(agent_notes)
+    recording = collect(options, watch, agents, proc.pid, returncode, started_wall=started_wall,
+                        duration_s=duration, versions=versions, devices=devices, notes=notes, cost=cost,
+                        oom_kills=(oom_kills_after - oom_kills_before if oom_kills_before is not None
+                                   and oom_kills_after is not None else None))
     if options.snapshot_path:
-        notes.extend(_keep_snapshots(run_dir, options.snapshot_path, proc.pid))
+        recording.notes.extend(_keep_snapshots(run_dir, options.snapshot_path, proc.pid))
     shutil.rmtree(run_dir, ignore_errors=True)
     cost["collect_s"] = round(time.monotonic() - t0 - duration - cost["orphan_wait_s"], 6)
     cost["supervisor_peak_rss_bytes"] = procs.peak_rss_of_self()
+    return recording
 
+
+def collect(options: RunOptions, watch: _TreeWatch, agents: AgentFiles, pid: int, returncode: int, *,
+            started_wall: float, duration_s: float, versions: dict, devices: list, notes: list[str],
+            cost: dict, oom_kills: int | None) -> Recording:
+    """The recording of a finished run: the agents' files read to their end, with the tree's
+    NVML series, host memory and outages (a step of its own, so the long-run benchmark
+    drives the same code)."""
+    agent_list, agent_notes, agent_series = agents.finish()
     for agent in agent_list:
         if agent.torch_version:
             versions.setdefault("torch", agent.torch_version)
-    oom_kills = (oom_kills_after - oom_kills_before
-                 if oom_kills_before is not None and oom_kills_after is not None else None)
     return Recording(
         tool_version=__version__,
-        target={"argv": list(options.target_args), "pid": proc.pid,
+        target={"argv": list(options.target_args), "pid": pid,
                 "exit_code": returncode if returncode >= 0 else None,
                 "signal": -returncode if returncode < 0 else None, "cwd": os.getcwd(),
                 "cgroup_oom_kills": oom_kills},
-        started_wall=started_wall, duration_s=round(duration, 6),
+        started_wall=started_wall, duration_s=round(duration_s, 6),
         poll_interval_s=options.poll_interval_s, nvml_available=options.measure_gpu,
         versions=versions, devices=[d.to_json() for d in devices],
         nvml={key: series.points() for key, series in watch.series.items()},
         processes=sorted(watch.members.values(), key=lambda p: (not p.is_target, p.pid)),
-        agents=agent_list, notes=notes + watch.notes(), tool_cost=cost,
+        agents=agent_list, notes=notes + agent_notes + watch.notes(), tool_cost=cost,
         host_rss=watch.host.points(), nvml_failures=watch.failures,
         downsampling={**watch.downsampling(), **agent_series},
     )

@@ -95,3 +95,20 @@ def test_trace_on_is_never_stopped(tmp_path):
         assert agent.trace_on
     finally:
         fake_cuda.restore_clock()
+
+
+def test_the_long_run_benchmark_runs_a_short_simulation(tmp_path):
+    """benchmarks/long_run.py end to end, on 12 simulated minutes (its figures are checked
+    on the day-long run whose results are in benchmarks/results/)."""
+    import subprocess
+
+    script = Path(__file__).parent.parent / "benchmarks" / "long_run.py"
+    out = tmp_path / "long.json"
+    done = subprocess.run([sys.executable, str(script), "--hours", "0.2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    sup = result["supervisor"]
+    assert sup["report_bytes"] < 5_000_000 and sup["peak_rss_bytes"] < 256 * MiB
+    assert sup["nvml_points_kept"] < sup["nvml_points_seen"] and sup["spike_in_report"]["allocated_bytes"] > 20 << 30
+    assert result["agent"]["step_cost_first_minute"]["sampling"]["steps"] > 0

@@ -48,6 +48,12 @@ class _Cuda:
     def is_initialized(self) -> bool:
         return True
 
+    def synchronize(self, index: int | None = None) -> None:
+        pass
+
+    def empty_cache(self) -> None:
+        self._owner.reserved = self._owner.allocated
+
     def memory_stats_as_nested_dict(self, index: int) -> dict:
         o = self._owner
         figures = {"allocated_bytes": o.allocated, "active_bytes": o.allocated, "reserved_bytes": o.reserved,
@@ -76,14 +82,18 @@ class FakeTorch:
         self.peak = 0
         self.cuda = _Cuda(self)
 
+    def empty(self, *size, device=None):
+        return self.Tensor()
+
     def set(self, allocated: int, reserved: int | None = None) -> None:
         self.allocated = allocated
         self.reserved = max(self.reserved, allocated) if reserved is None else reserved
         self.peak = max(self.peak, allocated)
 
 
-def make_agent(run_dir: str, interval_s: float = 0.02, trace: str = "auto"):
-    """A real agent over a FakeTorch with one device and no NVML, and its clock."""
+def make_agent(run_dir: str, interval_s: float = 0.02, trace: str = "auto", context_bytes: int | None = None):
+    """A real agent over a FakeTorch with one device, and its clock. With `context_bytes`, the
+    agent's NVML figure for its process is reserved + context_bytes; without, it has no NVML."""
     from gpumemdoctor import _agent
 
     clock = FakeClock()
@@ -93,6 +103,10 @@ def make_agent(run_dir: str, interval_s: float = 0.02, trace: str = "auto"):
     agent.trace_mode = trace
     agent.torch = FakeTorch()
     agent.devices = [{"index": 0, "uuid": None, "pci_bus_id": None, "name": "fake", "nvml_device": None}]
+    if context_bytes is not None:
+        fake = agent.torch
+        agent.nvml = SimpleNamespace(used_by=lambda device, pid: fake.reserved + context_bytes)
+        agent.devices[0]["nvml_device"] = SimpleNamespace(index=0)
     agent.cuda_seen = True
     return agent, clock
 
