@@ -230,7 +230,7 @@ def test_host_memory_rule_on_plain_numbers():
 
 # -- the supervisor killed ----------------------------------------------------------------------
 
-def test_supervisor_killed_the_target_runs_on_and_its_agent_file_survives(popen_cli, script, tmp_path):
+def test_supervisor_killed_the_target_runs_on_and_its_agent_file_survives(popen_cli, cli, script, tmp_path):
     marker = tmp_path / "finished.txt"
     script(tmp_path, "t.py", f"""
         import os, time
@@ -260,6 +260,31 @@ def test_supervisor_killed_the_target_runs_on_and_its_agent_file_survives(popen_
     records = [json.loads(x) for x in (run_dir / f"agent-{target.pid}.jsonl").read_text().splitlines()]
     assert records[0]["type"] == "hello" and records[-1]["type"] == "exit"  # written to its end
     assert not list(tmp_path.glob("gpumemdoctor-*.json"))
+
+    # What it left can still be made a report.
+    result = cli("report", "--width", "400", "--from-run-dir", str(run_dir), "-o", "recovered.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert f"recovered from the run folder {run_dir}" in text and "exit status not known" in text
+    assert "is still running" not in text
+    report = json.loads((tmp_path / "recovered.json").read_text())
+    assert report["target"]["pid"] == target.pid and report["target"]["exit_code"] is None
+    assert 1.0 < report["target"]["duration_s"] < 30
+    (agent,) = report["recording"]["agents"]
+    assert agent["exited_normally"] and agent["explicit_steps"] and agent["steps"] == 30
+    assert cli("report", "recovered.json", cwd=tmp_path).returncode == 0
+
+
+def test_report_from_run_dir_bad_input_is_one_line(cli, tmp_path):
+    for args, code, expected in ((["--from-run-dir", str(tmp_path)], 2, "not a gpumemdoctor run folder"),
+                                 (["--from-run-dir", str(tmp_path / "nope")], 2, "is not a folder"),
+                                 ([], 2, "give a report file, or --from-run-dir"),
+                                 (["x.json", "-o", "y.json"], 2, "-o goes with --from-run-dir")):
+        result = cli("report", *args, cwd=tmp_path)
+        assert result.returncode == code and expected in one_error_line(result.stderr)
+    (tmp_path / "run.json").write_text('{"schema": "something else"}')
+    result = cli("report", "--from-run-dir", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 4 and "not a run file" in one_error_line(result.stderr)
 
 
 # -- watch --jsonl for hours -----------------------------------------------------------------------

@@ -77,7 +77,8 @@ def _verdict(console: Console, diagnosis: Diagnosis) -> None:
 def _target(console: Console, recording: Recording) -> None:
     target = recording.target
     status = (f"killed by signal {target['signal']}" if target.get("signal")
-              else f"exit {target.get('exit_code')}")
+              else f"exit {target.get('exit_code')}" if target.get("exit_code") is not None
+              else "exit status not known")
     argv = " ".join(target.get("argv") or [])
     console.print(f"\nTarget   python {argv}")
     console.print(f"         pid {target.get('pid')}, {status}, ran {recording.duration_s:.1f} s")
