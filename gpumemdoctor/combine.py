@@ -9,8 +9,8 @@ run is quick and the supervisor's memory does not grow with the run's length:
   those around an out-of-memory error and where the agent first suspected growth, and in
   between a fixed number of buckets that keep each one's first, last, lowest and highest
   sample of allocated, reserved and NVML memory (so the floor and the spikes survive);
-- a process that has exited is set aside as soon as its file has been read to its end, and
-  the file is removed; at most MAX_QUIET_AGENTS processes that never used CUDA and
+- a process that has exited (its exit line read, or the process gone) is set aside once its
+  file has been read to its end, and the file is removed; at most MAX_QUIET_AGENTS processes that never used CUDA and
   MAX_CUDA_AGENTS that did are kept besides the target (the ones that held most, for those).
 
 A line cut short by a killed process is skipped.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 
-from . import rootcause
+from . import procs, rootcause
 from .errors import BadReportError
 from .recording import PROBE_PHASES, AgentRecording, DeviceReading, TorchDevice, TorchSample
 from .series import Series
@@ -215,7 +215,13 @@ class AgentFiles:
                 continue
             if size > reader.offset:
                 reader.read()
-            if reader.exited and _agent_pid(name) != self.target_pid:
+            pid = _agent_pid(name)
+            if pid == self.target_pid:
+                continue
+            # A process ends without its exit line when it leaves through os._exit (a forked
+            # multiprocessing worker does) or is killed: once it is gone, its file is complete.
+            if reader.exited or (self.remove_read and pid is not None and not procs.same_process(pid, None)):
+                reader.read()
                 self._set_aside(name, reader)
 
     def _reader(self, name: str) -> AgentFile:
