@@ -208,7 +208,8 @@ def supervisor_phase(hours: float, agent_file: str, poll_s: float) -> dict:
     def processes(device, strict=False):  # the NVML stand-in: this process, reserved + context
         step = int((clock.now - T0) / STEP_S)
         reserved["now"] = reserved_for(allocated_at(step, rng, hours), reserved["now"])
-        return [(pid, reserved["now"] + CONTEXT + (step % 2) * MIB)]  # moves at every poll
+        reserved["polls"] = reserved.get("polls", 0) + 1
+        return [(pid, reserved["now"] + CONTEXT + (reserved["polls"] % 2) * MIB)]  # moves at every poll
 
     supervisor.nvml = SimpleNamespace(processes=processes, CallFailed=nvml.CallFailed)
     scans = []
@@ -276,7 +277,7 @@ def supervisor_phase(hours: float, agent_file: str, poll_s: float) -> dict:
         "report_bytes": size, "verdict": diagnosis.verdict,
         "leak_rate_true_bytes_per_s": LEAK_PER_S,
         "leak_rate_found_bytes_per_s": leak.rate_bytes_per_s if leak else None,
-        "nvml_points_seen": polls, "nvml_points_kept": len(series),
+        "nvml_points_seen": watch.series[(pid, 0)].seen, "nvml_points_kept": len(series),
         "agent_samples_kept": len(agent.samples),
         "spike_in_report": {"t_s": round(spike.t, 1), "allocated_bytes": spike.readings[0].allocated_bytes},
         "host_rss_points_kept": len(recording.host_rss),
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpumemdoctor-long-agent-") as run_dir:
         print(f"long_run: phase 1, the agent: {args.hours:g} simulated hours at 10 steps/s ...", flush=True)
         agent = agent_phase(args.hours, run_dir)
-        print(f"long_run: phase 2, the supervisor (a child process) ...", flush=True)
+        print("long_run: phase 2, the supervisor (a child process) ...", flush=True)
         child = subprocess.run([sys.executable, os.path.abspath(__file__), "--phase", "supervisor",
                                 "--hours", str(args.hours), "--poll-interval", str(args.poll_interval),
                                 "--agent-file", agent["agent_file"]], capture_output=True, text=True)
