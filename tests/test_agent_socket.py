@@ -29,11 +29,17 @@ sys.stdin.readline()  # run until told to stop
 
 
 @pytest.fixture
-def runtime(tmp_path, monkeypatch):
-    folder = tmp_path / "run"
-    folder.mkdir(mode=0o700)
+def runtime(monkeypatch):
+    # A short path of its own: a socket's path is limited to 107 bytes (AF_UNIX), which pytest's
+    # tmp_path passes once its run counter has three digits.
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="gmd-", dir="/tmp"))
+    folder.chmod(0o700)
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
-    return folder
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def start(*args: str) -> subprocess.Popen:
