@@ -40,6 +40,11 @@ MAX_STRANGERS = 4096  # other users' PIDs remembered as not ours; past it, forgo
 RUN_FILE = "run.json"  # in the run folder: what `report --from-run-dir` needs if the supervisor dies
 RUN_SCHEMA = "gpumemdoctor.run/1"
 NVML_SERIES = {"head": 64, "tail": 64, "buckets": 128, "window": 16, "events": 2}
+# The series of a process that has ended and let go of its memory shrinks to this (its first and
+# last points, its peak): DataLoader workers with CUDA contexts, respawned every epoch for a day,
+# stay small. At most MAX_ENDED_SERIES are kept, those that held the most.
+ENDED_SERIES = {"head": 2, "tail": 2, "buckets": 2, "window": 0, "events": 0}
+MAX_ENDED_SERIES = 256
 HOST_SERIES = {"head": 64, "tail": 64, "buckets": 128, "window": 16, "events": 2}
 
 
@@ -82,6 +87,8 @@ class _TreeWatch:
         self.failures: list[dict] = []
         self.failures_dropped = 0
         self.forgotten = 0  # process records dropped past MAX_MEMBERS
+        self.ended: set[tuple[int, int]] = set()  # series shrunk: their process ended and let go
+        self.ended_dropped = 0
         self._failing: dict[int, dict] = {}  # NVML index -> its outage under way
         self._retry_at: dict[int, float] = {}
         self._live: list[int] = [target_pid]  # the tree at the last refresh
@@ -102,11 +109,27 @@ class _TreeWatch:
             if pid not in self.members:
                 self._add(pid)
         self._live = [self.target_pid, *live]
+        self._shrink_ended(set(self._live))
         if len(self.members) > MAX_MEMBERS:
             self._forget()
         if len(self.strangers) > MAX_STRANGERS:
             self.strangers.clear()
         self.last_refresh = time.monotonic()
+
+    def _shrink_ended(self, live: set) -> None:
+        for key, series in list(self.series.items()):
+            if key in self.ended or key[0] in live or series.last[1] != 0:
+                continue
+            small = Series(**ENDED_SERIES)
+            small.extend(series.points())
+            small.seen = series.seen
+            self.series[key] = small
+            self.ended.add(key)
+        while len(self.ended) > MAX_ENDED_SERIES:
+            key = min(self.ended, key=lambda k: max((u or 0 for _, u in self.series[k].points()), default=0))
+            self.ended.discard(key)
+            del self.series[key]
+            self.ended_dropped += 1
 
     def _forget(self) -> None:
         """Drop the oldest records of processes that have ended without holding GPU memory."""
@@ -209,6 +232,9 @@ class _TreeWatch:
         out = []
         if self.failures_dropped:
             out.append(f"NVML failed {self.failures_dropped} more times than the report lists")
+        if self.ended_dropped:
+            out.append(f"the NVML series of {self.ended_dropped} ended processes that held the least GPU memory "
+                       f"are not kept (the report keeps {MAX_ENDED_SERIES})")
         if self.forgotten:
             out.append(f"{self.forgotten} short-lived processes of the target's tree that never held GPU "
                        f"memory are not listed (the report keeps {MAX_MEMBERS} process records)")
