@@ -190,3 +190,32 @@ def test_a_whole_file_read_keeps_the_targets_bound(tmp_path):
     agent = read_agent_file(str(path), T0)
     assert len(agent.samples) <= bound(**TARGET_SERIES, figures=3)
     assert agent.samples[-1].t > DAY_S - 10 and agent.exited_normally  # the tail is the end, in full
+
+
+def test_the_real_cli_keeps_a_long_agent_file_bounded(cli, script, tmp_path):
+    """A target appends 60,000 sample lines (SYNTHETIC readings) to its own agent file over about
+    three seconds, as a long run's agent would over days: the supervisor reads them as they come
+    and the report keeps a bounded number."""
+    script(tmp_path, "t.py", """
+        import json, os, time
+        path = os.path.join(os.environ["GPUMEMDOCTOR_RUN_DIR"], f"agent-{os.getpid()}.jsonl")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        t = time.monotonic()
+        for chunk in range(30):
+            lines = []
+            for i in range(2000):
+                n = chunk * 2000 + i
+                row = [0, (1 << 30) + n * 1024, (1 << 30) + n * 1024, 2 << 30, 0, None, None, None]
+                lines.append(json.dumps({"type": "s", "t": t + n * 0.001, "by": "step", "step": n, "d": [row]}))
+            os.write(fd, ("\\n".join(lines) + "\\n").encode())
+            time.sleep(0.1)
+        print("wrote")
+    """)
+    result = cli("run", "--allow-no-gpu", "-o", "r.json", "t.py", cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout == "wrote\n", result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    (agent,) = report["recording"]["agents"]
+    kept = report["recording"]["downsampling"][f"agent {agent['pid']} samples"]
+    assert kept["seen"] == 60_000 and len(agent["samples"]) == kept["kept"] <= bound(**TARGET_SERIES, figures=3)
+    assert agent["samples"][-1]["step"] == 59_999 and agent["exited_normally"]
+    assert report["recording"]["tool_cost"]["collect_s"] < 2.0
