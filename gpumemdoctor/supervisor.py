@@ -35,10 +35,10 @@ NVML_RETRY_S = 1.0  # a device whose NVML calls fail is tried again this often
 MAX_NVML_FAILURES = 16  # outages recorded; later ones are only counted
 MAX_MEMBERS = 256  # process records; past it, ended processes that never held GPU memory are forgotten
 MAX_STRANGERS = 4096  # other users' PIDs remembered as not ours; past it, forgotten and looked up again
-# What is kept of each long series (see series.py): an NVML series gets a point only when its
-# figure changes; the host memory is read every HOST_RSS_S.
 RUN_FILE = "run.json"  # in the run folder: what `report --from-run-dir` needs if the supervisor dies
 RUN_SCHEMA = "gpumemdoctor.run/1"
+# What is kept of each long series (see series.py): an NVML series gets a point only when its
+# figure changes; the host memory is read every HOST_RSS_S.
 NVML_SERIES = {"head": 64, "tail": 64, "buckets": 128, "window": 16, "events": 2}
 # The series of a process that has ended and let go of its memory shrinks to this (its first and
 # last points, its peak): DataLoader workers with CUDA contexts, respawned every epoch for a day,
