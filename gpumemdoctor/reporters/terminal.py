@@ -136,8 +136,9 @@ def sparkline(values: list[int], top: int, width: int = SPARK_WIDTH) -> str:
     if not values:
         return ""
     n = len(values)
+    width = min(width, n)  # fewer values than columns: one column each
     buckets = [max(values[i * n // width:max((i + 1) * n // width, i * n // width + 1)])
-               for i in range(min(width, n))]
+               for i in range(width)]
     top = top or 1
     return "".join(BARS[min(len(BARS) - 1, v * (len(BARS) - 1) // top)] for v in buckets)
 
