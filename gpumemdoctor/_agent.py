@@ -30,6 +30,10 @@ ENV_TRACE = "GPUMEMDOCTOR_TRACE"  # allocation stacks: "auto" (when growth is se
 ENV_SNAPSHOT = "GPUMEMDOCTOR_SNAPSHOT"  # "1": write the allocator snapshot to the run folder at exit
 TRACE_MODES = ("auto", "on", "off")
 TRACE_MAX_ENTRIES = 100_000  # of PyTorch's allocation history (a ring: old entries drop off)
+# --trace auto records stacks for this long once growth is seen, then stops: the leak's line is
+# known by then (its blocks keep their stacks), and a day-long run neither pays the history's
+# cost on every allocation nor builds a snapshot of every leaked block at exit.
+TRACE_WINDOW_S = 60.0
 # Growth is suspected, online, when the floor of allocated memory has risen by this much
 # at two checks in a row (every CHECK_EVERY samples): then the allocation stacks are
 # recorded (--trace auto) and, a little later, the holders are looked for.
@@ -57,6 +61,7 @@ FIRST_ALLOCATION_WAIT_S = 10.0
 NAP_S = 0.05  # the sampling thread's longest sleep: how soon it sees the program ending
 STARVED_S = 0.25  # a time sample put off this long (no room below the collector's threshold) is taken anyway
 EVERY_STEP_UNTIL = 100  # the first steps are all sampled (about 50 us each): short runs need them
+COST_WINDOW_S = 60.0  # the samples' cost is also kept for the first and the last such window
 
 _agent: _Agent | None = None
 
@@ -210,6 +215,8 @@ class _Agent:
         mode = os.environ.get(ENV_TRACE, "auto" if run_dir else "off")
         self.trace_mode = mode if mode in TRACE_MODES else "auto"
         self.trace_on = False
+        self.trace_was_on = False  # stacks were recorded for a while (--trace auto stops after a window)
+        self.trace_stop_at: float | None = None  # monotonic time: --trace auto's window ends
         self.kind = None  # _inspect.TensorKind, made when first needed
         self.baseline: dict | None = None
         self.first_alloc_t: float | None = None
@@ -222,6 +229,12 @@ class _Agent:
         self.oom_records = 0
         self.samples_skipped = 0  # time samples put off because the collector was near its threshold
         self.cost = {"init_s": 0.0, "sample_s": 0.0}
+        # The sampling cost early and late in a long run: samples and seconds of the current
+        # COST_WINDOW_S, of the first one completed and of the last. Plain ints and floats, so
+        # that counting allocates nothing the garbage collector tracks.
+        self.window_start = 0.0
+        self.window_samples = self.first_samples = self.last_samples = 0
+        self.window_s = self.first_s = self.last_s = 0.0
 
     # -- the channel ---------------------------------------------------------
     def write(self, record: dict) -> None:
@@ -436,6 +449,9 @@ class _Agent:
                 # While the program marks steps, samples are taken at step boundaries instead.
                 if now - self.last_sample_t >= self.interval_s and now - self.last_step_t >= self.interval_s:
                     self.sample("time")
+                if (self.trace_stop_at is not None and now >= self.trace_stop_at and not self.steps
+                        and not _events.import_in_progress()):
+                    self._stop_trace()  # growth seen over time: the stacks are turned off from here too
 
         except Exception:
             pass
@@ -658,9 +674,23 @@ class _Agent:
         finally:
             if collecting:
                 gc.enable()
-            self.cost["sample_s"] += time.thread_time() - started
+            spent = time.thread_time() - started
+            self.cost["sample_s"] += spent
+            self._count_cost(spent)
             lock.release()
         return True
+
+    def _count_cost(self, spent: float) -> None:
+        now = self.last_sample_t
+        if not self.window_samples:
+            self.window_start = now
+        elif now - self.window_start >= COST_WINDOW_S:
+            if not self.first_samples:
+                self.first_samples, self.first_s = self.window_samples, self.window_s
+            self.last_samples, self.last_s = self.window_samples, self.window_s
+            self.window_start, self.window_samples, self.window_s = now, 0, 0.0
+        self.window_samples += 1
+        self.window_s += spent
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         # PyTorch calls hook(optimizer, args, kwargs): a signature with *args would make a tuple.
@@ -681,6 +711,8 @@ class _Agent:
                 self.sample("step")
             if self.investigate_at is not None and self.steps >= self.investigate_at[0]:
                 self._investigate("growth")  # here, on the program's own thread, between steps
+            elif self.trace_stop_at is not None and now >= self.trace_stop_at and self.investigate_at is None:
+                self._stop_trace()
         except Exception:
             pass
 
@@ -763,11 +795,26 @@ class _Agent:
             enabled = "all" if os.environ.get(ENV_SNAPSHOT) == "1" else "state"
             self.torch.cuda.memory._record_memory_history(
                 enabled=enabled, context="alloc", stacks="python", max_entries=TRACE_MAX_ENTRIES)
-            self.trace_on = True
+            self.trace_on = self.trace_was_on = True
+            if why == "growth" and self.trace_mode == "auto" and os.environ.get(ENV_SNAPSHOT) != "1":
+                self.trace_stop_at = time.monotonic() + TRACE_WINDOW_S
         except Exception as exc:  # the cudaMallocAsync backend has no history
             error = f"{type(exc).__name__}: {exc}"[:300]
         self.write({"type": "trace", "t": time.monotonic(), "step": self.steps, "why": why,
                     "ok": self.trace_on, "error": error})
+
+    def _stop_trace(self) -> None:
+        """The end of --trace auto's window: no more stacks for new allocations; the live
+        blocks allocated meanwhile keep theirs."""
+        self.trace_stop_at = None
+        try:
+            self.torch.cuda.memory._record_memory_history(enabled=None)
+            self.trace_on = False
+            error = None
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        self.write({"type": "trace", "t": time.monotonic(), "step": self.steps,
+                    "why": f"stopped after {TRACE_WINDOW_S:.0f} s", "ok": error is None, "error": error})
 
     def _investigate(self, when: str, budget: str | None = None) -> None:
         """Group what was allocated since the baseline and is still alive (at exit: all that is
@@ -798,7 +845,7 @@ class _Agent:
             if collecting:
                 gc.enable()
         self.write({"type": "investigation", "when": when, "t": time.monotonic(), "step": self.steps,
-                    "trace": self.trace_on, **result})
+                    "trace": self.trace_on or self.trace_was_on, **result})
 
     def _thread_names(self) -> dict:
         alive = {t.name for t in threading.enumerate()}
@@ -856,9 +903,22 @@ class _Agent:
                     "uncaught": died_of, "samples": self.samples, "samples_skipped": self.samples_skipped,
                     "collections": self.collections.summary() if self.collections is not None else None,
                     "out_of_memory": self.oom_records,
-                    "cost": {k: round(v, 6) for k, v in self.cost.items()}})
+                    "cost": {k: round(v, 6) for k, v in {**self.cost, **self._window_costs()}.items()}})
         if self.server is not None:
             self.server.close()
+
+    def _window_costs(self) -> dict:
+        """The samples' cost in the first and the last COST_WINDOW_S of sampling (the window
+        under way when no full one has passed)."""
+        out = {}
+        current = (self.window_samples, self.window_s)
+        first = (self.first_samples, self.first_s) if self.first_samples else current
+        last = (self.last_samples, self.last_s) if self.last_samples else current
+        for name, (samples, spent) in (("first", first), ("last", last)):
+            if samples:
+                out[f"{name}_window_samples"] = samples
+                out[f"{name}_window_sample_us"] = spent / samples * 1e6
+        return out
 
     def _exit_probes(self, torch) -> None:
         # No automatic collection until the garbage has been looked at: the snapshot and the
@@ -915,7 +975,7 @@ class _Agent:
             from gpumemdoctor import _inspect
 
             frames_of = None
-            if self.trace_on:
+            if self.trace_on or self.trace_was_on:
                 frames_of = _inspect.Spans((b["address"], b["size"], b["frames"])
                                            for b in _inspect.live_blocks(torch) if b["frames"])
             report = _inspect.collect_garbage(self._tensor_kind(), frames_of)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from . import judgement, rootcause
+from . import faults, judgement, rootcause
 from .growth import MIN_POINTS, GrowthFit, floor_growth
 from .recording import AgentRecording, DeviceReading, Recording, TorchSample
 from .units import format_bytes as fb
@@ -25,7 +25,10 @@ VERDICTS = ("clean", "leak", "out-of-memory", "allocator-cache", "pending-stream
             "child-contexts")
 # "context" and "live-at-exit" inform: they never make a verdict and never fail a CI check.
 INFORMATIVE = ("context", "live-at-exit")
-FINDING_KINDS = VERDICTS[1:] + ("orphan-process",) + INFORMATIVE
+# "orphan-process" and "host-memory" (the target killed by SIGKILL while its host memory rose)
+# warn: they never make a verdict, and --fail-on can fail on them.
+WARNINGS = ("orphan-process", "host-memory")
+FINDING_KINDS = VERDICTS[1:] + WARNINGS + INFORMATIVE
 
 MIB = 1 << 20
 SIGNIFICANT_BYTES = 64 * MIB  # retained memory below this is not worth a verdict
@@ -107,6 +110,11 @@ class Diagnosis:
 def diagnose(recording: Recording) -> Diagnosis:
     """Turn a recording into findings and a verdict."""
     result = Diagnosis(verdict=None, peaks=peaks(recording), notes=list(recording.notes))
+    result.notes.extend(faults.nvml_notes(recording))
+    host = faults.host_memory(recording)
+    if host is not None:
+        result.findings.append(Finding(kind=host.kind, bytes=host.bytes, pid=recording.target_pid,
+                                       summary=host.summary, evidence=host.evidence, remedy=host.remedy))
     if not recording.nvml_available:
         result.notes.append("no NVIDIA GPU was measured: NVML was not available")
         return result

@@ -18,6 +18,12 @@ _nv: Any = None  # the pynvml module once NVML is initialised
 _processes_fn: Callable | None = None
 _SOFT_ERRORS: tuple = ()
 _FATAL_ERRORS: tuple = ()
+_UNAVAILABLE_ERRORS: tuple = ()  # what a call that never works here says; anything else is a failure
+
+
+class CallFailed(Exception):
+    """An NVML call that should have worked failed (a GPU lost, an unknown error, a timeout):
+    unlike *not available*, the figure exists and could not be read."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ class MemoryInfo:
 
 def init() -> Any:
     """Initialise NVML once; raise NoGpuError with a fix-it hint when it cannot be."""
-    global _nv, _SOFT_ERRORS, _FATAL_ERRORS
+    global _nv, _SOFT_ERRORS, _FATAL_ERRORS, _UNAVAILABLE_ERRORS
     if _nv is not None:
         return _nv
     with _lock:
@@ -77,6 +83,11 @@ def init() -> Any:
                 "NVML_ERROR_UNINITIALIZED", "NVML_ERROR_LIBRARY_NOT_FOUND",
                 "NVML_ERROR_DRIVER_NOT_LOADED")
             if hasattr(pynvml, name))
+        _UNAVAILABLE_ERRORS = tuple(
+            getattr(pynvml, name) for name in (
+                "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_NO_PERMISSION",
+                "NVML_ERROR_FUNCTION_NOT_FOUND")
+            if hasattr(pynvml, name))
         _nv = pynvml
         return pynvml
 
@@ -98,6 +109,18 @@ def _call(fn: Callable, *args: Any, **kwargs: Any) -> Any:
         if exc.value in _FATAL_ERRORS:
             raise NoGpuError(f"NVML stopped working ({exc})") from exc
         return None
+
+
+def _call_strict(fn: Callable, *args: Any) -> Any:
+    """Like _call, but an error that is not *not available* raises CallFailed."""
+    try:
+        return fn(*args)
+    except _nv.NVMLError as exc:
+        if exc.value in _FATAL_ERRORS:
+            raise NoGpuError(f"NVML stopped working ({exc})") from exc
+        if exc.value in _UNAVAILABLE_ERRORS:
+            return None
+        raise CallFailed(str(exc)) from exc
 
 
 def _text(value: Any) -> str | None:
@@ -163,10 +186,13 @@ def _pick_processes_fn(handle: Any) -> Callable:
     return _processes_fn
 
 
-def processes(device: Device) -> list[tuple[int, int | None]]:
-    """(pid, used bytes or None) of each process with a CUDA context on the device."""
+def processes(device: Device, strict: bool = False) -> list[tuple[int, int | None]]:
+    """(pid, used bytes or None) of each process with a CUDA context on the device.
+
+    An error gives an empty list, unless `strict`: then a failed call (a GPU lost, an
+    unknown error) raises CallFailed, and only *not available* gives an empty list."""
     fn = _pick_processes_fn(device.handle)
-    listed = _call(fn, device.handle)
+    listed = _call_strict(fn, device.handle) if strict else _call(fn, device.handle)
     if listed is None:
         return []
     out = []

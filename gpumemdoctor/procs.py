@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import psutil
@@ -92,3 +93,65 @@ def same_process(pid: int, create_time: float | None) -> bool:
         return create_time is None or abs(proc.create_time() - create_time) < 0.01
     except _GONE:
         return False
+
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss(pid: int) -> int | None:
+    """A process's resident host memory in bytes; None when it has ended (a zombie included).
+
+    Read from /proc/<pid>/statm (one small read, cheap enough to sample several times a
+    second); through psutil where there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            pages = int(f.read().split()[1])
+        return pages * _PAGE_BYTES or None  # a zombie reads 0
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return None
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        value = psutil.Process(pid).memory_info().rss
+        return value or None
+    except _GONE:
+        return None
+
+
+def peak_rss_of_self() -> int | None:
+    """The most host memory this process has held, in bytes (Linux: ru_maxrss is in KiB)."""
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    except (ImportError, OSError):
+        return None
+    return int(peak) * (1 if sys.platform == "darwin" else 1024)
+
+
+def cgroup_oom_kills() -> int | None:
+    """How many processes the kernel's out-of-memory killer has ended in this process's
+    memory cgroup (`oom_kill` in cgroup v2's memory.events, or v1's memory.oom_control);
+    None where that cannot be read."""
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        return None
+    places = []
+    for _, controllers, path in (x for x in lines if len(x) == 3):
+        if controllers == "":
+            places.append(os.path.join("/sys/fs/cgroup", path.lstrip("/"), "memory.events"))
+        elif "memory" in controllers.split(","):
+            places.append(os.path.join("/sys/fs/cgroup/memory", path.lstrip("/"), "memory.oom_control"))
+    for place in places:
+        try:
+            with open(place, encoding="utf-8") as f:
+                for line in f:
+                    name, _, value = line.partition(" ")
+                    if name == "oom_kill":
+                        return int(value)
+        except (OSError, ValueError):
+            continue
+    return None

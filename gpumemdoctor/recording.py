@@ -1,14 +1,12 @@
 """A recording: everything measured in one run, from NVML and from the agents.
 
-The supervisor builds it (`combine` reads the agents' files), the diagnosis
-reads it, and reports embed it. Sizes are integers in bytes; *not available*
+The supervisor builds it (`combine.py` reads the agents' files), the diagnosis
+reads it, and reports embed it. Long series are kept bounded (`series.py`). Sizes are integers in bytes; *not available*
 is None (JSON null), never 0. Times are seconds since the run started.
 Loading is strict: a file that does not have this shape is refused.
 """
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,6 +225,12 @@ class Recording:
     agents: list[AgentRecording] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what went wrong while recording
     tool_cost: dict = field(default_factory=dict)  # seconds the supervisor spent outside the target
+    # The host memory (RSS) of the target, and of the target with its descendants: (t, target, tree).
+    host_rss: list[tuple[float, int | None, int | None]] = field(default_factory=list)
+    # Times NVML failed while the run went on: device, from_t, to_t (None: to the end), error.
+    nvml_failures: list[dict] = field(default_factory=list)
+    # How each long series was kept (series.Series.summary): points seen and kept, marked events.
+    downsampling: dict = field(default_factory=dict)
 
     @property
     def target_pid(self) -> int | None:
@@ -250,6 +254,9 @@ class Recording:
             "agents": [a.to_json() for a in self.agents],
             "notes": self.notes,
             "tool_cost": self.tool_cost,
+            "host_rss": [list(p) for p in self.host_rss],
+            "nvml_failures": self.nvml_failures,
+            "downsampling": self.downsampling,
         }
 
     @classmethod
@@ -259,7 +266,7 @@ class Recording:
             raise BadReportError(f"not a gpumemdoctor recording (schema {obj.get('schema')!r}, "
                                  f"expected {SCHEMA!r})")
         target = need_dict(obj.get("target"), "target")
-        for key in ("pid", "exit_code", "signal"):
+        for key in ("pid", "exit_code", "signal", "cgroup_oom_kills"):
             opt_int(target.get(key), f"target {key}")
         target["argv"] = [need_str(a, "argv") for a in need_list(target.get("argv", []), "target argv")]
         nvml: dict[tuple[int, int], list[tuple[float, int | None]]] = {}
@@ -287,91 +294,23 @@ class Recording:
             notes=[need_str(n, "note") for n in need_list(obj.get("notes", []), "notes")],
             tool_cost={need_str(k, "tool_cost"): opt_num(v, "tool_cost")
                        for k, v in need_dict(obj.get("tool_cost", {}), "tool_cost").items()},
+            host_rss=[_host_point(p) for p in need_list(obj.get("host_rss", []), "host_rss")],
+            nvml_failures=[_nvml_failure(f) for f in need_list(obj.get("nvml_failures", []), "nvml_failures")],
+            downsampling={need_str(k, "downsampling"): need_dict(v, "downsampling")
+                          for k, v in need_dict(obj.get("downsampling", {}), "downsampling").items()},
         )
 
 
-# -- reading the agents' files ---------------------------------------------------
-
-def read_agent_file(path: str, t0: float) -> AgentRecording | None:
-    """Parse one agent's JSON-lines file; a line cut short by a killed process is skipped."""
-    agent: AgentRecording | None = None
-    try:
-        with open(path, "rb") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict):
-            continue
-        try:
-            agent = _apply(agent, rec, t0)
-        except (BadReportError, KeyError, TypeError, ValueError):
-            continue
-    return agent
+def _host_point(point: Any) -> tuple[float, int | None, int | None]:
+    if not isinstance(point, list) or len(point) != 3:
+        raise BadReportError("a host memory point must be [t, target_rss_bytes, tree_rss_bytes]")
+    return (need_num(point[0], "t"), opt_int(point[1], "target_rss_bytes"), opt_int(point[2], "tree_rss_bytes"))
 
 
-def _apply(agent: AgentRecording | None, rec: dict, t0: float) -> AgentRecording | None:
-    kind = rec.get("type")
-    if kind == "hello":
-        return AgentRecording(pid=need_int(rec["pid"], "pid"), ppid=opt_int(rec.get("ppid"), "ppid"),
-                              argv=[str(a) for a in rec.get("argv") or []],
-                              forked_from=opt_int(rec.get("forked_from"), "forked_from"),
-                              python=opt_str(rec.get("python"), "python"))
-    if agent is None:
-        return None
-    t = need_num(rec.get("t"), "t") - t0 if rec.get("t") is not None else None
-    if kind == "torch":
-        agent.torch_version = opt_str(rec.get("version"), "version")
-    elif kind == "cuda":
-        agent.cuda_t = t
-        if "stack" in rec:
-            agent.cuda_origin = rootcause.CUDA_ORIGIN(rec, "cuda")
-    elif kind == "devices":
-        agent.allocator_backend = opt_str(rec.get("allocator_backend"), "backend")
-        agent.devices = [TorchDevice.from_json(d) for d in need_list(rec.get("devices"), "devices")]
-    elif kind == "steps":
-        agent.explicit_steps = True
-    elif kind in ("s", "p"):
-        sample = TorchSample(t=t, by=rec["phase"] if kind == "p" else need_str(rec.get("by"), "by"),
-                             step=opt_int(rec.get("step"), "step"),
-                             readings=[DeviceReading.from_json(r) for r in need_list(rec.get("d"), "d")],
-                             collected=opt_int(rec.get("collected"), "collected"))
-        if kind == "p":
-            if sample.by in PROBE_PHASES:
-                agent.probes[sample.by] = sample
-        else:
-            agent.samples.append(sample)
-    elif kind == "exit":
-        agent.exited_normally = True
-        agent.steps = opt_int(rec.get("steps"), "steps")
-        agent.explicit_steps = bool(rec.get("explicit_steps"))
-        cupy = rec.get("cupy")
-        agent.cupy_pool = cupy if isinstance(cupy, dict) else None
-        if "cost" in rec:
-            agent.exit_info = rootcause.EXIT_INFO(rec, "exit")
-    elif kind in rootcause.RECORDS:
-        rootcause.apply_record(agent.root, kind, rec, t0)
-    elif kind == "error":
-        agent.errors.append(str(rec.get("where")) + ": " + str(rec.get("message")))
-    return agent
-
-
-def read_agents(run_dir: str, t0: float) -> list[AgentRecording]:
-    """Combine step: one recording per process that ran the agent."""
-    agents = []
-    try:
-        names = sorted(os.listdir(run_dir))
-    except OSError:
-        return []
-    for name in names:
-        if name.startswith("agent-") and name.endswith(".jsonl"):
-            agent = read_agent_file(os.path.join(run_dir, name), t0)
-            if agent is not None:
-                if agent.steps is None and agent.samples:
-                    agent.steps = agent.samples[-1].step
-                agents.append(agent)
-    return agents
+def _nvml_failure(obj: Any) -> dict:
+    obj = need_dict(obj, "nvml failure")
+    return {"device": need_int(obj.get("device"), "nvml failure device"),
+            "from_t": need_num(obj.get("from_t"), "nvml failure from_t"),
+            "to_t": opt_num(obj.get("to_t"), "nvml failure to_t"),
+            "error": need_str(obj.get("error"), "nvml failure error"),
+            "failed_calls": need_int(obj.get("failed_calls", 1), "nvml failure failed_calls")}

@@ -60,18 +60,30 @@ def write(report: dict, path: str, force: bool) -> None:
 
 
 def write_text(text: str, path: str, force: bool, what: str = "report") -> None:
-    """Write a report (JSON or HTML) readable by its owner only; refuse to replace a file unless forced."""
+    """Write a report (JSON or HTML) readable by its owner only; refuse to replace a file unless
+    forced. A write that fails midway (a full disk) leaves no half file behind, where this call
+    created the file."""
     option = _OPTIONS[what]
     if os.path.isdir(path):
         raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
     # Readable by its owner only: it holds the target's command line and working folder.
     flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+    created = not os.path.lexists(path)
     try:
-        with os.fdopen(os.open(path, flags, 0o600), "w", encoding="utf-8") as f:
-            f.write(text)
+        fd = os.open(path, flags, 0o600)
     except FileExistsError:
         raise UsageError(f"{path} exists: pass --force to overwrite it, or {option} to choose another name") from None
     except OSError as exc:
+        raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        if created and os.path.isfile(path):
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
         raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
 
 

@@ -198,7 +198,9 @@ def leak_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
     groups = [g for g in chosen["groups"] if _on(g, torch_index, True)]
     # A leak repeats: one-off allocations (this step's batch, gradients) are not suspects.
     repeated = [g for g in groups if g["count"] >= 2] or groups[:1]
-    if chosen["trace"]:  # with stacks recorded, stackless blocks are PyTorch's own (gradients)
+    if chosen["trace"]:  # with stacks recorded, stackless blocks are PyTorch's own (gradients)...
+        # ... or the same leak's, allocated after --trace auto's window closed: held the same way
+        repeated = _with_later_allocations(repeated)
         repeated = [g for g in repeated if g["frames"]] or repeated
     suspects = [_allocation_suspect(g) for g in repeated]
     meta = {"searched": True, "when": chosen["when"], "step": chosen["step"], "t": chosen["t"],
@@ -207,6 +209,39 @@ def leak_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
             "objects_visited": chosen["visited"], "gave_up": chosen["gave_up"],
             "elapsed_s": chosen["elapsed_s"]}
     return suspects[:MAX_SUSPECTS], meta
+
+
+def _top_pattern(group: dict) -> str | None:
+    return group["holders"][0]["pattern"] if group["holders"] else None
+
+
+def _with_later_allocations(groups: list[dict]) -> list[dict]:
+    """Stackless groups held like a group with a stack (the same holder pattern) are the same
+    leak's later allocations, made once the allocation history had stopped: counted with it."""
+    framed = {}
+    for g in groups:
+        if g["frames"] and _top_pattern(g) is not None:
+            framed.setdefault(_top_pattern(g), g)
+    out, merged = [], {}
+    for g in groups:
+        target = framed.get(_top_pattern(g)) if not g["frames"] else None
+        if target is None:
+            out.append(g)
+            continue
+        into = merged.get(id(target))
+        if into is None:
+            into = merged[id(target)] = {**target, "holders": [dict(h) for h in target["holders"]]}
+        into["bytes"] += g["bytes"]
+        into["count"] += g["count"]
+        into["unheld_bytes"] += g["unheld_bytes"]
+        for h in g["holders"]:
+            same = next((x for x in into["holders"] if x["pattern"] == h["pattern"]), None)
+            if same is None:
+                into["holders"].append(dict(h))
+            else:
+                same["count"] += h["count"]
+                same["bytes"] += h["bytes"]
+    return [merged.get(id(g), g) for g in out]
 
 
 def _bytes_on(investigation: dict, torch_index: int) -> int:

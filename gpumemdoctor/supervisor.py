@@ -7,6 +7,7 @@ the supervisor's own process, so polling costs the target nothing.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,12 +19,33 @@ from dataclasses import dataclass, field
 
 from . import __version__, nvml, procs
 from ._agent import ENV_INTERVAL, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE
-from .recording import ProcessRecord, Recording, read_agents
+from .combine import AgentFiles
+from .errors import BadReportError, UsageError
+from .recording import ProcessRecord, Recording
+from .series import Series
+from .strict import need_dict, need_int, need_list, need_num, need_str, opt_num
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
 FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 TREE_REFRESH_S = 0.5
 ORPHAN_GRACE_S = 1.0
+AGENT_READ_S = 1.0  # the agents' files are read this often while the target runs
+HOST_RSS_S = 0.2  # the target tree's host memory (RSS) is read this often
+NVML_RETRY_S = 1.0  # a device whose NVML calls fail is tried again this often
+MAX_NVML_FAILURES = 16  # outages recorded; later ones are only counted
+MAX_MEMBERS = 256  # process records; past it, ended processes that never held GPU memory are forgotten
+MAX_STRANGERS = 4096  # other users' PIDs remembered as not ours; past it, forgotten and looked up again
+RUN_FILE = "run.json"  # in the run folder: what `report --from-run-dir` needs if the supervisor dies
+RUN_SCHEMA = "gpumemdoctor.run/1"
+# What is kept of each long series (see series.py): an NVML series gets a point only when its
+# figure changes; the host memory is read every HOST_RSS_S.
+NVML_SERIES = {"head": 64, "tail": 64, "buckets": 128, "window": 16, "events": 2}
+# The series of a process that has ended and let go of its memory shrinks to this (its first and
+# last points, its peak): DataLoader workers with CUDA contexts, respawned every epoch for a day,
+# stay small. At most MAX_ENDED_SERIES are kept, those that held the most.
+ENDED_SERIES = {"head": 2, "tail": 2, "buckets": 2, "window": 0, "events": 0}
+MAX_ENDED_SERIES = 256
+HOST_SERIES = {"head": 64, "tail": 64, "buckets": 128, "window": 16, "events": 2}
 
 
 @dataclass
@@ -39,8 +61,19 @@ class RunOptions:
     snapshot_path: str | None = None  # where the target's allocator snapshot goes
 
 
+def _host_figures(point: tuple) -> tuple:
+    return point[1], point[2]
+
+
 class _TreeWatch:
-    """The target's process tree and what NVML says each member holds."""
+    """The target's process tree, what NVML says each member holds, and its host memory.
+
+    Everything it keeps is bounded, however long the run: each NVML series and the host
+    memory are series.Series, the process records are capped at MAX_MEMBERS (ended
+    processes that never held GPU memory are forgotten first), and NVML outages at
+    MAX_NVML_FAILURES. A device whose NVML calls fail is not read as empty (that would
+    look like every process freeing its memory): its series stop, the outage is recorded
+    with its error, and the device is tried again every NVML_RETRY_S."""
 
     def __init__(self, target_pid: int, t0: float, devices: list, measure_gpu: bool):
         self.target_pid = target_pid
@@ -49,8 +82,18 @@ class _TreeWatch:
         self.measure_gpu = measure_gpu
         self.members: dict[int, ProcessRecord] = {}
         self.strangers: set[int] = set()
-        self.series: dict[tuple[int, int], list[tuple[float, int | None]]] = {}
+        self.series: dict[tuple[int, int], Series] = {}
+        self.host: Series = Series(figures=_host_figures, **HOST_SERIES)
+        self.failures: list[dict] = []
+        self.failures_dropped = 0
+        self.forgotten = 0  # process records dropped past MAX_MEMBERS
+        self.ended: set[tuple[int, int]] = set()  # series shrunk: their process ended and let go
+        self.ended_dropped = 0
+        self._failing: dict[int, dict] = {}  # NVML index -> its outage under way
+        self._retry_at: dict[int, float] = {}
+        self._live: list[int] = [target_pid]  # the tree at the last refresh
         self.last_refresh = 0.0
+        self.last_host = 0.0
         self._add(target_pid, is_target=True)
 
     def _add(self, pid: int, is_target: bool = False) -> None:
@@ -61,20 +104,75 @@ class _TreeWatch:
             first_seen_t=round(time.monotonic() - self.t0, 6))
 
     def refresh_tree(self) -> None:
-        for pid in procs.descendants(self.target_pid):
+        live = procs.descendants(self.target_pid)
+        for pid in live:
             if pid not in self.members:
                 self._add(pid)
+        self._live = [self.target_pid, *live]
+        self._shrink_ended(set(self._live))
+        if len(self.members) > MAX_MEMBERS:
+            self._forget()
+        if len(self.strangers) > MAX_STRANGERS:
+            self.strangers.clear()
         self.last_refresh = time.monotonic()
 
+    def _shrink_ended(self, live: set) -> None:
+        for key, series in list(self.series.items()):
+            if key in self.ended or key[0] in live or series.last[1] != 0:
+                continue
+            small = Series(**ENDED_SERIES)
+            small.extend(series.points())
+            small.seen = series.seen
+            self.series[key] = small
+            self.ended.add(key)
+        while len(self.ended) > MAX_ENDED_SERIES:
+            key = min(self.ended, key=lambda k: max((u or 0 for _, u in self.series[k].points()), default=0))
+            self.ended.discard(key)
+            del self.series[key]
+            self.ended_dropped += 1
+
+    def _forget(self) -> None:
+        """Drop the oldest records of processes that have ended without holding GPU memory."""
+        keep = set(self._live) | {pid for pid, _ in self.series}
+        for record in sorted(self.members.values(), key=lambda p: p.first_seen_t):
+            if len(self.members) <= MAX_MEMBERS:
+                break
+            if not record.is_target and record.pid not in keep:
+                del self.members[record.pid]
+                self.forgotten += 1
+
+    def sample_host(self) -> None:
+        """The host memory of the target, and of the target with its descendants."""
+        now = time.monotonic()
+        self.last_host = now
+        target = procs.rss(self.target_pid)
+        if target is None:
+            return  # ended (a zombie has no memory of its own any more)
+        tree = target + sum(r for r in (procs.rss(pid) for pid in self._live[1:]) if r)
+        self.host.add((round(now - self.t0, 6), target, tree))
+
     def poll(self) -> None:
-        if time.monotonic() - self.last_refresh >= TREE_REFRESH_S:
+        now = time.monotonic()
+        if now - self.last_refresh >= TREE_REFRESH_S:
             self.refresh_tree()
+        if now - self.last_host >= HOST_RSS_S:
+            self.sample_host()
         if not self.measure_gpu:
             return
-        t = round(time.monotonic() - self.t0, 6)
+        t = round(now - self.t0, 6)
         for device in self.devices:
+            index = device.index
+            if index in self._failing and now < self._retry_at[index]:
+                continue
+            try:
+                listed_all = nvml.processes(device, strict=True)
+            except Exception as exc:  # a GPU lost, an NVML error on every call: the run goes on
+                self._failed(index, t, now, exc)
+                continue
+            if index in self._failing:
+                self._failing.pop(index)["to_t"] = t
             listed = {}
-            for pid, used in nvml.processes(device):
+            for pid, used in listed_all:
                 if pid not in self.members and pid not in self.strangers:
                     if procs.descends_from(pid, self.target_pid):
                         self._add(pid)
@@ -83,15 +181,30 @@ class _TreeWatch:
                 if pid in self.members:
                     listed[pid] = used
             for pid, used in listed.items():
-                self._record(pid, device.index, t, used)
-            for (pid, index), points in self.series.items():
-                if index == device.index and pid not in listed and points[-1][1] != 0:
-                    points.append((t, 0))  # no context on this device any more
+                self._record(pid, index, t, used)
+            for (pid, i), series in self.series.items():
+                if i == index and pid not in listed and series.last[1] != 0:
+                    series.add((t, 0))  # no context on this device any more
+
+    def _failed(self, index: int, t: float, now: float, exc: Exception) -> None:
+        failure = self._failing.get(index)
+        if failure is None:
+            failure = {"device": index, "from_t": t, "to_t": None, "error": str(exc)[:300] or type(exc).__name__,
+                       "failed_calls": 0}
+            self._failing[index] = failure
+            if len(self.failures) < MAX_NVML_FAILURES:
+                self.failures.append(failure)
+            else:
+                self.failures_dropped += 1
+        failure["failed_calls"] += 1
+        self._retry_at[index] = now + NVML_RETRY_S
 
     def _record(self, pid: int, index: int, t: float, used: int | None) -> None:
-        points = self.series.setdefault((pid, index), [])
-        if not points or points[-1][1] != used:
-            points.append((t, used))
+        series = self.series.get((pid, index))
+        if series is None:
+            series = self.series[(pid, index)] = Series(**NVML_SERIES)
+        if series.last is None or series.last[1] != used:
+            series.add((t, used))
 
     def after_exit(self) -> None:
         """Give exiting descendants a moment, then note who still holds memory."""
@@ -104,16 +217,37 @@ class _TreeWatch:
             time.sleep(0.05)
         for record in self._alive_descendants():
             record.alive_after_exit = True
-            for (pid, index), points in self.series.items():
+            for (pid, index), series in self.series.items():
                 if pid == record.pid:
-                    record.used_after_exit_bytes[index] = points[-1][1]
+                    record.used_after_exit_bytes[index] = series.last[1]
 
     def _alive_descendants(self) -> list[ProcessRecord]:
         return [p for p in self.members.values()
                 if not p.is_target and procs.same_process(p.pid, p.create_time)]
 
     def _holds_memory(self, pid: int) -> bool:
-        return any(points[-1][1] for (p, _), points in self.series.items() if p == pid)
+        return any(series.last[1] for (p, _), series in self.series.items() if p == pid)
+
+    def notes(self) -> list[str]:
+        out = []
+        if self.failures_dropped:
+            out.append(f"NVML failed {self.failures_dropped} more times than the report lists")
+        if self.ended_dropped:
+            out.append(f"the NVML series of {self.ended_dropped} ended processes that held the least GPU memory "
+                       f"are not kept (the report keeps {MAX_ENDED_SERIES})")
+        if self.forgotten:
+            out.append(f"{self.forgotten} short-lived processes of the target's tree that never held GPU "
+                       f"memory are not listed (the report keeps {MAX_MEMBERS} process records)")
+        return out
+
+    def downsampling(self) -> dict:
+        out = {}
+        for (pid, index), series in sorted(self.series.items()):
+            if series.seen > series.kept:
+                out[f"nvml {pid} gpu {index}"] = series.summary()
+        if self.host.seen > self.host.kept:
+            out["host_rss"] = self.host.summary()
+        return out
 
 
 def _terminal_delivered_it() -> bool:
@@ -176,11 +310,16 @@ def run(options: RunOptions) -> Recording:
         if signum is not None:
             previous[signum] = signal.signal(signum, forward)
     cost: dict = {"before_target_s": _since_process_start()}
+    oom_kills_before = procs.cgroup_oom_kills()
     try:
         proc = subprocess.Popen(argv, env=env)
         for signum in early:
             forward(signum, None)
         watch = _TreeWatch(proc.pid, t0, devices, options.measure_gpu)
+        _write_run_file(run_dir, options, t0, started_wall, proc.pid, watch.members[proc.pid].create_time,
+                        versions, devices)
+        agents = AgentFiles(run_dir, t0, proc.pid)
+        last_read = time.monotonic()
         while proc.poll() is None:
             try:
                 watch.poll()
@@ -188,6 +327,13 @@ def run(options: RunOptions) -> Recording:
                 if watch.measure_gpu:
                     notes.append(f"NVML polling stopped at {time.monotonic() - t0:.1f} s: {exc}")
                 watch.measure_gpu = False
+            if time.monotonic() - last_read >= AGENT_READ_S:
+                last_read = time.monotonic()
+                try:
+                    agents.poll()  # read as the run goes: the end stays quick, the memory bounded
+                except Exception as exc:
+                    notes.append(f"reading the agents' files failed at {last_read - t0:.1f} s: {exc}")
+                    last_read = float("inf")
             time.sleep(options.poll_interval_s)
         returncode = proc.wait()
         exited = time.monotonic()
@@ -204,26 +350,118 @@ def run(options: RunOptions) -> Recording:
             signal.signal(signum, handler)
     duration = time.monotonic() - t0
     cost["orphan_wait_s"] = round(time.monotonic() - exited, 6)
-    agents = read_agents(run_dir, t0)
+    oom_kills_after = procs.cgroup_oom_kills()
+    recording = collect(options, watch, agents, proc.pid, returncode, started_wall=started_wall,
+                        duration_s=duration, versions=versions, devices=devices, notes=notes, cost=cost,
+                        oom_kills=(oom_kills_after - oom_kills_before if oom_kills_before is not None
+                                   and oom_kills_after is not None else None))
     if options.snapshot_path:
-        notes.extend(_keep_snapshots(run_dir, options.snapshot_path, proc.pid))
+        recording.notes.extend(_keep_snapshots(run_dir, options.snapshot_path, proc.pid))
     shutil.rmtree(run_dir, ignore_errors=True)
     cost["collect_s"] = round(time.monotonic() - t0 - duration - cost["orphan_wait_s"], 6)
+    cost["supervisor_peak_rss_bytes"] = procs.peak_rss_of_self()
+    return recording
 
+
+def collect(options: RunOptions, watch: _TreeWatch, agents: AgentFiles, pid: int, returncode: int, *,
+            started_wall: float, duration_s: float, versions: dict, devices: list, notes: list[str],
+            cost: dict, oom_kills: int | None) -> Recording:
+    """The recording of a finished run: the agents' files read to their end, with the tree's
+    NVML series, host memory and outages (a step of its own, so the long-run benchmark
+    drives the same code)."""
+    agent_list, agent_notes, agent_series = agents.finish()
+    for agent in agent_list:
+        if agent.torch_version:
+            versions.setdefault("torch", agent.torch_version)
+    return Recording(
+        tool_version=__version__,
+        target={"argv": list(options.target_args), "pid": pid,
+                "exit_code": returncode if returncode >= 0 else None,
+                "signal": -returncode if returncode < 0 else None, "cwd": os.getcwd(),
+                "cgroup_oom_kills": oom_kills},
+        started_wall=started_wall, duration_s=round(duration_s, 6),
+        poll_interval_s=options.poll_interval_s, nvml_available=options.measure_gpu,
+        versions=versions, devices=[d.to_json() for d in devices],
+        nvml={key: series.points() for key, series in watch.series.items()},
+        processes=sorted(watch.members.values(), key=lambda p: (not p.is_target, p.pid)),
+        agents=agent_list, notes=notes + agent_notes + watch.notes(), tool_cost=cost,
+        host_rss=watch.host.points(), nvml_failures=watch.failures,
+        downsampling={**watch.downsampling(), **agent_series},
+    )
+
+
+def _write_run_file(run_dir: str, options: RunOptions, t0: float, started_wall: float, pid: int,
+                    create_time: float | None, versions: dict, devices: list) -> None:
+    """What a recovery needs to know of the run, should the supervisor not live to its end."""
+    info = {"schema": RUN_SCHEMA, "tool_version": __version__, "t0": t0, "started_wall": started_wall,
+            "target_args": list(options.target_args), "pid": pid, "create_time": create_time,
+            "cwd": os.getcwd(), "poll_interval_s": options.poll_interval_s, "measure_gpu": options.measure_gpu,
+            "versions": versions, "devices": [d.to_json() for d in devices]}
+    try:
+        tmp = os.path.join(run_dir, RUN_FILE + ".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(info, f)
+        os.replace(tmp, os.path.join(run_dir, RUN_FILE))
+    except OSError:
+        pass  # only a recovery would miss it
+
+
+def recover(run_dir: str) -> Recording:
+    """The recording of a run whose supervisor died (SIGKILL): from the run folder it left, the
+    agents' files alone. No NVML polls of the tree (the NVML figures are the agents' own
+    readings), no host memory, no exit status; the processes that had ended and been read
+    while the supervisor lived are not in it."""
+    path = os.path.join(run_dir, RUN_FILE)
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"{run_dir} is not a folder")
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = need_dict(json.load(f), "run file")
+    except FileNotFoundError:
+        raise UsageError(f"{run_dir} is not a gpumemdoctor run folder (it has no {RUN_FILE})") from None
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        raise BadReportError(f"cannot read {path}: {exc}") from None
+    if info.get("schema") != RUN_SCHEMA:
+        raise BadReportError(f"{path} is not a run file (schema {info.get('schema')!r}, expected {RUN_SCHEMA!r})")
+    t0 = need_num(info.get("t0"), "t0")
+    pid = need_int(info.get("pid"), "pid")
+    create_time = opt_num(info.get("create_time"), "create_time")
+    args = [need_str(a, "target_args") for a in need_list(info.get("target_args"), "target_args")]
+    agents, notes, kept = AgentFiles(run_dir, t0, pid, remove_read=False).finish()
+    nvml_series: dict = {}
+    for agent in agents:
+        for sample in [*agent.samples, *agent.probes.values()]:
+            for r in sample.readings:
+                device = agent.device(r.torch_index)
+                if device is not None and device.nvml_index is not None and r.nvml_used_bytes is not None:
+                    nvml_series.setdefault((agent.pid, device.nvml_index), []).append((sample.t, r.nvml_used_bytes))
+    for points in nvml_series.values():
+        points.sort()
+    # Until the agents' last records: their files' modification times, on the wall clock.
+    started_wall = need_num(info.get("started_wall"), "started_wall")
+    written = [os.path.getmtime(os.path.join(run_dir, n)) for n in os.listdir(run_dir) if n.startswith("agent-")]
+    running = procs.same_process(pid, create_time)
+    note = (f"recovered from the run folder {run_dir}: gpumemdoctor's supervisor ended before the target, so "
+            "this report rests on the agents' files alone: NVML figures are the agents' own readings, and "
+            "there is no host memory and no exit status")
+    if running:
+        note += f"; the target (PID {pid}) is still running: recover again once it has ended for the whole run"
+    versions = need_dict(info.get("versions", {}), "versions")
     for agent in agents:
         if agent.torch_version:
             versions.setdefault("torch", agent.torch_version)
     return Recording(
         tool_version=__version__,
-        target={"argv": list(options.target_args), "pid": proc.pid,
-                "exit_code": returncode if returncode >= 0 else None,
-                "signal": -returncode if returncode < 0 else None, "cwd": os.getcwd()},
-        started_wall=started_wall, duration_s=round(duration, 6),
-        poll_interval_s=options.poll_interval_s, nvml_available=options.measure_gpu,
-        versions=versions, devices=[d.to_json() for d in devices], nvml=watch.series,
-        processes=sorted(watch.members.values(), key=lambda p: (not p.is_target, p.pid)),
-        agents=agents, notes=notes, tool_cost=cost,
-    )
+        target={"argv": args, "pid": pid, "exit_code": None, "signal": None, "cwd": info.get("cwd"),
+                "recovered_from": run_dir},
+        started_wall=started_wall, duration_s=round(max(0.0, max(written, default=started_wall) - started_wall), 6),
+        poll_interval_s=need_num(info.get("poll_interval_s"), "poll_interval_s"),
+        nvml_available=bool(info.get("measure_gpu")), versions=versions,
+        devices=[need_dict(d, "device") for d in need_list(info.get("devices", []), "devices")],
+        nvml=nvml_series,
+        processes=[ProcessRecord(pid=pid, ppid=None, cmdline=None, create_time=create_time, is_target=True,
+                                 first_seen_t=0.0, alive_after_exit=False)],
+        agents=agents, notes=[note, *notes], downsampling=kept)
 
 
 def _since_process_start() -> float | None:

@@ -3,7 +3,9 @@
 Works for any program, Python or not, and needs nothing installed in it: NVML
 gives the VRAM of the process and its descendants on each GPU, psutil the host
 memory. The leak judgement is the floor's growth (growth.floor_growth) over the
-samples so far, given once there are enough of them.
+samples so far, given once there are enough of them. Watching for hours or days keeps
+its memory bounded: the recent samples (for the timeline) are a ring of HISTORY, and
+the floor is judged on the whole watch's shape, kept by a series.Series.
 """
 from __future__ import annotations
 
@@ -14,11 +16,16 @@ from dataclasses import asdict, dataclass, field
 
 from . import agent_socket, nvml, procs
 from .growth import floor_growth
+from .series import Series
 from .units import format_bytes as fb
 from .units import parse_size
 
-HISTORY = 4096  # samples kept for the timeline and the judgement
+HISTORY = 4096  # recent samples kept for the timeline
 MIN_GROWTH_BYTES = 16 << 20
+# The whole watch's VRAM total, for the judgement: its start, its last samples, and the lowest
+# and highest of each bucket in between (the floor survives, however long the watch).
+FLOOR_SERIES = {"head": 64, "tail": 512, "buckets": 512, "window": 0, "events": 0}
+LIMITS = ("--max-vram", "--max-growth")
 
 
 @dataclass
@@ -56,6 +63,7 @@ class Watcher:
         self.create_time = (procs.info(pid) or procs.ProcessInfo(pid, None, None, None, None, None, None)).create_time
         self.t0 = time.monotonic()
         self.samples: deque[WatchSample] = deque(maxlen=HISTORY)
+        self.totals: Series = Series(**FLOOR_SERIES)  # (t, VRAM total) while the process lives
         self.peak_bytes = 0
         self.count = 0
         self.known: set[int] = set()  # descendants seen so far: they may outlive the process
@@ -85,16 +93,18 @@ class Watcher:
         s = WatchSample(t=round(time.monotonic() - self.t0, 3), gpu_bytes=gpu_bytes, rss_bytes=rss,
                         alive=alive, pids=sorted(holders), torch=torch)
         self.samples.append(s)
+        if alive:
+            self.totals.add((s.t, s.total_bytes))
         self.peak_bytes = max(self.peak_bytes, s.total_bytes)
         self.count += 1
         return s
 
     def floor_rate_per_min(self) -> float | None:
         """Bytes per minute the floor of the VRAM total rises at; 0 when flat; None until enough data."""
-        points = [s for s in self.samples if s.alive]
+        points = self.totals.points()
         if len(points) < 8:
             return None
-        fit = floor_growth([s.t for s in points], [s.total_bytes for s in points], MIN_GROWTH_BYTES)
+        fit = floor_growth([t for t, _ in points], [total for _, total in points], MIN_GROWTH_BYTES)
         return fit.rate_bytes_per_x * 60 if fit is not None else 0.0
 
 
@@ -129,6 +139,11 @@ def alerts(sample: WatchSample, rate_per_min: float | None, max_vram: int | None
         found.append(f"the VRAM floor grows {fb(int(rate_per_min))}/min, over --max-growth "
                      f"{fb(int(max_growth_per_min))}/min")
     return found
+
+
+def limit_of(alert: str) -> str:
+    """Which limit an alert's text is about (its figures change from sample to sample)."""
+    return next((limit for limit in LIMITS if limit in alert), alert)
 
 
 def judgement(rate_per_min: float | None) -> str:

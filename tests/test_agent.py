@@ -99,3 +99,26 @@ def test_device_ids_spell_the_pci_bus_id_as_nvml_does():
         pci_domain_id, pci_bus_id, pci_device_id = 0, 0, 6
 
     assert device_ids(Props()) == ("43ff4d40-4cf2-6692-c614-5e3ca76b49ac", "00000000:00:06.0")
+
+
+def test_many_short_lived_children_keep_the_recording_bounded(cli, script, tmp_path):
+    """Forked workers leave through os._exit, without their agent's exit line: once gone, their
+    files are complete. The recording keeps a bounded number of them and says how many more."""
+    from gpumemdoctor.combine import MAX_QUIET_AGENTS
+
+    script(tmp_path, "t.py", """
+        import os
+        for _ in range(50):
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+        print("forked")
+    """)
+    result = cli("run", "--allow-no-gpu", "t.py", cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout == "forked\n", result.stderr
+    report = report_of(tmp_path)
+    agents = report["recording"]["agents"]
+    assert len(agents) == MAX_QUIET_AGENTS + 1  # the target, and the first children
+    assert any(a["pid"] == report["target"]["pid"] for a in agents)
+    assert any(n.startswith(f"{50 - MAX_QUIET_AGENTS} more processes ran the agent") for n in report["notes"])

@@ -318,3 +318,26 @@ def test_the_exit_sequence_sees_the_cycle_when_gc_is_held_off(monkeypatch):
     assert report["objects"] >= 2000
     assert report["cuda_tensors"] == 8 and report["cuda_tensor_bytes"] == 8 * 4 * (1 << 14)
     assert report["tensors"][0]["holder"] == "Node.tensor"
+
+
+def test_a_leaks_allocations_after_the_trace_window_count_with_its_line():
+    """--trace auto stops recording stacks after its window: the same leak's later blocks have
+    no stack but the same holder, and are counted with the group that has the line."""
+    from gpumemdoctor import rootcause
+
+    def group(frames, count, pattern="__main__.kept[*]"):
+        return {"device": 0, "new": True, "bytes": count * 1024, "count": count, "frames": frames,
+                "thread": None, "holders": [{"path": "__main__.kept[0]", "pattern": pattern, "kind": "global",
+                                             "count": count, "bytes": count * 1024, "sizes": None}],
+                "unheld_bytes": 0, "unheld_count": 0, "unheld_sizes": None}
+
+    line = [["/home/u/train.py", 12, "step"]]
+    root = rootcause.empty_root()
+    rootcause.apply_record(root, "investigation", {
+        "when": "exit", "t": 5.0, "step": 900, "trace": True, "source": "allocator", "all_live": True,
+        "candidate_bytes": 200 * 1024, "candidate_count": 200, "visited": 10, "gave_up": None, "elapsed_s": 0.1,
+        "groups": [group([], 170), group(line, 30), group([], 4, pattern="torch.optim.state[*]")]}, t0=0.0)
+    (suspect,) = rootcause.leak_suspects(root, 0)[0]
+    assert suspect["where"] == line[0] and suspect["count"] == 200 and suspect["bytes"] == 200 * 1024
+    assert suspect["holders"][0]["count"] == 200
+    assert suspect["summary"].startswith("200 KiB in 200 allocations at train.py:12 in step(); held by __main__.kept[0]")

@@ -65,3 +65,10 @@ def test_sparkline_scales_to_the_given_top():
     assert terminal.sparkline([0, 4, 8], top=8, width=3) == "▁▄█"
     assert terminal.sparkline([1, 1], top=8, width=2) == "▁▁"
     assert terminal.sparkline([], top=8) == ""
+
+
+def test_a_sparkline_of_fewer_values_than_columns_draws_each_value():
+    from gpumemdoctor.reporters.terminal import sparkline
+
+    assert sparkline([0, 1, 2, 3, 4, 5, 6, 7], 7) == "▁▂▃▄▅▆▇█"
+    assert len(sparkline(list(range(100)), 99)) == 40

@@ -81,8 +81,11 @@ def test_watch_flat_process_and_its_exit(cli, tmp_path, sleeper):
     state = tmp_path / "nvml.json"
     _write(state, sleeper.pid, GIB)
 
-    def end_it():
-        time.sleep(1.0)
+    def end_it():  # once watch has taken enough samples to judge (its start-up takes about 0.8 s)
+        log = tmp_path / "w.jsonl"
+        deadline = time.monotonic() + 15
+        while (not log.exists() or log.read_text().count("\n") < 12) and time.monotonic() < deadline:
+            time.sleep(0.05)
         sleeper.kill()
         sleeper.wait()
         _write(state, sleeper.pid, 0)
@@ -90,7 +93,7 @@ def test_watch_flat_process_and_its_exit(cli, tmp_path, sleeper):
     ender = threading.Thread(target=end_it)
     ender.start()
     result = cli("watch", "--pid", str(sleeper.pid), "--interval", "0.05", "--duration", "20",
-                 "--no-tui", cwd=tmp_path, env={"PYTHONPATH": DOUBLES, "GPUMEMDOCTOR_TEST_NVML": str(state)})
+                 "--no-tui", "--jsonl", "w.jsonl", cwd=tmp_path, env={"PYTHONPATH": DOUBLES, "GPUMEMDOCTOR_TEST_NVML": str(state)})
     ender.join()
     assert result.returncode == 0, result.stderr
     assert "flat: no sustained growth" in result.stdout

@@ -143,8 +143,9 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     console = make_console()
     try:
         write(build(recording, diagnosis), path, force)
-    except UsageError as exc:
-        click.echo(f"gpumemdoctor: error: {exc}", err=True)
+    except UsageError as exc:  # the run happened: its verdict and exit status still come
+        click.echo(f"gpumemdoctor: error: {exc}; the verdict follows, the exit status is the target's",
+                   err=True)
         path = None
     if html_next_to_json and html is None:
         html = _next_to(output or f"gpumemdoctor-{name}.{recording.target_pid}.json")

@@ -49,7 +49,7 @@ def _wait(fd: int | None, seconds: float) -> bool:
 @click.option("--duration", type=click.FloatRange(0.1), default=None,
               help="Stop after this many seconds and print a summary.")
 @click.option("--jsonl", type=click.Path(dir_okay=False), default=None,
-              help="Append one JSON line per sample to this file.")
+              help="Append one JSON line per sample to this file, written as it is taken (tail -f follows it).")
 @click.option("--max-vram", callback=_size, metavar="SIZE", help="Alert when the VRAM total passes SIZE.")
 @click.option("--max-growth", callback=_rate, metavar="RATE",
               help="Alert when the VRAM floor grows faster than RATE (64MiB/min, 1MiB/s).")
@@ -65,7 +65,7 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     from .. import nvml, procs
     from ..console import make_console
     from ..reporters import watch as reporter
-    from ..watcher import Watcher, alerts, judgement
+    from ..watcher import Watcher, alerts, judgement, limit_of
 
     if pid <= 0 or procs.info(pid) is None:
         raise UsageError(f"no process with PID {pid} here (it may have exited, or live in "
@@ -76,10 +76,10 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     out = None
     if jsonl:
         try:
-            out = open(jsonl, "a", encoding="utf-8")
+            out = open(jsonl, "a", encoding="utf-8", buffering=1)  # line by line, for tail -f
         except OSError as exc:
             raise UsageError(f"cannot write {jsonl}: {exc.strerror or exc}") from None
-    raised: list[str] = []
+    raised: dict[str, list] = {}  # limit -> [its first alert, samples over it]: bounded over hours
     ended = "stopped"
     status = 0
     try:
@@ -88,11 +88,18 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
                 s = watcher.sample()
                 rate = watcher.floor_rate_per_min()
                 now = alerts(s, rate, max_vram, max_growth)
-                raised += [a for a in now if a not in raised]
+                for a in now:
+                    raised.setdefault(limit_of(a), [a, 0])[1] += 1
                 if out is not None:
-                    out.write(json.dumps(s.to_json() | {"floor_rate_bytes_per_min": rate,
-                                                         "alerts": now}) + "\n")
-                    out.flush()
+                    try:
+                        out.write(json.dumps(s.to_json() | {"floor_rate_bytes_per_min": rate,
+                                                             "alerts": now}) + "\n")
+                        out.flush()
+                    except OSError as exc:  # disk full, file gone: say it once, keep watching
+                        click.echo(f"gpumemdoctor: warning: stopped writing {jsonl}: "
+                                   f"{exc.strerror or exc}", err=True)
+                        out.close()
+                        out = None
                 show(watcher, s, judgement(rate), now)
                 if not s.alive:
                     ended = "exited"
@@ -114,6 +121,10 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
         pass
     finally:
         if out is not None:
-            out.close()
-    reporter.summary(console, watcher, ended, judgement(watcher.floor_rate_per_min()), raised)
+            try:
+                out.close()
+            except OSError:
+                pass
+    reporter.summary(console, watcher, ended, judgement(watcher.floor_rate_per_min()),
+                     [a if n == 1 else f"{a} (over the limit at {n} samples)" for a, n in raised.values()])
     return status

@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..diagnosis import INFORMATIVE, Breakdown, Diagnosis
+from ..diagnosis import INFORMATIVE, WARNINGS, Breakdown, Diagnosis
 from ..recording import Recording
 from ..units import format_bytes as fb
 
@@ -69,15 +69,16 @@ def _verdict(console: Console, diagnosis: Diagnosis) -> None:
         decided = headline.evidence.get("decided_by")
         if decided in DECIDED_BY and decided != "growth":
             console.print(Text(f"({DECIDED_BY[decided]})", style="italic"))
-    orphans = [f for f in diagnosis.findings if f.kind == "orphan-process"]
-    for f in orphans:
-        console.print(Text("warning: ", style="bold red") + Text(f.summary))
+    for f in diagnosis.findings:
+        if f.kind in WARNINGS:
+            console.print(Text("warning: ", style="bold red") + Text(f.summary))
 
 
 def _target(console: Console, recording: Recording) -> None:
     target = recording.target
     status = (f"killed by signal {target['signal']}" if target.get("signal")
-              else f"exit {target.get('exit_code')}")
+              else f"exit {target.get('exit_code')}" if target.get("exit_code") is not None
+              else "exit status not known")
     argv = " ".join(target.get("argv") or [])
     console.print(f"\nTarget   python {argv}")
     console.print(f"         pid {target.get('pid')}, {status}, ran {recording.duration_s:.1f} s")
@@ -135,8 +136,9 @@ def sparkline(values: list[int], top: int, width: int = SPARK_WIDTH) -> str:
     if not values:
         return ""
     n = len(values)
+    width = min(width, n)  # fewer values than columns: one column each
     buckets = [max(values[i * n // width:max((i + 1) * n // width, i * n // width + 1)])
-               for i in range(min(width, n))]
+               for i in range(width)]
     top = top or 1
     return "".join(BARS[min(len(BARS) - 1, v * (len(BARS) - 1) // top)] for v in buckets)
 
@@ -174,6 +176,9 @@ def _findings(console: Console, diagnosis: Diagnosis) -> None:
         mark = "  •" if f.kind in INFORMATIVE else "  ✗"
         table.add_row(mark, Text(f.kind, style="bold") + Text(f"  {fb(f.bytes)}"))
         table.add_row("", f.summary)
+        if f.kind == "host-memory" and f.evidence.get("curve"):
+            values = [v for _, v in f.evidence["curve"]]
+            table.add_row("", f"host memory {sparkline(values, max(values))}  max {fb(max(values))}")
         _suspects(table, f)
         table.add_row("", Text(f"→ {f.remedy}", style="dim"))
     console.print(table)

@@ -1,0 +1,293 @@
+"""The combine step: the agents' JSON-lines files, read as they grow, into bounded recordings.
+
+Each Python process of a run appends to `agent-<pid>.jsonl` in the run folder. The
+supervisor reads the new lines of every file about once a second while the target runs
+(`AgentFiles.poll`) and the rest when it ends (`AgentFiles.finish`), so the end of a long
+run is quick and the supervisor's memory does not grow with the run's length:
+
+- a process's samples go into a `series.Series`: every sample of the start and of the end,
+  those around an out-of-memory error and where the agent first suspected growth, and in
+  between a fixed number of buckets that keep each one's first, last, lowest and highest
+  sample of allocated, reserved and NVML memory (so the floor and the spikes survive);
+- a process that has exited (its exit line read, or the process gone) is set aside once its
+  file has been read to its end, and the file is removed; at most MAX_QUIET_AGENTS processes that never used CUDA and
+  MAX_CUDA_AGENTS that did are kept besides the target (the ones that held most, for those).
+
+A line cut short by a killed process is skipped.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from . import procs, rootcause
+from .errors import BadReportError
+from .recording import PROBE_PHASES, AgentRecording, DeviceReading, TorchDevice, TorchSample
+from .series import Series
+from .strict import need_int, need_list, need_num, need_str, opt_int, opt_str
+
+# The target's samples: about 1000 kept samples at most for a smooth series (a leak's),
+# a few more for a noisy one. Other processes keep fewer.
+TARGET_SERIES = {"head": 128, "tail": 128, "buckets": 128, "window": 32, "events": 4}
+OTHER_SERIES = {"head": 32, "tail": 32, "buckets": 32, "window": 16, "events": 2}
+MAX_QUIET_AGENTS = 32  # processes that never used CUDA, kept besides the target
+MAX_CUDA_AGENTS = 16  # processes that did, kept besides the target
+MAX_ERRORS = 50  # error records kept per process
+READ_CHUNK = 1 << 20
+
+
+def sample_figures(sample: TorchSample) -> tuple:
+    """What a bucket follows in a sample: allocated, reserved and NVML bytes of each device."""
+    out: list = []
+    for r in sample.readings:
+        base = 3 * r.torch_index
+        if len(out) < base + 3:
+            out.extend([None] * (base + 3 - len(out)))
+        out[base], out[base + 1], out[base + 2] = r.allocated_bytes, r.reserved_bytes, r.nvml_used_bytes
+    return tuple(out)
+
+
+def _sample_time(sample: TorchSample) -> float:
+    return sample.t
+
+
+def _agent_pid(name: str) -> int | None:
+    stem = name[len("agent-"):-len(".jsonl")]
+    return int(stem) if stem.isdigit() else None
+
+
+class AgentFile:
+    """One agent's file, read a piece at a time as it grows."""
+
+    def __init__(self, path: str, t0: float, sizes: dict | None = None):
+        self.path = path
+        self.t0 = t0
+        self.offset = 0
+        self._partial = b""
+        self._sizes = sizes or TARGET_SERIES
+        self.agent: AgentRecording | None = None
+        self.samples: Series[TorchSample] = self._series()
+
+    def _series(self) -> Series:
+        return Series(time_of=_sample_time, figures=sample_figures, **self._sizes)
+
+    @property
+    def exited(self) -> bool:
+        return self.agent is not None and self.agent.exited_normally
+
+    @property
+    def used_cuda(self) -> bool:
+        return self.agent is not None and (self.agent.cuda_t is not None or self.samples.seen > 0)
+
+    def read(self, final: bool = False) -> None:
+        """Apply the lines added since the last read; with `final`, a last line without its
+        newline too (a process killed mid-write leaves one, which does not parse)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                while True:
+                    chunk = f.read(READ_CHUNK)
+                    if not chunk:
+                        break
+                    self.offset += len(chunk)
+                    lines = (self._partial + chunk).split(b"\n")
+                    self._partial = lines.pop()
+                    for line in lines:
+                        self._line(line)
+        except OSError:
+            return
+        if final and self._partial:
+            self._line(self._partial)
+            self._partial = b""
+
+    def finish(self) -> AgentRecording | None:
+        """The recording, with its kept samples, once the file has been read to its end."""
+        self.read(final=True)
+        agent = self.agent
+        if agent is not None:
+            agent.samples = self.samples.points()
+            if agent.steps is None and agent.samples:
+                agent.steps = agent.samples[-1].step
+        return agent
+
+    def _line(self, line: bytes) -> None:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            return
+        if not isinstance(rec, dict):
+            return
+        try:
+            self._apply(rec)
+        except (BadReportError, KeyError, TypeError, ValueError, IndexError):
+            pass
+
+    def _apply(self, rec: dict) -> None:
+        kind = rec.get("type")
+        if kind == "hello":
+            self.agent = AgentRecording(pid=need_int(rec["pid"], "pid"), ppid=opt_int(rec.get("ppid"), "ppid"),
+                                        argv=[str(a) for a in rec.get("argv") or []],
+                                        forked_from=opt_int(rec.get("forked_from"), "forked_from"),
+                                        python=opt_str(rec.get("python"), "python"))
+            self.samples = self._series()
+            return
+        agent = self.agent
+        if agent is None:
+            return
+        t = need_num(rec.get("t"), "t") - self.t0 if rec.get("t") is not None else None
+        if kind == "torch":
+            agent.torch_version = opt_str(rec.get("version"), "version")
+        elif kind == "cuda":
+            agent.cuda_t = t
+            if "stack" in rec:
+                agent.cuda_origin = rootcause.CUDA_ORIGIN(rec, "cuda")
+        elif kind == "devices":
+            agent.allocator_backend = opt_str(rec.get("allocator_backend"), "backend")
+            agent.devices = [TorchDevice.from_json(d) for d in need_list(rec.get("devices"), "devices")]
+        elif kind == "steps":
+            agent.explicit_steps = True
+        elif kind in ("s", "p"):
+            sample = TorchSample(t=t, by=rec["phase"] if kind == "p" else need_str(rec.get("by"), "by"),
+                                 step=opt_int(rec.get("step"), "step"),
+                                 readings=[DeviceReading.from_json(r) for r in need_list(rec.get("d"), "d")],
+                                 collected=opt_int(rec.get("collected"), "collected"))
+            if kind == "p":
+                if sample.by in PROBE_PHASES:
+                    agent.probes[sample.by] = sample
+            else:
+                self.samples.add(sample)
+        elif kind == "exit":
+            agent.exited_normally = True
+            agent.steps = opt_int(rec.get("steps"), "steps")
+            agent.explicit_steps = bool(rec.get("explicit_steps"))
+            cupy = rec.get("cupy")
+            agent.cupy_pool = cupy if isinstance(cupy, dict) else None
+            if "cost" in rec:
+                agent.exit_info = rootcause.EXIT_INFO(rec, "exit")
+        elif kind in rootcause.RECORDS:
+            rootcause.apply_record(agent.root, kind, rec, self.t0)
+            if kind in ("oom", "suspect") and t is not None:
+                self.samples.mark("out-of-memory" if kind == "oom" else "growth suspected", t)
+        elif kind == "error":
+            if len(agent.errors) < MAX_ERRORS:
+                agent.errors.append(str(rec.get("where")) + ": " + str(rec.get("message")))
+
+
+class _Done:
+    """A file already read to its end and set aside (kept in place: not the supervisor's folder)."""
+
+
+def _held(agent: AgentRecording) -> int:
+    """The most memory a process was seen to hold: how set-aside processes are ranked."""
+    return max((r.nvml_used_bytes or r.reserved_bytes or 0 for s in agent.samples for r in s.readings), default=0)
+
+
+class AgentFiles:
+    """Every agent file of a run folder, read as the run goes; see the module's docstring."""
+
+    def __init__(self, run_dir: str, t0: float, target_pid: int | None = None, remove_read: bool = True):
+        self.run_dir = run_dir
+        self.t0 = t0
+        self.target_pid = target_pid
+        self.remove_read = remove_read  # remove a file once read to its end (the supervisor's run folder)
+        self._files: dict[str, AgentFile] = {}
+        self._quiet: list[tuple[str, AgentRecording]] = []  # exited, never used CUDA
+        self._cuda: list[tuple[str, AgentRecording, dict]] = []  # exited, used CUDA
+        self.dropped = 0  # processes left out of the recording
+        self._summaries: dict[str, dict] = {}
+
+    def poll(self) -> None:
+        """Read what the agents have added; set aside the processes that have exited."""
+        try:
+            entries = list(os.scandir(self.run_dir))
+        except OSError:
+            return
+        for entry in entries:
+            name = entry.name
+            if not (name.startswith("agent-") and name.endswith(".jsonl")):
+                continue
+            reader = self._reader(name)
+            if isinstance(reader, _Done):
+                continue
+            try:
+                size = entry.stat().st_size
+            except OSError:
+                continue
+            if size > reader.offset:
+                reader.read()
+            pid = _agent_pid(name)
+            if pid == self.target_pid:
+                continue
+            # A process ends without its exit line when it leaves through os._exit (a forked
+            # multiprocessing worker does) or is killed: once it is gone, its file is complete.
+            if reader.exited or (self.remove_read and pid is not None and not procs.same_process(pid, None)):
+                reader.read()
+                self._set_aside(name, reader)
+
+    def _reader(self, name: str) -> AgentFile:
+        reader = self._files.get(name)
+        if reader is None:
+            pid = _agent_pid(name)
+            sizes = TARGET_SERIES if self.target_pid is None or pid in (self.target_pid, None) else OTHER_SERIES
+            reader = self._files[name] = AgentFile(os.path.join(self.run_dir, name), self.t0, sizes)
+        return reader
+
+    def _set_aside(self, name: str, reader: AgentFile) -> None:
+        used_cuda = reader.used_cuda
+        agent = reader.finish()
+        del self._files[name]
+        if self.remove_read:
+            try:
+                os.remove(reader.path)  # read to its end: the process wrote its last line
+            except OSError:
+                pass
+        else:
+            self._files[name] = _Done()
+        if agent is None:
+            return
+        if used_cuda:
+            self._cuda.append((name, agent, reader.samples.summary()))
+            if len(self._cuda) > MAX_CUDA_AGENTS:
+                smallest = min(range(len(self._cuda)), key=lambda i: _held(self._cuda[i][1]))
+                del self._cuda[smallest]
+                self.dropped += 1
+        elif len(self._quiet) < MAX_QUIET_AGENTS:
+            self._quiet.append((name, agent))
+        else:
+            self.dropped += 1
+
+    def finish(self) -> tuple[list[AgentRecording], list[str], dict]:
+        """(the agents' recordings, notes, how their samples were kept) once the run has ended."""
+        self.poll()
+        kept = [(name, agent) for name, agent in self._quiet]
+        for name, agent, summary in self._cuda:
+            kept.append((name, agent))
+            if summary["seen"] > summary["kept"]:
+                self._summaries[f"agent {agent.pid} samples"] = summary
+        for name, reader in sorted(self._files.items()):
+            if isinstance(reader, _Done):
+                continue
+            agent = reader.finish()
+            if agent is not None:
+                kept.append((name, agent))
+                summary = reader.samples.summary()
+                if summary["seen"] > summary["kept"]:
+                    self._summaries[f"agent {agent.pid} samples"] = summary
+        self._files.clear()
+        notes = []
+        if self.dropped:
+            notes.append(f"{self.dropped} more processes ran the agent and ended during the run; the "
+                         f"recording keeps {MAX_QUIET_AGENTS} of those that never used CUDA and the "
+                         f"{MAX_CUDA_AGENTS} that held the most of those that did")
+        return [agent for _, agent in sorted(kept, key=lambda k: k[0])], notes, self._summaries
+
+
+def read_agent_file(path: str, t0: float) -> AgentRecording | None:
+    """Parse one agent's JSON-lines file whole (its samples kept as a target's are)."""
+    return AgentFile(path, t0).finish()
+
+
+def read_agents(run_dir: str, t0: float) -> list[AgentRecording]:
+    """Combine step over a finished run folder: one recording per process that ran the agent."""
+    agents, _, _ = AgentFiles(run_dir, t0, remove_read=False).finish()
+    return agents

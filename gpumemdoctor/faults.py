@@ -1,0 +1,89 @@
+"""What the machine did to a run: a target killed for host memory, NVML that failed. Pure.
+
+Neither is a fault of the program's GPU memory, and neither stops the diagnosis: the
+report says what happened, from when, and judges on what was measured.
+"""
+from __future__ import annotations
+
+import signal
+
+from .judgement import Judged
+from .recording import Recording
+from .units import format_bytes as fb
+
+MIB = 1 << 20
+HOST_RISE_BYTES = 64 * MIB  # the least rise of the target's RSS that counts as "rising"
+NEAR_PEAK = 0.9  # the last reading within this share of the peak: still rising, or at its top
+CURVE_POINTS = 48  # points of the host memory curve kept in the finding
+
+
+def host_memory(rec: Recording) -> Judged | None:
+    """A target ended by SIGKILL while its host memory rose: the kernel's out-of-memory killer,
+    most likely (certainly, when the memory cgroup counted a kill during the run)."""
+    if rec.target.get("signal") != signal.SIGKILL:
+        return None
+    points = [(t, rss) for t, rss, _ in rec.host_rss if rss]
+    kills = rec.target.get("cgroup_oom_kills")
+    if not points:
+        if not kills:
+            return None
+        return Judged(
+            kind="host-memory", bytes=0,
+            summary=f"The target was killed by SIGKILL, and its memory cgroup counted {kills} out-of-memory "
+                    f"kill(s) during the run: the kernel ended it for lack of host memory (RAM), not GPU memory.",
+            evidence={"signal": int(signal.SIGKILL), "cgroup_oom_kills": kills, "curve": []}, remedy=REMEDY)
+    start_t, start = points[0]
+    last_t, last = points[-1]
+    peak_t, peak = max(points, key=lambda p: p[1])
+    # Rising at the end: over the second half of the run, not since the interpreter started
+    # (a steady job killed with kill -9 grew too, when it imported its libraries).
+    ref_t, ref = next(p for p in points if p[0] >= start_t + (last_t - start_t) / 2)
+    rose = last - ref >= max(HOST_RISE_BYTES, ref // 10) and last >= NEAR_PEAK * peak
+    if not rose and not kills:
+        return None
+    why = (f"its memory cgroup counted {kills} out-of-memory kill(s) during the run: the kernel's "
+           f"out-of-memory killer ended it" if kills else
+           "most likely the kernel's out-of-memory killer, for host memory (RAM), not GPU memory")
+    rise = (f"rose from {fb(ref)} to {fb(last)} in its last {last_t - ref_t:.1f} s" if rose
+            else f"was {fb(last)}")
+    tree_peak = max((tree for _, _, tree in rec.host_rss if tree), default=None)
+    return Judged(
+        kind="host-memory", bytes=last,
+        summary=f"The target was killed by SIGKILL while its host memory {rise}: {why}.",
+        evidence={"signal": int(signal.SIGKILL), "start_bytes": start, "start_t": start_t,
+                  "rise_from_bytes": ref, "rise_from_t": ref_t, "last_bytes": last, "last_t": last_t,
+                  "peak_bytes": peak, "peak_t": peak_t, "tree_peak_bytes": tree_peak,
+                  "cgroup_oom_kills": kills, "curve": curve(points)},
+        remedy=REMEDY)
+
+
+REMEDY = ("Confirm it in the kernel's log (dmesg or journalctl -k: 'Out of memory: Killed process "
+          "<pid>'). Host memory that keeps rising is held on the CPU side: outputs or losses kept in a "
+          "list after .cpu() or .item()-less sums, a cache that is never cleared, DataLoader workers that "
+          "each copy the dataset (fewer workers, or data in shared memory). Give the job more memory, or "
+          "raise the container's memory limit.")
+
+
+def curve(points: list[tuple[float, int]], size: int = CURVE_POINTS) -> list[list]:
+    """At most `size` points of a curve: the highest of each of `size` stretches, and the last."""
+    if len(points) <= size:
+        return [[t, v] for t, v in points]
+    n = len(points)
+    out = [max(points[i * n // size:(i + 1) * n // size], key=lambda p: p[1]) for i in range(size - 1)]
+    out.append(points[-1])
+    return [[t, v] for t, v in out]
+
+
+def nvml_notes(rec: Recording) -> list[str]:
+    """One sentence per NVML outage: from when, on which GPU, what it said, and what the
+    judgement rests on instead."""
+    notes = []
+    for f in rec.nvml_failures:
+        until = "to the end of the run" if f["to_t"] is None else f"to {f['to_t']:.1f} s"
+        after = "" if f["to_t"] is None else " and after"
+        notes.append(
+            f"NVML failed on GPU {f['device']} from {f['from_t']:.1f} s {until} ({f['error']}; "
+            f"{f['failed_calls']} failed reads): the run went on; NVML figures (the process totals, the "
+            f"context, memory outside PyTorch) are judged on the readings before{after} it, PyTorch's "
+            f"allocator figures on the whole run")
+    return notes

@@ -1,0 +1,115 @@
+"""The agent's sampling path over a simulated day: a real `_Agent` over the torch test double
+(tests/doubles/fake_cuda.py) and a clock the test advances. The allocator figures are
+SYNTHETIC (a formula); what is checked is the agent's own bookkeeping: what it keeps in
+memory, how fast its file grows, and --trace auto's window."""
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "doubles"))
+import fake_cuda  # noqa: E402
+
+from gpumemdoctor import _agent  # noqa: E402
+
+MiB = 1 << 20
+HOUR = 3600
+
+
+@pytest.fixture
+def agent_and_clock(tmp_path):
+    agent, clock = fake_cuda.make_agent(str(tmp_path))
+    yield agent, clock
+    fake_cuda.restore_clock()
+    if agent.fd is not None:
+        import os
+        os.close(agent.fd)
+
+
+def records(tmp_path, agent) -> list[dict]:
+    return [json.loads(x) for x in (tmp_path / f"agent-{agent.pid}.jsonl").read_text().splitlines()]
+
+
+def run_steps(agent, clock, steps: int, step_s: float, allocated) -> None:
+    for _ in range(steps):
+        clock.now += step_s
+        agent.torch.set(allocated(agent.steps, clock.now), 8 << 30)
+        agent.on_step(explicit=True)
+
+
+def test_a_day_keeps_the_agents_memory_flat_and_its_file_to_a_bounded_rate(agent_and_clock, tmp_path):
+    agent, clock = agent_and_clock
+
+    def noisy_flat(step, now):  # no leak: the online check keeps running all day
+        return (1 << 30) + (step * 7919 % 13) * 20 * MiB
+
+    run_steps(agent, clock, 4 * HOUR, 1.0, noisy_flat)  # four hours at one step a second: the ramp
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        lines_before = len(records(tmp_path, agent))
+        run_steps(agent, clock, 20 * HOUR, 1.0, noisy_flat)
+        gc.collect()
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert not agent.suspected
+    assert after - before < 64 * 1024  # nothing kept per step or per sample
+    assert all(len(xs) <= _agent.MAX_FLOOR_POINTS + 1 for per_device in agent.floor_xs.values() for xs in per_device)
+    assert any(per_device[0] for per_device in agent.floor_xs.values())  # the check ran
+    assert agent.interval_s == _agent.MAX_INTERVAL_S
+    lines_per_hour = (len(records(tmp_path, agent)) - lines_before) / 20
+    assert lines_per_hour <= HOUR / _agent.MAX_INTERVAL_S + 1  # at most one sample line per 5 s
+    costs = agent._window_costs()
+    assert costs["first_window_samples"] > costs["last_window_samples"] > 0
+
+
+def test_trace_auto_records_stacks_for_a_window_then_stops(agent_and_clock, tmp_path):
+    agent, clock = agent_and_clock
+
+    def leak(step, now):  # 1 MiB every 10 steps, under 100 MiB of activations
+        return (1 << 30) + step // 10 * MiB + (step % 3) * 50 * MiB
+
+    run_steps(agent, clock, 3000, 0.1, leak)  # 300 s
+    calls = agent.torch.cuda.memory.history_calls
+    assert [c["enabled"] for c in calls] == ["state", None]
+    traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]
+    assert [t["why"] for t in traces] == ["growth", f"stopped after {_agent.TRACE_WINDOW_S:.0f} s"]
+    assert traces[1]["t"] - traces[0]["t"] == pytest.approx(_agent.TRACE_WINDOW_S, abs=0.2)
+    (investigation,) = [r for r in records(tmp_path, agent) if r["type"] == "investigation"]
+    assert investigation["when"] == "growth" and investigation["trace"] is True
+    assert not agent.trace_on and agent.trace_was_on
+
+
+def test_trace_on_is_never_stopped(tmp_path):
+    agent, clock = fake_cuda.make_agent(str(tmp_path), trace="on")
+    try:
+        agent._start_trace("flag")
+        run_steps(agent, clock, 3000, 0.1, lambda step, now: (1 << 30) + step // 10 * MiB)
+        assert [c["enabled"] for c in agent.torch.cuda.memory.history_calls] == ["state"]
+        assert agent.trace_on
+    finally:
+        fake_cuda.restore_clock()
+
+
+def test_the_long_run_benchmark_runs_a_short_simulation(tmp_path):
+    """benchmarks/long_run.py end to end, on 12 simulated minutes (its figures are checked
+    on the day-long run whose results are in benchmarks/results/)."""
+    import subprocess
+
+    script = Path(__file__).parent.parent / "benchmarks" / "long_run.py"
+    out = tmp_path / "long.json"
+    done = subprocess.run([sys.executable, str(script), "--hours", "0.2", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    sup = result["supervisor"]
+    assert sup["report_bytes"] < 5_000_000 and sup["peak_rss_bytes"] < 256 * MiB
+    assert sup["nvml_points_kept"] < sup["nvml_points_seen"] and sup["spike_in_report"]["allocated_bytes"] > 20 << 30
+    assert result["agent"]["step_cost_first_minute"]["sampling"]["steps"] > 0

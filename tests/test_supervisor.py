@@ -1,0 +1,86 @@
+"""The supervisor's tree watch on its own, with NVML and psutil answered in-process: what it keeps
+stays bounded however many processes come and go, and an NVML outage is not read as memory freed.
+The processes and their figures are SYNTHETIC."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from gpumemdoctor import nvml, supervisor
+
+GIB = 1 << 30
+TARGET = 100
+
+
+@pytest.fixture
+def world(monkeypatch):
+    """A target (PID 100) whose children come and go; NVML lists those the test says."""
+    state = {"now": 1000.0, "children": [], "gpu": {}, "error": None}
+    monkeypatch.setattr(supervisor, "time", SimpleNamespace(monotonic=lambda: state["now"], sleep=lambda s: None))
+    procs = SimpleNamespace(
+        info=lambda pid: None, descendants=lambda pid: list(state["children"]) if pid == TARGET else [],
+        descends_from=lambda pid, ancestor: pid in state["children"] or pid in state["gpu"],
+        rss=lambda pid: GIB if pid == TARGET or pid in state["children"] else None,
+        same_process=lambda pid, ct: pid == TARGET or pid in state["children"])
+    monkeypatch.setattr(supervisor, "procs", procs)
+
+    def processes(device, strict=False):
+        if state["error"]:
+            raise nvml.CallFailed(state["error"])
+        return sorted(state["gpu"].items())
+
+    monkeypatch.setattr(supervisor, "nvml", SimpleNamespace(processes=processes))
+    watch = supervisor._TreeWatch(TARGET, 1000.0, [nvml.Device(0, "GPU-0", None, "test", 80 * GIB)], True)
+
+    def tick(seconds=0.6):
+        state["now"] += seconds
+        watch.poll()
+    return state, watch, tick
+
+
+def test_a_day_of_workers_with_contexts_keeps_the_watch_bounded(world):
+    """144 epochs of 8 workers, each with a CUDA context: their series shrink when they end."""
+    state, watch, tick = world
+    pid = 1000
+    for epoch in range(144):
+        workers = list(range(pid, pid + 8))
+        pid += 8
+        state["children"] = workers
+        for step in range(20):
+            state["gpu"] = {TARGET: 4 * GIB + step, **{w: GIB // 2 + step * 1024 for w in workers}}
+            tick()
+        state["children"], state["gpu"] = [], {TARGET: 4 * GIB}
+        tick()
+        tick()
+    ended = [k for k in watch.series if k[0] != TARGET]
+    assert len(ended) == supervisor.MAX_ENDED_SERIES and watch.ended_dropped == 144 * 8 - supervisor.MAX_ENDED_SERIES
+    assert all(len(watch.series[k].points()) <= 16 for k in ended)
+    assert max(u for _, u in watch.series[ended[-1]].points()) == GIB // 2 + 19 * 1024  # the peak survives
+    assert len(watch.members) <= supervisor.MAX_MEMBERS + 8
+    assert any("are not kept" in n for n in watch.notes())
+
+
+def test_an_nvml_outage_is_not_read_as_memory_freed(world):
+    state, watch, tick = world
+    state["gpu"] = {TARGET: 2 * GIB}
+    tick()
+    state["error"] = "GPU is lost"
+    for _ in range(10):
+        tick()
+    state["error"] = None
+    state["gpu"] = {TARGET: 3 * GIB}
+    tick()
+    points = watch.series[(TARGET, 0)].points()
+    assert [u for _, u in points] == [2 * GIB, 3 * GIB]  # no 0 in between
+    (failure,) = watch.failures
+    assert failure["error"] == "GPU is lost" and failure["to_t"] == pytest.approx(failure["from_t"] + 6.0)
+    assert failure["failed_calls"] == 5  # 10 polls in 6 s: tried again once a second, not at each
+
+
+def test_host_memory_is_read_on_its_own_clock(world):
+    state, watch, tick = world
+    for _ in range(100):
+        tick(0.05)
+    assert 20 <= watch.host.seen <= 26  # every 0.2 s of 5 s
+    assert watch.host.last[1:] == (GIB, GIB)
