@@ -1,7 +1,7 @@
 """The long run on a real GPU: a slow leak under `gpumemdoctor run` for as long as one call allows.
 
     python benchmarks/long_gpu.py --out DIR [--minutes 7]
-    python benchmarks/long_gpu.py --summarise DIR
+    python benchmarks/long_gpu.py --summarise DIR   (also judges the recording again: "rediagnosed")
 
 Runs `python -m gpumemdoctor run -o DIR/long.json benchmarks/workload_long.py --minutes N`
 (an AdamW MLP on CUDA that keeps 1 MiB every 2 s) and, meanwhile, reads the supervisor's
@@ -116,6 +116,7 @@ def summarise(out: str) -> int:
             "host_rss_points": len(rec.get("host_rss", [])),
             "nvml_points": {f"{s['pid']}:{s['device']}": len(s["points"]) for s in rec["nvml"]},
             "notes": report["notes"],
+            "rediagnosed": _rediagnosed(report_path),
         })
     else:
         summary["report_bytes"] = None
@@ -135,6 +136,28 @@ def summarise(out: str) -> int:
               f"{(summary['leak'] or {}).get('suspect_line_is_the_allocating_line')}")
     print(f"long_gpu: wrote {os.path.join(out, 'long-summary.json')}")
     return 0
+
+
+def _rediagnosed(report_path: str) -> dict | None:
+    """The recording judged again by the diagnosis installed now: a rule changed after a run
+    shows here, beside what the run itself said (the recording is what was measured)."""
+    try:
+        import subprocess as sp
+
+        from gpumemdoctor.diagnosis import diagnose
+        from gpumemdoctor.report import load
+    except ImportError:
+        return None
+    recording, _ = load(report_path)
+    d = diagnose(recording)
+    leak = next((f for f in d.findings if f.kind == "leak"), None)
+    commit = sp.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                    text=True).stdout.strip() or None
+    return {"code_commit": commit, "verdict": d.verdict,
+            "leak": None if leak is None else {
+                "bytes": leak.bytes, "summary": leak.summary, "evidence": leak.evidence,
+                "suspects": [x["summary"] for x in leak.suspects]},
+            "growth": [g.to_json() for g in d.growth]}
 
 
 def _line_of(path: str, line: int) -> str:

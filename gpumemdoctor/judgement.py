@@ -140,10 +140,14 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
     g = e.growth
     if g is None:
         return None
+    if g.get("retained_by") == "accumulation-at-exit":
+        held = (f"{fb(g['retained_bytes'])} of alike tensors that piled up is still held at the end "
+                f"(the program freed other memory before it ended)")
+    else:
+        held = f"{fb(g['retained_bytes'])} of that growth is still held at the end"
     return Judged(
         kind="leak", bytes=g["retained_bytes"],
-        summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and "
-                f"{fb(g['retained_bytes'])} of that growth is still held at the end.",
+        summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and {held}.",
         evidence={"decided_by": "growth", **{k: v for k, v in g.items() if k != "rate_text"}, **_samples(e)},
         remedy="")  # diagnosis.py gives it the suspects and their remedy
 

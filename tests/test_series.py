@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -219,3 +220,28 @@ def test_the_real_cli_keeps_a_long_agent_file_bounded(cli, script, tmp_path):
     assert kept["seen"] == 60_000 and len(agent["samples"]) == kept["kept"] <= bound(**TARGET_SERIES, figures=3)
     assert agent["samples"][-1]["step"] == 59_999 and agent["exited_normally"]
     assert report["recording"]["tool_cost"]["collect_s"] < 2.0
+
+
+def test_a_seven_minute_slow_leak_on_the_h100_is_found_with_its_line():
+    """A real recording (tests/fixtures/long/README.md): 1 MiB kept every 2 s for 7 minutes in a
+    loop whose model is freed before the program ends."""
+    from gpumemdoctor.diagnosis import diagnose
+    from gpumemdoctor.report import load
+
+    path = Path(__file__).parent / "fixtures" / "long" / "h100_slow_leak_7min.json"
+    recording, _ = load(str(path))
+    d = diagnose(recording)
+    assert d.verdict == "leak"
+    leak = next(f for f in d.findings if f.kind == "leak")
+    assert leak.evidence["decided_by"] == "growth"
+    assert leak.evidence["retained_by"] == "accumulation-at-exit"
+    assert 190 * MiB <= leak.bytes <= 220 * MiB  # 204 tensors of 1 MiB were in the list at exit
+    rate = next(g for g in d.growth if g.series == "allocated").rate_bytes_per_s
+    assert 0.45 * MiB <= rate <= 0.6 * MiB  # the workload keeps 0.5 MiB a second
+    top = leak.suspects[0]
+    assert top["where"][0].endswith("workload_long.py") and top["holders"][0]["pattern"] == "__main__.kept[*]"
+    agent = recording.agent(recording.target_pid)
+    assert [t["why"] for t in agent.root["traces"]] == ["growth", "stopped after 60 s"]
+    assert path.stat().st_size < 5 * 10**6
+    assert recording.downsampling[f"agent {agent.pid} samples"]["kept"] < \
+        recording.downsampling[f"agent {agent.pid} samples"]["seen"]
