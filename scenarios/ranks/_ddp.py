@@ -1,0 +1,64 @@
+"""What the multi-rank scenarios share: one rank of a DDP job under torch.distributed.run.
+
+Each rank takes GPU `local_rank` when there is a GPU per rank (NCCL), else they share the GPUs
+(gloo: two ranks on one GPU, which NCCL refuses). NVLink multicast stays off."""
+import os
+import sys
+
+SKIP_EXIT = 77
+
+
+def need_cuda_torch(gpus: int = 1):
+    try:
+        import torch
+    except ImportError:
+        print("skip: torch is not installed", file=sys.stderr)
+        sys.exit(SKIP_EXIT)
+    if not torch.cuda.is_available() or torch.cuda.device_count() < gpus:
+        print(f"skip: this scenario needs {gpus} CUDA device(s)", file=sys.stderr)
+        sys.exit(SKIP_EXIT)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    return torch
+
+
+def rank_and_device(torch):
+    """(rank, local rank, world size, this rank's device); set_device comes first."""
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return rank, local_rank, world, device
+
+
+def init(torch, world: int, device) -> None:
+    import torch.distributed as dist
+
+    backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
+    dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
+
+
+def model_and_optimizer(torch, device):
+    model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 1024)).to(device)
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    return model, torch.optim.Adam(model.parameters(), lr=1e-4)
+
+
+def step(torch, model, opt, device):
+    x = torch.randn(256, 1024, device=device)
+    loss = model(x).square().mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def finish(torch) -> None:
+    import torch.distributed as dist
+
+    torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()
