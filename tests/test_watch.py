@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -13,6 +14,9 @@ import pytest
 from gpumemdoctor.watcher import WatchSample, alerts, judgement, parse_rate
 
 DOUBLES = str(Path(__file__).parent / "doubles")
+# The test double first, then whatever PYTHONPATH the tests run under (it may name the
+# checkout under test, ahead of an installed gpumemdoctor).
+DOUBLES_PATH = os.pathsep.join(filter(None, [DOUBLES, os.environ.get("PYTHONPATH")]))
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -67,7 +71,7 @@ def test_watch_sees_growth_and_alerts(cli, tmp_path, sleeper):
     try:
         result = cli("watch", "--pid", str(sleeper.pid), "--interval", "0.05", "--duration", "3",
                      "--no-tui", "--jsonl", "w.jsonl", "--max-growth", "1MiB/s", "--exit-on-alert",
-                     cwd=tmp_path, env={"PYTHONPATH": DOUBLES, "GPUMEMDOCTOR_TEST_NVML": str(state)})
+                     cwd=tmp_path, env={"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(state)})
     finally:
         stop.set()
         grower.join()
@@ -93,7 +97,7 @@ def test_watch_flat_process_and_its_exit(cli, tmp_path, sleeper):
     ender = threading.Thread(target=end_it)
     ender.start()
     result = cli("watch", "--pid", str(sleeper.pid), "--interval", "0.05", "--duration", "20",
-                 "--no-tui", "--jsonl", "w.jsonl", cwd=tmp_path, env={"PYTHONPATH": DOUBLES, "GPUMEMDOCTOR_TEST_NVML": str(state)})
+                 "--no-tui", "--jsonl", "w.jsonl", cwd=tmp_path, env={"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(state)})
     ender.join()
     assert result.returncode == 0, result.stderr
     assert "flat: no sustained growth" in result.stdout
@@ -104,7 +108,7 @@ def test_watch_flat_process_and_its_exit(cli, tmp_path, sleeper):
 def test_watch_bad_input(cli, tmp_path):
     state = tmp_path / "nvml.json"
     _write(state, 1, 0)
-    env = {"PYTHONPATH": DOUBLES, "GPUMEMDOCTOR_TEST_NVML": str(state)}
+    env = {"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(state)}
     missing = cli("watch", "--pid", "4000000", "--duration", "1", cwd=tmp_path, env=env)
     assert missing.returncode == 2 and "no process with PID 4000000" in missing.stderr
     bad_rate = cli("watch", "--pid", "1", "--max-growth", "fast", cwd=tmp_path, env=env)
