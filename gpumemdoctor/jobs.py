@@ -281,16 +281,15 @@ def _rank_flags(rank: JobProcess) -> list[dict]:
     name = f"rank {rank.rank}" if rank.rank is not None else "a rank of unknown number"
     on = [f"GPU {g['index']} ({fb(g['used_bytes'])})" for g in rank.gpus]
     where = f"{', '.join(on[:-1])} as well as on {on[-1]}"
-    local = (f"(LOCAL_RANK is {rank.local_rank} in its environment) " if rank.local_rank is not None
-             else "")
+    local = f" (LOCAL_RANK is {rank.local_rank} here)" if rank.local_rank is not None else ""
+    others = "the other context is most likely stray" if len(on) == 2 else \
+        "the other contexts are most likely stray"
     return [{"flag": "context-on-several-gpus",
              "next_step": f"{name} (PID {rank.pid}) holds a CUDA context on {where}. Which GPU its work "
-                          "is on is unknown to ps, but a rank normally holds memory on one GPU only: the "
-                          "others are most likely stray contexts, made by a CUDA call (a tensor moved to "
-                          "\"cuda\", torch.cuda.current_device(), a library's own start) before the rank "
-                          "chose its device, which is GPU 0 until then. Call "
-                          f"torch.cuda.set_device(local_rank) {local}before any CUDA call, and name "
-                          "devices as cuda:{local_rank} rather than cuda."}]
+                          f"is on is unknown to ps, but a rank normally uses one GPU: {others}, made by "
+                          "a CUDA call before the rank chose its device (until then, GPU 0). Call "
+                          f"torch.cuda.set_device(local_rank) before any CUDA call{local}, and name "
+                          "devices cuda:{local_rank}, not cuda."}]
 
 
 class _UnionFind:

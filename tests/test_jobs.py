@@ -95,7 +95,7 @@ def test_a_torchrun_job_with_a_stray_context():
     text = r1.flags[0]["next_step"]
     assert "rank 1 (PID 102)" in text and "GPU 0 (512 MiB) as well as on GPU 1 (20.0 GiB)" in text
     assert "unknown to ps" in text and "torch.cuda.set_device(local_rank)" in text
-    assert "LOCAL_RANK is 1" in text
+    assert "LOCAL_RANK is 1 here" in text and "the other context is most likely stray" in text
 
 
 def test_jobs_are_told_apart_and_joined_by_their_ids():

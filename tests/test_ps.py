@@ -184,7 +184,7 @@ def test_ps_groups_a_job(cli, tmp_path, fake_job):
     assert re.search(rf"^0\s+0\s+{r0}\s+GPU 0 20\.0 GiB\s", out, re.M)
     assert re.search(rf"^  worker\s+{w0}\s+GPU 0 500 MiB\s", out, re.M)
     assert re.search(rf"^1\s+1\s+{r1}\s+GPU 0 512 MiB, GPU 1 19\.0 GiB\s", out, re.M)
-    assert re.search(r"^  \+1 more\s+none\s", out, re.M)
+    assert re.search(r"^  \+1 more\s+none\s+\(under this rank\)", out, re.M)
     assert "job total: GPU 0 21.0 GiB, GPU 1 19.0 GiB" in out
     assert f"context-on-several-gpus: rank 1 (PID {r1}) holds a CUDA context on GPU 0 (512 MiB)" in out
 

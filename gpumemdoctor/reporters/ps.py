@@ -98,8 +98,7 @@ def _render_job(console: Console, job: Job) -> None:
         for worker in rank.workers:
             rows.append(("  worker", "", str(worker.pid), _gpus(worker.gpus), _command(worker.cmdline)))
         if rank.quiet_descendants:
-            rows.append((f"  +{len(rank.quiet_descendants)} more", "", "", "none",
-                         "processes under it that hold no GPU memory"))
+            rows.append((f"  +{len(rank.quiet_descendants)} more", "", "", "none", "(under this rank)"))
     if rows:
         console.print(_table(console, (("rank", "left"), ("local", "right"), ("PID", "right"),
                                        ("GPU memory", "left"), ("command", "left")), rows))
