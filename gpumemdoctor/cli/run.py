@@ -92,6 +92,7 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) and diagnose its GPU memory.
 
     Options go before the script; everything after it is the script's own.
+    SCRIPT may also be a Python command on PATH, such as torchrun.
     The exit status is the script's (128 + N if signal N killed it).
     """
     from .. import checks, nvml
