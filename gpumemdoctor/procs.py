@@ -60,11 +60,29 @@ def session_leader(pid: int) -> bool | None:
 
 
 def environ(pid: int) -> dict[str, str] | None:
-    """The process's environment; None when it is gone or not ours to read."""
+    """The process's environment; None when it is gone or not ours to read.
+
+    Only a process of our own user is read (its real and effective user both ours), even
+    when we run as root: what a process of another user keeps in its environment is not
+    ours to show."""
     try:
-        return psutil.Process(pid).environ()
+        proc = psutil.Process(pid)
+        uids = proc.uids()
+        if not uids.real == uids.effective == os.getuid():
+            return None
+        return proc.environ()
     except _GONE:
         return None
+
+
+def parents() -> dict[int, int]:
+    """PID -> parent PID of every process here, read in one pass over /proc."""
+    found = {}
+    for proc in psutil.process_iter(["ppid"]):
+        ppid = proc.info.get("ppid")
+        if ppid is not None:
+            found[proc.pid] = ppid
+    return found
 
 
 def descendants(pid: int) -> list[int]:

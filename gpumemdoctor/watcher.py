@@ -3,7 +3,9 @@
 Works for any program, Python or not, and needs nothing installed in it: NVML
 gives the VRAM of the process and its descendants on each GPU, psutil the host
 memory. The leak judgement is the floor's growth (growth.floor_growth) over the
-samples so far, given once there are enough of them. Watching for hours or days keeps
+samples so far, given once there are enough of them. Watching a launcher (torchrun) follows
+every rank under it, those that start later or restart too, each labelled with its rank
+(`jobs.place`, from its environment where that is ours to read). Watching for hours or days keeps
 its memory bounded: the recent samples (for the timeline) are a ring of HISTORY, and
 the floor is judged on the whole watch's shape, kept by a series.Series.
 """
@@ -14,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from . import agent_socket, nvml, procs
+from . import agent_socket, jobs, nvml, procs
 from .growth import floor_growth
 from .series import Series
 from .units import format_bytes as fb
@@ -36,6 +38,10 @@ class WatchSample:
     alive: bool
     pids: list[int] = field(default_factory=list)  # the processes that held GPU memory
     torch: dict[int, list[dict]] = field(default_factory=dict)  # pid -> its agent's per-device breakdown
+    # Each process that holds GPU memory, and each rank even before it does: {"pid", "role"
+    # (launcher, rank, worker or None), "rank", "local_rank", "restart_count" (None: not known),
+    # "gpu_bytes" (NVML index -> bytes)}
+    processes: list[dict] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -67,6 +73,7 @@ class Watcher:
         self.peak_bytes = 0
         self.count = 0
         self.known: set[int] = set()  # descendants seen so far: they may outlive the process
+        self.facts: dict[int, jobs.ProcessFacts] = {}  # of the tree's processes, read once each
 
     def sample(self) -> WatchSample:
         alive = procs.same_process(self.pid, self.create_time)
@@ -75,12 +82,13 @@ class Watcher:
         self.known = {p for p in self.known if procs.info(p) is not None}
         tree = {self.pid, *self.known}
         gpu_bytes: dict[int, int] = {}
-        holders = set()
+        held: dict[int, dict[int, int]] = {}
         for device in self.devices:
             for pid, used in nvml.processes(device):
                 if pid in tree and used:
                     gpu_bytes[device.index] = gpu_bytes.get(device.index, 0) + used
-                    holders.add(pid)
+                    held.setdefault(pid, {})[device.index] = used
+        holders = set(held)
         rss = None
         if alive:
             infos = [procs.info(p) for p in tree]
@@ -91,13 +99,33 @@ class Watcher:
             if reply is not None:
                 torch[pid] = breakdown(reply)
         s = WatchSample(t=round(time.monotonic() - self.t0, 3), gpu_bytes=gpu_bytes, rss_bytes=rss,
-                        alive=alive, pids=sorted(holders), torch=torch)
+                        alive=alive, pids=sorted(holders), torch=torch, processes=self._processes(tree, held))
         self.samples.append(s)
         if alive:
             self.totals.add((s.t, s.total_bytes))
         self.peak_bytes = max(self.peak_bytes, s.total_bytes)
         self.count += 1
         return s
+
+    def _processes(self, tree: set[int], held: dict[int, dict[int, int]]) -> list[dict]:
+        """Each holder and each rank of the tree, with its place in the job (if any)."""
+        self.facts = {pid: f for pid, f in self.facts.items() if pid in tree}
+        for pid in tree - set(self.facts):
+            info = procs.info(pid)
+            if info is not None:  # a process's command line and environment do not change
+                env = procs.environ(pid)
+                self.facts[pid] = jobs.ProcessFacts(pid, info.ppid, info.cmdline,
+                                                    jobs.Identity.from_environ(env) if env is not None else None)
+        rows = []
+        for pid in sorted(tree):
+            p = jobs.place(pid, self.facts)
+            if pid not in held and (p is None or p.role != "rank"):
+                continue
+            identity = (p.identity if p is not None else None) or jobs.Identity()
+            rows.append({"pid": pid, "role": p.role if p is not None else None, "rank": identity.rank,
+                         "local_rank": identity.local_rank, "restart_count": identity.restart_count,
+                         "gpu_bytes": dict(sorted(held.get(pid, {}).items()))})
+        return rows
 
     def floor_rate_per_min(self) -> float | None:
         """Bytes per minute the floor of the VRAM total rises at; 0 when flat; None until enough data."""

@@ -3,11 +3,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
+import sys
 from pathlib import Path
+
+import psutil
+import pytest
 
 from gpumemdoctor.holders import GpuMemory, Holder, busy_gpus, diagnose_holders
 
 DOUBLES = str(Path(__file__).parent / "doubles")
+# The test double first, then whatever PYTHONPATH the tests run under (it may name the
+# checkout under test, ahead of an installed gpumemdoctor).
+DOUBLES_PATH = os.pathsep.join(filter(None, [DOUBLES, os.environ.get("PYTHONPATH")]))
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -52,7 +61,7 @@ def _state(tmp_path, processes, used, reserved=0):
     path.write_text(json.dumps({"gpus": [{"uuid": "GPU-test-0", "name": "NVML test double GPU",
                                           "total": 80 * GIB, "used": used, "reserved": reserved,
                                           "processes": processes}]}))
-    return {"PYTHONPATH": DOUBLES, "GPUMEMDOCTOR_TEST_NVML": str(path)}
+    return {"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(path)}
 
 
 def test_ps_over_the_nvml_double(cli, tmp_path):
@@ -83,3 +92,124 @@ def test_ps_without_nvml_is_exit_3_in_one_line(cli, tmp_path):
     result = cli("ps", cwd=tmp_path)
     assert result.returncode == 3
     assert result.stderr.startswith("gpumemdoctor: error: NVML") and "--allow-no-gpu" not in result.stderr
+
+
+# A stand-in for torchrun (a file named torchrun, run by python, as the console script is): two
+# ranks with torchrun's variables in their environment, each with a worker, and with
+# OTHER_USER=1 a third child that runs as the user nobody (its environment is not ours to read).
+FAKE_TORCHRUN = r'''
+import json, os, subprocess, sys, time
+RANK = "import subprocess, sys, time; w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); print(w.pid, flush=True); time.sleep(120)"
+ranks = []
+for r in range(2):
+    env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2", TORCHELASTIC_RUN_ID="test-run")
+    ranks.append(subprocess.Popen([sys.executable, "-c", RANK], env=env, stdout=subprocess.PIPE, text=True))
+workers = [int(p.stdout.readline()) for p in ranks]
+other = None
+if os.environ.get("OTHER_USER") == "1":
+    other = subprocess.Popen(["sleep", "120"], user=65534, env=dict(os.environ, RANK="2")).pid
+print(json.dumps({"launcher": os.getpid(), "ranks": [p.pid for p in ranks], "workers": workers,
+                  "other": other}), flush=True)
+time.sleep(120)
+'''
+
+
+@pytest.fixture
+def fake_job(tmp_path):
+    """Start the fake torchrun; yields a function that starts it and returns its PIDs."""
+    started = []
+
+    def start(other_user: bool = False) -> dict:
+        launcher = tmp_path / "torchrun"
+        launcher.write_text(FAKE_TORCHRUN)
+        env = dict(os.environ, OTHER_USER="1" if other_user else "0")
+        proc = subprocess.Popen([sys.executable, str(launcher), "--nproc-per-node", "2", "train.py"],
+                                stdout=subprocess.PIPE, text=True, env=env)
+        started.append(proc)
+        return json.loads(proc.stdout.readline())
+
+    yield start
+    for proc in started:
+        try:
+            tree = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            tree = []
+        for p in [*tree, proc]:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        proc.wait()
+        proc.stdout.close()
+
+
+def _gpus_state(tmp_path, per_gpu: list[list[tuple[int, int]]]) -> dict:
+    path = tmp_path / "nvml.json"
+    path.write_text(json.dumps({"gpus": [
+        {"uuid": f"GPU-test-{i}", "name": "NVML test double GPU", "total": 80 * GIB,
+         "used": sum(u for _, u in procs), "reserved": 0,
+         "processes": [{"pid": pid, "used": used} for pid, used in procs]}
+        for i, procs in enumerate(per_gpu)]}))
+    return {"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(path)}
+
+
+def test_ps_groups_a_job(cli, tmp_path, fake_job):
+    job = fake_job()
+    (r0, r1), (w0, w1) = job["ranks"], job["workers"]
+    env = _gpus_state(tmp_path, [[(r0, 20 * GIB), (r1, 512 * MIB), (w0, 500 * MIB), (os.getpid(), GIB)],
+                                 [(r1, 19 * GIB)]])
+    result = cli("ps", "--json", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    listed = json.loads(result.stdout)
+    assert listed["schema"] == "gpumemdoctor.ps/1"
+    # the per-GPU view is as it was: every holder, the job's included
+    assert [h["pid"] for h in listed["gpus"][0]["holders"]] == [r0, r1, w0, os.getpid()]
+    (j,) = listed["jobs"]  # the test process itself is in no job
+    assert j["launcher"]["pid"] == job["launcher"] and j["launcher_kind"] == "torchrun"
+    assert j["launcher"]["cmdline"][1].endswith("torchrun")
+    assert (j["run_id"], j["world_size"]) == ("test-run", 2)
+    assert [(r["rank"], r["local_rank"], r["pid"]) for r in j["ranks"]] == [(0, 0, r0), (1, 1, r1)]
+    assert j["ranks"][0]["gpus"] == [{"index": 0, "used_bytes": 20 * GIB}]
+    assert [w["pid"] for w in j["ranks"][0]["workers"]] == [w0]
+    assert j["ranks"][1]["workers"] == [] and j["ranks"][1]["quiet_descendants"] == [w1]
+    assert j["ranks"][1]["gpus"] == [{"index": 0, "used_bytes": 512 * MIB}, {"index": 1, "used_bytes": 19 * GIB}]
+    assert j["gpus"] == [{"index": 0, "used_bytes": 20 * GIB + 512 * MIB + 500 * MIB},
+                         {"index": 1, "used_bytes": 19 * GIB}]
+    assert j["ranks"][0]["flags"] == [] and [f["flag"] for f in j["ranks"][1]["flags"]] == ["context-on-several-gpus"]
+
+    text = cli("ps", cwd=tmp_path, env=env | {"COLUMNS": "100"})
+    assert text.returncode == 0, text.stderr
+    out = text.stdout
+    assert f"Job: torchrun, launcher PID {job['launcher']}, run test-run, world size 2" in out
+    assert re.search(rf"^0\s+0\s+{r0}\s+GPU 0 20\.0 GiB\s", out, re.M)
+    assert re.search(rf"^  worker\s+{w0}\s+GPU 0 500 MiB\s", out, re.M)
+    assert re.search(rf"^1\s+1\s+{r1}\s+GPU 0 512 MiB, GPU 1 19\.0 GiB\s", out, re.M)
+    assert re.search(r"^  \+1 more\s+none\s+\(under this rank\)", out, re.M)
+    assert "job total: GPU 0 21.0 GiB, GPU 1 19.0 GiB" in out
+    assert f"context-on-several-gpus: rank 1 (PID {r1}) holds a CUDA context on GPU 0 (512 MiB)" in out
+
+
+def test_ps_without_a_job_shows_no_job(cli, tmp_path):
+    env = _gpus_state(tmp_path, [[(os.getpid(), GIB)]])
+    result = cli("ps", "--json", cwd=tmp_path, env=env)
+    assert result.returncode == 0 and json.loads(result.stdout)["jobs"] == []
+    assert "Job" not in cli("ps", cwd=tmp_path, env=env).stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting a process as another user needs root")
+def test_another_users_environment_is_not_read(cli, tmp_path, fake_job):
+    job = fake_job(other_user=True)
+    other = job["other"]
+    assert psutil.Process(other).environ().get("RANK") == "2"  # root could read it; ps must not
+    env = _gpus_state(tmp_path, [[(job["ranks"][0], GIB), (other, GIB)]])
+    result = cli("ps", "--json", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    (j,) = json.loads(result.stdout)["jobs"]
+    ranks = {r["pid"]: r for r in j["ranks"]}
+    # nobody's process is a rank of the job (the launcher's child), of unknown number
+    assert ranks[other]["rank"] is None and ranks[other]["local_rank"] is None
+    assert ranks[job["ranks"][0]]["rank"] == 0
+    holders = {h["pid"]: h for h in json.loads(result.stdout)["gpus"][0]["holders"]}
+    assert holders[other]["agent"] is None and holders[other]["user"] == "nobody"
+    text = cli("ps", cwd=tmp_path, env=env | {"COLUMNS": "100"}).stdout
+    assert re.search(rf"^\?\s+\?\s+{other}\s+GPU 0 1\.00 GiB\s+sleep 120", text, re.M)

@@ -2,17 +2,22 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gpumemdoctor.watcher import WatchSample, alerts, judgement, parse_rate
 
 DOUBLES = str(Path(__file__).parent / "doubles")
+# The test double first, then whatever PYTHONPATH the tests run under (it may name the
+# checkout under test, ahead of an installed gpumemdoctor).
+DOUBLES_PATH = os.pathsep.join(filter(None, [DOUBLES, os.environ.get("PYTHONPATH")]))
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -67,7 +72,7 @@ def test_watch_sees_growth_and_alerts(cli, tmp_path, sleeper):
     try:
         result = cli("watch", "--pid", str(sleeper.pid), "--interval", "0.05", "--duration", "3",
                      "--no-tui", "--jsonl", "w.jsonl", "--max-growth", "1MiB/s", "--exit-on-alert",
-                     cwd=tmp_path, env={"PYTHONPATH": DOUBLES, "GPUMEMDOCTOR_TEST_NVML": str(state)})
+                     cwd=tmp_path, env={"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(state)})
     finally:
         stop.set()
         grower.join()
@@ -93,7 +98,7 @@ def test_watch_flat_process_and_its_exit(cli, tmp_path, sleeper):
     ender = threading.Thread(target=end_it)
     ender.start()
     result = cli("watch", "--pid", str(sleeper.pid), "--interval", "0.05", "--duration", "20",
-                 "--no-tui", "--jsonl", "w.jsonl", cwd=tmp_path, env={"PYTHONPATH": DOUBLES, "GPUMEMDOCTOR_TEST_NVML": str(state)})
+                 "--no-tui", "--jsonl", "w.jsonl", cwd=tmp_path, env={"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(state)})
     ender.join()
     assert result.returncode == 0, result.stderr
     assert "flat: no sustained growth" in result.stdout
@@ -104,10 +109,154 @@ def test_watch_flat_process_and_its_exit(cli, tmp_path, sleeper):
 def test_watch_bad_input(cli, tmp_path):
     state = tmp_path / "nvml.json"
     _write(state, 1, 0)
-    env = {"PYTHONPATH": DOUBLES, "GPUMEMDOCTOR_TEST_NVML": str(state)}
+    env = {"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(state)}
     missing = cli("watch", "--pid", "4000000", "--duration", "1", cwd=tmp_path, env=env)
     assert missing.returncode == 2 and "no process with PID 4000000" in missing.stderr
     bad_rate = cli("watch", "--pid", "1", "--max-growth", "fast", cwd=tmp_path, env=env)
     assert bad_rate.returncode == 2 and "rate" in bad_rate.stderr
     no_nvml = cli("watch", "--pid", "1", "--duration", "1", cwd=tmp_path)
     assert no_nvml.returncode == 3
+
+
+# A stand-in for torchrun (named torchrun, run by python): two ranks with torchrun's variables,
+# started again as a torchelastic restart would (new PIDs, TORCHELASTIC_RESTART_COUNT=1) when
+# the test writes `restart` into the control folder; it exits when the test writes `stop`.
+FAKE_TORCHRUN = r'''
+import json, os, pathlib, subprocess, sys, time
+control = pathlib.Path(sys.argv[1])
+
+def start(restart):
+    return [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"],
+                             env=dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE="2",
+                                      TORCHELASTIC_RUN_ID="watch-run", TORCHELASTIC_RESTART_COUNT=str(restart)))
+            for r in range(2)]
+
+def wait_for(name):
+    while not (control / name).exists():
+        time.sleep(0.02)
+
+for attempt in range(2):
+    ranks = start(attempt)
+    (control / f"pids-{attempt}.tmp").write_text(json.dumps([p.pid for p in ranks]))
+    (control / f"pids-{attempt}.tmp").replace(control / f"pids-{attempt}.json")
+    wait_for("restart" if attempt == 0 else "stop")
+    for p in ranks:
+        p.kill()
+        p.wait()
+'''
+
+
+def _write_ranks(path: Path, ranks: list[int]) -> None:
+    """Rank 0 on GPU 0; rank 1 on GPU 1, with a stray context on GPU 0 (figures of the test double)."""
+    gpus = [{"uuid": f"GPU-test-{i}", "name": "NVML test double GPU", "total": 80 * GIB, "used": 0,
+             "reserved": 0, "processes": []} for i in range(2)]
+    if ranks:
+        gpus[0]["processes"] = [{"pid": ranks[0], "used": GIB}, {"pid": ranks[1], "used": 300 * MIB}]
+        gpus[1]["processes"] = [{"pid": ranks[1], "used": GIB}]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"gpus": gpus}))
+    tmp.replace(path)
+
+
+def _wait_for(check, what: str, seconds: float = 20):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_watch_a_launcher_follows_every_rank_and_its_restart(cli, tmp_path):
+    control = tmp_path / "control"
+    control.mkdir()
+    launcher_file = tmp_path / "torchrun"
+    launcher_file.write_text(FAKE_TORCHRUN)
+    launcher = subprocess.Popen([sys.executable, str(launcher_file), str(control)])
+    state, log = tmp_path / "nvml.json", tmp_path / "w.jsonl"
+
+    def lines():
+        return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+    def rows_of(pids):  # the samples whose rows name all of these PIDs
+        return [s for s in lines() if pids <= {r["pid"] for r in s["processes"]}]
+
+    try:
+        first = _wait_for(lambda: (control / "pids-0.json").exists()
+                          and json.loads((control / "pids-0.json").read_text()), "the first ranks")
+        _write_ranks(state, first)
+        watch = {}
+
+        def run_watch():
+            watch["result"] = cli("watch", "--pid", str(launcher.pid), "--interval", "0.1", "--duration", "40",
+                                  "--no-tui", "--jsonl", str(log), cwd=tmp_path,
+                                  env={"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(state)})
+
+        watcher = threading.Thread(target=run_watch)
+        watcher.start()
+        _wait_for(lambda: len(rows_of(set(first))) >= 3, "samples of the first ranks")
+        (control / "restart").write_text("")
+        second = _wait_for(lambda: (control / "pids-1.json").exists()
+                           and json.loads((control / "pids-1.json").read_text()), "the restarted ranks")
+        _write_ranks(state, second)
+        _wait_for(lambda: len(rows_of(set(second))) >= 3, "samples of the restarted ranks")
+        _write_ranks(state, [])
+        (control / "stop").write_text("")
+        launcher.wait(timeout=20)
+        watcher.join(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            for child in psutil.Process(launcher.pid).children(recursive=True):
+                child.kill()
+            launcher.kill()
+            launcher.wait()
+    result = watch["result"]
+    assert result.returncode == 0, result.stderr
+    assert f"process {launcher.pid} exited" in result.stdout
+
+    for pids, restart in ((first, 0), (second, 1)):
+        sample = rows_of(set(pids))[-1]
+        rows = {r["pid"]: r for r in sample["processes"]}
+        assert rows[pids[0]] == {"pid": pids[0], "role": "rank", "rank": 0, "local_rank": 0,
+                                 "restart_count": restart, "gpu_bytes": {"0": GIB}}
+        assert rows[pids[1]] == {"pid": pids[1], "role": "rank", "rank": 1, "local_rank": 1,
+                                 "restart_count": restart, "gpu_bytes": {"0": 300 * MIB, "1": GIB}}
+        assert sample["gpu_bytes"] == {"0": GIB + 300 * MIB, "1": GIB}
+    # the plain lines label each rank with its GPUs
+    assert f"[rank 1 (local 1) PID {first[1]}: GPU0 300 MiB, GPU1 1.00 GiB]" in result.stdout
+    assert f"[rank 0 (local 0) restart 1 PID {second[0]}: GPU0 1.00 GiB]" in result.stdout
+
+
+def test_the_rows_of_a_job_are_drawn_with_their_rank():
+    import io
+
+    from rich.console import Console
+
+    from gpumemdoctor.reporters import watch as reporter
+
+    rows = [{"pid": 11, "role": "rank", "rank": 0, "local_rank": 0, "restart_count": None,
+             "gpu_bytes": {0: GIB}},
+            {"pid": 12, "role": "rank", "rank": 1, "local_rank": 1, "restart_count": 2, "gpu_bytes": {}},
+            {"pid": 13, "role": "worker", "rank": 0, "local_rank": 0, "restart_count": None,
+             "gpu_bytes": {0: 300 * MIB}}]
+    s = WatchSample(t=1.0, gpu_bytes={0: GIB + 300 * MIB}, rss_bytes=None, alive=True, pids=[11, 13],
+                    torch={11: [{"torch_index": 0, "allocated_bytes": MIB, "cache_bytes": 0,
+                                 "pending_stream_bytes": 0, "context_bytes": 0, "non_torch_bytes": 0}]},
+                    processes=rows)
+    out = io.StringIO()
+    console = Console(file=out, width=60, no_color=True)
+    with reporter.view(console, tui=False) as show:
+        show(None, s, "flat", [])
+    line = out.getvalue()
+    assert line.count("\n") == 1  # one line per sample, however long
+    assert "[rank 0 (local 0) PID 11: GPU0 1.00 GiB]" in line
+    assert "[rank 1 (local 1) restart 2 PID 12: no GPU memory yet]" in line
+    assert "[worker of rank 0 (local 0) PID 13: GPU0 300 MiB]" in line
+    assert "[rank 0 (local 0) PID 11 cuda:0: tensors 1.00 MiB," in line
+    panel = io.StringIO()
+    Console(file=panel, width=100, no_color=True).print(
+        reporter._panel(type("W", (), {"samples": [s], "peak_bytes": 0, "pid": 10})(), s, "flat", []))
+    assert "rank 1 (local 1) restart 2 PID 12: no GPU memory yet" in panel.getvalue()
+    assert "PyTorch in rank 0 (local 0) PID 11, cuda:0:" in panel.getvalue()
+    assert "holding GPU memory: PID" not in panel.getvalue()

@@ -19,20 +19,22 @@ def ps_command(as_json: bool, expect_free: int | None) -> int:
     """Show each GPU's memory, the processes that hold it, and what needs a look.
 
     Works for any process, Python or not; flags zombies, orphaned workers, PIDs from
-    other PID namespaces and memory no visible process accounts for.
+    other PID namespaces and memory no visible process accounts for. The processes of a
+    torchrun or Slurm job are also shown together: launcher, ranks, workers, per-GPU totals.
     """
     from ..console import make_console
-    from ..holders import busy_gpus, diagnose_holders, gather
+    from ..holders import busy_gpus, diagnose_holders, find_jobs, gather, gather_processes
     from ..reporters import ps as reporter
     from ..units import format_bytes as fb
 
     gpus = diagnose_holders(gather())
+    jobs = find_jobs(gpus, *gather_processes(gpus))
     console = make_console(stderr=False)
     if as_json:
-        click.echo(json.dumps({"schema": "gpumemdoctor.ps/1", "gpus": [g.to_json() for g in gpus]},
-                              indent=1))
+        click.echo(json.dumps({"schema": "gpumemdoctor.ps/1", "gpus": [g.to_json() for g in gpus],
+                               "jobs": [j.to_json() for j in jobs]}, indent=1))
     else:
-        reporter.render(console, gpus)
+        reporter.render(console, gpus, jobs)
     if expect_free is None:
         return 0
     busy = busy_gpus(gpus, expect_free)

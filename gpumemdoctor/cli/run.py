@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
+import re
+import shutil
 import sys
 
 import click
@@ -90,6 +92,7 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     """Run SCRIPT [ARGS]... (or -m MODULE [ARGS]...) and diagnose its GPU memory.
 
     Options go before the script; everything after it is the script's own.
+    SCRIPT may also be a Python command on PATH, such as torchrun.
     The exit status is the script's (128 + N if signal N killed it).
     """
     from .. import checks, nvml
@@ -105,7 +108,10 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     if not target:
         raise UsageError("give a script to run (gpumemdoctor run train.py) or a module "
                          "(gpumemdoctor run -m mypkg.train)")
+    target, note = _resolve_command(target)
     name = _check_target(target)
+    if note:
+        click.echo(f"gpumemdoctor: note: {note}", err=True)
     if output is not None:
         check_writable(output, force)
     else:
@@ -183,6 +189,89 @@ def _next_to(json_path: str) -> str:
     return (stem if ext.lower() == ".json" else json_path) + ".html"
 
 
+def _resolve_command(target: list[str]) -> tuple[list[str], str | None]:
+    """A command on PATH that is a Python script (torchrun, a console script) runs as that
+    script, under sys.executable; anything else on PATH is refused. Returns the target and
+    a note for standard error when the script names another Python on its #! line."""
+    command = target[0]
+    if command == "-m" or os.sep in command or os.path.exists(command):
+        return target, None
+    path = shutil.which(command)
+    if path is None:
+        return target, None  # _check_target says there is no such file
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SCRIPT_PROBE_BYTES)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    interpreter = _python_of(head)
+    if interpreter is None:
+        if os.path.basename(command).startswith("python"):
+            raise UsageError(f"{command} is Python itself: gpumemdoctor runs your script with its own "
+                             "Python, so leave it out (gpumemdoctor run train.py, or -m MODULE)")
+        raise UsageError(f"{command} ({path}) is not a Python script; gpumemdoctor runs Python "
+                         "programs: give a Python script, or a module with -m")
+    if _same_python(interpreter, sys.executable):
+        return [path, *target[1:]], None
+    # The agent starts through sitecustomize under sys.executable's environment, so the script
+    # runs there; refuse only when that environment cannot import what a console script runs.
+    module = _entry_module(head)
+    if module is not None and not _findable(module.split(".")[0]):
+        raise UsageError(f"{command} is a script for {interpreter} (its #! line), and gpumemdoctor's "
+                         f"Python, {sys.executable}, cannot import {module.split('.')[0]!r}: install "
+                         f"gpumemdoctor where {command} is installed ({interpreter} -m pip install "
+                         f"gpumemdoctor) and run that gpumemdoctor")
+    return [path, *target[1:]], (f"{command}'s #! line names {interpreter}; it runs under "
+                                 f"{sys.executable}, the Python gpumemdoctor runs in")
+
+
+# pip's console script where the interpreter's path is too long for #!: #!/bin/sh, then
+# '''exec' "/long/path/python" "$0" "$@"
+_EXEC_LINE = re.compile(r"""^'''exec' "?([^"\s]+)"? "\$0" "\$@"$""")
+
+
+def _python_of(head: bytes) -> str | None:
+    """The Python a script's #! line names (also through /usr/bin/env, or the exec line of a
+    console script for a long path); None when it is not Python."""
+    lines = head.split(b"\n", 2)
+    first = lines[0].decode(errors="replace").strip()
+    if not first.startswith("#!") or b"\0" in head:
+        return None
+    words = first[2:].split()
+    if words and os.path.basename(words[0]) in ("sh", "bash") and len(lines) > 1:
+        m = _EXEC_LINE.match(lines[1].decode(errors="replace").strip())
+        words = [m.group(1)] if m else words
+    if words and os.path.basename(words[0]) == "env":
+        named = [w for w in words[1:] if not w.startswith("-") and "=" not in w][:1]
+        words = [shutil.which(named[0]) or named[0]] if named else []
+    if not words or not os.path.basename(words[0]).startswith("python"):
+        return None
+    return words[0]
+
+
+def _same_python(a: str, b: str) -> bool:
+    """The same interpreter in the same environment: the same folder (a virtual environment's
+    bin/ holds links to the system's Python) and the same file."""
+    try:
+        return (os.path.dirname(os.path.abspath(a)) == os.path.dirname(os.path.abspath(b))
+                and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _entry_module(head: bytes) -> str | None:
+    """The module a console script imports its entry point from (`from X import main`)."""
+    m = re.search(rb"^from ([\w.]+) import ", head, re.M)
+    return m.group(1).decode() if m else None
+
+
+def _findable(top: str) -> bool:
+    """Whether the target's Python would find this top-level module (the current folder first)."""
+    search = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path[1:]]
+    return (top in sys.builtin_module_names
+            or importlib.machinery.PathFinder.find_spec(top, [p for p in search if p]) is not None)
+
+
 def _check_target(target: list[str]) -> str:
     """Refuse what python could not run, with a one-line reason; return a name for the report."""
     if target[0] == "-m":
@@ -192,9 +281,7 @@ def _check_target(target: list[str]) -> str:
         top = module.split(".")[0]
         if not top.isidentifier():
             raise UsageError(f"{module!r} is not a module name")
-        search = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path[1:]]
-        if (top not in sys.builtin_module_names
-                and importlib.machinery.PathFinder.find_spec(top, [p for p in search if p]) is None):
+        if not _findable(top):
             raise UsageError(f"no module named {top!r} (looked in the current folder and sys.path)")
         return module.replace(".", "-")
     script = target[0]

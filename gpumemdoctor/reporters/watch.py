@@ -18,6 +18,28 @@ def _line(s, verdict: str) -> str:
     return f"{s.t:8.1f}s  {gpus}  total {fb(s.total_bytes)}  RSS {fb(s.rss_bytes)}  floor: {verdict}"
 
 
+def _who(row: dict | None, pid: int) -> str:
+    """A process as the user knows it in a job: rank 1 (local 1) PID 123, worker of rank 1 PID 130."""
+    if row is None or row["role"] is None:
+        return f"PID {pid}"
+    if row["role"] == "launcher":
+        return f"launcher PID {pid}"
+    rank = "rank ?" if row["rank"] is None else f"rank {row['rank']}"
+    if row["local_rank"] is not None:
+        rank += f" (local {row['local_rank']})"
+    if row["restart_count"]:
+        rank += f" restart {row['restart_count']}"
+    return f"{rank} PID {pid}" if row["role"] == "rank" else f"worker of {rank} PID {pid}"
+
+
+def _held(row: dict) -> str:
+    return ", ".join(f"GPU{i} {fb(b)}" for i, b in sorted(row["gpu_bytes"].items())) or "no GPU memory yet"
+
+
+def _in_job(s) -> bool:
+    return any(row["role"] is not None for row in s.processes)
+
+
 def _torch_line(r: dict) -> str:
     return (f"tensors {fb(r['allocated_bytes'])}, cache {fb(r['cache_bytes'])}, "
             f"pending stream {fb(r['pending_stream_bytes'])}, context {fb(r['context_bytes'])}, "
@@ -31,11 +53,15 @@ def _panel(watcher, s, verdict: str, alerts: list[str]) -> Group:
              Text(_line(s, verdict)),
              Text(f"VRAM  {sparkline(values, max(values) if values else 0, SPARK_WIDTH)}  {span}, "
                   f"peak {fb(watcher.peak_bytes)}")]
-    if s.pids:
+    rows_by_pid = {row["pid"]: row for row in s.processes}
+    if _in_job(s):
+        parts += [Text(f"{_who(row, row['pid'])}: {_held(row)}") for row in s.processes]
+    elif s.pids:
         parts.append(Text("holding GPU memory: PID " + ", ".join(map(str, s.pids))))
     for pid, rows in s.torch.items():
         for r in rows:
-            parts.append(Text(f"PyTorch in PID {pid}, cuda:{r['torch_index']}: " + _torch_line(r)))
+            parts.append(Text(f"PyTorch in {_who(rows_by_pid.get(pid), pid)}, cuda:{r['torch_index']}: "
+                              + _torch_line(r)))
     if not s.gpu_bytes:
         parts.append(Text("the process holds no GPU memory now; watching in case it starts"))
     parts += [Text(f"ALERT: {a}", style="bold red") for a in alerts]
@@ -47,9 +73,14 @@ def view(console: Console, tui: bool):
     """A function that shows each sample: in a Live panel, or as one plain line."""
     if not tui:
         def show(watcher, s, verdict, alerts):
-            torch = "".join(f"  [PID {pid} cuda:{r['torch_index']}: {_torch_line(r)}]"
+            rows_by_pid = {row["pid"]: row for row in s.processes}
+            ranks = "".join(f"  [{_who(row, row['pid'])}: {_held(row)}]" for row in s.processes) \
+                if _in_job(s) else ""
+            torch = "".join(f"  [{_who(rows_by_pid.get(pid), pid)} cuda:{r['torch_index']}: {_torch_line(r)}]"
                             for pid, rows in s.torch.items() for r in rows)
-            console.print(_line(s, verdict) + torch + "".join(f"  ALERT: {a}" for a in alerts))
+            # one line per sample, however wide: a log is read line by line
+            console.print(_line(s, verdict) + ranks + torch + "".join(f"  ALERT: {a}" for a in alerts),
+                          soft_wrap=True, markup=False)
         yield show
         return
     with Live(console=console, auto_refresh=False, transient=False) as live:
