@@ -6,10 +6,10 @@ import os
 from typing import Any
 
 from . import rootcause
-from .diagnosis import FINDING_KINDS, VERDICTS, Breakdown, Diagnosis, Finding, Growth
+from .diagnosis import FINDING_KINDS, VERDICTS, Breakdown, Diagnosis, Finding, Growth, Job, RankRow
 from .errors import BadReportError, UsageError
 from .recording import Recording
-from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int, opt_num
+from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int, opt_num, opt_str
 
 SCHEMA = "gpumemdoctor.report/1"
 MAX_REPORT_BYTES = 512 << 20
@@ -27,6 +27,8 @@ def build(recording: Recording, diagnosis: Diagnosis) -> dict:
         "peaks": diagnosis.peaks,
         "notes": diagnosis.notes,
         "evidence": diagnosis.evidence,
+        "ranks": [r.to_json() for r in diagnosis.ranks],
+        "job": None if diagnosis.job is None else diagnosis.job.to_json(),
         "target": {"argv": target.get("argv"), "pid": target.get("pid"),
                    "exit_code": target.get("exit_code"), "signal": target.get("signal"),
                    "duration_s": recording.duration_s},
@@ -153,7 +155,8 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
                                 evidence=need_dict(f.get("evidence"), "evidence"),
                                 remedy=need_str(f.get("remedy"), "remedy"),
                                 pid=opt_int(f.get("pid"), "pid"), device=opt_int(f.get("device"), "device"),
-                                suspects=rootcause.parse_suspects(f.get("suspects"))))
+                                suspects=rootcause.parse_suspects(f.get("suspects")),
+                                host=opt_str(f.get("host"), "finding host")))
     breakdowns = []
     for b in need_list(obj.get("breakdown"), "breakdown"):
         b = need_dict(b, "breakdown")
@@ -162,7 +165,8 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
             "pending_stream_bytes", "cache_bytes", "non_torch_bytes")}
         breakdowns.append(Breakdown(pid=need_int(b.get("pid"), "pid"), device=opt_int(b.get("device"), "device"),
                                     torch_index=opt_int(b.get("torch_index"), "torch_index"),
-                                    exit_probes=bool(b.get("exit_probes")), **sizes))
+                                    exit_probes=bool(b.get("exit_probes")),
+                                    host=opt_str(b.get("host"), "breakdown host"), **sizes))
     growth = []
     for g in need_list(obj.get("growth", []), "growth"):
         g = need_dict(g, "growth")
@@ -172,7 +176,8 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
                              rate_bytes_per_step=opt_num(g.get("rate_bytes_per_step"), "rate"),
                              rate_bytes_per_s=opt_num(g.get("rate_bytes_per_s"), "rate"),
                              start_step=opt_int(g.get("start_step"), "start_step"),
-                             start_t=opt_num(g.get("start_t"), "start_t")))
+                             start_t=opt_num(g.get("start_t"), "start_t"),
+                             host=opt_str(g.get("host"), "growth host")))
     peaks = need_dict(obj.get("peaks"), "peaks")
     for key in ("nvml_bytes", "allocated_bytes", "reserved_bytes"):
         opt_int(peaks.get(key), f"peak {key}")
@@ -180,9 +185,51 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
         need_num(peaks["nvml_t"], "peak time")
     notes = [need_str(n, "note") for n in need_list(obj.get("notes", []), "notes")]
     evidence = [_evidence(e) for e in need_list(obj.get("evidence", []), "evidence")]
+    if peaks.get("nvml_host") is not None:
+        need_str(peaks["nvml_host"], "peak host")
+    rows = [_rank_row(r, len(breakdowns)) for r in need_list(obj.get("ranks", []), "ranks")]
+    job = None if obj.get("job") is None else _job(obj["job"])
     recording = Recording.from_json(obj.get("recording"))
     return recording, Diagnosis(verdict=verdict, findings=findings, breakdowns=breakdowns,
-                                growth=growth, peaks=peaks, notes=notes, evidence=evidence)
+                                growth=growth, peaks=peaks, notes=notes, evidence=evidence, ranks=rows,
+                                job=job)
+
+
+def _verdict_or_none(value: Any, what: str) -> str | None:
+    if value is not None and value not in VERDICTS:
+        raise BadReportError(f"unknown {what} {value!r:.40}")
+    return value
+
+
+def _rank_row(r: Any, breakdowns: int) -> RankRow:
+    """One rank and GPU (reports without ranks have none: they load as before)."""
+    r = need_dict(r, "rank row")
+    row = RankRow(host=opt_str(r.get("host"), "rank host"), rank=opt_int(r.get("rank"), "rank"),
+                  local_rank=opt_int(r.get("local_rank"), "local_rank"),
+                  node_rank=opt_int(r.get("node_rank"), "node_rank"),
+                  world_size=opt_int(r.get("world_size"), "world_size"), pid=need_int(r.get("pid"), "rank pid"),
+                  device=opt_int(r.get("device"), "rank device"),
+                  torch_index=opt_int(r.get("torch_index"), "rank torch_index"),
+                  breakdown=opt_int(r.get("breakdown"), "rank breakdown"),
+                  peak_reserved_bytes=opt_int(r.get("peak_reserved_bytes"), "peak_reserved_bytes"),
+                  peak_allocated_bytes=opt_int(r.get("peak_allocated_bytes"), "peak_allocated_bytes"),
+                  peak_nvml_bytes=opt_int(r.get("peak_nvml_bytes"), "peak_nvml_bytes"),
+                  verdict=_verdict_or_none(r.get("verdict"), "rank verdict"))
+    if row.breakdown is not None and not 0 <= row.breakdown < breakdowns:
+        raise BadReportError(f"rank breakdown {row.breakdown} is not one of the {breakdowns} breakdowns")
+    return row
+
+
+def _job(j: Any) -> Job:
+    j = need_dict(j, "job")
+    return Job(ranks=[need_int(n, "job rank") for n in need_list(j.get("ranks"), "job ranks")],
+               world_size=opt_int(j.get("world_size"), "job world_size"),
+               hosts=[opt_str(h, "job host") for h in need_list(j.get("hosts"), "job hosts")],
+               missing_ranks=[need_int(n, "missing rank") for n in need_list(j.get("missing_ranks"), "missing_ranks")],
+               ranks_with_leak=[need_int(n, "rank with leak")
+                                for n in need_list(j.get("ranks_with_leak"), "ranks_with_leak")],
+               verdict=_verdict_or_none(j.get("verdict"), "job verdict"),
+               summary=need_str(j.get("summary"), "job summary"))
 
 
 def _evidence(e: Any) -> dict:
