@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import re
+from typing import Any, Mapping
 
 from . import rootcause
 from .diagnosis import FINDING_KINDS, VERDICTS, Breakdown, Diagnosis, Finding, Growth, Job, RankRow
@@ -51,6 +52,43 @@ def timeline(recording: Recording) -> list[dict]:
                              "nvml_bytes": r.nvml_used_bytes, "reserved_bytes": r.reserved_bytes,
                              "active_bytes": r.active_bytes, "allocated_bytes": r.allocated_bytes})
     return rows
+
+
+# The supervisor's own environment, when a launcher started gpumemdoctor itself: the node's rank,
+# and the task's rank when it runs one gpumemdoctor per rank (srun --ntasks-per-node N).
+NODE_VARIABLES = ("GROUP_RANK", "SLURM_NODEID")
+TASK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def default_name(stem: str, recording: Recording, env: Mapping[str, str]) -> str:
+    """The report's name when -o is not given: gpumemdoctor-<stem>.<pid>.json on one machine; under
+    a launcher (gpumemdoctor started by srun, mpirun or torchrun, or a job whose ranks span several
+    nodes) also the host and what is known of the node and task, so that each node's report gets a
+    name of its own in a shared folder: gpumemdoctor-<stem>.<host>.node<N>.rank<R>.<pid>.json."""
+    node = next((_whole(env[v]) for v in NODE_VARIABLES if env.get(v) is not None), None)
+    task = next((_whole(env[v]) for v in TASK_VARIABLES if env.get(v) is not None), None)
+    dists = [a.dist for a in recording.agents if a.dist is not None]
+    spans_nodes = any(d.world_size is not None and d.local_world_size is not None
+                      and d.world_size > d.local_world_size for d in dists)
+    if node is None:
+        nodes = {d.node_rank for d in dists if d.node_rank is not None}
+        node = nodes.pop() if len(nodes) == 1 else None
+    launched = any(env.get(v) is not None for v in (*NODE_VARIABLES, *TASK_VARIABLES))
+    if not (launched or spans_nodes):
+        return f"gpumemdoctor-{stem}.{recording.target_pid}.json"
+    parts = [f"gpumemdoctor-{stem}"]
+    host = re.sub(r"[^A-Za-z0-9_-]", "_", (recording.host or "").split(".")[0])
+    if host:
+        parts.append(host)
+    if node is not None:
+        parts.append(f"node{node}")
+    if task is not None:
+        parts.append(f"rank{task}")
+    return ".".join([*parts, str(recording.target_pid), "json"])
+
+
+def _whole(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 _OPTIONS = {"report": "-o", "snapshot": "--snapshot", "HTML page": "--html"}  # the option that names each file

@@ -62,7 +62,7 @@ def render_job(console: Console, recordings: list[Recording], diagnosis: Diagnos
         _target(console, recording, host=True)
     _ranks(console, diagnosis)
     _peaks(console, diagnosis)
-    _findings(console, diagnosis)
+    _findings(console, diagnosis, with_host=len({r.host for r in recordings}) > 1)
     for note in diagnosis.notes:
         console.print(f"note: {note}")
     console.print(f"\nReports: {', '.join(report_paths)}")
@@ -211,7 +211,7 @@ def _timeline(console: Console, recording: Recording) -> None:
         console.print(f"  {name:<10} {sparkline(values, top)}  max {fb(max(values))}")
 
 
-def _findings(console: Console, diagnosis: Diagnosis) -> None:
+def _findings(console: Console, diagnosis: Diagnosis, with_host: bool = False) -> None:
     if not diagnosis.findings:
         return
     console.print("\nFindings")
@@ -220,7 +220,8 @@ def _findings(console: Console, diagnosis: Diagnosis) -> None:
     table.add_column("text", overflow="fold")
     for f in diagnosis.findings:
         mark = "  •" if f.kind in INFORMATIVE else "  ✗"
-        table.add_row(mark, Text(f.kind, style="bold") + Text(f"  {fb(f.bytes)}"))
+        on = f"  on {f.host or '?'}" if with_host and f.pid is not None else ""
+        table.add_row(mark, Text(f.kind, style="bold") + Text(f"  {fb(f.bytes)}{on}"))
         table.add_row("", f.summary)
         if f.kind == "host-memory" and f.evidence.get("curve"):
             values = [v for _, v in f.evidence["curve"]]
