@@ -14,22 +14,17 @@ normally the agent's reading right after it, before libraries load their kernels
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
-from . import faults, judgement, ranks, rootcause
+from . import faults, judgement, job, ranks, rootcause
+from .findings import (FINDING_KINDS, INFORMATIVE, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
+                       Diagnosis, Finding, Growth, Job, RankRow, choose_verdict)
 from .growth import MIN_POINTS, GrowthFit, floor_growth
 from .recording import AgentRecording, DeviceReading, Dist, Recording, TorchSample
 from .units import format_bytes as fb
 
-VERDICTS = ("clean", "leak", "out-of-memory", "allocator-cache", "pending-stream", "garbage-cycle", "non-torch",
-            "child-contexts", "stray-context")
-# "context" and "live-at-exit" inform: they never make a verdict and never fail a CI check.
-INFORMATIVE = ("context", "live-at-exit")
-# "orphan-process", "host-memory" (the target killed by SIGKILL while its host memory rose) and
-# "rank-imbalance" (one rank's peak well above the others') warn: they never make a verdict, and
-# --fail-on can fail on them.
-WARNINGS = ("orphan-process", "host-memory", "rank-imbalance")
-FINDING_KINDS = VERDICTS[1:] + WARNINGS + INFORMATIVE
+# What a diagnosis is made of lives in findings.py; these names are this module's too, where the
+# rest of the package and the tests look for them.
+__all__ = ["FINDING_KINDS", "INFORMATIVE", "SPECIFICITY", "VERDICTS", "WARNINGS", "Breakdown", "Diagnosis",
+           "Finding", "Growth", "Job", "RankRow", "choose_verdict", "diagnose", "diagnose_job", "peaks"]
 
 MIB = 1 << 20
 SIGNIFICANT_BYTES = 64 * MIB  # retained memory below this is not worth a verdict
@@ -40,116 +35,8 @@ MIN_LEAK_BYTES = 16 * MIB  # growth below this over the run is not called a leak
 # non-torch when it keeps growing after warm-up, or when it is beyond this allowance.
 LIBRARY_ALLOWANCE_BYTES = 512 * MIB
 MIN_STEPS = 8
-# When several causes apply at a similar size, the more specific one is named.
-SPECIFICITY = ("garbage-cycle", "pending-stream", "leak", "child-contexts", "stray-context", "non-torch",
-               "allocator-cache")
 DIP_BYTES = 64 * MIB  # a context reading this far below both neighbours is NVML's dip, not the context
 MIN_SIBLING_CONTEXTS = 2  # children of one process with contexts on its GPU before they are called avoidable
-
-
-@dataclass
-class Finding:
-    kind: str
-    bytes: int
-    summary: str
-    evidence: dict
-    remedy: str
-    pid: int | None = None
-    device: int | None = None  # NVML index
-    suspects: list[dict] = field(default_factory=list)  # where, who holds it, which thread (rootcause.py)
-    host: str | None = None  # the host of the process (pid), from the recording
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Breakdown:
-    """Where one process's memory on one device went, at the end of the run."""
-
-    pid: int
-    device: int | None  # NVML index
-    torch_index: int | None
-    nvml_bytes: int | None
-    context_bytes: int | None
-    live_tensor_bytes: int | None = None
-    garbage_bytes: int | None = None
-    pending_stream_bytes: int | None = None
-    cache_bytes: int | None = None
-    non_torch_bytes: int | None = None
-    exit_probes: bool = False  # False when the process died before its exit hook ran
-    host: str | None = None
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Growth:
-    pid: int
-    device: int | None
-    series: str  # "allocated", "non_torch" or "nvml"
-    by: str  # "step" or "time"
-    grown_bytes: int
-    rate_bytes_per_step: float | None
-    rate_bytes_per_s: float | None
-    start_step: int | None
-    start_t: float | None
-    host: str | None = None
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class RankRow:
-    """One rank of a distributed job on one GPU it used (`device` None: a rank that held no GPU)."""
-
-    host: str | None
-    rank: int | None
-    local_rank: int | None
-    node_rank: int | None
-    world_size: int | None
-    pid: int
-    device: int | None  # NVML index
-    torch_index: int | None
-    breakdown: int | None  # the index of its breakdown in Diagnosis.breakdowns, if it has one
-    peak_reserved_bytes: int | None  # PyTorch's peaks: what running out of memory hits first
-    peak_allocated_bytes: int | None
-    peak_nvml_bytes: int | None
-    verdict: str | None = None  # the verdict of this process's findings alone
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Job:
-    """A distributed job as a whole: its ranks, where the leaks are, its verdict."""
-
-    ranks: list[int]  # the rank numbers seen
-    world_size: int | None
-    hosts: list[str | None]
-    missing_ranks: list[int]  # below world_size and not seen: another node's report is missing
-    ranks_with_leak: list[int]
-    verdict: str | None
-    summary: str
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Diagnosis:
-    verdict: str | None  # None only when no GPU was measured
-    findings: list[Finding] = field(default_factory=list)
-    breakdowns: list[Breakdown] = field(default_factory=list)
-    growth: list[Growth] = field(default_factory=list)
-    peaks: dict = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    evidence: list[dict] = field(default_factory=list)  # judgement.Evidence.to_json() per process and GPU
-    ranks: list[RankRow] = field(default_factory=list)  # a distributed job's ranks, by rank and GPU
-    job: Job | None = None  # None when no process was a rank
 
 
 def diagnose(recording: Recording) -> Diagnosis:
@@ -162,8 +49,8 @@ def diagnose_job(recordings: list[Recording]) -> Diagnosis:
     each recording's own findings, then one rank table, the findings across ranks and the job's
     verdict over them all. One recording is the plain `diagnose`."""
     parts = [_diagnose_recording(r) for r in recordings]
-    result = parts[0] if len(parts) == 1 else _merged(recordings, parts)
-    _finish_job(result, measured=any(r.nvml_available for r in recordings))
+    result = parts[0] if len(parts) == 1 else job.merged(recordings, parts)
+    job.finish_job(result, measured=any(r.nvml_available for r in recordings))
     return result
 
 
@@ -178,8 +65,8 @@ def _diagnose_recording(recording: Recording) -> Diagnosis:
                                        summary=host.summary, evidence=host.evidence, remedy=host.remedy))
     if not recording.nvml_available:
         result.notes.append("no NVIDIA GPU was measured: NVML was not available")
-        _rank_rows(recording, rank_of, result)
-        _stamp(recording, rank_of, result)
+        job.rank_rows(recording, rank_of, result)
+        job.stamp(recording, rank_of, result)
         return result
     for agent in recording.agents:
         for torch_index in _torch_devices(agent):
@@ -190,7 +77,7 @@ def _diagnose_recording(recording: Recording) -> Diagnosis:
             _diagnose_nvml_only(pid, device, points, result)
     _orphans(recording, result)
     _child_contexts(recording, result, set(rank_of))
-    _stray_contexts(recording, rank_of, result)
+    job.stray_contexts(recording, rank_of, result)
     unseen = [a.pid for a in recording.agents if a.cuda_t is not None
               and not any(pid == a.pid for pid, _ in recording.nvml)]
     if unseen:
@@ -200,27 +87,9 @@ def _diagnose_recording(recording: Recording) -> Diagnosis:
             "match; figures that need NVML are n/a")
     if not recording.nvml and not result.breakdowns:
         result.notes.append("the target never held GPU memory")
-    _rank_rows(recording, rank_of, result)
-    _stamp(recording, rank_of, result)
+    job.rank_rows(recording, rank_of, result)
+    job.stamp(recording, rank_of, result)
     return result
-
-
-def choose_verdict(findings: list[Finding]) -> str:
-    """An out-of-memory error decides first: `leak` when an accumulation had filled the memory,
-    else `out-of-memory`. Otherwise the cause that explains most memory; near-ties go to the
-    more specific cause. The allocator's cache is a cause only when nothing else is: freed memory
-    kept for reuse is what garbage, a leak's frees or any loop leave behind."""
-    ooms = [f for f in findings if f.kind == "out-of-memory"]
-    if ooms:
-        return "leak" if any(f.evidence.get("cause") == "accumulation" for f in ooms) else "out-of-memory"
-    causes = [f for f in findings if f.kind in SPECIFICITY]
-    if any(f.kind != "allocator-cache" for f in causes):
-        causes = [f for f in causes if f.kind != "allocator-cache"]
-    if not causes:
-        return "clean"
-    biggest = max(f.bytes for f in causes)
-    close = [f for f in causes if f.bytes >= 0.8 * biggest]
-    return min(close, key=lambda f: SPECIFICITY.index(f.kind)).kind
 
 
 # -- one process on one device, seen by the agent ----------------------------------
@@ -629,124 +498,6 @@ def _short_command(cmdline: list[str] | None, limit: int = 60) -> str:
     """A command line on one short line: `python -c` programs carry newlines."""
     text = " ".join(" ".join(cmdline or []).split()) or "?"
     return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-# -- the ranks of a distributed job --------------------------------------------------
-
-def _stray_contexts(rec: Recording, rank_of: dict[int, Dist], result: Diagnosis) -> None:
-    """A context on a GPU the process does not work on (ranks.stray_contexts); the processes of a
-    child-contexts finding are that finding's already."""
-    skip = {(p["pid"], f.device) for f in result.findings if f.kind == "child-contexts"
-            for p in f.evidence["processes"]}
-    for pid, device, j in ranks.stray_contexts(rec, rank_of, skip):
-        result.findings.append(Finding(kind=j.kind, bytes=j.bytes, pid=pid, device=device, summary=j.summary,
-                                       evidence=j.evidence, remedy=j.remedy))
-
-
-def _rank_rows(rec: Recording, rank_of: dict[int, Dist], result: Diagnosis) -> None:
-    """One row per rank and GPU it used (one row without a GPU for a rank that held none)."""
-    for pid, dist in sorted(rank_of.items(), key=lambda kv: (kv[1].rank is None, kv[1].rank or 0, kv[0])):
-        agent = rec.agent(pid)
-        for torch_index, nvml_index in ranks.gpus(rec, agent) or [(None, None)]:
-            reserved, allocated, nvml_used = (ranks.peaks_on(rec, agent, torch_index, nvml_index)
-                                              if (torch_index, nvml_index) != (None, None) else (None, None, None))
-            breakdown = next((i for i, b in enumerate(result.breakdowns) if b.pid == pid and b.device == nvml_index
-                              and (torch_index is None or b.torch_index == torch_index)), None)
-            result.ranks.append(RankRow(
-                host=rec.host, rank=dist.rank, local_rank=dist.local_rank, node_rank=dist.node_rank,
-                world_size=dist.world_size, pid=pid, device=nvml_index, torch_index=torch_index,
-                breakdown=breakdown, peak_reserved_bytes=reserved, peak_allocated_bytes=allocated,
-                peak_nvml_bytes=nvml_used))
-
-
-def _stamp(rec: Recording, rank_of: dict[int, Dist], result: Diagnosis) -> None:
-    """The host on everything that names a PID (PIDs repeat across hosts), and the rank on the
-    evidence of every finding about a rank."""
-    for item in [*result.findings, *result.breakdowns, *result.growth]:
-        item.host = rec.host
-    for e in result.evidence:
-        e["host"] = rec.host
-    for f in result.findings:
-        dist = rank_of.get(f.pid)
-        if dist is not None:
-            f.evidence.setdefault("rank", dist.rank)
-            f.evidence.setdefault("local_rank", dist.local_rank)
-
-
-def _merged(recordings: list[Recording], parts: list[Diagnosis]) -> Diagnosis:
-    """Several recordings' diagnoses as one: everything side by side, each note prefixed with its
-    host, the peaks the highest of them."""
-    result = Diagnosis(verdict=None)
-    for rec, part in zip(recordings, parts):
-        offset = len(result.breakdowns)
-        result.findings.extend(part.findings)
-        result.breakdowns.extend(part.breakdowns)
-        result.growth.extend(part.growth)
-        result.evidence.extend(part.evidence)
-        for row in part.ranks:
-            if row.breakdown is not None:
-                row.breakdown += offset
-            result.ranks.append(row)
-        label = rec.host or f"the run of process {rec.target_pid}"
-        result.notes.extend(f"{label}: {note}" for note in part.notes)
-    result.ranks.sort(key=lambda r: (r.rank is None, r.rank or 0, r.host or "", r.pid, r.device or 0))
-    result.peaks = _highest_peaks(recordings, parts)
-    run_ids = sorted({a.dist.run_id for r in recordings for a in r.agents if a.dist and a.dist.run_id})
-    if len(run_ids) > 1:
-        result.notes.append(f"the reports come from runs with different run ids ({', '.join(run_ids[:4])}): "
-                            "are they one job?")
-    return result
-
-
-def _highest_peaks(recordings: list[Recording], parts: list[Diagnosis]) -> dict:
-    """Across hosts, each peak is the highest of the hosts' (their clocks are not compared, so
-    what they held at one moment together is not known), with the host of the NVML peak."""
-    out: dict = {"nvml_bytes": None, "nvml_t": None, "allocated_bytes": None, "reserved_bytes": None,
-                 "nvml_host": None}
-    for rec, part in zip(recordings, parts):
-        p = part.peaks
-        if p.get("nvml_bytes") is not None and (out["nvml_bytes"] is None or p["nvml_bytes"] > out["nvml_bytes"]):
-            out.update(nvml_bytes=p["nvml_bytes"], nvml_t=p.get("nvml_t"), nvml_host=rec.host)
-        for key in ("allocated_bytes", "reserved_bytes"):
-            if p.get(key) is not None:
-                out[key] = max(out[key] or 0, p[key])
-    return out
-
-
-def _finish_job(result: Diagnosis, measured: bool) -> None:
-    """Across the ranks: each rank's verdict, the imbalance between them, the job; the verdict."""
-    for row in result.ranks:
-        mine = [f for f in result.findings if f.pid == row.pid and f.host == row.host]
-        row.verdict = choose_verdict(mine) if measured else None
-    per_rank: dict = {}
-    for row in result.ranks:
-        best = per_rank.get(row.rank)
-        if row.rank is not None and (best is None or (row.peak_reserved_bytes or -1) > (best["peak_reserved_bytes"] or -1)):
-            per_rank[row.rank] = {"rank": row.rank, "local_rank": row.local_rank, "pid": row.pid, "host": row.host,
-                                  "device": row.device, "peak_reserved_bytes": row.peak_reserved_bytes}
-    found = ranks.imbalance(list(per_rank.values()))
-    if found is not None:
-        top, j = found
-        result.findings.append(Finding(kind=j.kind, bytes=j.bytes, pid=top["pid"], device=top["device"],
-                                       host=top["host"], summary=j.summary, evidence=j.evidence, remedy=j.remedy))
-    result.findings.sort(key=lambda f: (f.kind in INFORMATIVE, f.kind == "context", -f.bytes))
-    result.verdict = choose_verdict(result.findings) if measured else None
-    result.job = _job(result) if result.ranks else None
-
-
-def _job(result: Diagnosis) -> Job:
-    seen = sorted({r.rank for r in result.ranks if r.rank is not None})
-    world = max((r.world_size for r in result.ranks if r.world_size is not None), default=None)
-    hosts = sorted({r.host for r in result.ranks}, key=lambda h: (h is None, h or ""))
-    missing = [n for n in range(world) if n not in seen] if world is not None and world <= MAX_WORLD else []
-    leaking = {(f.host, f.pid) for f in result.findings if f.kind == "leak"}
-    with_leak = sorted({r.rank for r in result.ranks if r.rank is not None and (r.host, r.pid) in leaking})
-    count = len({(r.host, r.pid) for r in result.ranks})
-    return Job(ranks=seen, world_size=world, hosts=hosts, missing_ranks=missing, ranks_with_leak=with_leak,
-               verdict=result.verdict, summary=ranks.job_summary(count, hosts, world, missing, with_leak))
-
-
-MAX_WORLD = 1 << 16  # a world size beyond this is not believed: missing ranks are not listed
 
 
 # -- peaks --------------------------------------------------------------------------
