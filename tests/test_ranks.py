@@ -489,3 +489,39 @@ def test_rank_words():
     assert ranks.who(5, None) == "process 5"
     assert ranks.ranges([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
     assert isinstance(AgentRecording(pid=1).dist, type(None))
+
+
+# -- the combine step ---------------------------------------------------------------------------
+
+def test_the_combine_step_reads_the_rank_and_keeps_a_process_whose_rank_is_malformed(tmp_path):
+    from gpumemdoctor.combine import OTHER_SERIES, TARGET_SERIES, AgentFiles
+
+    lines = {
+        11: {"type": "hello", "pid": 11, "ppid": 1, "t": 0.0, "argv": ["train.py"],
+             "dist": {"rank": 1, "local_rank": 1, "world_size": 2, "local_world_size": 2, "node_rank": 0,
+                      "run_id": "r", "source": "torch"}},
+        12: {"type": "hello", "pid": 12, "ppid": 1, "t": 0.0, "argv": ["train.py"], "dist": {"rank": "1"}},
+        13: {"type": "hello", "pid": 13, "ppid": 1, "t": 0.0, "argv": ["train.py"], "dist": None},
+    }
+    for pid, hello in lines.items():
+        (tmp_path / f"agent-{pid}.jsonl").write_text(json.dumps(hello) + "\n")
+    files = AgentFiles(str(tmp_path), 0.0, target_pid=1, remove_read=False)
+    files.poll()
+    sizes = {int(name[6:-6]): reader._sizes for name, reader in files._files.items()}
+    assert sizes == {11: TARGET_SERIES, 12: OTHER_SERIES, 13: OTHER_SERIES}  # a rank keeps a target's samples
+    agents = {a.pid: a for a in files.finish()[0]}
+    assert agents[11].dist == Dist(rank=1, local_rank=1, world_size=2, local_world_size=2, node_rank=0,
+                                   run_id="r", source="torch")
+    assert agents[12].dist is None and agents[12].errors and "dist rank" in agents[12].errors[0]
+    assert agents[13].dist is None and not agents[13].errors
+
+
+def test_a_recovered_run_keeps_its_host(tmp_path):
+    from gpumemdoctor.supervisor import RUN_FILE, RUN_SCHEMA, recover
+
+    info = {"schema": RUN_SCHEMA, "t0": 0.0, "started_wall": 1.0e9, "target_args": ["train.py"], "pid": 2 ** 22 + 7,
+            "create_time": None, "poll_interval_s": 0.005, "measure_gpu": False, "host": "node-c"}
+    (tmp_path / RUN_FILE).write_text(json.dumps(info))
+    assert recover(str(tmp_path)).host == "node-c"
+    (tmp_path / RUN_FILE).write_text(json.dumps({**info, "host": None}))  # a run folder of an older version
+    assert recover(str(tmp_path)).host is None
