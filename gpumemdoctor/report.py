@@ -221,10 +221,9 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
         opt_int(peaks.get(key), f"peak {key}")
     if peaks.get("nvml_t") is not None:
         need_num(peaks["nvml_t"], "peak time")
+    opt_str(peaks.get("nvml_host"), "peak host")
     notes = [need_str(n, "note") for n in need_list(obj.get("notes", []), "notes")]
     evidence = [_evidence(e) for e in need_list(obj.get("evidence", []), "evidence")]
-    if peaks.get("nvml_host") is not None:
-        need_str(peaks["nvml_host"], "peak host")
     rows = [_rank_row(r, len(breakdowns)) for r in need_list(obj.get("ranks", []), "ranks")]
     job = None if obj.get("job") is None else _job(obj["job"])
     recording = Recording.from_json(obj.get("recording"))
@@ -242,17 +241,11 @@ def _verdict_or_none(value: Any, what: str) -> str | None:
 def _rank_row(r: Any, breakdowns: int) -> RankRow:
     """One rank and GPU (reports without ranks have none: they load as before)."""
     r = need_dict(r, "rank row")
-    row = RankRow(host=opt_str(r.get("host"), "rank host"), rank=opt_int(r.get("rank"), "rank"),
-                  local_rank=opt_int(r.get("local_rank"), "local_rank"),
-                  node_rank=opt_int(r.get("node_rank"), "node_rank"),
-                  world_size=opt_int(r.get("world_size"), "world_size"), pid=need_int(r.get("pid"), "rank pid"),
-                  device=opt_int(r.get("device"), "rank device"),
-                  torch_index=opt_int(r.get("torch_index"), "rank torch_index"),
-                  breakdown=opt_int(r.get("breakdown"), "rank breakdown"),
-                  peak_reserved_bytes=opt_int(r.get("peak_reserved_bytes"), "peak_reserved_bytes"),
-                  peak_allocated_bytes=opt_int(r.get("peak_allocated_bytes"), "peak_allocated_bytes"),
-                  peak_nvml_bytes=opt_int(r.get("peak_nvml_bytes"), "peak_nvml_bytes"),
-                  verdict=_verdict_or_none(r.get("verdict"), "rank verdict"))
+    numbers = {key: opt_int(r.get(key), f"rank row {key}") for key in (
+        "rank", "local_rank", "node_rank", "world_size", "device", "torch_index", "breakdown",
+        "peak_reserved_bytes", "peak_allocated_bytes", "peak_nvml_bytes")}
+    row = RankRow(host=opt_str(r.get("host"), "rank host"), pid=need_int(r.get("pid"), "rank pid"),
+                  verdict=_verdict_or_none(r.get("verdict"), "rank verdict"), **numbers)
     if row.breakdown is not None and not 0 <= row.breakdown < breakdowns:
         raise BadReportError(f"rank breakdown {row.breakdown} is not one of the {breakdowns} breakdowns")
     return row
