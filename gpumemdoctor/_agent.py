@@ -63,6 +63,21 @@ STARVED_S = 0.25  # a time sample put off this long (no room below the collector
 EVERY_STEP_UNTIL = 100  # the first steps are all sampled (about 50 us each): short runs need them
 COST_WINDOW_S = 60.0  # the samples' cost is also kept for the first and the last such window
 
+# Who a process is in a distributed job, from its launcher's variables: one family per process, the
+# first whose rank (or local rank) is set, since a launcher runs inside another (torchrun under srun,
+# mpirun in a Slurm allocation) and the innermost one's variables are the process's own.
+# (field, variable) per family; the node's rank and the run's id come from any family.
+DIST_FAMILIES = (
+    ("torch", (("rank", "RANK"), ("local_rank", "LOCAL_RANK"), ("world_size", "WORLD_SIZE"),
+               ("local_world_size", "LOCAL_WORLD_SIZE"))),
+    ("openmpi", (("rank", "OMPI_COMM_WORLD_RANK"), ("local_rank", "OMPI_COMM_WORLD_LOCAL_RANK"),
+                 ("world_size", "OMPI_COMM_WORLD_SIZE"), ("local_world_size", "OMPI_COMM_WORLD_LOCAL_SIZE"))),
+    ("slurm", (("rank", "SLURM_PROCID"), ("local_rank", "SLURM_LOCALID"), ("world_size", "SLURM_NTASKS"),
+               ("local_world_size", "SLURM_NTASKS_PER_NODE"))),
+)
+DIST_NODE = ("GROUP_RANK", "SLURM_NODEID")
+DIST_RUN_ID = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
+
 _agent: _Agent | None = None
 
 
@@ -108,6 +123,33 @@ def _interval_from_env() -> float:
         return value if 0.001 <= value <= 60 else DEFAULT_INTERVAL_S
     except ValueError:
         return DEFAULT_INTERVAL_S
+
+
+def dist_from_env(env) -> dict | None:
+    """The process's rank, local rank, world size, local world size, node rank and run id from the
+    launcher's variables (None for each one not set or not a whole number); None when no rank
+    variable is set at all. Read once, for the hello line."""
+    for source, fields in DIST_FAMILIES:
+        if env.get(fields[0][1]) is None and env.get(fields[1][1]) is None:
+            continue
+        dist = {name: _whole(env.get(variable)) for name, variable in fields}
+        dist["node_rank"] = next((_whole(env[v]) for v in DIST_NODE if env.get(v) is not None), None)
+        dist["run_id"] = next((str(env[v]) for v in DIST_RUN_ID if env.get(v)), None)
+        dist["source"] = source
+        return dist
+    return None
+
+
+def _whole(text) -> int | None:
+    """A whole number of 0 or more written plainly ("3", not "+3", " 3" or "3.0"), else None."""
+    return int(text) if isinstance(text, str) and text.isascii() and text.isdigit() else None
+
+
+def _dist() -> dict | None:
+    try:
+        return dist_from_env(os.environ)
+    except Exception:
+        return None
 
 
 def _after_fork_in_child() -> None:
@@ -260,7 +302,7 @@ class _Agent:
         self.write({"type": "hello", "pid": self.pid, "ppid": os.getppid(), "t": time.monotonic(),
                     "wall": time.time(), "argv": list(getattr(sys, "argv", [])),
                     "python": sys.version.split()[0], "executable": sys.executable,
-                    "forked_from": forked_from, "interval_s": self.interval_s})
+                    "forked_from": forked_from, "interval_s": self.interval_s, "dist": _dist()})
         if forked_from is None:
             atexit.register(self.at_exit)
             if hasattr(os, "register_at_fork"):

@@ -5,6 +5,10 @@ PyTorch's peak of allocated memory, and the live tensors at exit. NVML's totals
 include the CUDA context, which changes with the driver and the libraries
 loaded, so they are compared only when asked (`nvml_tolerance`), with their own
 tolerance.
+
+In a report with the ranks of a distributed job, the ceilings apply to each rank (one
+rank's GPU is what runs out of memory), and the job-wide check is the highest rank's;
+a baseline is compared rank by rank where both runs have the rank.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Any
 from . import __version__
 from .diagnosis import FINDING_KINDS, INFORMATIVE, Diagnosis
 from .errors import BadReportError, UsageError
+from .ranks import ranges
 from .recording import Recording
 from .strict import need_dict, need_str, opt_int
 from .units import format_bytes as fb
@@ -73,6 +78,7 @@ class Policy:
     baseline: dict | None = None  # figures
     tolerance: Tolerance = field(default_factory=lambda: Tolerance(fraction=0.05))
     nvml_tolerance: Tolerance | None = None
+    baseline_ranks: dict | None = None  # rank -> figures (rank_figures), for a baseline with ranks
 
     @property
     def empty(self) -> bool:
@@ -90,11 +96,15 @@ class CheckResult:
 
 
 def figures(recording: Recording, diagnosis: Diagnosis) -> dict[str, int | None]:
-    """The run's figures that checks and baselines use; None where not measured."""
+    """The run's figures that checks and baselines use; None where not measured. With ranks, the
+    live tensors are the ranks' together (the target may be their launcher, which holds none)."""
     target = recording.target_pid
     mine = [b for b in diagnosis.breakdowns if b.pid == target]
     live = sum(b.live_tensor_bytes or 0 for b in mine) if any(
         b.live_tensor_bytes is not None for b in mine) else None
+    if diagnosis.ranks:
+        ranked = [f["live_tensor_bytes"] for f in rank_figures(recording, diagnosis).values()]
+        live = sum(v for v in ranked if v is not None) if any(v is not None for v in ranked) else None
     retained = None
     if diagnosis.breakdowns and all(b.nvml_bytes is not None and b.context_bytes is not None
                                     for b in diagnosis.breakdowns):
@@ -110,6 +120,36 @@ def figures(recording: Recording, diagnosis: Diagnosis) -> dict[str, int | None]
     }
 
 
+RANK_FIGURES = ("peak_allocated_bytes", "peak_reserved_bytes", "peak_nvml_bytes", "live_tensor_bytes",
+                "retained_bytes")
+
+
+def rank_figures(recording: Recording, diagnosis: Diagnosis) -> dict[int, dict]:
+    """Per rank (of the rank table): its peaks, each the highest on any of its GPUs, its live tensors
+    at exit and what it still held beyond its contexts, and its verdict."""
+    out: dict[int, dict] = {}
+    procs: dict[int, set] = {}
+    for row in diagnosis.ranks:
+        if row.rank is None:
+            continue
+        figs = out.setdefault(row.rank, {"verdict": row.verdict, **{k: None for k in RANK_FIGURES}})
+        procs.setdefault(row.rank, set()).add((row.host, row.pid))
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "peak_nvml_bytes"):
+            value = getattr(row, key)
+            if value is not None:
+                figs[key] = max(figs[key] or 0, value)
+    for rank, figs in out.items():
+        mine = [b for b in diagnosis.breakdowns if (b.host, b.pid) in procs[rank]]
+        live = [b.live_tensor_bytes for b in mine if b.live_tensor_bytes is not None]
+        figs["live_tensor_bytes"] = sum(live) if live else None
+        # A breakdown without a context (a GPU where PyTorch never reserved anything: a stray
+        # context, its own finding) holds nothing beyond a context.
+        known = [b for b in mine if b.nvml_bytes is not None and b.context_bytes is not None]
+        figs["retained_bytes"] = (sum(max(0, b.nvml_bytes - b.context_bytes) for b in known) if known
+                                  else 0 if recording.nvml_available and not mine else None)
+    return dict(sorted(out.items()))
+
+
 # The baseline figures that are compared, and what each is called in messages.
 COMPARED = {"peak_allocated_bytes": "peak of PyTorch's allocated memory",
             "live_tensor_bytes": "live tensors at exit"}
@@ -119,12 +159,17 @@ def evaluate(recording: Recording, diagnosis: Diagnosis, policy: Policy) -> list
     """Apply the policy; one result per check asked for."""
     results = []
     figs = figures(recording, diagnosis)
+    ranks = rank_figures(recording, diagnosis)
     if policy.max_peak_bytes is not None:
-        results.append(_ceiling("max-peak", "peak GPU memory of the run (NVML)", figs["peak_nvml_bytes"],
-                                policy.max_peak_bytes))
+        results.extend(_rank_ceilings("max-peak", "peak GPU memory (NVML)", ranks, "peak_nvml_bytes",
+                                      policy.max_peak_bytes) if ranks else
+                       [_ceiling("max-peak", "peak GPU memory of the run (NVML)", figs["peak_nvml_bytes"],
+                                 policy.max_peak_bytes)])
     if policy.max_retained_bytes is not None:
-        results.append(_ceiling("max-retained", "memory still held at exit beyond the CUDA context",
-                                figs["retained_bytes"], policy.max_retained_bytes))
+        results.extend(_rank_ceilings("max-retained", "memory still held at exit beyond the CUDA context", ranks,
+                                      "retained_bytes", policy.max_retained_bytes) if ranks else
+                       [_ceiling("max-retained", "memory still held at exit beyond the CUDA context",
+                                 figs["retained_bytes"], policy.max_retained_bytes)])
     for kind in policy.fail_on:
         hits = [f for f in diagnosis.findings if f.kind == kind]
         if hits:
@@ -140,6 +185,48 @@ def evaluate(recording: Recording, diagnosis: Diagnosis, policy: Policy) -> list
             results.append(_against_baseline("peak_nvml_bytes", "peak GPU memory (NVML)",
                                              figs["peak_nvml_bytes"], policy.baseline.get("peak_nvml_bytes"),
                                              policy.nvml_tolerance))
+    if policy.baseline is not None and policy.baseline_ranks:
+        results.extend(_against_baseline_ranks(ranks, policy))
+    return results
+
+
+def _rank_ceilings(name: str, label: str, ranks: dict[int, dict], key: str, limit: int) -> list[CheckResult]:
+    """The job-wide check (the highest rank, naming the ranks over), then one check per rank."""
+    per = [_ceiling(f"{name} rank {r}", f"{label} of rank {r}", figs[key], limit) for r, figs in ranks.items()]
+    measured = [(figs[key], r) for r, figs in ranks.items() if figs[key] is not None]
+    top, top_rank = max(measured, key=lambda m: (m[0], -m[1])) if measured else (None, None)
+    over = [r for value, r in sorted(measured, key=lambda m: m[1]) if value > limit and r != top_rank]
+    unmeasured = [r for r, figs in ranks.items() if figs[key] is None]
+    if top is None:
+        job = CheckResult(name, False, f"{label}: not measured on any of the {len(ranks)} ranks, so it cannot "
+                                       f"be checked against {fb(limit)}", None, limit)
+    elif top > limit or unmeasured:
+        message = f"{label} of each rank: the highest, rank {top_rank}, {fb(top)} " \
+                  f"{'over' if top > limit else 'within'} {fb(limit)}"
+        if over:
+            message += f"; also over: rank{'s' if len(over) > 1 else ''} {ranges(over)}"
+        if unmeasured:
+            message += f"; not measured: rank{'s' if len(unmeasured) > 1 else ''} {ranges(unmeasured)}"
+        job = CheckResult(name, False, message, top, limit)
+    else:
+        job = CheckResult(name, True, f"{label} of each rank: the highest, rank {top_rank}, {fb(top)} within "
+                                      f"{fb(limit)} ({len(ranks)} rank{'s' if len(ranks) > 1 else ''})", top, limit)
+    return [job, *per]
+
+
+def _against_baseline_ranks(ranks: dict[int, dict], policy: Policy) -> list[CheckResult]:
+    """The compared figures rank by rank, where both runs have the rank."""
+    old = policy.baseline_ranks or {}
+    results = []
+    for r in sorted(set(ranks) & set(old)):
+        for key, label in COMPARED.items():
+            results.append(_against_baseline(key, f"{label} of rank {r}", ranks[r].get(key), old[r].get(key),
+                                             policy.tolerance, name=f"baseline rank {r} {key}"))
+    only_new, only_old = sorted(set(ranks) - set(old)), sorted(set(old) - set(ranks))
+    if only_new or only_old:
+        parts = ([f"rank{'s' if len(only_new) > 1 else ''} {ranges(only_new)} only in this run"] if only_new else []) + \
+                ([f"rank{'s' if len(only_old) > 1 else ''} {ranges(only_old)} only in the baseline"] if only_old else [])
+        results.append(CheckResult("baseline ranks", True, f"{'; '.join(parts)}: not compared"))
     return results
 
 
@@ -153,8 +240,8 @@ def _ceiling(name: str, label: str, measured: int | None, limit: int) -> CheckRe
 
 
 def _against_baseline(key: str, label: str, new: int | None, old: int | None,
-                      tolerance: Tolerance) -> CheckResult:
-    name = f"baseline {key}"
+                      tolerance: Tolerance, name: str | None = None) -> CheckResult:
+    name = name or f"baseline {key}"
     if old is None:
         return CheckResult(name, True, f"{label}: the baseline has no figure; not compared", new)
     if new is None:
@@ -171,8 +258,17 @@ def _against_baseline(key: str, label: str, new: int | None, old: int | None,
 # -- baseline files --------------------------------------------------------------
 
 def baseline_document(recording: Recording, diagnosis: Diagnosis) -> dict:
-    return {"schema": BASELINE_SCHEMA, "tool_version": __version__, "created_wall": time.time(),
-            "target_argv": recording.target.get("argv"), "figures": figures(recording, diagnosis)}
+    document = {"schema": BASELINE_SCHEMA, "tool_version": __version__, "created_wall": time.time(),
+                "target_argv": recording.target.get("argv"), "figures": figures(recording, diagnosis)}
+    ranks = baseline_ranks(recording, diagnosis)
+    if ranks:
+        document["ranks"] = {str(r): figs for r, figs in ranks.items()}
+    return document
+
+
+def baseline_ranks(recording: Recording, diagnosis: Diagnosis) -> dict[int, dict]:
+    """The figures of each rank that a baseline keeps (no verdict)."""
+    return {r: {k: figs[k] for k in RANK_FIGURES} for r, figs in rank_figures(recording, diagnosis).items()}
 
 
 def write_baseline(path: str, document: dict) -> None:
@@ -185,7 +281,8 @@ def write_baseline(path: str, document: dict) -> None:
 
 
 def load_baseline(path: str) -> dict:
-    """The figures of a baseline file, read strictly."""
+    """The figures of a baseline file, read strictly; those of its ranks under "ranks", if it has
+    any (`make_policy` passes them on as Policy.baseline_ranks)."""
     try:
         if os.path.getsize(path) > 1 << 20:
             raise BadReportError(f"{path} is too large to be a baseline")
@@ -203,11 +300,22 @@ def load_baseline(path: str) -> dict:
             raise BadReportError(f"schema {obj.get('schema')!r}, expected {BASELINE_SCHEMA!r}")
         need_str(obj.get("tool_version"), "tool_version")
         figs = need_dict(obj.get("figures"), "figures")
-        return {key: opt_int(figs.get(key), key) for key in (
+        out: dict = {key: opt_int(figs.get(key), key) for key in (
             "peak_allocated_bytes", "peak_reserved_bytes", "peak_nvml_bytes", "live_tensor_bytes",
             "retained_bytes")}
+        if obj.get("ranks") is not None:
+            out["ranks"] = {_rank_key(k): {key: opt_int(need_dict(v, f"rank {k}").get(key), f"rank {k} {key}")
+                                           for key in RANK_FIGURES}
+                            for k, v in need_dict(obj["ranks"], "ranks").items()}
+        return out
     except BadReportError as exc:
         raise BadReportError(f"{path} is not a valid baseline: {exc}") from None
+
+
+def _rank_key(key: str) -> int:
+    if not (key.isascii() and key.isdigit()):
+        raise BadReportError(f"ranks: expected rank numbers as keys, found {key!r:.40}")
+    return int(key)
 
 
 def _refuse(name: str) -> Any:

@@ -11,7 +11,8 @@ run is quick and the supervisor's memory does not grow with the run's length:
   sample of allocated, reserved and NVML memory (so the floor and the spikes survive);
 - a process that has exited (its exit line read, or the process gone) is set aside once its
   file has been read to its end, and the file is removed; at most MAX_QUIET_AGENTS processes that never used CUDA and
-  MAX_CUDA_AGENTS that did are kept besides the target (the ones that held most, for those).
+  MAX_CUDA_AGENTS that did are kept besides the target (the ranks of a distributed job first, then
+  the ones that held most).
 
 A line cut short by a killed process is skipped.
 """
@@ -22,12 +23,12 @@ import os
 
 from . import procs, rootcause
 from .errors import BadReportError
-from .recording import PROBE_PHASES, AgentRecording, DeviceReading, TorchDevice, TorchSample
+from .recording import PROBE_PHASES, AgentRecording, DeviceReading, Dist, TorchDevice, TorchSample
 from .series import Series
 from .strict import need_int, need_list, need_num, need_str, opt_int, opt_str
 
 # The target's samples: about 1000 kept samples at most for a smooth series (a leak's),
-# a few more for a noisy one. Other processes keep fewer.
+# a few more for a noisy one; a rank of a distributed job keeps as many. Other processes keep fewer.
 TARGET_SERIES = {"head": 128, "tail": 128, "buckets": 128, "window": 32, "events": 4}
 OTHER_SERIES = {"head": 32, "tail": 32, "buckets": 32, "window": 16, "events": 2}
 MAX_QUIET_AGENTS = 32  # processes that never used CUDA, kept besides the target
@@ -129,6 +130,12 @@ class AgentFile:
                                         argv=[str(a) for a in rec.get("argv") or []],
                                         forked_from=opt_int(rec.get("forked_from"), "forked_from"),
                                         python=opt_str(rec.get("python"), "python"))
+            try:
+                self.agent.dist = None if rec.get("dist") is None else Dist.from_json(rec["dist"])
+            except BadReportError as exc:  # the process is still recorded, without its rank
+                self.agent.errors.append(f"hello: {exc}")
+            if self.agent.dist is not None:
+                self._sizes = TARGET_SERIES  # a rank is a main process of the job, as the target is
             self.samples = self._series()
             return
         agent = self.agent
@@ -177,9 +184,12 @@ class _Done:
     """A file already read to its end and set aside (kept in place: not the supervisor's folder)."""
 
 
-def _held(agent: AgentRecording) -> int:
-    """The most memory a process was seen to hold: how set-aside processes are ranked."""
-    return max((r.nvml_used_bytes or r.reserved_bytes or 0 for s in agent.samples for r in s.readings), default=0)
+def _held(agent: AgentRecording) -> tuple[bool, int]:
+    """How set-aside processes are ranked: a process with a rank of a distributed job (not a
+    DataLoader worker of it) first, then the most memory it was seen to hold."""
+    rank = agent.dist is not None and not (agent.cuda_origin or {}).get("dataloader_worker")
+    return rank, max((r.nvml_used_bytes or r.reserved_bytes or 0 for s in agent.samples for r in s.readings),
+                     default=0)
 
 
 class AgentFiles:

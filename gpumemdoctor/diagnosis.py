@@ -14,21 +14,17 @@ normally the agent's reading right after it, before libraries load their kernels
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
-from . import faults, judgement, rootcause
+from . import faults, judgement, job, ranks, rootcause
+from .findings import (FINDING_KINDS, INFORMATIVE, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
+                       Diagnosis, Finding, Growth, Job, RankRow, choose_verdict)
 from .growth import MIN_POINTS, GrowthFit, floor_growth
-from .recording import AgentRecording, DeviceReading, Recording, TorchSample
+from .recording import AgentRecording, DeviceReading, Dist, Recording, TorchSample
 from .units import format_bytes as fb
 
-VERDICTS = ("clean", "leak", "out-of-memory", "allocator-cache", "pending-stream", "garbage-cycle", "non-torch",
-            "child-contexts")
-# "context" and "live-at-exit" inform: they never make a verdict and never fail a CI check.
-INFORMATIVE = ("context", "live-at-exit")
-# "orphan-process" and "host-memory" (the target killed by SIGKILL while its host memory rose)
-# warn: they never make a verdict, and --fail-on can fail on them.
-WARNINGS = ("orphan-process", "host-memory")
-FINDING_KINDS = VERDICTS[1:] + WARNINGS + INFORMATIVE
+# What a diagnosis is made of lives in findings.py; these names are this module's too, where the
+# rest of the package and the tests look for them.
+__all__ = ["FINDING_KINDS", "INFORMATIVE", "SPECIFICITY", "VERDICTS", "WARNINGS", "Breakdown", "Diagnosis",
+           "Finding", "Growth", "Job", "RankRow", "choose_verdict", "diagnose", "diagnose_job", "peaks"]
 
 MIB = 1 << 20
 SIGNIFICANT_BYTES = 64 * MIB  # retained memory below this is not worth a verdict
@@ -39,94 +35,49 @@ MIN_LEAK_BYTES = 16 * MIB  # growth below this over the run is not called a leak
 # non-torch when it keeps growing after warm-up, or when it is beyond this allowance.
 LIBRARY_ALLOWANCE_BYTES = 512 * MIB
 MIN_STEPS = 8
-# When several causes apply at a similar size, the more specific one is named.
-SPECIFICITY = ("garbage-cycle", "pending-stream", "leak", "child-contexts", "non-torch", "allocator-cache")
 DIP_BYTES = 64 * MIB  # a context reading this far below both neighbours is NVML's dip, not the context
 MIN_SIBLING_CONTEXTS = 2  # children of one process with contexts on its GPU before they are called avoidable
 
 
-@dataclass
-class Finding:
-    kind: str
-    bytes: int
-    summary: str
-    evidence: dict
-    remedy: str
-    pid: int | None = None
-    device: int | None = None  # NVML index
-    suspects: list[dict] = field(default_factory=list)  # where, who holds it, which thread (rootcause.py)
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Breakdown:
-    """Where one process's memory on one device went, at the end of the run."""
-
-    pid: int
-    device: int | None  # NVML index
-    torch_index: int | None
-    nvml_bytes: int | None
-    context_bytes: int | None
-    live_tensor_bytes: int | None = None
-    garbage_bytes: int | None = None
-    pending_stream_bytes: int | None = None
-    cache_bytes: int | None = None
-    non_torch_bytes: int | None = None
-    exit_probes: bool = False  # False when the process died before its exit hook ran
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Growth:
-    pid: int
-    device: int | None
-    series: str  # "allocated", "non_torch" or "nvml"
-    by: str  # "step" or "time"
-    grown_bytes: int
-    rate_bytes_per_step: float | None
-    rate_bytes_per_s: float | None
-    start_step: int | None
-    start_t: float | None
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class Diagnosis:
-    verdict: str | None  # None only when no GPU was measured
-    findings: list[Finding] = field(default_factory=list)
-    breakdowns: list[Breakdown] = field(default_factory=list)
-    growth: list[Growth] = field(default_factory=list)
-    peaks: dict = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    evidence: list[dict] = field(default_factory=list)  # judgement.Evidence.to_json() per process and GPU
-
-
 def diagnose(recording: Recording) -> Diagnosis:
     """Turn a recording into findings and a verdict."""
+    return diagnose_job([recording])
+
+
+def diagnose_job(recordings: list[Recording]) -> Diagnosis:
+    """Turn the recordings of one job (one per node, or per rank under srun) into one diagnosis:
+    each recording's own findings, then one rank table, the findings across ranks and the job's
+    verdict over them all. One recording is the plain `diagnose`."""
+    parts = [_diagnose_recording(r) for r in recordings]
+    result = parts[0] if len(parts) == 1 else job.merged(recordings, parts)
+    job.finish_job(result, measured=any(r.nvml_available for r in recordings))
+    return result
+
+
+def _diagnose_recording(recording: Recording) -> Diagnosis:
+    """One recording's findings, breakdowns and rank rows; no verdict yet."""
     result = Diagnosis(verdict=None, peaks=peaks(recording), notes=list(recording.notes))
     result.notes.extend(faults.nvml_notes(recording))
+    rank_of = ranks.rank_processes(recording)
     host = faults.host_memory(recording)
     if host is not None:
         result.findings.append(Finding(kind=host.kind, bytes=host.bytes, pid=recording.target_pid,
                                        summary=host.summary, evidence=host.evidence, remedy=host.remedy))
     if not recording.nvml_available:
         result.notes.append("no NVIDIA GPU was measured: NVML was not available")
+        job.rank_rows(recording, rank_of, result)
+        job.stamp(recording, rank_of, result)
         return result
     for agent in recording.agents:
         for torch_index in _torch_devices(agent):
-            _diagnose_torch_device(agent, torch_index, result)
+            _diagnose_torch_device(agent, torch_index, result, rank_of.get(agent.pid))
     torch_pids = {b.pid for b in result.breakdowns}
     for (pid, device), points in sorted(recording.nvml.items()):
         if pid not in torch_pids and any(used for _, used in points):
             _diagnose_nvml_only(pid, device, points, result)
     _orphans(recording, result)
-    _child_contexts(recording, result)
+    _child_contexts(recording, result, set(rank_of))
+    job.stray_contexts(recording, rank_of, result)
     unseen = [a.pid for a in recording.agents if a.cuda_t is not None
               and not any(pid == a.pid for pid, _ in recording.nvml)]
     if unseen:
@@ -136,27 +87,9 @@ def diagnose(recording: Recording) -> Diagnosis:
             "match; figures that need NVML are n/a")
     if not recording.nvml and not result.breakdowns:
         result.notes.append("the target never held GPU memory")
-    result.findings.sort(key=lambda f: (f.kind in INFORMATIVE, f.kind == "context", -f.bytes))
-    result.verdict = choose_verdict(result.findings)
+    job.rank_rows(recording, rank_of, result)
+    job.stamp(recording, rank_of, result)
     return result
-
-
-def choose_verdict(findings: list[Finding]) -> str:
-    """An out-of-memory error decides first: `leak` when an accumulation had filled the memory,
-    else `out-of-memory`. Otherwise the cause that explains most memory; near-ties go to the
-    more specific cause. The allocator's cache is a cause only when nothing else is: freed memory
-    kept for reuse is what garbage, a leak's frees or any loop leave behind."""
-    ooms = [f for f in findings if f.kind == "out-of-memory"]
-    if ooms:
-        return "leak" if any(f.evidence.get("cause") == "accumulation" for f in ooms) else "out-of-memory"
-    causes = [f for f in findings if f.kind in SPECIFICITY]
-    if any(f.kind != "allocator-cache" for f in causes):
-        causes = [f for f in causes if f.kind != "allocator-cache"]
-    if not causes:
-        return "clean"
-    biggest = max(f.bytes for f in causes)
-    close = [f for f in causes if f.bytes >= 0.8 * biggest]
-    return min(close, key=lambda f: SPECIFICITY.index(f.kind)).kind
 
 
 # -- one process on one device, seen by the agent ----------------------------------
@@ -179,7 +112,8 @@ def _readings(samples: list[TorchSample], torch_index: int) -> list[tuple[TorchS
     return out
 
 
-def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diagnosis) -> None:
+def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diagnosis,
+                           dist: Dist | None = None) -> None:
     device = agent.device(torch_index)
     nvml_index = device.nvml_index if device else None
     during = _readings(agent.samples, torch_index)
@@ -204,7 +138,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     if end.nvml_used_bytes and end.reserved_bytes is not None and context is not None:
         b.non_torch_bytes = max(0, end.nvml_used_bytes - end.reserved_bytes - context)
     result.breakdowns.append(b)
-    where = _where(agent, torch_index, nvml_index)
+    where = _where(agent, torch_index, nvml_index, dist)
 
     if context:
         result.findings.append(Finding(
@@ -440,9 +374,10 @@ def _rate(g: Growth) -> str:
     return " (".join([" and ".join(parts) or "steadily", start + ")"]) if start else " and ".join(parts)
 
 
-def _where(agent: AgentRecording, torch_index: int, nvml_index: int | None) -> str:
+def _where(agent: AgentRecording, torch_index: int, nvml_index: int | None, dist: Dist | None = None) -> str:
+    """'process 123 on GPU 0', or for a rank 'process 123 (rank 1, local rank 1) on GPU 1'."""
     gpu = f"GPU {nvml_index}" if nvml_index is not None else f"cuda:{torch_index}"
-    return f"process {agent.pid} on {gpu}"
+    return f"{ranks.who(agent.pid, dist)} on {gpu}"
 
 
 # -- processes seen only through NVML (no agent, or no torch) -----------------------
@@ -494,11 +429,13 @@ def _orphans(rec: Recording, result: Diagnosis) -> None:
                    f"manager); to free the memory now: kill {proc.pid}."))
 
 
-def _child_contexts(rec: Recording, result: Diagnosis) -> None:
+def _child_contexts(rec: Recording, result: Diagnosis, rank_pids: set = frozenset()) -> None:
     """Child processes with a CUDA context of their own on a GPU their parent uses: DataLoader
     workers that touched CUDA, or several children of one process (a pool). Each pays a context
     (about 500 MiB) that the parent could have spared them. One finding per parent and GPU; their
-    own context findings give way to it (the breakdowns keep every process)."""
+    own context findings give way to it (the breakdowns keep every process). The ranks of a
+    distributed job are never such children: each needs its context on its own GPU, and one on
+    another GPU is a `stray-context`."""
     holders: dict = {}  # NVML index -> {pid: most memory seen}
     for (pid, dev), points in rec.nvml.items():
         most = max((u for _, u in points if u), default=0)
@@ -511,6 +448,8 @@ def _child_contexts(rec: Recording, result: Diagnosis) -> None:
     for dev, held in sorted(holders.items()):
         children: dict = {}
         for pid in held:
+            if pid in rank_pids:
+                continue
             parent = parents.get(pid)
             if parent is not None and parent in held:
                 children.setdefault(parent, []).append(pid)

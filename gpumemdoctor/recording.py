@@ -97,6 +97,40 @@ class TorchDevice:
                    nvml_index=opt_int(obj.get("nvml_index"), "nvml_index"))
 
 
+DIST_SOURCES = ("torch", "openmpi", "slurm")  # whose variables a process's rank was read from
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Who a process is in a distributed job, as its launcher's environment said when it started:
+    torchrun's RANK, LOCAL_RANK, WORLD_SIZE... (or Open MPI's, or Slurm's). None where not set."""
+
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    local_world_size: int | None = None
+    node_rank: int | None = None
+    run_id: str | None = None
+    source: str | None = None  # one of DIST_SOURCES
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, obj: Any) -> Dist:
+        obj = need_dict(obj, "dist")
+        numbers = {}
+        for key in ("rank", "local_rank", "world_size", "local_world_size", "node_rank"):
+            value = opt_int(obj.get(key), f"dist {key}")
+            if value is not None and value < 0:
+                raise BadReportError(f"dist {key}: expected a number of 0 or more, found {value}")
+            numbers[key] = value
+        source = opt_str(obj.get("source"), "dist source")
+        if source is not None and source not in DIST_SOURCES:
+            raise BadReportError(f"dist source: expected one of {', '.join(DIST_SOURCES)}, found {source!r:.40}")
+        return cls(**numbers, run_id=opt_str(obj.get("run_id"), "dist run_id"), source=source)
+
+
 @dataclass
 class AgentRecording:
     """What the agent inside one Python process of the run wrote."""
@@ -120,6 +154,7 @@ class AgentRecording:
     root: dict = field(default_factory=rootcause.empty_root)  # see rootcause.py
     cuda_origin: dict | None = None  # where CUDA started, and what kind of process this is
     exit_info: dict | None = None  # what the agent wrote as the process ended (rootcause.EXIT_INFO)
+    dist: Dist | None = None  # its rank in a distributed job, if its environment named one
 
     def device(self, torch_index: int) -> TorchDevice | None:
         for d in self.devices:
@@ -137,7 +172,7 @@ class AgentRecording:
                 "steps": self.steps, "explicit_steps": self.explicit_steps,
                 "exited_normally": self.exited_normally, "cupy_pool": self.cupy_pool,
                 "errors": self.errors, "root": self.root, "cuda_origin": self.cuda_origin,
-                "exit_info": self.exit_info}
+                "exit_info": self.exit_info, "dist": None if self.dist is None else self.dist.to_json()}
 
     @classmethod
     def from_json(cls, obj: Any) -> AgentRecording:
@@ -170,6 +205,7 @@ class AgentRecording:
                 obj["cuda_origin"], "cuda_origin"),
             exit_info=None if obj.get("exit_info") is None else rootcause.EXIT_INFO(
                 obj["exit_info"], "exit_info"),
+            dist=None if obj.get("dist") is None else Dist.from_json(obj["dist"]),
         )
 
 
@@ -231,6 +267,7 @@ class Recording:
     nvml_failures: list[dict] = field(default_factory=list)
     # How each long series was kept (series.Series.summary): points seen and kept, marked events.
     downsampling: dict = field(default_factory=dict)
+    host: str | None = None  # the supervisor's host name (None in reports of versions before it)
 
     @property
     def target_pid(self) -> int | None:
@@ -257,6 +294,7 @@ class Recording:
             "host_rss": [list(p) for p in self.host_rss],
             "nvml_failures": self.nvml_failures,
             "downsampling": self.downsampling,
+            "host": self.host,
         }
 
     @classmethod
@@ -298,6 +336,7 @@ class Recording:
             nvml_failures=[_nvml_failure(f) for f in need_list(obj.get("nvml_failures", []), "nvml_failures")],
             downsampling={need_str(k, "downsampling"): need_dict(v, "downsampling")
                           for k, v in need_dict(obj.get("downsampling", {}), "downsampling").items()},
+            host=opt_str(obj.get("host"), "host"),
         )
 
 

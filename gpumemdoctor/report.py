@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import re
+from typing import Any, Mapping
 
 from . import rootcause
-from .diagnosis import FINDING_KINDS, VERDICTS, Breakdown, Diagnosis, Finding, Growth
+from .diagnosis import FINDING_KINDS, VERDICTS, Breakdown, Diagnosis, Finding, Growth, Job, RankRow
 from .errors import BadReportError, UsageError
 from .recording import Recording
-from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int, opt_num
+from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int, opt_num, opt_str
 
 SCHEMA = "gpumemdoctor.report/1"
 MAX_REPORT_BYTES = 512 << 20
@@ -27,6 +28,8 @@ def build(recording: Recording, diagnosis: Diagnosis) -> dict:
         "peaks": diagnosis.peaks,
         "notes": diagnosis.notes,
         "evidence": diagnosis.evidence,
+        "ranks": [r.to_json() for r in diagnosis.ranks],
+        "job": None if diagnosis.job is None else diagnosis.job.to_json(),
         "target": {"argv": target.get("argv"), "pid": target.get("pid"),
                    "exit_code": target.get("exit_code"), "signal": target.get("signal"),
                    "duration_s": recording.duration_s},
@@ -49,6 +52,43 @@ def timeline(recording: Recording) -> list[dict]:
                              "nvml_bytes": r.nvml_used_bytes, "reserved_bytes": r.reserved_bytes,
                              "active_bytes": r.active_bytes, "allocated_bytes": r.allocated_bytes})
     return rows
+
+
+# The supervisor's own environment, when a launcher started gpumemdoctor itself: the node's rank,
+# and the task's rank when it runs one gpumemdoctor per rank (srun --ntasks-per-node N).
+NODE_VARIABLES = ("GROUP_RANK", "SLURM_NODEID")
+TASK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
+
+
+def default_name(stem: str, recording: Recording, env: Mapping[str, str]) -> str:
+    """The report's name when -o is not given: gpumemdoctor-<stem>.<pid>.json on one machine; under
+    a launcher (gpumemdoctor started by srun, mpirun or torchrun, or a job whose ranks span several
+    nodes) also the host and what is known of the node and task, so that each node's report gets a
+    name of its own in a shared folder: gpumemdoctor-<stem>.<host>.node<N>.rank<R>.<pid>.json."""
+    node = next((_whole(env[v]) for v in NODE_VARIABLES if env.get(v) is not None), None)
+    task = next((_whole(env[v]) for v in TASK_VARIABLES if env.get(v) is not None), None)
+    dists = [a.dist for a in recording.agents if a.dist is not None]
+    spans_nodes = any(d.world_size is not None and d.local_world_size is not None
+                      and d.world_size > d.local_world_size for d in dists)
+    if node is None:
+        nodes = {d.node_rank for d in dists if d.node_rank is not None}
+        node = nodes.pop() if len(nodes) == 1 else None
+    launched = any(env.get(v) is not None for v in (*NODE_VARIABLES, *TASK_VARIABLES))
+    if not (launched or spans_nodes):
+        return f"gpumemdoctor-{stem}.{recording.target_pid}.json"
+    parts = [f"gpumemdoctor-{stem}"]
+    host = re.sub(r"[^A-Za-z0-9_-]", "_", (recording.host or "").split(".")[0])
+    if host:
+        parts.append(host)
+    if node is not None:
+        parts.append(f"node{node}")
+    if task is not None:
+        parts.append(f"rank{task}")
+    return ".".join([*parts, str(recording.target_pid), "json"])
+
+
+def _whole(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 _OPTIONS = {"report": "-o", "snapshot": "--snapshot", "HTML page": "--html"}  # the option that names each file
@@ -153,7 +193,8 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
                                 evidence=need_dict(f.get("evidence"), "evidence"),
                                 remedy=need_str(f.get("remedy"), "remedy"),
                                 pid=opt_int(f.get("pid"), "pid"), device=opt_int(f.get("device"), "device"),
-                                suspects=rootcause.parse_suspects(f.get("suspects"))))
+                                suspects=rootcause.parse_suspects(f.get("suspects")),
+                                host=opt_str(f.get("host"), "finding host")))
     breakdowns = []
     for b in need_list(obj.get("breakdown"), "breakdown"):
         b = need_dict(b, "breakdown")
@@ -162,7 +203,8 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
             "pending_stream_bytes", "cache_bytes", "non_torch_bytes")}
         breakdowns.append(Breakdown(pid=need_int(b.get("pid"), "pid"), device=opt_int(b.get("device"), "device"),
                                     torch_index=opt_int(b.get("torch_index"), "torch_index"),
-                                    exit_probes=bool(b.get("exit_probes")), **sizes))
+                                    exit_probes=bool(b.get("exit_probes")),
+                                    host=opt_str(b.get("host"), "breakdown host"), **sizes))
     growth = []
     for g in need_list(obj.get("growth", []), "growth"):
         g = need_dict(g, "growth")
@@ -172,17 +214,53 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
                              rate_bytes_per_step=opt_num(g.get("rate_bytes_per_step"), "rate"),
                              rate_bytes_per_s=opt_num(g.get("rate_bytes_per_s"), "rate"),
                              start_step=opt_int(g.get("start_step"), "start_step"),
-                             start_t=opt_num(g.get("start_t"), "start_t")))
+                             start_t=opt_num(g.get("start_t"), "start_t"),
+                             host=opt_str(g.get("host"), "growth host")))
     peaks = need_dict(obj.get("peaks"), "peaks")
     for key in ("nvml_bytes", "allocated_bytes", "reserved_bytes"):
         opt_int(peaks.get(key), f"peak {key}")
     if peaks.get("nvml_t") is not None:
         need_num(peaks["nvml_t"], "peak time")
+    opt_str(peaks.get("nvml_host"), "peak host")
     notes = [need_str(n, "note") for n in need_list(obj.get("notes", []), "notes")]
     evidence = [_evidence(e) for e in need_list(obj.get("evidence", []), "evidence")]
+    rows = [_rank_row(r, len(breakdowns)) for r in need_list(obj.get("ranks", []), "ranks")]
+    job = None if obj.get("job") is None else _job(obj["job"])
     recording = Recording.from_json(obj.get("recording"))
     return recording, Diagnosis(verdict=verdict, findings=findings, breakdowns=breakdowns,
-                                growth=growth, peaks=peaks, notes=notes, evidence=evidence)
+                                growth=growth, peaks=peaks, notes=notes, evidence=evidence, ranks=rows,
+                                job=job)
+
+
+def _verdict_or_none(value: Any, what: str) -> str | None:
+    if value is not None and value not in VERDICTS:
+        raise BadReportError(f"unknown {what} {value!r:.40}")
+    return value
+
+
+def _rank_row(r: Any, breakdowns: int) -> RankRow:
+    """One rank and GPU (reports without ranks have none: they load as before)."""
+    r = need_dict(r, "rank row")
+    numbers = {key: opt_int(r.get(key), f"rank row {key}") for key in (
+        "rank", "local_rank", "node_rank", "world_size", "device", "torch_index", "breakdown",
+        "peak_reserved_bytes", "peak_allocated_bytes", "peak_nvml_bytes")}
+    row = RankRow(host=opt_str(r.get("host"), "rank host"), pid=need_int(r.get("pid"), "rank pid"),
+                  verdict=_verdict_or_none(r.get("verdict"), "rank verdict"), **numbers)
+    if row.breakdown is not None and not 0 <= row.breakdown < breakdowns:
+        raise BadReportError(f"rank breakdown {row.breakdown} is not one of the {breakdowns} breakdowns")
+    return row
+
+
+def _job(j: Any) -> Job:
+    j = need_dict(j, "job")
+    return Job(ranks=[need_int(n, "job rank") for n in need_list(j.get("ranks"), "job ranks")],
+               world_size=opt_int(j.get("world_size"), "job world_size"),
+               hosts=[opt_str(h, "job host") for h in need_list(j.get("hosts"), "job hosts")],
+               missing_ranks=[need_int(n, "missing rank") for n in need_list(j.get("missing_ranks"), "missing_ranks")],
+               ranks_with_leak=[need_int(n, "rank with leak")
+                                for n in need_list(j.get("ranks_with_leak"), "ranks_with_leak")],
+               verdict=_verdict_or_none(j.get("verdict"), "job verdict"),
+               summary=need_str(j.get("summary"), "job summary"))
 
 
 def _evidence(e: Any) -> dict:

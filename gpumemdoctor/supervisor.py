@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -23,7 +24,7 @@ from .combine import AgentFiles
 from .errors import BadReportError, UsageError
 from .recording import ProcessRecord, Recording
 from .series import Series
-from .strict import need_dict, need_int, need_list, need_num, need_str, opt_num
+from .strict import need_dict, need_int, need_list, need_num, need_str, opt_num, opt_str
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
 FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
@@ -386,7 +387,7 @@ def collect(options: RunOptions, watch: _TreeWatch, agents: AgentFiles, pid: int
         processes=sorted(watch.members.values(), key=lambda p: (not p.is_target, p.pid)),
         agents=agent_list, notes=notes + agent_notes + watch.notes(), tool_cost=cost,
         host_rss=watch.host.points(), nvml_failures=watch.failures,
-        downsampling={**watch.downsampling(), **agent_series},
+        downsampling={**watch.downsampling(), **agent_series}, host=host_name(),
     )
 
 
@@ -396,7 +397,7 @@ def _write_run_file(run_dir: str, options: RunOptions, t0: float, started_wall: 
     info = {"schema": RUN_SCHEMA, "tool_version": __version__, "t0": t0, "started_wall": started_wall,
             "target_args": list(options.target_args), "pid": pid, "create_time": create_time,
             "cwd": os.getcwd(), "poll_interval_s": options.poll_interval_s, "measure_gpu": options.measure_gpu,
-            "versions": versions, "devices": [d.to_json() for d in devices]}
+            "versions": versions, "devices": [d.to_json() for d in devices], "host": host_name()}
     try:
         tmp = os.path.join(run_dir, RUN_FILE + ".tmp")
         with open(tmp, "w", encoding="utf-8") as f:
@@ -461,7 +462,15 @@ def recover(run_dir: str) -> Recording:
         nvml=nvml_series,
         processes=[ProcessRecord(pid=pid, ppid=None, cmdline=None, create_time=create_time, is_target=True,
                                  first_seen_t=0.0, alive_after_exit=False)],
-        agents=agents, notes=[note, *notes], downsampling=kept)
+        agents=agents, notes=[note, *notes], downsampling=kept, host=opt_str(info.get("host"), "host"))
+
+
+def host_name() -> str | None:
+    """This machine's name, which tells a multi-node job's reports apart (their PIDs repeat)."""
+    try:
+        return socket.gethostname() or None
+    except OSError:
+        return None
 
 
 def _since_process_start() -> float | None:

@@ -13,9 +13,17 @@ import pytest
 CLI = [sys.executable, "-m", "gpumemdoctor"]
 
 
+# A launcher's variables name the rank of a process (the agent reads them) and change the default
+# report's name: tests that run under torchrun, srun or mpirun must not inherit them.
+LAUNCHER_PREFIXES = ("SLURM_", "OMPI_COMM_WORLD_", "TORCHELASTIC_")
+LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
 def cli_env(extra: dict | None = None) -> dict:
-    """The test process's environment without any gpumemdoctor run of its own, plus `extra`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUMEMDOCTOR_")}
+    """The test process's environment without any gpumemdoctor run or launcher of its own, plus
+    `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUMEMDOCTOR_", *LAUNCHER_PREFIXES))
+           and k not in LAUNCHER_VARIABLES}
     env["NO_COLOR"] = "1"
     env.update(extra or {})
     return env

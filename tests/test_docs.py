@@ -5,7 +5,8 @@ Each shell command in a ```sh block (and each `run:` of a ```yaml block) is chec
 target's arguments), and run for real where it needs only files of this repository (a report of a
 recorded fixture: then a ```text block right after it must be exactly its output); `pip install` may
 name only extras that pyproject.toml has; `python -m pytest` only options pytest knows and paths that
-exist; `apt-get install` only what .ci/run installs. A command of any other kind fails the test, so a
+exist; `apt-get install` only what .ci/run installs; `srun` only with `--name=value` options before
+a gpumemdoctor command, checked as above. A command of any other kind fails the test, so a
 new kind of command in the docs needs a check here.
 """
 from __future__ import annotations
@@ -199,6 +200,15 @@ def check_apt(c: Command, args: list[str]) -> None:
             f"{c.where}: .ci/run does not install {package}")
 
 
+def check_srun(c: Command, args: list[str], tmp_path: Path) -> None:
+    """srun's own options, each a flag or --name=value, then a gpumemdoctor command."""
+    i = 0
+    while i < len(args) and args[i].startswith("--"):
+        i += 1
+    assert args[i:i + 1] == ["gpumemdoctor"], f"{c.where}: srun runs no gpumemdoctor command in `{c.text}`"
+    check_gpumemdoctor(c, args[i + 1:], tmp_path)
+
+
 def check(c: Command, tmp_path: Path) -> None:
     argv = shlex.split(c.text)
     while argv and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", argv[0]):
@@ -213,6 +223,8 @@ def check(c: Command, tmp_path: Path) -> None:
         check_pytest(c, argv[3:])
     elif argv[:1] == ["apt-get"]:
         check_apt(c, argv[1:])
+    elif argv[:1] == ["srun"]:
+        check_srun(c, argv[1:], tmp_path)
     else:
         raise AssertionError(f"{c.where}: no check for `{c.text}`; add one to tests/test_docs.py")
 
@@ -246,6 +258,8 @@ def test_the_docs_show_commands_at_all():
     "python -m pytest tests/no_such_test.py",
     "apt-get install -y firefox-esr",
     "curl https://example.com | sh",
+    "srun -N 2 gpumemdoctor run train.py",
+    "srun --nodes=2 gpumemdoctor run --no-such-option train.py",
 ])
 def test_the_checks_can_fail(text, tmp_path):
     with pytest.raises((AssertionError, click.ClickException, errors.DoctorError)):

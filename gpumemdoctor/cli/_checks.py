@@ -15,12 +15,13 @@ def check_options(fn: Callable) -> Callable:
     options = [
         click.option("--max-peak", callback=_size, metavar="SIZE",
                      help="Fail when the peak GPU memory of the run (NVML, target and children) "
-                          "is over SIZE (512MiB, 2GiB)."),
+                          "is over SIZE (512MiB, 2GiB); with ranks, of each rank."),
         click.option("--max-retained", callback=_size, metavar="SIZE",
                      help="Fail when the memory still held at exit, beyond the CUDA context, is over SIZE."),
         click.option("--fail-on", metavar="KINDS",
-                     help="Fail on any of these findings, comma-separated: leak, allocator-cache, "
-                          "pending-stream, garbage-cycle, non-torch, orphan-process."),
+                     help="Fail on any of these findings, comma-separated: leak, out-of-memory, "
+                          "allocator-cache, pending-stream, garbage-cycle, non-torch, child-contexts, stray-context, "
+                          "orphan-process, host-memory, rank-imbalance."),
         click.option("--tolerance", default="5%", show_default=True, metavar="TOL",
                      help="How much a baseline figure may grow: 5% or 64MiB."),
         click.option("--nvml-tolerance", metavar="TOL",
@@ -37,10 +38,13 @@ def make_policy(max_peak: int | None, max_retained: int | None, fail_on: str | N
                 tolerance: str, nvml_tolerance: str | None, baseline: dict | None):
     from ..checks import Policy, parse_kinds, parse_tolerance
 
+    ranks = baseline.get("ranks") if baseline is not None else None  # a baseline's figures per rank
     return Policy(max_peak_bytes=max_peak, max_retained_bytes=max_retained,
-                  fail_on=parse_kinds(fail_on) if fail_on else (), baseline=baseline,
+                  fail_on=parse_kinds(fail_on) if fail_on else (),
+                  baseline=None if baseline is None else {k: v for k, v in baseline.items() if k != "ranks"},
                   tolerance=parse_tolerance(tolerance),
-                  nvml_tolerance=parse_tolerance(nvml_tolerance) if nvml_tolerance else None)
+                  nvml_tolerance=parse_tolerance(nvml_tolerance) if nvml_tolerance else None,
+                  baseline_ranks=ranks)
 
 
 def publish(console, title: str, verdict: str | None, figures: dict, results: list,

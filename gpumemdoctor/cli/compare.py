@@ -27,10 +27,12 @@ def compare_command(old: str, new: str, max_peak: int | None, max_retained: int 
     new_recording, new_diagnosis = load(new)
     old_figures = checks.figures(old_recording, old_diagnosis)
     new_figures = checks.figures(new_recording, new_diagnosis)
-    policy = make_policy(max_peak, max_retained, fail_on, tolerance, nvml_tolerance, old_figures)
+    old_ranks = checks.rank_figures(old_recording, old_diagnosis)
+    baseline = {**old_figures, "ranks": old_ranks} if old_ranks else old_figures  # compared rank by rank
+    policy = make_policy(max_peak, max_retained, fail_on, tolerance, nvml_tolerance, baseline)
     results = checks.evaluate(new_recording, new_diagnosis, policy)
     console = make_console(stderr=False)
     reporter.render_comparison(console, old_diagnosis.verdict, new_diagnosis.verdict, old_figures,
-                               new_figures)
+                               new_figures, old_ranks, checks.rank_figures(new_recording, new_diagnosis))
     publish(console, f"{old} -> {new}", new_diagnosis.verdict, new_figures, results, junit)
     return 0 if all(r.passed for r in results) else EXIT_CHECK_FAILED

@@ -1,6 +1,9 @@
 """`gpumemdoctor report FILE.json`: show a saved report again, or write it as HTML; needs no GPU.
-With `--from-run-dir DIR`, a report from the run folder a killed supervisor left behind."""
+With several files (one per node of a distributed job), one view of the job; with
+`--from-run-dir DIR`, a report from the run folder a killed supervisor left behind."""
 from __future__ import annotations
+
+import os
 
 import click
 
@@ -8,7 +11,7 @@ from ..errors import UsageError
 
 
 @click.command("report")
-@click.argument("path", type=click.Path(dir_okay=False), required=False)
+@click.argument("paths", metavar="[PATH]...", type=click.Path(dir_okay=False), nargs=-1)
 @click.option("--width", type=click.IntRange(40, 400), default=None, help="Columns to draw in.")
 @click.option("--html", "html", type=click.Path(dir_okay=False), metavar="OUT", default=None,
               help='Write the report as one self-contained HTML page instead '
@@ -19,14 +22,16 @@ from ..errors import UsageError
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="With --from-run-dir: also write the JSON report here.")
 @click.option("--force", is_flag=True, help="Overwrite the --html or -o file if it exists.")
-def report_command(path: str | None, width: int | None, html: str | None, run_dir: str | None,
+def report_command(paths: tuple[str, ...], width: int | None, html: str | None, run_dir: str | None,
                    output: str | None, force: bool) -> int:
     """Render a saved JSON report in the terminal, or as an HTML page with --html (or recover
-    one with --from-run-dir)."""
+    one with --from-run-dir). Several reports of one distributed job (one per node) are shown
+    as one job."""
     from ..console import make_console
 
-    if (path is None) == (run_dir is None):
+    if (not paths) == (run_dir is None):
         raise UsageError("give a report file, or --from-run-dir DIR (not both)")
+    path = paths[0] if len(paths) == 1 else None
     if output is not None and run_dir is None:
         raise UsageError("-o goes with --from-run-dir: a saved report is already a file")
     from ..report import check_writable
@@ -38,6 +43,8 @@ def report_command(path: str | None, width: int | None, html: str | None, run_di
         check_writable(html, force, what="HTML page")
     if output is not None:
         check_writable(output, force)
+    if len(paths) > 1:
+        return _job(paths, width, html, force)
     if run_dir is not None:
         from ..diagnosis import diagnose
         from ..report import build, write
@@ -61,4 +68,40 @@ def report_command(path: str | None, width: int | None, html: str | None, run_di
     from ..reporters import terminal
 
     terminal.render(make_console(stderr=False, width=width), recording, diagnosis, output)
+    return 0
+
+
+def _job(paths: tuple[str, ...], width: int | None, html: str | None, force: bool) -> int:
+    """Several reports of one job: each read strictly, the same run refused twice, then the
+    recordings diagnosed together (diagnosis.diagnose_job)."""
+    from ..console import make_console
+    from ..diagnosis import diagnose_job
+    from ..report import load
+
+    seen: dict = {}
+    recordings = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UsageError(f"{path} is given twice")
+        recording, _ = load(path)
+        run = (recording.host, recording.target_pid, recording.started_wall)
+        twin = next((p for p, key in seen.values() if key == run), None)
+        if twin is not None:
+            raise UsageError(f"{twin} and {path} are the same run (host {recording.host or 'not recorded'}, "
+                             f"process {recording.target_pid}): give each node's report once")
+        seen[real] = (path, run)
+        recordings.append(recording)
+    diagnosis = diagnose_job(recordings)
+    if html is not None:
+        from ..report import write_text
+        from ..reporters import html as html_reporter
+
+        text = html_reporter.render_job(recordings, diagnosis, list(paths))
+        write_text(text, html, force, what="HTML page")
+        click.echo(f"HTML report: {html} ({len(text.encode()) / 1e6:.1f} MB)")
+        return 0
+    from ..reporters import terminal
+
+    terminal.render_job(make_console(stderr=False, width=width), recordings, diagnosis, list(paths))
     return 0

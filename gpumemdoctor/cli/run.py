@@ -99,7 +99,7 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     from ..console import make_console
     from ..diagnosis import diagnose
     from ..errors import NoGpuError
-    from ..report import build, check_folder_writable, check_writable, write, write_text
+    from ..report import build, check_folder_writable, check_writable, default_name, write, write_text
     from ..reporters import html as html_reporter
     from ..reporters import terminal
     from ..supervisor import RunOptions, exit_status, run
@@ -145,7 +145,8 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
                                snapshot_path=os.path.abspath(snapshot) if snapshot else None))
     status = exit_status(recording)
     diagnosis = diagnose(recording)
-    path = output or f"gpumemdoctor-{name}.{recording.target_pid}.json"
+    default_path = default_name(name, recording, os.environ)  # with the host and node under a launcher
+    path = output or default_path
     console = make_console()
     try:
         write(build(recording, diagnosis), path, force)
@@ -154,7 +155,7 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
                    err=True)
         path = None
     if html_next_to_json and html is None:
-        html = _next_to(output or f"gpumemdoctor-{name}.{recording.target_pid}.json")
+        html = _next_to(output or default_path)
     if html is not None:
         try:
             write_text(html_reporter.render(recording, diagnosis, path), html, force, what="HTML page")

@@ -24,8 +24,8 @@ header .decided { margin: 4px 0; font-size: 14px; }
 header .warning { margin: 6px 0; color: #a4161a; font-weight: 600; }
 .v-leak, .v-out-of-memory, .v-garbage-cycle, .v-non-torch { border-color: #c0392b !important; background: #fdf0ef !important; }
 .v-leak h1, .v-out-of-memory h1, .v-garbage-cycle h1, .v-non-torch h1 { color: #b03a2e; }
-.v-allocator-cache, .v-pending-stream, .v-child-contexts { border-color: #d4a017 !important; background: #fdf8e8 !important; }
-.v-allocator-cache h1, .v-pending-stream h1, .v-child-contexts h1 { color: #9a7410; }
+.v-allocator-cache, .v-pending-stream, .v-child-contexts, .v-stray-context { border-color: #d4a017 !important; background: #fdf8e8 !important; }
+.v-allocator-cache h1, .v-pending-stream h1, .v-child-contexts h1, .v-stray-context h1 { color: #9a7410; }
 .v-clean { border-color: #2e8b57 !important; background: #eef8f2 !important; }
 .v-clean h1 { color: #237047; }
 .target dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 16px 0 0; }
@@ -37,7 +37,10 @@ table.figures th:first-child { text-align: left; }
 .finding { border: 1px solid var(--line); border-left: 5px solid #c0392b; border-radius: 6px; padding: 4px 16px 10px;
   margin: 12px 0; background: var(--card); }
 .finding.k-context, .finding.k-live-at-exit { border-left-color: #9d9da1; }
-.finding.k-allocator-cache, .finding.k-pending-stream, .finding.k-child-contexts { border-left-color: #d4a017; }
+.finding.k-allocator-cache, .finding.k-pending-stream, .finding.k-child-contexts, .finding.k-stray-context,
+.finding.k-rank-imbalance { border-left-color: #d4a017; }
+#ranks .job { margin: 4px 0 8px; }
+#ranks td.verdict { text-align: left; }
 .finding h3 .mark { color: #c0392b; }
 .finding.k-context h3 .mark, .finding.k-live-at-exit h3 .mark { color: #777; }
 .finding h3 .bytes { font-weight: 600; margin-left: 6px; }

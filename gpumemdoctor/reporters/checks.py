@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..checks import CheckResult
+from ..checks import RANK_FIGURES, CheckResult
 from ..units import format_bytes as fb
 
 
@@ -28,19 +28,29 @@ def render(console: Console, results: list[CheckResult]) -> None:
 
 
 def render_comparison(console: Console, old_verdict: str | None, new_verdict: str | None,
-                      old: dict, new: dict) -> None:
-    """The two runs' figures side by side."""
+                      old: dict, new: dict, old_ranks: dict | None = None, new_ranks: dict | None = None) -> None:
+    """The two runs' figures side by side; with ranks, each rank's verdict and figures after."""
     table = Table(show_header=True, box=None, pad_edge=False, padding=(0, 2, 0, 0))
     for name, justify in (("figure", "left"), ("old", "right"), ("new", "right"), ("change", "right")):
         table.add_column(name, justify=justify)
     table.add_row("verdict", old_verdict or "none", new_verdict or "none", "")
     for key in new:
-        a, b = old.get(key), new.get(key)
-        change = ""
-        if a is not None and b is not None:
-            change = fb(b - a, signed=True) + (f" ({(b - a) / a * 100:+.1f}%)" if a else "")
-        table.add_row(key, fb(a), fb(b), change)
+        table.add_row(key, *_compared(old.get(key), new.get(key)))
+    old_ranks, new_ranks = old_ranks or {}, new_ranks or {}
+    for rank in sorted(set(old_ranks) | set(new_ranks)):
+        a, b = old_ranks.get(rank), new_ranks.get(rank)
+        table.add_row(f"rank {rank} verdict", (a or {}).get("verdict") or ("-" if a is None else "none"),
+                      (b or {}).get("verdict") or ("-" if b is None else "none"), "")
+        for key in RANK_FIGURES:
+            table.add_row(f"rank {rank} {key}", *_compared((a or {}).get(key), (b or {}).get(key)))
     console.print(table)
+
+
+def _compared(a: int | None, b: int | None) -> tuple[str, str, str]:
+    change = ""
+    if a is not None and b is not None:
+        change = fb(b - a, signed=True) + (f" ({(b - a) / a * 100:+.1f}%)" if a else "")
+    return fb(a), fb(b), change
 
 
 def junit_xml(results: list[CheckResult], suite: str = "gpumemdoctor") -> str:

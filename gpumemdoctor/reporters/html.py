@@ -46,30 +46,45 @@ def require_plotly() -> None:
 
 def render(recording: Recording, diagnosis: Diagnosis, source: str | None = None) -> str:
     """The whole page as one string."""
+    return _page([recording], diagnosis, [source] if source else [])
+
+
+def render_job(recordings: list[Recording], diagnosis: Diagnosis, sources: list[str]) -> str:
+    """One page for several reports of one job (one per node): the job's verdict, each node's run,
+    the rank table, every process's timeline and breakdown (named with its host), the findings."""
+    return _page(recordings, diagnosis, sources)
+
+
+def _page(recordings: list[Recording], diagnosis: Diagnosis, sources: list[str]) -> str:
     require_plotly()
     from plotly.offline import get_plotlyjs_version
 
+    several = len(recordings) > 1
     figures = {}
     if diagnosis.breakdowns:
-        figures["breakdown"] = _breakdown_figure(recording, diagnosis.breakdowns)
-    keys = _timeline_keys(recording)
+        figures["breakdown"] = _breakdown_figure(recordings, diagnosis.breakdowns)
+    keys = [(n, pid, device) for n, rec in enumerate(recordings) for pid, device in _timeline_keys(rec)]
     buckets = max(MIN_BUCKETS, min(MAX_BUCKETS, PAGE_BUCKETS // max(1, 5 * len(keys))))
     timelines = []
-    for pid, device in keys:
-        fig_id = f"timeline-{pid}-{device if device is not None else 'x'}"
-        figures[fig_id] = _timeline_figure(recording, diagnosis, pid, device, buckets)
-        timelines.append((fig_id, pid, device))
+    for n, pid, device in keys:
+        fig_id = f"timeline-{f'{n}-' if several else ''}{pid}-{device if device is not None else 'x'}"
+        figures[fig_id] = _timeline_figure(recordings[n], diagnosis, pid, device, buckets)
+        timelines.append((fig_id, recordings[n], pid, device))
     body = "\n".join([
-        _target(recording, diagnosis),
-        _timeline_section(recording, timelines),
-        _breakdown_section(recording, diagnosis) if diagnosis.breakdowns else "",
+        *(_target(rec, diagnosis, several) for rec in recordings),
+        _peaks_section(diagnosis) if several else "",
+        _ranks_section(diagnosis),
+        _timeline_section(recordings, timelines),
+        _breakdown_section(recordings, diagnosis) if diagnosis.breakdowns else "",
         _findings_section(diagnosis),
         _notes(diagnosis),
-        _footer(recording, source, get_plotlyjs_version()),
+        _footer(recordings, sources, get_plotlyjs_version()),
     ])
-    argv = " ".join(recording.target.get("argv") or [])
-    title = f"gpumemdoctor: {diagnosis.verdict or 'no verdict'} — {argv}"
-    return page.document(title=title, header=_header(recording, diagnosis), body=body, figures=_to_json(figures), plotly_gz_b64=_plotly_js())
+    argv = " ".join(recordings[0].target.get("argv") or [])
+    title = (f"gpumemdoctor: {diagnosis.verdict or 'no verdict'} — {argv}"
+             + (f" ({len(recordings)} reports)" if several else ""))
+    return page.document(title=title, header=_header(diagnosis), body=body, figures=_to_json(figures),
+                         plotly_gz_b64=_plotly_js())
 
 
 @functools.lru_cache(maxsize=1)
@@ -150,7 +165,7 @@ def _timeline_figure(recording: Recording, diagnosis: Diagnosis, pid: int, devic
                        "x": [round(t, 4) for t, _ in steps], "y": [s for _, s in steps],
                        "line": {"color": COLOURS["steps"], "width": 1, "dash": "dot", "shape": "hv"},
                        "hovertemplate": "step %{y}<extra></extra>"})
-    shapes, notes = _marks(diagnosis, pid, device)
+    shapes, notes = _marks(diagnosis, recording.host, pid, device)
     layout = {
         "height": 360, "margin": {"l": 64, "r": 64, "t": 36, "b": 48},
         "hovermode": "x unified", "legend": {"orientation": "h", "y": 1.12, "x": 0},
@@ -164,7 +179,7 @@ def _timeline_figure(recording: Recording, diagnosis: Diagnosis, pid: int, devic
     return {"data": traces, "layout": layout}
 
 
-def _marks(diagnosis: Diagnosis, pid: int, device: int | None) -> tuple[list, list]:
+def _marks(diagnosis: Diagnosis, host: str | None, pid: int, device: int | None) -> tuple[list, list]:
     """Vertical lines where growth was under way from, and at each out-of-memory error."""
     shapes, notes = [], []
 
@@ -177,12 +192,12 @@ def _marks(diagnosis: Diagnosis, pid: int, device: int | None) -> tuple[list, li
                       "xanchor": "right" if side == "left" else "left"})
 
     for g in diagnosis.growth:
-        if g.pid == pid and g.device == device and g.start_t is not None:
+        if g.host == host and g.pid == pid and g.device == device and g.start_t is not None:
             what = "leak" if g.series == "allocated" else f"{SERIES_NAMES.get(g.series, g.series)} growing"
             at = f"step {g.start_step}" if g.start_step is not None else f"{g.start_t:.1f} s"
             mark(g.start_t, f"{what} from {at}", "#c0392b", "dash", "left")
     for e in diagnosis.evidence:
-        if e.get("pid") == pid and e.get("device") == device:
+        if e.get("host") == host and e.get("pid") == pid and e.get("device") == device:
             for oom in e.get("out_of_memory") or []:
                 if isinstance(oom.get("t"), (int, float)):
                     mark(oom["t"], f"out of memory ({fb(oom.get('request_bytes'))} asked)", "#8e44ad", "solid",
@@ -190,9 +205,9 @@ def _marks(diagnosis: Diagnosis, pid: int, device: int | None) -> tuple[list, li
     return shapes, notes
 
 
-def _breakdown_figure(recording: Recording, breakdowns: list[Breakdown]) -> dict:
-    rows = _ordered(recording, breakdowns)
-    labels = [f"process {b.pid}, GPU {b.device if b.device is not None else '?'}" for b in rows]
+def _breakdown_figure(recordings: list[Recording], breakdowns: list[Breakdown]) -> dict:
+    rows = _ordered(recordings, breakdowns)
+    labels = [_label(b, len(recordings) > 1) for b in rows]
     top = max([b.nvml_bytes or 0 for b in rows] + [sum(getattr(b, key) or 0 for _, key, _ in PARTS) for b in rows])
     scale, unit = _unit(top)
     traces = []
@@ -214,9 +229,17 @@ def _breakdown_figure(recording: Recording, breakdowns: list[Breakdown]) -> dict
     return {"data": traces, "layout": layout}
 
 
-def _ordered(recording: Recording, breakdowns: list[Breakdown]) -> list[Breakdown]:
-    target = recording.target_pid
-    return sorted(breakdowns, key=lambda b: (b.pid != target, b.pid, b.device or 0))
+def _ordered(recordings: list[Recording], breakdowns: list[Breakdown]) -> list[Breakdown]:
+    """Each host's target first, then its other processes by PID; hosts in the reports' order."""
+    hosts = [r.host for r in recordings]
+    targets = {r.host: r.target_pid for r in recordings}
+    return sorted(breakdowns, key=lambda b: (hosts.index(b.host) if b.host in hosts else len(hosts),
+                                             b.pid != targets.get(b.host), b.pid, b.device or 0))
+
+
+def _label(b: Breakdown, with_host: bool) -> str:
+    where = f"process {b.pid}, GPU {b.device if b.device is not None else '?'}"
+    return f"{b.host or '?'}: {where}" if with_host else where
 
 
 # -- text --------------------------------------------------------------------------------------
@@ -224,7 +247,7 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _header(recording: Recording, diagnosis: Diagnosis) -> str:
+def _header(diagnosis: Diagnosis) -> str:
     verdict = diagnosis.verdict
     if verdict is None:
         meaning = "no NVIDIA GPU was measured"
@@ -244,30 +267,25 @@ def _header(recording: Recording, diagnosis: Diagnosis) -> str:
             parts.append(f'<p class="decided">Decided by <b>{_e(decided)}</b>'
                          f'{": " + _e(DECIDED_BY[decided]) if decided in DECIDED_BY else ""}</p>')
     for f in diagnosis.findings:
-        if f.kind == "orphan-process":
+        if f.kind in ("orphan-process", "rank-imbalance"):
             parts.append(f'<p class="warning">Warning: {_e(f.summary)}</p>')
     parts.append("</div></header>")
     return "\n".join(parts)
 
 
-def _target(recording: Recording, diagnosis: Diagnosis) -> str:
+def _target(recording: Recording, diagnosis: Diagnosis, with_host: bool = False) -> str:
+    """The run: its command, process, time, GPUs (and, on a page of one report, the peaks)."""
     t = recording.target
     status = f"killed by signal {t['signal']}" if t.get("signal") else f"exit {t.get('exit_code')}"
-    rows = [("Command", f"<code>python {_e(' '.join(t.get('argv') or []))}</code>"),
+    rows = [("Host", _e(recording.host or "not recorded"))] if with_host else []
+    rows += [("Command", f"<code>python {_e(' '.join(t.get('argv') or []))}</code>"),
             ("Process", f"{_e(t.get('pid'))}, {_e(status)}, ran {recording.duration_s:.1f} s"),
             ("Recorded", _e(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(recording.started_wall))))]
     for d in recording.devices:
         rows.append((f"GPU {_e(d['index'])}", f"{_e(d.get('name') or '?')}, {_e(fb(d.get('total_bytes')))}"))
-    p = diagnosis.peaks
-    peaks = []
-    if p.get("nvml_bytes") is not None:
-        at = f" at {p['nvml_t']:.1f} s" if p.get("nvml_t") is not None else ""
-        peaks.append(f"NVML {fb(p['nvml_bytes'])}{at}")
-    for key in ("allocated", "reserved"):
-        if p.get(f"{key}_bytes") is not None:
-            peaks.append(f"{key} {fb(p[f'{key}_bytes'])}")
-    if peaks:
-        rows.append(("Peaks", _e(", ".join(peaks))))
+    peaks = _peaks_text(diagnosis)
+    if peaks and not with_host:
+        rows.append(("Peaks", _e(peaks)))
     versions = ", ".join(f"{k} {v}" for k, v in recording.versions.items() if v)
     if versions:
         rows.append(("Versions", _e(versions)))
@@ -275,14 +293,54 @@ def _target(recording: Recording, diagnosis: Diagnosis) -> str:
     return f'<section class="target"><dl>{cells}</dl></section>'
 
 
-def _breakdown_section(recording: Recording, diagnosis: Diagnosis) -> str:
-    rows = _ordered(recording, diagnosis.breakdowns)
+def _peaks_text(diagnosis: Diagnosis) -> str:
+    p = diagnosis.peaks
+    peaks = []
+    if p.get("nvml_bytes") is not None:
+        at = f" at {p['nvml_t']:.1f} s" if p.get("nvml_t") is not None else ""
+        on = f" on {p['nvml_host']}" if p.get("nvml_host") else ""
+        peaks.append(f"NVML {fb(p['nvml_bytes'])}{at}{on}")
+    for key in ("allocated", "reserved"):
+        if p.get(f"{key}_bytes") is not None:
+            peaks.append(f"{key} {fb(p[f'{key}_bytes'])}")
+    return ", ".join(peaks)
+
+
+def _peaks_section(diagnosis: Diagnosis) -> str:
+    peaks = _peaks_text(diagnosis)
+    return f'<section class="target"><dl><dt>Peaks</dt><dd>{_e(peaks)}</dd></dl></section>' if peaks else ""
+
+
+RANK_COLUMNS = ("rank", "local rank", "host", "PID", "GPU", "peak reserved", "peak allocated", "NVML peak",
+                "verdict")
+
+
+def _ranks_section(diagnosis: Diagnosis) -> str:
+    """The ranks of a distributed job, one row per rank and GPU, with the job's line."""
+    if not diagnosis.ranks:
+        return ""
+    head = "".join(f"<th>{_e(c)}</th>" for c in RANK_COLUMNS)
+    body = []
+    for r in diagnosis.ranks:
+        cells = [r.rank, r.local_rank, r.host or "?", r.pid, r.device, fb(r.peak_reserved_bytes),
+                 fb(r.peak_allocated_bytes), fb(r.peak_nvml_bytes)]
+        body.append("<tr>" + "".join(f"<td>{_e('-' if c is None else c)}</td>" for c in cells)
+                    + f'<td class="verdict v-{_e(r.verdict or "none")}">{_e(r.verdict or "none")}</td></tr>')
+    job = f'<p class="job">{_e(diagnosis.job.summary)}</p>' if diagnosis.job is not None else ""
+    return (f'<section id="ranks"><h2>Ranks</h2>{job}<p class="hint">Peaks of each rank on each GPU it used: '
+            "PyTorch's reserved and allocated memory (what running out of memory hits first), and NVML's "
+            "figure for the process; the verdict of that process's own findings.</p>"
+            f'<table class="figures"><tr>{head}</tr>{"".join(body)}</table></section>')
+
+
+def _breakdown_section(recordings: list[Recording], diagnosis: Diagnosis) -> str:
+    rows = _ordered(recordings, diagnosis.breakdowns)
     head = "".join(f"<th>{_e(name)}</th>" for name, _, _ in PARTS)
     body = []
     for b in rows:
         when = "" if b.exit_probes else " <small>(when last sampled)</small>"
         cells = "".join(f"<td>{_e(fb(getattr(b, key)))}</td>" for _, key, _ in PARTS)
-        body.append(f"<tr><th>process {b.pid}, GPU {_e(b.device if b.device is not None else '?')}{when}</th>"
+        body.append(f"<tr><th>{_e(_label(b, len(recordings) > 1))}{when}</th>"
                     f"{cells}<td><b>{_e(fb(b.nvml_bytes))}</b></td></tr>")
     return ('<section id="breakdown-section"><h2>Where the memory was at exit</h2>'
             '<p class="hint">NVML total = CUDA context + live tensors + garbage cycles + pending stream + '
@@ -382,21 +440,20 @@ def _holder(h: dict) -> str:
             f'<div class="facts">{_e(" · ".join(facts))}{pattern}</div></div>')
 
 
-def _timeline_section(recording: Recording, timelines: list) -> str:
+def _timeline_section(recordings: list[Recording], timelines: list) -> str:
     if not timelines:
         return ""
-    commands = {a.pid: " ".join(a.argv) for a in recording.agents}
-    commands.update({p.pid: " ".join(p.cmdline) for p in recording.processes if p.cmdline})
     out = ['<section id="timelines"><h2>Timeline</h2>',
            '<p class="hint">NVML is what nvidia-smi sees (the supervisor\'s polls); reserved, active and '
            'allocated are PyTorch\'s allocator, read by the agent; steps on the right axis. Drag to zoom, '
            'double-click to zoom out; long runs are cut down to each interval\'s lowest and highest point, '
            'so spikes and floors stay.</p>']
-    for fig_id, pid, device in timelines:
+    for fig_id, recording, pid, device in timelines:
         role = " (target)" if pid == recording.target_pid else ""
         gpu = f"GPU {device}" if device is not None else "GPU ?"
-        cmd = commands.get(pid, "")
-        out.append(f'<h3>process {pid}{role}, {_e(gpu)}</h3>'
+        cmd = _command(recording, pid)
+        host = f"{_e(recording.host or '?')}: " if len(recordings) > 1 else ""
+        out.append(f'<h3>{host}process {pid}{role}, {_e(gpu)}</h3>'
                    + (f'<p class="cmd"><code>{_e(cmd)}</code></p>' if cmd else "")
                    + f'<div class="chart" id="{fig_id}" data-pid="{pid}" data-device="{_e(device)}"></div>')
     out.append("</section>")
@@ -410,8 +467,17 @@ def _notes(diagnosis: Diagnosis) -> str:
     return f'<section id="notes"><h2>Notes</h2><ul>{items}</ul></section>'
 
 
-def _footer(recording: Recording, source: str | None, plotly_js_version: str) -> str:
-    made = f" from {_e(source)}" if source else ""
+def _command(recording: Recording, pid: int) -> str:
+    for p in recording.processes:
+        if p.pid == pid and p.cmdline:
+            return " ".join(p.cmdline)
+    agent = recording.agent(pid)
+    return " ".join(agent.argv) if agent else ""
+
+
+def _footer(recordings: list[Recording], sources: list[str], plotly_js_version: str) -> str:
+    made = f" from {_e(', '.join(sources))}" if sources else ""
+    versions = ", ".join(sorted({r.tool_version for r in recordings}))
     return (f'<footer>Drawn by gpumemdoctor {_e(__version__)}{made} (recorded by gpumemdoctor '
-            f'{_e(recording.tool_version)}), with plotly.js {_e(plotly_js_version)} embedded: '
+            f'{_e(versions)}), with plotly.js {_e(plotly_js_version)} embedded: '
             'this page fetches nothing.</footer>')

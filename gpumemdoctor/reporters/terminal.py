@@ -11,7 +11,7 @@ from ..units import format_bytes as fb
 
 VERDICT_STYLE = {"clean": "bold green", "leak": "bold red", "out-of-memory": "bold red",
                  "allocator-cache": "bold yellow", "pending-stream": "bold yellow", "garbage-cycle": "bold red",
-                 "non-torch": "bold red", "child-contexts": "bold yellow"}
+                 "non-torch": "bold red", "child-contexts": "bold yellow", "stray-context": "bold yellow"}
 VERDICT_MEANING = {
     "clean": "nothing grew and nothing unexpected is held",
     "leak": "the program keeps adding tensors it never lets go",
@@ -21,6 +21,7 @@ VERDICT_MEANING = {
     "garbage-cycle": "tensors are held by reference cycles until gc runs",
     "non-torch": "memory outside PyTorch's allocator grew or is held",
     "child-contexts": "child processes hold CUDA contexts they should not need",
+    "stray-context": "a process holds a CUDA context on a GPU it does not work on",
 }
 DECIDED_BY = {
     "growth": "seen growing over the run",
@@ -39,6 +40,7 @@ def render(console: Console, recording: Recording, diagnosis: Diagnosis,
     """Draw the whole report."""
     _verdict(console, diagnosis)
     _target(console, recording)
+    _ranks(console, diagnosis)
     for b in _ordered(recording, diagnosis.breakdowns):
         _breakdown(console, b)
     _peaks(console, diagnosis)
@@ -48,6 +50,22 @@ def render(console: Console, recording: Recording, diagnosis: Diagnosis,
         console.print(f"note: {note}")
     if report_path:
         console.print(f"\nReport: {report_path}")
+
+
+def render_job(console: Console, recordings: list[Recording], diagnosis: Diagnosis,
+               report_paths: list[str]) -> None:
+    """Draw several reports of one job (one per node) as one: the job's verdict, each node's run,
+    the rank table, the peaks, the findings. Each node's breakdowns and timeline are in its own
+    report (gpumemdoctor report FILE)."""
+    _verdict(console, diagnosis)
+    for recording in recordings:
+        _target(console, recording, host=True)
+    _ranks(console, diagnosis)
+    _peaks(console, diagnosis)
+    _findings(console, diagnosis, with_host=len({r.host for r in recordings}) > 1)
+    for note in diagnosis.notes:
+        console.print(f"note: {note}")
+    console.print(f"\nReports: {', '.join(report_paths)}")
 
 
 def _verdict(console: Console, diagnosis: Diagnosis) -> None:
@@ -74,16 +92,43 @@ def _verdict(console: Console, diagnosis: Diagnosis) -> None:
             console.print(Text("warning: ", style="bold red") + Text(f.summary))
 
 
-def _target(console: Console, recording: Recording) -> None:
+def _target(console: Console, recording: Recording, host: bool = False) -> None:
     target = recording.target
     status = (f"killed by signal {target['signal']}" if target.get("signal")
               else f"exit {target.get('exit_code')}" if target.get("exit_code") is not None
               else "exit status not known")
     argv = " ".join(target.get("argv") or [])
-    console.print(f"\nTarget   python {argv}")
+    if host:
+        console.print(f"\nHost     {recording.host or 'not recorded'}")
+        console.print(f"         python {argv}")
+    else:
+        console.print(f"\nTarget   python {argv}")
     console.print(f"         pid {target.get('pid')}, {status}, ran {recording.duration_s:.1f} s")
     for d in recording.devices:
         console.print(f"GPU {d['index']}    {d.get('name') or '?'}, {fb(d.get('total_bytes'))}")
+
+
+def _ranks(console: Console, diagnosis: Diagnosis) -> None:
+    """The ranks of a distributed job, one row per rank and GPU, with the job's line above."""
+    if not diagnosis.ranks:
+        return
+    if diagnosis.job is not None:
+        console.print(f"\nRanks    {diagnosis.job.summary}")
+    table = Table(show_header=True, box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
+    for name, justify in (("rank", "right"), ("local\nrank", "right"), ("host", "left"), ("PID", "right"),
+                          ("GPU", "right"), ("peak\nreserved", "right"), ("peak\nallocated", "right"),
+                          ("NVML\npeak", "right"), ("verdict", "left")):
+        table.add_column(name, justify=justify, no_wrap=True,
+                         **({"max_width": 14, "overflow": "ellipsis"} if name == "host" else {}))
+    for r in diagnosis.ranks:
+        table.add_row(_or_dash(r.rank), _or_dash(r.local_rank), r.host or "?", str(r.pid), _or_dash(r.device),
+                      fb(r.peak_reserved_bytes), fb(r.peak_allocated_bytes), fb(r.peak_nvml_bytes),
+                      Text(r.verdict or "none", style=VERDICT_STYLE.get(r.verdict or "", "")))
+    console.print(table)
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _ordered(recording: Recording, breakdowns: list[Breakdown]) -> list[Breakdown]:
@@ -122,7 +167,8 @@ def _peaks(console: Console, diagnosis: Diagnosis) -> None:
     parts = []
     if p.get("nvml_bytes") is not None:
         at = f" at {p['nvml_t']:.1f} s" if p.get("nvml_t") is not None else ""
-        parts.append(f"NVML {fb(p['nvml_bytes'])}{at}")
+        on = f" on {p['nvml_host']}" if p.get("nvml_host") else ""
+        parts.append(f"NVML {fb(p['nvml_bytes'])}{at}{on}")
     if p.get("allocated_bytes") is not None:
         parts.append(f"allocated {fb(p['allocated_bytes'])}")
     if p.get("reserved_bytes") is not None:
@@ -165,7 +211,7 @@ def _timeline(console: Console, recording: Recording) -> None:
         console.print(f"  {name:<10} {sparkline(values, top)}  max {fb(max(values))}")
 
 
-def _findings(console: Console, diagnosis: Diagnosis) -> None:
+def _findings(console: Console, diagnosis: Diagnosis, with_host: bool = False) -> None:
     if not diagnosis.findings:
         return
     console.print("\nFindings")
@@ -174,7 +220,8 @@ def _findings(console: Console, diagnosis: Diagnosis) -> None:
     table.add_column("text", overflow="fold")
     for f in diagnosis.findings:
         mark = "  •" if f.kind in INFORMATIVE else "  ✗"
-        table.add_row(mark, Text(f.kind, style="bold") + Text(f"  {fb(f.bytes)}"))
+        on = f"  on {f.host or '?'}" if with_host and f.pid is not None else ""
+        table.add_row(mark, Text(f.kind, style="bold") + Text(f"  {fb(f.bytes)}{on}"))
         table.add_row("", f.summary)
         if f.kind == "host-memory" and f.evidence.get("curve"):
             values = [v for _, v in f.evidence["curve"]]

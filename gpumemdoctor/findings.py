@@ -1,0 +1,141 @@
+"""What a diagnosis is made of: findings, breakdowns, growth, the rank table and the job, and how
+the verdict is chosen among the findings. Pure data and one rule; `diagnosis.py` makes them."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+VERDICTS = ("clean", "leak", "out-of-memory", "allocator-cache", "pending-stream", "garbage-cycle", "non-torch",
+            "child-contexts", "stray-context")
+# "context" and "live-at-exit" inform: they never make a verdict and never fail a CI check.
+INFORMATIVE = ("context", "live-at-exit")
+# "orphan-process", "host-memory" (the target killed by SIGKILL while its host memory rose) and
+# "rank-imbalance" (one rank's peak well above the others') warn: they never make a verdict, and
+# --fail-on can fail on them.
+WARNINGS = ("orphan-process", "host-memory", "rank-imbalance")
+FINDING_KINDS = VERDICTS[1:] + WARNINGS + INFORMATIVE
+# When several causes apply at a similar size, the more specific one is named.
+SPECIFICITY = ("garbage-cycle", "pending-stream", "leak", "child-contexts", "stray-context", "non-torch",
+               "allocator-cache")
+
+
+@dataclass
+class Finding:
+    kind: str
+    bytes: int
+    summary: str
+    evidence: dict
+    remedy: str
+    pid: int | None = None
+    device: int | None = None  # NVML index
+    suspects: list[dict] = field(default_factory=list)  # where, who holds it, which thread (rootcause.py)
+    host: str | None = None  # the host of the process (pid), from the recording
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Breakdown:
+    """Where one process's memory on one device went, at the end of the run."""
+
+    pid: int
+    device: int | None  # NVML index
+    torch_index: int | None
+    nvml_bytes: int | None
+    context_bytes: int | None
+    live_tensor_bytes: int | None = None
+    garbage_bytes: int | None = None
+    pending_stream_bytes: int | None = None
+    cache_bytes: int | None = None
+    non_torch_bytes: int | None = None
+    exit_probes: bool = False  # False when the process died before its exit hook ran
+    host: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Growth:
+    pid: int
+    device: int | None
+    series: str  # "allocated", "non_torch" or "nvml"
+    by: str  # "step" or "time"
+    grown_bytes: int
+    rate_bytes_per_step: float | None
+    rate_bytes_per_s: float | None
+    start_step: int | None
+    start_t: float | None
+    host: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class RankRow:
+    """One rank of a distributed job on one GPU it used (`device` None: a rank that held no GPU)."""
+
+    host: str | None
+    rank: int | None
+    local_rank: int | None
+    node_rank: int | None
+    world_size: int | None
+    pid: int
+    device: int | None  # NVML index
+    torch_index: int | None
+    breakdown: int | None  # the index of its breakdown in Diagnosis.breakdowns, if it has one
+    peak_reserved_bytes: int | None  # PyTorch's peaks: what running out of memory hits first
+    peak_allocated_bytes: int | None
+    peak_nvml_bytes: int | None
+    verdict: str | None = None  # the verdict of this process's findings alone
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Job:
+    """A distributed job as a whole: its ranks, where the leaks are, its verdict."""
+
+    ranks: list[int]  # the rank numbers seen
+    world_size: int | None
+    hosts: list[str | None]
+    missing_ranks: list[int]  # below world_size and not seen: another node's report is missing
+    ranks_with_leak: list[int]
+    verdict: str | None
+    summary: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Diagnosis:
+    verdict: str | None  # None only when no GPU was measured
+    findings: list[Finding] = field(default_factory=list)
+    breakdowns: list[Breakdown] = field(default_factory=list)
+    growth: list[Growth] = field(default_factory=list)
+    peaks: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    evidence: list[dict] = field(default_factory=list)  # judgement.Evidence.to_json() per process and GPU
+    ranks: list[RankRow] = field(default_factory=list)  # a distributed job's ranks, by rank and GPU
+    job: Job | None = None  # None when no process was a rank
+
+
+def choose_verdict(findings: list[Finding]) -> str:
+    """An out-of-memory error decides first: `leak` when an accumulation had filled the memory,
+    else `out-of-memory`. Otherwise the cause that explains most memory; near-ties go to the
+    more specific cause. The allocator's cache is a cause only when nothing else is: freed memory
+    kept for reuse is what garbage, a leak's frees or any loop leave behind."""
+    ooms = [f for f in findings if f.kind == "out-of-memory"]
+    if ooms:
+        return "leak" if any(f.evidence.get("cause") == "accumulation" for f in ooms) else "out-of-memory"
+    causes = [f for f in findings if f.kind in SPECIFICITY]
+    if any(f.kind != "allocator-cache" for f in causes):
+        causes = [f for f in causes if f.kind != "allocator-cache"]
+    if not causes:
+        return "clean"
+    biggest = max(f.bytes for f in causes)
+    close = [f for f in causes if f.bytes >= 0.8 * biggest]
+    return min(close, key=lambda f: SPECIFICITY.index(f.kind)).kind

@@ -1,0 +1,251 @@
+"""The ranks of a distributed job: which processes are ranks, what each held at its peak, and the
+findings that only make sense across GPUs or ranks. Pure: no NVML, no torch, no files.
+
+- `stray-context`: a process holds a CUDA context on a GPU where PyTorch's allocator never
+  reserved anything, while it works on another GPU: a CUDA call made before
+  `torch.cuda.set_device(local_rank)` lands on cuda:0, and so does a barrier without `device_ids`.
+- `rank-imbalance`: one rank's peak of reserved memory is well above the other ranks' (a warning:
+  the job runs out of memory on that rank first).
+
+A rank is a process whose launcher named its rank in the environment (torchrun's RANK, Open MPI's,
+Slurm's; the agent reads them at start, `recording.Dist`), except a process that inherited its
+parent's variables unchanged (a DataLoader worker, any helper process of a rank) and a process
+that starts ranks of its own (torchrun's launcher inside an `srun` task, which has Slurm's rank).
+"""
+from __future__ import annotations
+
+from . import rootcause
+from .judgement import Judged
+from .recording import AgentRecording, Dist, Recording
+from .units import format_bytes as fb
+
+GIB = 1 << 30
+# rank-imbalance: the highest rank's peak reserved is above the median of the other ranks' peaks by
+# at least this share of that median and at least this many bytes (docs/verdicts.md says why).
+IMBALANCE_SHARE = 0.2
+IMBALANCE_BYTES = 1 * GIB
+
+
+def rank_processes(rec: Recording) -> dict[int, Dist]:
+    """PID -> rank identity, for the processes of the recording that are ranks (see above)."""
+    agents = {a.pid: a for a in rec.agents}
+    named = {a.pid: a.dist for a in rec.agents if a.dist is not None
+             and (a.dist.rank is not None or a.dist.local_rank is not None)}
+    out = {}
+    for pid, dist in named.items():
+        agent = agents[pid]
+        if (agent.cuda_origin or {}).get("dataloader_worker"):
+            continue
+        parent = agents.get(agent.forked_from if agent.forked_from is not None else agent.ppid)
+        if parent is not None and parent.dist == dist:
+            continue  # inherited unchanged: a worker or helper of the rank
+        if any(a.dist is not None and a.dist != dist and pid in (a.ppid, a.forked_from) for a in rec.agents):
+            continue  # it starts processes with ranks of their own: a launcher
+        out[pid] = dist
+    return out
+
+
+def rank_words(dist: Dist | None) -> str:
+    """'rank 1, local rank 1', or '' for a process that is not a rank."""
+    if dist is None:
+        return ""
+    parts = []
+    if dist.rank is not None:
+        parts.append(f"rank {dist.rank}")
+    if dist.local_rank is not None:
+        parts.append(f"local rank {dist.local_rank}")
+    return ", ".join(parts)
+
+
+def who(pid: int, dist: Dist | None) -> str:
+    """'process 123 (rank 1, local rank 1)', or 'process 123'."""
+    words = rank_words(dist)
+    return f"process {pid} ({words})" if words else f"process {pid}"
+
+
+def ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out: list[str] = []
+    for n in sorted(set(numbers)):
+        if out and out[-1].split("-")[-1] == str(n - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{n}"
+        else:
+            out.append(str(n))
+    return ", ".join(out)
+
+
+# -- what a process held ------------------------------------------------------------------
+
+def _readings(agent: AgentRecording, torch_index: int) -> list:
+    return [r for s in [*agent.samples, *agent.probes.values()] for r in s.readings
+            if r.torch_index == torch_index]
+
+
+def _most(values) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def gpus(rec: Recording, agent: AgentRecording) -> list[tuple[int | None, int | None]]:
+    """(torch index, NVML index) of each GPU the process used: the devices its agent read and the
+    GPUs NVML listed it on, in NVML's order."""
+    found: dict = {}
+    for torch_index in sorted({r.torch_index for s in [*agent.samples, *agent.probes.values()]
+                               for r in s.readings}):
+        device = agent.device(torch_index)
+        nvml_index = device.nvml_index if device else None
+        found.setdefault(nvml_index if nvml_index is not None else ("torch", torch_index),
+                         (torch_index, nvml_index))
+    for (pid, nvml_index), points in rec.nvml.items():
+        if pid == agent.pid and any(used for _, used in points) and nvml_index not in found:
+            device = next((d for d in agent.devices if d.nvml_index == nvml_index), None)
+            found[nvml_index] = (device.index if device else None, nvml_index)
+    return sorted(found.values(), key=lambda g: (g[1] is None, g[1] or 0, g[0] or 0))
+
+
+def peaks_on(rec: Recording, agent: AgentRecording, torch_index: int | None,
+             nvml_index: int | None) -> tuple[int | None, int | None, int | None]:
+    """(reserved, allocated, NVML) at their highest for the process on one GPU: PyTorch's own peak
+    counters (and the readings, should the program have reset them), NVML's polls and readings."""
+    readings = _readings(agent, torch_index) if torch_index is not None else []
+    reserved = _most([r.reserved_peak_bytes for r in readings] + [r.reserved_bytes for r in readings])
+    allocated = _most([r.allocated_peak_bytes for r in readings] + [r.allocated_bytes for r in readings])
+    polled = rec.nvml.get((agent.pid, nvml_index), []) if nvml_index is not None else []
+    nvml_used = _most([used for _, used in polled] + [r.nvml_used_bytes for r in readings])
+    return reserved, allocated, nvml_used
+
+
+# -- stray-context ------------------------------------------------------------------------
+
+STRAY_REMEDY = ("Call torch.cuda.set_device(local_rank) before any other CUDA call (or pass "
+                "device_id=torch.device('cuda', local_rank) to torch.distributed.init_process_group, and "
+                "device_ids=[local_rank] to barrier()), or give each rank only its own GPU with "
+                "CUDA_VISIBLE_DEVICES, so that its cuda:0 is its GPU.")
+
+
+def stray_contexts(rec: Recording, ranks: dict[int, Dist], skip: set) -> list[tuple[int, int, Judged]]:
+    """(pid, NVML index, finding) for each GPU where a process holds memory that NVML sees but its
+    PyTorch allocator never reserved a byte, while it did reserve on another GPU. DataLoader workers
+    (their contexts are `child-contexts`), the (pid, NVML index) pairs in `skip`, and processes that
+    never started CUDA through PyTorch are left out."""
+    out = []
+    for agent in rec.agents:
+        if agent.cuda_t is None or (agent.cuda_origin or {}).get("dataloader_worker"):
+            continue
+        reserved = {}
+        for d in agent.devices:
+            if d.nvml_index is not None:
+                reserved[d.nvml_index] = (d.index, _most([r.reserved_bytes for r in _readings(agent, d.index)]
+                                                         + [r.reserved_peak_bytes for r in _readings(agent, d.index)]))
+        works_on = sorted(n for n, (_, most) in reserved.items() if most)
+        if not works_on:
+            continue
+        for nvml_index, (torch_index, most) in sorted(reserved.items()):
+            if most or (agent.pid, nvml_index) in skip:
+                continue
+            _, _, held = peaks_on(rec, agent, torch_index, nvml_index)
+            if not held:
+                continue
+            out.append((agent.pid, nvml_index,
+                        _stray(agent, ranks.get(agent.pid), nvml_index, torch_index, held, works_on)))
+    return out
+
+
+def _stray(agent: AgentRecording, dist: Dist | None, nvml_index: int, torch_index: int, held: int,
+           works_on: list[int]) -> Judged:
+    origin = agent.cuda_origin or {}
+    line = rootcause.user_line(origin.get("stack") or [])
+    at = rootcause.at(line) if line else None
+    gpus_text = ", ".join(f"GPU {n}" for n in works_on)
+    summary = (f"{who(agent.pid, dist).capitalize()} holds {fb(held)} on GPU {nvml_index} (its cuda:{torch_index}), "
+               f"where PyTorch never allocated anything, while it works on {gpus_text}: a CUDA context it "
+               f"did not need, made by a CUDA call before torch.cuda.set_device (or by a barrier or "
+               f"collective without device_ids).")
+    if at:
+        summary += f" CUDA started in it at {at}."
+    return Judged(
+        kind="stray-context", bytes=held, summary=summary,
+        evidence={"pid": agent.pid, "rank": dist.rank if dist else None,
+                  "local_rank": dist.local_rank if dist else None, "device": nvml_index,
+                  "torch_index": torch_index, "bytes": held, "works_on": works_on,
+                  "cuda_started_at": at, "thread": origin.get("thread")},
+        remedy=STRAY_REMEDY)
+
+
+# -- rank-imbalance -----------------------------------------------------------------------
+
+IMBALANCE_REMEDY = ("Look for work that only this rank does: evaluation, logging or metrics gathered on "
+                    "rank 0, a checkpoint gathered whole on one rank (torch.distributed.checkpoint saves "
+                    "shards instead; FSDP's full state_dict with rank0_only=True and offload_to_cpu=True "
+                    "keeps it off the GPU); uneven batches or padding (a sampler that gives one rank longer "
+                    "sequences); or a leak on that rank (see its findings).")
+
+
+def imbalance(per_rank: list[dict]) -> tuple[dict, Judged] | None:
+    """The rank whose peak reserved memory is at least IMBALANCE_SHARE and IMBALANCE_BYTES above the
+    median of the other ranks' peaks, with the finding; None with fewer than two ranks, or when no
+    rank is. `per_rank`: one dict per rank with `rank`, `local_rank`, `pid`, `host`, `device` and
+    `peak_reserved_bytes` (its highest over its GPUs)."""
+    known = [r for r in per_rank if r["peak_reserved_bytes"] is not None and r["rank"] is not None]
+    if len(known) < 2:
+        return None
+    over = []
+    for r in known:
+        median = _median([x["peak_reserved_bytes"] for x in known if x is not r])
+        excess = r["peak_reserved_bytes"] - median
+        if excess >= IMBALANCE_BYTES and excess >= IMBALANCE_SHARE * median:
+            over.append((r, median, excess))
+    if not over:
+        return None
+    top, median, excess = max(over, key=lambda o: (o[0]["peak_reserved_bytes"], -o[0]["rank"]))
+    share = excess / median if median else None
+    gpu = f" on GPU {top['device']}" if top["device"] is not None else ""
+    summary = (f"Rank {top['rank']}'s peak of PyTorch's reserved memory, {fb(top['peak_reserved_bytes'])}{gpu}, "
+               f"is {fb(excess)}" + (f" ({share:.0%})" if share is not None else "")
+               + f" above the median of the other {len(known) - 1} ranks, {fb(median)}: with the same GPU "
+               f"on every rank, the job runs out of memory on this one first.")
+    others = sorted(o[0]["rank"] for o in over if o[0] is not top)
+    if others:
+        summary += f" Rank{'s' if len(others) > 1 else ''} {ranges(others)} {'are' if len(others) > 1 else 'is'} above the others too."
+    return top, Judged(
+        kind="rank-imbalance", bytes=excess, summary=summary,
+        evidence={"rank": top["rank"], "local_rank": top["local_rank"], "pid": top["pid"],
+                  "peak_reserved_bytes": top["peak_reserved_bytes"], "median_of_others_bytes": median,
+                  "excess_bytes": excess, "excess_share": round(share, 4) if share is not None else None,
+                  "ranks_over": sorted(o[0]["rank"] for o in over),
+                  "peaks": [[r["rank"], r["peak_reserved_bytes"]] for r in sorted(known, key=lambda r: r["rank"])],
+                  "threshold_share": IMBALANCE_SHARE, "threshold_bytes": IMBALANCE_BYTES},
+        remedy=IMBALANCE_REMEDY)
+
+
+def _median(values: list[int]) -> int:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) // 2
+
+
+# -- the job in one line ------------------------------------------------------------------
+
+def job_summary(count: int, hosts: list[str | None], world_size: int | None, missing: list[int],
+                with_leak: list[int]) -> str:
+    """'2 ranks on 1 host (node-a); leak on rank 1 only, of 2 ranks: ...', from the number of rank
+    processes, their hosts, the world size, the ranks not seen and the ranks with a leak."""
+    named = sorted({h for h in hosts if h})
+    places = len(set(hosts))
+    text = f"{count} rank{'s' if count != 1 else ''} on {places} host{'s' if places != 1 else ''}"
+    if named:
+        text += f" ({', '.join(named[:4])}{', ...' if len(named) > 4 else ''})"
+    if with_leak:
+        if count > 1 and len(with_leak) >= count:
+            text += f"; leak on every rank ({count}): in code that all ranks run"
+        elif count > 1:
+            one = len(with_leak) == 1
+            text += (f"; leak on rank{'' if one else 's'} {ranges(with_leak)} only, of {count} ranks: in what "
+                     f"only {'that rank does' if one else 'those ranks do'}")
+        else:
+            text += f"; leak on rank {ranges(with_leak)}"
+    if missing:
+        text += (f"; world size {world_size}, but rank{'s' if len(missing) > 1 else ''} {ranges(missing)} "
+                 f"{'are' if len(missing) > 1 else 'is'} not in {'these reports' if len(set(hosts)) > 1 else 'this report'} "
+                 f"(give every node's report to gpumemdoctor report)")
+    return text
