@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from . import jobs, procs
+from . import procs, roles
 from ._agent import ENV_RUN_DIR
 from .units import format_bytes as fb
 
@@ -126,12 +126,12 @@ def _flags(h: Holder) -> list[dict]:
     return flags
 
 
-def gather_processes(gpus: list[GpuMemory]) -> tuple[dict[int, jobs.ProcessFacts], dict[int, int]]:
+def gather_processes(gpus: list[GpuMemory]) -> tuple[dict[int, roles.ProcessFacts], dict[int, int]]:
     """What the job view needs: the facts of every visible holder, of its ancestors and of the
     children of each job's launcher (environments read only where they are ours), and the
     parent of every process."""
     parents = procs.parents()
-    facts: dict[int, jobs.ProcessFacts] = {}
+    facts: dict[int, roles.ProcessFacts] = {}
 
     def add(pid: int) -> None:
         if pid not in facts and (f := _facts(pid)) is not None:
@@ -143,31 +143,31 @@ def gather_processes(gpus: list[GpuMemory]) -> tuple[dict[int, jobs.ProcessFacts
         while current not in (None, 0) and current not in facts:
             add(current)
             current = parents.get(current)
-    for anchor in sorted(jobs.anchors(holders, facts)):
+    for anchor in sorted(roles.anchors(holders, facts)):
         for child, parent in parents.items():
             if parent == anchor:
                 add(child)
     return facts, parents
 
 
-def _facts(pid: int) -> jobs.ProcessFacts | None:
+def _facts(pid: int) -> roles.ProcessFacts | None:
     info = procs.info(pid)
     if info is None:
         return None
     env = procs.environ(pid)
-    return jobs.ProcessFacts(pid=pid, ppid=info.ppid, cmdline=info.cmdline,
-                             identity=jobs.Identity.from_environ(env) if env is not None else None)
+    return roles.ProcessFacts(pid=pid, ppid=info.ppid, cmdline=info.cmdline,
+                             identity=roles.Identity.from_environ(env) if env is not None else None)
 
 
-def find_jobs(gpus: list[GpuMemory], facts: dict[int, jobs.ProcessFacts],
-              parents: dict[int, int]) -> list[jobs.Job]:
+def find_jobs(gpus: list[GpuMemory], facts: dict[int, roles.ProcessFacts],
+              parents: dict[int, int]) -> list[roles.Job]:
     """The jobs among the holders (pure): launcher, ranks with their workers, per-GPU totals."""
     held: dict[int, dict[int, int | None]] = {}
     for gpu in gpus:
         for h in gpu.holders:
             if h.visible:
                 held.setdefault(h.pid, {})[gpu.index] = h.used_bytes
-    return jobs.group(held, facts, parents)
+    return roles.group(held, facts, parents)
 
 
 def busy_gpus(gpus: list[GpuMemory], allowed_bytes: int) -> list[tuple[int, int]]:

@@ -5,7 +5,7 @@ gives the VRAM of the process and its descendants on each GPU, psutil the host
 memory. The leak judgement is the floor's growth (growth.floor_growth) over the
 samples so far, given once there are enough of them. Watching a launcher (torchrun) follows
 every rank under it, those that start later or restart too, each labelled with its rank
-(`jobs.place`, from its environment where that is ours to read). Watching for hours or days keeps
+(`roles.place`, from its environment where that is ours to read). Watching for hours or days keeps
 its memory bounded: the recent samples (for the timeline) are a ring of HISTORY, and
 the floor is judged on the whole watch's shape, kept by a series.Series.
 """
@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from . import agent_socket, jobs, nvml, procs
+from . import agent_socket, nvml, procs, roles
 from .growth import floor_growth
 from .series import Series
 from .units import format_bytes as fb
@@ -73,7 +73,7 @@ class Watcher:
         self.peak_bytes = 0
         self.count = 0
         self.known: set[int] = set()  # descendants seen so far: they may outlive the process
-        self.facts: dict[int, jobs.ProcessFacts] = {}  # of the tree's processes, read once each
+        self.facts: dict[int, roles.ProcessFacts] = {}  # of the tree's processes, read once each
 
     def sample(self) -> WatchSample:
         alive = procs.same_process(self.pid, self.create_time)
@@ -114,14 +114,14 @@ class Watcher:
             info = procs.info(pid)
             if info is not None:  # a process's command line and environment do not change
                 env = procs.environ(pid)
-                self.facts[pid] = jobs.ProcessFacts(pid, info.ppid, info.cmdline,
-                                                    jobs.Identity.from_environ(env) if env is not None else None)
+                self.facts[pid] = roles.ProcessFacts(pid, info.ppid, info.cmdline,
+                                                    roles.Identity.from_environ(env) if env is not None else None)
         rows = []
         for pid in sorted(tree):
-            p = jobs.place(pid, self.facts)
+            p = roles.place(pid, self.facts)
             if pid not in held and (p is None or p.role != "rank"):
                 continue
-            identity = (p.identity if p is not None else None) or jobs.Identity()
+            identity = (p.identity if p is not None else None) or roles.Identity()
             rows.append({"pid": pid, "role": p.role if p is not None else None, "rank": identity.rank,
                          "local_rank": identity.local_rank, "restart_count": identity.restart_count,
                          "gpu_bytes": dict(sorted(held.get(pid, {}).items()))})

@@ -1,7 +1,7 @@
 """The ranks of a distributed job: rank identity, the rank table, stray-context, rank-imbalance, the
 job, several reports merged into one, the checks per rank, the reports' names.
 
-The jobs here are synthetic recordings built in code (tests/jobs.py), not measurements; the
+The jobs here are synthetic recordings built in code (tests/synthetic_jobs.py), not measurements; the
 recordings of real runs in tests/fixtures/reports are checked against the same invariants, so a
 real 2-GPU recording dropped in there is checked too.
 """
@@ -22,7 +22,7 @@ from gpumemdoctor.recording import AgentRecording, Dist, Recording
 from gpumemdoctor.report import build, default_name, parse
 from gpumemdoctor.reporters import terminal
 
-from .jobs import CONTEXT, GIB, MIB, Rank, job
+from .synthetic_jobs import CONTEXT, GIB, MIB, Rank, job
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
 REPORTS = sorted(FIXTURES.glob("*.json"))

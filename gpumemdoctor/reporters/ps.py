@@ -7,7 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..holders import GpuMemory
-from ..jobs import Job
+from ..roles import Job
 from ..units import format_bytes as fb
 
 

@@ -1,3 +1,4 @@
+# expect: stray-context
 # expect-finding: stray-context
 # expect-stray: rank 1 on GPU 0
 # launch: 2
