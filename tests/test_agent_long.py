@@ -5,6 +5,7 @@ memory, how fast its file grows, and --trace auto's window."""
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import sys
 import tracemalloc
@@ -12,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "doubles"))
-import fake_cuda  # noqa: E402
+# Loaded from its file: putting tests/doubles on sys.path would also make `import pynvml` find the
+# NVML test double in every test module collected after this one.
+_spec = importlib.util.spec_from_file_location("fake_cuda", Path(__file__).parent / "doubles" / "fake_cuda.py")
+fake_cuda = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fake_cuda)
 
 from gpumemdoctor import _agent  # noqa: E402
 

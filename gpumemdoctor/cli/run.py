@@ -57,7 +57,8 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
 @click.option("-m", "--module", "module", metavar="MODULE", default=None, expose_value=False,
               help="Run a module, like python -m; everything after it is the module's own.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the JSON report [default: gpumemdoctor-<script>.<pid>.json].")
+              help="Where to write the JSON report [default: gpumemdoctor-<script>.<pid>.json; under a "
+                   "multi-node launcher gpumemdoctor-<script>.<host>.node<N>.rank<R>.<pid>.json].")
 @click.option("--force", is_flag=True, help="Overwrite the report (and --html) file if it exists.")
 @click.option("--interval", type=click.FloatRange(0.001, 60), default=0.02, show_default=True,
               help="Seconds between the agent's allocator samples.")
