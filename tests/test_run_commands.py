@@ -135,7 +135,9 @@ def test_a_command_on_path_that_is_not_python_is_refused(cli, tmp_path):
     assert python.returncode == 2 and "python3 is Python itself" in python.stderr
     assert len(python.stderr.splitlines()) == 1
     missing = cli("run", "--allow-no-gpu", "no-such-command-here", cwd=tmp_path, env=env)
-    assert missing.returncode == 2 and missing.stderr == "gpumemdoctor: error: no-such-command-here: no such file\n"
+    assert missing.returncode == 2 and missing.stderr == (
+        "gpumemdoctor: error: no-such-command-here: no such file, nor a command on PATH: give a Python "
+        "script, a module with -m, or a Python console script on PATH (torchrun)\n")
 
 
 RANK_SCRIPT = """

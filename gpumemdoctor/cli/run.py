@@ -288,6 +288,9 @@ def _check_target(target: list[str]) -> str:
         return module.replace(".", "-")
     script = target[0]
     if not os.path.exists(script):
+        if os.sep not in script and not script.endswith(".py"):
+            raise UsageError(f"{script}: no such file, nor a command on PATH: give a Python script, "
+                             "a module with -m, or a Python console script on PATH (torchrun)")
         raise UsageError(f"{script}: no such file")
     if os.path.isdir(script):
         if not os.path.exists(os.path.join(script, "__main__.py")):
