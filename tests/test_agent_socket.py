@@ -143,7 +143,8 @@ def test_watch_shows_that_the_agent_answered(cli, runtime, tmp_path):
     try:
         result = cli("watch", "--pid", str(proc.pid), "--interval", "0.05", "--duration", "0.3", "--no-tui",
                      "--jsonl", "w.jsonl", cwd=tmp_path,
-                     env={"PYTHONPATH": str(Path(__file__).parent / "doubles"),
+                     env={"PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent / "doubles"),
+                                                         os.environ.get("PYTHONPATH")])),
                           "GPUMEMDOCTOR_TEST_NVML": str(state), "XDG_RUNTIME_DIR": str(runtime)})
     finally:
         stop(proc)

@@ -22,6 +22,8 @@ from gpumemdoctor import faults
 from gpumemdoctor.recording import Recording
 
 DOUBLES = str(Path(__file__).parent / "doubles")
+# The test double first, then the PYTHONPATH the tests run under (it may name the checkout).
+DOUBLES_PATH = os.pathsep.join(filter(None, [DOUBLES, os.environ.get("PYTHONPATH")]))
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -36,7 +38,7 @@ def nvml_state(path: Path, processes=(), **faults_) -> None:
 
 
 def double_env(state: Path) -> dict:
-    return {"PYTHONPATH": DOUBLES, "GPUMEMDOCTOR_TEST_NVML": str(state)}
+    return {"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(state)}
 
 
 def one_error_line(stderr: str) -> str:
