@@ -528,3 +528,41 @@ def test_a_recovered_run_keeps_its_host(tmp_path):
     assert recover(str(tmp_path)).host == "node-c"
     (tmp_path / RUN_FILE).write_text(json.dumps({**info, "host": None}))  # a run folder of an older version
     assert recover(str(tmp_path)).host is None
+
+
+# -- real two-rank jobs (tests/fixtures/ranks, recorded on an H100: both ranks on one GPU) ---------
+
+RECORDED = FIXTURES.parent / "ranks"
+
+
+def recorded(name: str):
+    recording, _ = parse(json.loads((RECORDED / f"{name}.json").read_text()))
+    return recording, diagnose(recording)
+
+
+def test_recorded_clean_job_is_clean_on_both_ranks():
+    recording, d = recorded("ddp_clean")
+    assert d.verdict == "clean"
+    assert sorted((r.rank, r.verdict) for r in d.ranks) == [(0, "clean"), (1, "clean")]
+    assert not of_kind(d, "rank-imbalance") and not of_kind(d, "stray-context")
+    launcher = recording.agent(recording.target_pid)
+    assert launcher.dist is None and recording.target_pid not in {r.pid for r in d.ranks}
+
+
+def test_recorded_leak_on_rank_1_is_named_on_rank_1_only():
+    recording, d = recorded("ddp_leak_one_rank")
+    rank_of = {r.pid: r.rank for r in d.ranks}
+    assert d.verdict == "leak"
+    assert {rank_of[f.pid] for f in of_kind(d, "leak")} == {1}
+    assert {r.rank: r.verdict for r in d.ranks} == {0: "clean", 1: "leak"}
+    assert d.job.ranks_with_leak == [1]
+    leak = of_kind(d, "leak")[0]
+    assert "rank 1" in leak.summary and 1000 * MIB <= leak.bytes <= 1300 * MIB  # 4 MiB a step kept
+
+
+def test_recorded_imbalance_names_rank_0_and_leaves_the_verdict_clean():
+    recording, d = recorded("ddp_imbalance")
+    assert d.verdict == "clean"
+    (finding,) = of_kind(d, "rank-imbalance")
+    assert finding.evidence["rank"] == 0
+    assert 2.9 * GIB <= finding.bytes <= 3.1 * GIB  # the 3 GiB buffer only rank 0 holds
