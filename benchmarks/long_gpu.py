@@ -142,8 +142,6 @@ def _rediagnosed(report_path: str) -> dict | None:
     """The recording judged again by the diagnosis installed now: a rule changed after a run
     shows here, beside what the run itself said (the recording is what was measured)."""
     try:
-        import subprocess as sp
-
         from gpumemdoctor.diagnosis import diagnose
         from gpumemdoctor.report import load
     except ImportError:
@@ -151,7 +149,7 @@ def _rediagnosed(report_path: str) -> dict | None:
     recording, _ = load(report_path)
     d = diagnose(recording)
     leak = next((f for f in d.findings if f.kind == "leak"), None)
-    commit = sp.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                     text=True).stdout.strip() or None
     return {"code_commit": commit, "verdict": d.verdict,
             "leak": None if leak is None else {

@@ -157,6 +157,8 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                                       for _, r in series], MIN_LEAK_BYTES)
 
     growth = None
+    # What the exit search found piled up: the judgement's rows 3 and 4, and below, what growth left.
+    held, unheld = rootcause.accumulations(rootcause.search_of(agent.root, "exit"), torch_index)
     if allocated is not None:
         live_end = b.live_tensor_bytes if b.live_tensor_bytes is not None else end.allocated_bytes
         retained = live_end - allocated.start_floor_bytes
@@ -167,7 +169,6 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         # Seen on the H100: 214 MiB in __main__.kept[*] at exit, 275 MiB live, first floor 328 MiB.
         needed = max(MIN_LEAK_BYTES, allocated.grown_bytes // 2)
         if retained < needed:
-            held, _ = rootcause.accumulations(rootcause.search_of(agent.root, "exit"), torch_index)
             piled = min(sum(x["bytes"] for x in held), live_end)
             if piled >= needed:
                 retained, retained_by = piled, "accumulation-at-exit"
@@ -181,7 +182,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                       "rate_bytes_per_step": g.rate_bytes_per_step,
                       "rate_bytes_per_s": g.rate_bytes_per_s, "points": allocated.points,
                       "rate_text": _rate(g)}
-    evidence = _evidence(agent, torch_index, nvml_index, where, b, series, by, growth)
+    evidence = _evidence(agent, torch_index, nvml_index, where, b, series, by, growth, held, unheld)
     result.evidence.append(evidence.to_json())
     for j in judgement.judge(evidence):
         if j.kind == "leak" and j.evidence["decided_by"] == "growth":
@@ -249,7 +250,8 @@ LEAK_REMEDY = ("Find what keeps each step's tensors alive: a list that is append
 
 
 def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str, b: Breakdown,
-              series: list, by: str, growth: dict | None) -> judgement.Evidence:
+              series: list, by: str, growth: dict | None, held: list[dict],
+              unheld: list[dict]) -> judgement.Evidence:
     """What was observed of one process on one GPU, for the judgement."""
     values = [r.allocated_bytes for _, r in series if r.allocated_bytes is not None]
     samples = len(values)
@@ -262,8 +264,6 @@ def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, w
     near = max(SIGNIFICANT_BYTES, (b.live_tensor_bytes or 0) // 4)
     reached = next((i for i, v in enumerate(values) if v >= seen_most - near), samples)
     watched_after = samples - reached
-    exit_search = rootcause.search_of(agent.root, "exit")
-    held, unheld = rootcause.accumulations(exit_search, torch_index)
     oom_search = rootcause.search_of(agent.root, "oom")
     oom_held, _ = rootcause.accumulations(oom_search, torch_index)
     oom_suspects, oom_meta = rootcause.live_suspects(agent.root, torch_index, when="oom")

@@ -21,7 +21,7 @@ from ..errors import MissingExtraError
 from ..recording import Recording
 from ..units import format_bytes as fb
 from . import _html_page as page
-from .terminal import DECIDED_BY, VERDICT_MEANING
+from .terminal import DECIDED_BY, VERDICT_MEANING, peaks_text
 
 # Envelope buckets for the whole page, shared among its series: a series keeps at most about twice
 # its buckets in points, whatever the run's length, so the page's weight is bounded (docs/html.md).
@@ -283,7 +283,7 @@ def _target(recording: Recording, diagnosis: Diagnosis, with_host: bool = False)
             ("Recorded", _e(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(recording.started_wall))))]
     for d in recording.devices:
         rows.append((f"GPU {_e(d['index'])}", f"{_e(d.get('name') or '?')}, {_e(fb(d.get('total_bytes')))}"))
-    peaks = _peaks_text(diagnosis)
+    peaks = peaks_text(diagnosis)
     if peaks and not with_host:
         rows.append(("Peaks", _e(peaks)))
     versions = ", ".join(f"{k} {v}" for k, v in recording.versions.items() if v)
@@ -293,21 +293,8 @@ def _target(recording: Recording, diagnosis: Diagnosis, with_host: bool = False)
     return f'<section class="target"><dl>{cells}</dl></section>'
 
 
-def _peaks_text(diagnosis: Diagnosis) -> str:
-    p = diagnosis.peaks
-    peaks = []
-    if p.get("nvml_bytes") is not None:
-        at = f" at {p['nvml_t']:.1f} s" if p.get("nvml_t") is not None else ""
-        on = f" on {p['nvml_host']}" if p.get("nvml_host") else ""
-        peaks.append(f"NVML {fb(p['nvml_bytes'])}{at}{on}")
-    for key in ("allocated", "reserved"):
-        if p.get(f"{key}_bytes") is not None:
-            peaks.append(f"{key} {fb(p[f'{key}_bytes'])}")
-    return ", ".join(peaks)
-
-
 def _peaks_section(diagnosis: Diagnosis) -> str:
-    peaks = _peaks_text(diagnosis)
+    peaks = peaks_text(diagnosis)
     return f'<section class="target"><dl><dt>Peaks</dt><dd>{_e(peaks)}</dd></dl></section>' if peaks else ""
 
 

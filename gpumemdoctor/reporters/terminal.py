@@ -163,18 +163,23 @@ def _breakdown(console: Console, b: Breakdown) -> None:
 
 
 def _peaks(console: Console, diagnosis: Diagnosis) -> None:
+    text = peaks_text(diagnosis)
+    if text:
+        console.print("\nPeaks    " + text)
+
+
+def peaks_text(diagnosis: Diagnosis) -> str:
+    """'NVML 2.53 GiB at 8.9 s, allocated 1.78 GiB, reserved 1.81 GiB' (the HTML page says the same)."""
     p = diagnosis.peaks
     parts = []
     if p.get("nvml_bytes") is not None:
         at = f" at {p['nvml_t']:.1f} s" if p.get("nvml_t") is not None else ""
         on = f" on {p['nvml_host']}" if p.get("nvml_host") else ""
         parts.append(f"NVML {fb(p['nvml_bytes'])}{at}{on}")
-    if p.get("allocated_bytes") is not None:
-        parts.append(f"allocated {fb(p['allocated_bytes'])}")
-    if p.get("reserved_bytes") is not None:
-        parts.append(f"reserved {fb(p['reserved_bytes'])}")
-    if parts:
-        console.print("\nPeaks    " + ", ".join(parts))
+    for key in ("allocated", "reserved"):
+        if p.get(f"{key}_bytes") is not None:
+            parts.append(f"{key} {fb(p[f'{key}_bytes'])}")
+    return ", ".join(parts)
 
 
 def sparkline(values: list[int], top: int, width: int = SPARK_WIDTH) -> str:
