@@ -14,11 +14,12 @@ normally the agent's reading right after it, before libraries load their kernels
 """
 from __future__ import annotations
 
-from . import faults, judgement, job, ranks, rootcause
+from . import faults, judgement, job, ranks, suspects
 from .findings import (FINDING_KINDS, INFORMATIVE, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, RankRow, choose_verdict)
 from .growth import MIN_POINTS, GrowthFit, floor_growth
-from .recording import AgentRecording, DeviceReading, Dist, Recording, TorchSample
+from .recording import AgentRecording, Dist, Recording, TorchSample
+from .records import DeviceReading
 from .units import format_bytes as fb
 
 # What a diagnosis is made of lives in findings.py; these names are this module's too, where the
@@ -158,7 +159,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
 
     growth = None
     # What the exit search found piled up: the judgement's rows 3 and 4, and below, what growth left.
-    held, unheld = rootcause.accumulations(rootcause.search_of(agent.root, "exit"), torch_index)
+    held, unheld = suspects.accumulations(suspects.search_of(agent.root, "exit"), torch_index)
     if allocated is not None:
         live_end = b.live_tensor_bytes if b.live_tensor_bytes is not None else end.allocated_bytes
         retained = live_end - allocated.start_floor_bytes
@@ -186,15 +187,15 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     result.evidence.append(evidence.to_json())
     for j in judgement.judge(evidence):
         if j.kind == "leak" and j.evidence["decided_by"] == "growth":
-            j.suspects, j.evidence["root_cause"] = rootcause.leak_suspects(agent.root, torch_index)
+            j.suspects, j.evidence["root_cause"] = suspects.leak_suspects(agent.root, torch_index)
             j.remedy = j.suspects[0]["remedy"] if j.suspects and j.suspects[0]["holders"] else LEAK_REMEDY
         elif j.kind == "live-at-exit":
-            j.suspects, j.evidence["root_cause"] = rootcause.live_suspects(agent.root, torch_index)
+            j.suspects, j.evidence["root_cause"] = suspects.live_suspects(agent.root, torch_index)
             j.remedy = j.suspects[0]["remedy"] if j.suspects else (
                 "Nothing to do if the program still needs it; otherwise del the references to it and "
                 "call torch.cuda.empty_cache() to give the memory back to the device.")
         elif j.kind == "garbage-cycle":
-            j.suspects, j.evidence["garbage"] = rootcause.garbage_suspects(agent.root)
+            j.suspects, j.evidence["garbage"] = suspects.garbage_suspects(agent.root)
             j.evidence.update({"allocated_at_end": end.allocated_bytes,
                                "allocated_after_gc_collect": after_gc.allocated_bytes if after_gc else None,
                                "objects_collected": agent.probes["gc"].collected if "gc" in agent.probes
@@ -264,10 +265,10 @@ def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, w
     near = max(SIGNIFICANT_BYTES, (b.live_tensor_bytes or 0) // 4)
     reached = next((i for i, v in enumerate(values) if v >= seen_most - near), samples)
     watched_after = samples - reached
-    oom_search = rootcause.search_of(agent.root, "oom")
-    oom_held, _ = rootcause.accumulations(oom_search, torch_index)
-    oom_suspects, oom_meta = rootcause.live_suspects(agent.root, torch_index, when="oom")
-    _, exit_meta = rootcause.live_suspects(agent.root, torch_index)
+    oom_search = suspects.search_of(agent.root, "oom")
+    oom_held, _ = suspects.accumulations(oom_search, torch_index)
+    oom_suspects, oom_meta = suspects.live_suspects(agent.root, torch_index, when="oom")
+    _, exit_meta = suspects.live_suspects(agent.root, torch_index)
     info = agent.exit_info or {}
     collections = info.get("collections")
     if collections is not None:
@@ -290,10 +291,10 @@ def _biggest_collection(freeing: list[dict], torch_index: int) -> dict | None:
     if not freeing:
         return None
     c = max(freeing, key=lambda c: sum(b for i, b in c["freed"] if i == torch_index))
-    line = rootcause.user_line(c["stack"])
+    line = suspects.user_line(c["stack"])
     return {"t": c["t"], "step": c["step"], "generation": c["generation"], "thread": c["thread"],
             "freed_bytes": sum(b for i, b in c["freed"] if i == torch_index),
-            "at": rootcause.at(line) if line else None}
+            "at": suspects.at(line) if line else None}
 
 
 def _context(during: list[tuple[TorchSample, DeviceReading]], end: DeviceReading | None) -> int | None:
@@ -334,7 +335,7 @@ def _non_torch_finding(agent: AgentRecording, torch_index: int, nvml_index: int 
         summary=f"{fb(at_end)} in {where} lies outside PyTorch's allocator, {why}.",
         evidence={"non_torch_at_end_bytes": at_end, "library_allowance_bytes": LIBRARY_ALLOWANCE_BYTES,
                   "cupy_pool": pool},
-        remedy=remedy, suspects=rootcause.thread_suspects(agent.root, torch_index, "non_torch"))
+        remedy=remedy, suspects=suspects.thread_suspects(agent.root, torch_index, "non_torch"))
 
 
 def _steady_series(agent: AgentRecording, torch_index: int):
@@ -461,12 +462,12 @@ def _child_contexts(rec: Recording, result: Diagnosis, rank_pids: set = frozense
             rows = []
             for pid in sorted(flagged):
                 origin = agents[pid].cuda_origin if pid in agents and agents[pid].cuda_origin else {}
-                line = rootcause.user_line(origin.get("stack") or [])
+                line = suspects.user_line(origin.get("stack") or [])
                 rows.append({"pid": pid, "bytes": held[pid],
                              "context_bytes": next((b.context_bytes for b in result.breakdowns
                                                     if b.pid == pid and b.device == dev), None),
                              "dataloader_worker": origin.get("dataloader_worker"),
-                             "started_cuda_at": rootcause.at(line) if line else None,
+                             "started_cuda_at": suspects.at(line) if line else None,
                              "thread": origin.get("thread")})
             at_once, most = _at_once(rec, dev, {r["pid"] for r in rows})
             what = "DataLoader workers" if workers else "child processes"

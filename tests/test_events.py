@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from gpumemdoctor import _events, rootcause
+from gpumemdoctor import _events, records
 
 
 class Payload:
@@ -48,8 +48,8 @@ def test_a_collection_that_frees_memory_is_recorded_with_its_size_and_thread():
     finally:
         gc.callbacks.remove(watch.callback)
     assert watch.freeing >= 1 and watch.freed_bytes == 12 << 20
-    record = json.loads(lines[-1])  # written as text: rootcause checks it like any record
-    rootcause.COLLECTION(record, "collection")
+    record = json.loads(lines[-1])  # written as text: records.py checks it like any record
+    records.COLLECTION(record, "collection")
     assert record["type"] == "collection" and record["step"] == 7
     assert sum(b for _, b in record["freed"]) == 12 << 20
     assert record["thread"] == "MainThread"

@@ -238,15 +238,15 @@ def test_investigate_groups_new_blocks_by_stack_and_names_the_holder(monkeypatch
     assert group["count"] == 4 and group["unheld_bytes"] == 0
     (holder,) = group["holders"]
     assert holder["pattern"] == f"{__name__}.HISTORY[*]" and holder["count"] == 4
-    from gpumemdoctor import rootcause
-    root = rootcause.empty_root()
-    rootcause.apply_record(root, "investigation", {"when": "exit", "t": 5.0, "step": 40, "trace": True,
+    from gpumemdoctor import records, suspects
+    root = records.empty_root()
+    records.apply_record(root, "investigation", {"when": "exit", "t": 5.0, "step": 40, "trace": True,
                                                    **result}, t0=1.0)
-    suspects, meta = rootcause.leak_suspects(root, 0)
+    found, meta = suspects.leak_suspects(root, 0)
     assert meta["searched"] and meta["t"] == 4.0
-    assert suspects[0]["where"] == ["/home/u/train.py", 41, "step"]
-    assert suspects[0]["summary"].startswith("4.00 KiB in 4 allocations at train.py:41 in step(); held by ")
-    assert "(allocated at /home/u/train.py:41)" in suspects[0]["remedy"]
+    assert found[0]["where"] == ["/home/u/train.py", 41, "step"]
+    assert found[0]["summary"].startswith("4.00 KiB in 4 allocations at train.py:41 in step(); held by ")
+    assert "(allocated at /home/u/train.py:41)" in found[0]["remedy"]
 
 
 def test_the_exit_search_covers_all_live_memory_new_and_old(monkeypatch):
@@ -277,13 +277,13 @@ def test_the_exit_search_covers_all_live_memory_new_and_old(monkeypatch):
     assert result["all_live"] is True and result["candidate_count"] == 4
     assert sorted((g["new"], g["count"]) for g in result["groups"]) == [(False, 3), (True, 4)]
     assert [(g["new"], g["count"]) for g in only_new["groups"]] == [(True, 4)]
-    from gpumemdoctor import rootcause
-    root = rootcause.empty_root()
-    rootcause.apply_record(root, "investigation", {"when": "exit", "t": 5.0, "step": None, "trace": False,
+    from gpumemdoctor import records, suspects
+    root = records.empty_root()
+    records.apply_record(root, "investigation", {"when": "exit", "t": 5.0, "step": None, "trace": False,
                                                    **result}, t0=0.0)
-    leak, _ = rootcause.leak_suspects(root, 0)
+    leak, _ = suspects.leak_suspects(root, 0)
     assert [s["holders"][0]["pattern"] for s in leak] == [f"{__name__}.HISTORY[*]"]
-    live, meta = rootcause.live_suspects(root, 0)
+    live, meta = suspects.live_suspects(root, 0)
     assert meta["searched"] and meta["allocation_stacks"] is False
     # Without stacks, one suspect per holder, biggest first.
     assert [(s["holders"][0]["pattern"], s["bytes"]) for s in live] == [
@@ -323,7 +323,7 @@ def test_the_exit_sequence_sees_the_cycle_when_gc_is_held_off(monkeypatch):
 def test_a_leaks_allocations_after_the_trace_window_count_with_its_line():
     """--trace auto stops recording stacks after its window: the same leak's later blocks have
     no stack but the same holder, and are counted with the group that has the line."""
-    from gpumemdoctor import rootcause
+    from gpumemdoctor import records, suspects
 
     def group(frames, count, pattern="__main__.kept[*]"):
         return {"device": 0, "new": True, "bytes": count * 1024, "count": count, "frames": frames,
@@ -332,12 +332,12 @@ def test_a_leaks_allocations_after_the_trace_window_count_with_its_line():
                 "unheld_bytes": 0, "unheld_count": 0, "unheld_sizes": None}
 
     line = [["/home/u/train.py", 12, "step"]]
-    root = rootcause.empty_root()
-    rootcause.apply_record(root, "investigation", {
+    root = records.empty_root()
+    records.apply_record(root, "investigation", {
         "when": "exit", "t": 5.0, "step": 900, "trace": True, "source": "allocator", "all_live": True,
         "candidate_bytes": 200 * 1024, "candidate_count": 200, "visited": 10, "gave_up": None, "elapsed_s": 0.1,
         "groups": [group([], 170), group(line, 30), group([], 4, pattern="torch.optim.state[*]")]}, t0=0.0)
-    (suspect,) = rootcause.leak_suspects(root, 0)[0]
+    (suspect,) = suspects.leak_suspects(root, 0)[0]
     assert suspect["where"] == line[0] and suspect["count"] == 200 and suspect["bytes"] == 200 * 1024
     assert suspect["holders"][0]["count"] == 200
     assert suspect["summary"].startswith("200 KiB in 200 allocations at train.py:12 in step(); held by __main__.kept[0]")
