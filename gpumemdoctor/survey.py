@@ -1,7 +1,8 @@
-"""Who holds each GPU's memory right now, and what nobody accounts for (`gpumemdoctor ps`).
+"""The survey of GPU processes (`gpumemdoctor ps`): who holds each GPU's memory right now.
 
-`gather()` reads NVML and /proc; `diagnose_holders()` is pure: from those facts
-to flags, each with the next step to take.
+Not the holder search inside a target (`_agent/search.py`): this looks from outside, at
+processes. `gather()` reads NVML and /proc; `diagnose_holders()` is pure: from those facts
+to flags (memory nobody accounts for among them), each with the next step to take.
 """
 from __future__ import annotations
 
