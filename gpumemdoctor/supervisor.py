@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import __version__, nvml, procs
-from ._agent import ENV_INTERVAL, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE
+from ._agent.startup import ENV_INTERVAL, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE
 from .combine import AgentFiles
 from .errors import BadReportError, UsageError
 from .recording import ProcessRecord, Recording

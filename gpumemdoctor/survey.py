@@ -10,7 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from . import procs, roles
-from ._agent import ENV_RUN_DIR
+from ._agent.startup import ENV_RUN_DIR
 from .units import format_bytes as fb
 
 MIB = 1 << 20

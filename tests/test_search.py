@@ -1,5 +1,6 @@
-"""The holder walk and the garbage look-up, on CPU tensors: they match storages by address,
-so a CPU tensor is found the same way a CUDA one is on the GPU."""
+"""The holder search and the garbage look-up (gpumemdoctor/_agent/search.py, garbage.py) on CPU
+tensors: they match storages by address, so a CPU tensor is found the same way a CUDA one is on
+the GPU."""
 from __future__ import annotations
 
 import gc
@@ -9,9 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpumemdoctor import _inspect  # noqa: E402
+from gpumemdoctor._agent import garbage, search  # noqa: E402
+from gpumemdoctor._agent.blocks import Spans, TensorKind, storage_span, thread_entry, user_frames  # noqa: E402
 
-KIND = _inspect.TensorKind(torch)
+KIND = TensorKind(torch)
 HISTORY: list = []
 
 
@@ -22,14 +24,14 @@ class Holder:
 
 def holder_of(tensor, extra_roots=()) -> tuple[str, str]:
     """(rendered path, kind) of the first path from the usual roots to the tensor's storage."""
-    address, size = _inspect.storage_span(tensor)
-    spans = _inspect.Spans([(address, size, "t")])
-    walk = _inspect.Walk(KIND, spans, budget_s=10, max_objects=2_000_000,
-                         user_modules=_inspect.user_module_names())
-    walk.run([*extra_roots, *_inspect.roots(skip_threads={threading.get_ident()})])  # not our own locals
+    address, size = storage_span(tensor)
+    spans = Spans([(address, size, "t")])
+    walk = search.Walk(KIND, spans, budget_s=10, max_objects=2_000_000,
+                         user_modules=search.user_module_names())
+    walk.run([*extra_roots, *search.roots(skip_threads={threading.get_ident()})])  # not our own locals
     assert "t" in walk.found, f"not found after {walk.visited} objects ({walk.gave_up})"
     labels = walk.path(walk.found["t"])
-    return _inspect.render(labels), _inspect.holder_kind(labels)
+    return search.render(labels), search.holder_kind(labels)
 
 
 def test_a_module_global_list():
@@ -38,7 +40,7 @@ def test_a_module_global_list():
         path, kind = holder_of(HISTORY[2])
         assert path == f"{__name__}.HISTORY[2]"
         assert kind == "global"
-        assert _inspect.pattern(path) == f"{__name__}.HISTORY[*]"
+        assert search.pattern(path) == f"{__name__}.HISTORY[*]"
     finally:
         HISTORY.clear()
 
@@ -69,10 +71,10 @@ def test_a_kept_exception_holds_its_frame_locals():
     buf = ERRORS[0].__traceback__.tb_frame.f_locals["buf"]
     try:
         path, kind = holder_of(buf)
-        assert path.startswith(f"{__name__}.ERRORS[0].__traceback__ -> work() at test_inspect.py:")
+        assert path.startswith(f"{__name__}.ERRORS[0].__traceback__ -> work() at test_search.py:")
         assert path.endswith(" local buf")
         assert kind == "kept-exception"
-        assert _inspect.pattern(path) == f"{__name__}.ERRORS[*].__traceback__ -> work() at test_inspect.py local buf"
+        assert search.pattern(path) == f"{__name__}.ERRORS[*].__traceback__ -> work() at test_search.py local buf"
     finally:
         del ERRORS, buf
 
@@ -111,7 +113,7 @@ def test_an_accumulated_loss_keeps_the_autograd_graph():
         assert path.endswith("._saved_result")
         assert kind == "autograd-graph"
         assert " autograd node" in path  # the hops are counted, not spelled out
-        assert _inspect.pattern(path) == f"{__name__}.TOTAL.grad_fn (autograd graph)"
+        assert search.pattern(path) == f"{__name__}.TOTAL.grad_fn (autograd graph)"
     finally:
         del TOTAL, first
 
@@ -130,14 +132,14 @@ def test_a_local_of_a_live_frame_in_another_thread():
     t.start()
     started.wait(10)
     try:
-        spans = _inspect.Spans([(box[0], 128, "t")])
-        walk = _inspect.Walk(KIND, spans, budget_s=10, max_objects=2_000_000)
-        walk.run(_inspect.roots(skip_threads={threading.get_ident()}))
+        spans = Spans([(box[0], 128, "t")])
+        walk = search.Walk(KIND, spans, budget_s=10, max_objects=2_000_000)
+        walk.run(search.roots(skip_threads={threading.get_ident()}))
         labels = walk.path(walk.found["t"])
-        path = _inspect.render(labels)
-        assert path.startswith("thread 'probe-thread': worker() at test_inspect.py:")
+        path = search.render(labels)
+        assert path.startswith("thread 'probe-thread': worker() at test_search.py:")
         assert path.endswith(" local local_tensor")
-        assert _inspect.holder_kind(labels) == "frame-local"
+        assert search.holder_kind(labels) == "frame-local"
     finally:
         stop.set()
         t.join()
@@ -153,9 +155,9 @@ def test_a_class_attribute_of_the_programs_own_class():
 
 
 def test_the_walk_gives_up_on_its_object_budget():
-    spans = _inspect.Spans([(1, 1, "never")])
-    walk = _inspect.Walk(KIND, spans, budget_s=10, max_objects=50)
-    walk.run(_inspect.roots(skip_threads=set()))
+    spans = Spans([(1, 1, "never")])
+    walk = search.Walk(KIND, spans, budget_s=10, max_objects=50)
+    walk.run(search.roots(skip_threads=set()))
     assert walk.found == {} and walk.gave_up == "after 50 objects"
 
 
@@ -179,7 +181,7 @@ def test_garbage_names_the_types_and_the_holder_in_the_cycle():
         gc.set_debug(old)
     found, gc.garbage[:] = list(gc.garbage), []
     # CPU tensors are not CUDA: treat them as such by describing with a kind that says yes.
-    report = _inspect._describe_garbage(found, KIND, None, cuda_only=False)
+    report = garbage._describe_garbage(found, KIND, None, cuda_only=False)
     del found
     gc.collect()
     assert ["Node", 2] in report["types"]
@@ -196,13 +198,13 @@ def test_user_frames_drop_torch_and_find_the_thread_entry():
               ("/usr/lib/python3.12/threading.py", 1010, "run"),
               ("/usr/lib/python3.12/threading.py", 1073, "_bootstrap_inner"),
               ("/usr/lib/python3.12/threading.py", 1030, "_bootstrap")]
-    assert _inspect.user_frames(frames)[0] == ("/home/u/train.py", 41, "step")
-    assert _inspect.thread_entry(frames) == ("/home/u/train.py", "worker")
-    assert _inspect.thread_entry(frames[:3]) is None
+    assert user_frames(frames)[0] == ("/home/u/train.py", 41, "step")
+    assert thread_entry(frames) == ("/home/u/train.py", "worker")
+    assert thread_entry(frames[:3]) is None
 
 
 def test_spans_find_addresses_inside_a_block_only():
-    spans = _inspect.Spans([(1000, 100, "a"), (2000, 10, "b")])
+    spans = Spans([(1000, 100, "a"), (2000, 10, "b")])
     assert spans.find(1000) == "a" and spans.find(1099) == "a" and spans.find(1100) is None
     assert spans.find(999) is None and spans.find(2005) == "b"
 
@@ -218,7 +220,7 @@ def test_investigate_groups_new_blocks_by_stack_and_names_the_holder(monkeypatch
     def blocks(tensors, frames):
         out = []
         for t in tensors:
-            address, size = _inspect.storage_span(t)
+            address, size = storage_span(t)
             out.append({"address": address, "size": size, "state": "active_allocated", "frames": frames})
         return out
 
@@ -226,9 +228,9 @@ def test_investigate_groups_new_blocks_by_stack_and_names_the_holder(monkeypatch
     monkeypatch.setattr(torch.cuda.memory, "_snapshot",
                         lambda: {"segments": [{"device": 0, "blocks": state["blocks"]}]})
     try:
-        baseline = _inspect.take_baseline(torch, KIND)
+        baseline = search.take_baseline(torch, KIND)
         state["blocks"] = blocks([old], []) + blocks(HISTORY, stack)
-        result = _inspect.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
+        result = search.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
                                       skip_threads={threading.get_ident()}, thread_names={})
     finally:
         HISTORY.clear()
@@ -258,18 +260,18 @@ def test_the_exit_search_covers_all_live_memory_new_and_old(monkeypatch):
     snap = {"blocks": []}
 
     def block(t):
-        address, size = _inspect.storage_span(t)
+        address, size = storage_span(t)
         return {"address": address, "size": size, "state": "active_allocated", "frames": []}
 
     monkeypatch.setattr(torch.cuda.memory, "_snapshot",
                         lambda: {"segments": [{"device": 0, "blocks": snap["blocks"]}]})
     try:
         snap["blocks"] = [block(t) for t in WEIGHTS]
-        baseline = _inspect.take_baseline(torch, KIND)
+        baseline = search.take_baseline(torch, KIND)
         snap["blocks"] += [block(t) for t in HISTORY]
-        result = _inspect.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
+        result = search.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
                                       skip_threads={threading.get_ident()}, thread_names={}, all_live=True)
-        only_new = _inspect.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
+        only_new = search.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
                                         skip_threads={threading.get_ident()}, thread_names={})
     finally:
         HISTORY.clear()
@@ -308,9 +310,9 @@ def test_the_exit_sequence_sees_the_cycle_when_gc_is_held_off(monkeypatch):
             junk = Holder(None)
             junk.tensor = junk
         del junk
-        _inspect.investigate(torch, KIND, {"blocks": {(1, 1)}, "storages": set()}, budget_s=10,
+        search.investigate(torch, KIND, {"blocks": {(1, 1)}, "storages": set()}, budget_s=10,
                              max_objects=2_000_000, skip_threads={threading.get_ident()}, thread_names={})
-        report = _inspect.collect_garbage(KIND, None, cuda_only=False)
+        report = garbage.collect_garbage(KIND, None, cuda_only=False)
     finally:
         if collecting:
             gc.enable()

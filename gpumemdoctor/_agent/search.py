@@ -1,10 +1,4 @@
-"""What the agent looks at when a leak is suspected and at exit: which allocations
-survive (PyTorch's allocator history), which objects hold them, and what only the
-cyclic garbage collector would free.
-
-Runs inside the target, called by the agent, which guards every call. Tensors are
-matched to allocator blocks by the address range of their storage, so the walk
-itself works the same on CPU tensors (that is how the CPU tests exercise it).
+"""The holder search, inside the target: which objects hold the memory allocated since a baseline.
 
 The holder walk is breadth-first from roots a user recognises: the globals of
 the program's own modules, the locals of every live frame of every thread, then
@@ -13,19 +7,22 @@ that reaches a tensor is a shortest one. Autograd graphs are followed through
 `grad_fn`, `next_functions` and the saved tensors of each node, because the
 tensors a graph saves are invisible to `gc`. The walk stops at a time and object
 budget and says so.
+
+Called by the growth watch (watch.py), which says when a search runs and guards it.
 """
 from __future__ import annotations
 
-import bisect
 import collections
 import functools
 import gc
 import os
 import sys
-import sysconfig
 import threading
 import time
 import types
+
+from .blocks import (PACKAGE_DIR, Spans, TensorKind, cuda_tensors, is_library_file, live_blocks,
+                     storage_span, thread_entry, user_frames)
 
 MAX_FRAMES = 8  # of the allocating stack kept per group
 MAX_GROUPS = 8
@@ -33,122 +30,7 @@ MAX_HOLDERS = 6  # distinct holder patterns per group (without stacks, all is on
 MAX_SIZES = 3  # most common block sizes kept per holder pattern and for the unheld blocks
 ATOMIC = (str, bytes, bytearray, int, float, complex, bool, type(None), types.CodeType,
           types.BuiltinFunctionType, types.ModuleType, memoryview, range)
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-_LIBRARY_DIRS = tuple({os.path.abspath(p) for p in (sysconfig.get_paths().get("stdlib"),
-                                                    sysconfig.get_paths().get("platstdlib"),
-                                                    sysconfig.get_paths().get("purelib"),
-                                                    sysconfig.get_paths().get("platlib")) if p})
 
-
-def is_library_file(filename: str) -> bool:
-    """The standard library, installed packages, or gpumemdoctor itself: not the user's code."""
-    if not filename or filename.startswith("<"):
-        return True
-    path = os.path.abspath(filename)
-    return (path.startswith(_PACKAGE_DIR) or "site-packages" in path or "dist-packages" in path
-            or any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS))
-
-
-class Spans:
-    """Address ranges [start, end) with a key each, looked up by any address inside."""
-
-    def __init__(self, spans):
-        self._spans = sorted((int(s), int(s) + int(n), key) for s, n, key in spans if n)
-        self._starts = [s for s, _, _ in self._spans]
-
-    def __len__(self) -> int:
-        return len(self._spans)
-
-    def find(self, address: int):
-        i = bisect.bisect_right(self._starts, address) - 1
-        if i >= 0 and address < self._spans[i][1]:
-            return self._spans[i][2]
-        return None
-
-
-class TensorKind:
-    """Is this object a tensor? Decided from its type alone (cached): `isinstance` would
-    call `__class__` on every object of the heap, and some modules answer that with warnings."""
-
-    def __init__(self, torch):
-        self._tensor = torch.Tensor
-        self._cache: dict = {}
-
-    def __call__(self, obj) -> bool:
-        t = type(obj)
-        known = self._cache.get(t)
-        if known is None:
-            try:
-                known = self._cache[t] = issubclass(t, self._tensor)
-            except TypeError:
-                known = self._cache[t] = False
-        return known
-
-
-def storage_span(tensor):
-    """(address, bytes) of the tensor's storage; None where it has no plain storage."""
-    try:
-        storage = tensor.untyped_storage()
-        return storage.data_ptr(), storage.nbytes()
-    except Exception:
-        return None
-
-
-# -- the allocator's view -------------------------------------------------------
-
-def live_blocks(torch) -> list[dict]:
-    """Every block the allocator has handed out and not got back, with its allocation stack
-    where history was being recorded when it was allocated."""
-    snapshot = torch.cuda.memory._snapshot()
-    blocks = []
-    for segment in snapshot.get("segments", []):
-        device = segment.get("device")
-        pool = segment.get("segment_pool_id")
-        if pool is not None and tuple(pool) != (0, 0):
-            continue  # a private pool (CUDA graphs): held by the graph, not by tensors
-        for block in segment.get("blocks", []):
-            if block.get("state") != "active_allocated":
-                continue
-            blocks.append({"device": device, "address": block["address"], "size": block["size"],
-                           "frames": [(f.get("filename", "?"), f.get("line", 0), f.get("name", "?"))
-                                      for f in block.get("frames") or []]})
-    return blocks
-
-
-def cuda_tensors(kind: TensorKind):
-    """(tensor, storage address, storage bytes) of every CUDA tensor the garbage collector knows."""
-    for obj in gc.get_objects():
-        if not kind(obj):
-            continue
-        try:
-            span = storage_span(obj) if obj.is_cuda else None
-        except Exception:
-            continue
-        if span:
-            yield obj, span[0], span[1]
-
-
-def user_frames(frames: list) -> list:
-    """The allocating stack without PyTorch's own frames, innermost first."""
-    kept = [f for f in frames if not _is_torch_file(f[0]) and not f[0].startswith(_PACKAGE_DIR)]
-    return kept or frames
-
-
-def _is_torch_file(filename: str) -> bool:
-    return f"{os.sep}torch{os.sep}" in filename
-
-
-def thread_entry(frames: list):
-    """(file, function) that a thread ran, when the stack runs through threading's bootstrap."""
-    for i, (filename, _, name) in enumerate(frames):
-        if name == "_bootstrap_inner" and filename.endswith("threading.py"):
-            inner = [f for f in frames[:i] if not (f[0].endswith("threading.py") and f[2] == "run")]
-            if inner:
-                return inner[-1][0], inner[-1][2]
-    return None
-
-
-# -- who holds what -------------------------------------------------------------
 
 class Walk:
     """A bounded breadth-first walk from named roots, recording how each object was reached."""
@@ -382,7 +264,7 @@ def roots(skip_threads: set) -> list:
         if ident in skip_threads:
             continue
         while frame is not None:
-            if not frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            if not frame.f_code.co_filename.startswith(PACKAGE_DIR):
                 frames.append((f"thread {names.get(ident, ident)!r}: ", frame))
             frame = frame.f_back
     user.sort(key=lambda r: r[0] != "__main__")
@@ -546,146 +428,3 @@ def _tensor_storages(kind: TensorKind) -> list[dict]:
             seen.add(address)
             out.append({"device": tensor.device.index, "address": address, "size": size, "frames": []})
     return out
-
-
-# -- garbage cycles ---------------------------------------------------------------
-
-def collect_garbage(kind: TensorKind, frames_of: Spans | None, cuda_only: bool = True) -> dict:
-    """gc.collect(), but look at what it frees first: the types in the cycles and the CUDA
-    tensors among them, with the object in the cycle that holds each."""
-    before = len(gc.garbage)
-    old = gc.get_debug()
-    gc.set_debug(old | gc.DEBUG_SAVEALL)
-    try:
-        collected = gc.collect()
-    finally:
-        gc.set_debug(old)
-    found = gc.garbage[before:]
-    del gc.garbage[before:]
-    try:
-        report = _describe_garbage(found, kind, frames_of, cuda_only)
-    finally:
-        del found
-    # Free them for real, when they hold tensors: the next probes must see that memory back.
-    # Other garbage is left to the interpreter's own collection at shutdown (a full collection
-    # of a heap with torch loaded takes 0.1-0.2 s).
-    report["collected"] = collected + (gc.collect() if report["cuda_tensors"] else 0)
-    return report
-
-
-def _describe_garbage(found: list, kind: TensorKind, frames_of: Spans | None,
-                      cuda_only: bool = True) -> dict:
-    # Most exits free only plumbing (tens of thousands of objects from imports and closures):
-    # looking inside each of them took 0.6 s at the end of an AdamW loop on an H100, so the
-    # garbage is first checked for tensors at all, which costs a type look-up per object.
-    if not any(kind(o) and (not cuda_only or _is_cuda(o)) for o in found):
-        return {"objects": len(found), "types": [], "cuda_tensor_bytes": 0, "cuda_tensors": 0, "tensors": []}
-    in_garbage = {id(o) for o in found}
-    storages: dict = {}
-    owners: list = []
-    for obj in found:
-        if issubclass(type(obj), ATOMIC) or kind(obj):
-            continue
-        for label, child in _inside(obj, kind, in_garbage):
-            if not kind(child):
-                continue
-            try:
-                if cuda_only and not child.is_cuda:
-                    continue
-            except Exception:
-                continue
-            span = storage_span(child)
-            if span is None or span[0] in storages:
-                continue
-            owners.append(obj)
-            owner = _owner_name(obj, found)
-            storages[span[0]] = {"bytes": span[1], "holder": f"{owner}{label}",
-                                 "cycle": pattern(_cycle(obj, found, in_garbage, kind)),
-                                 "frames": [list(f) for f in user_frames(frames_of.find(span[0]) or [])
-                                            [:MAX_FRAMES]] if frames_of else []}
-    tensors = sorted(storages.values(), key=lambda s: -s["bytes"])
-    # The types of the cycles that hold the tensors; a collection at exit also frees much else.
-    in_cycles = _component(owners, in_garbage, kind) if owners else found
-    types_seen = collections.Counter(type(o).__qualname__ for o in in_cycles)
-    user_types = [(n, c) for n, c in types_seen.most_common() if n not in _PLUMBING]
-    return {"objects": len(found), "types": [[n, c] for n, c in (user_types or types_seen.most_common())[:8]],
-            "cuda_tensor_bytes": sum(s["bytes"] for s in tensors), "cuda_tensors": len(tensors),
-            "tensors": _merge_garbage(tensors)}
-
-
-def _is_cuda(tensor) -> bool:
-    try:
-        return bool(tensor.is_cuda)
-    except Exception:
-        return False
-
-
-_PLUMBING = {"dict", "list", "tuple", "cell", "function", "method", "frame", "set", "Tensor", "Parameter"}
-
-
-def _inside(obj, kind: TensorKind, in_garbage: set) -> list:
-    """The labelled referents of `obj` that are garbage too."""
-    try:
-        return [(label, child) for label, child in children(obj, kind) if id(child) in in_garbage]
-    except Exception:
-        return []
-
-
-def _component(starts: list, in_garbage: set, kind: TensorKind, limit: int = 20_000) -> list:
-    """The garbage reachable from `starts` through garbage only (at most `limit` objects)."""
-    seen = {id(o) for o in starts}
-    out = list(starts)
-    queue = collections.deque(starts)
-    while queue and len(out) < limit:
-        for _, child in _inside(queue.popleft(), kind, in_garbage):
-            if id(child) not in seen:
-                seen.add(id(child))
-                out.append(child)
-                queue.append(child)
-    return out
-
-
-def _owner_name(obj, found) -> str:
-    if type(obj) is dict:
-        for other in found:  # the object whose __dict__ this is
-            try:
-                if object.__getattribute__(other, "__dict__") is obj:
-                    return type(other).__qualname__
-            except Exception:
-                continue
-        return "dict"
-    return type(obj).__qualname__
-
-
-def _cycle(start, found, in_garbage: set, kind: TensorKind, limit: int = 6) -> str:
-    """A short loop of references through `start` inside the garbage, as types and labels."""
-    queue = collections.deque([(start, [])])
-    seen = {id(start)}
-    while queue:
-        obj, path = queue.popleft()
-        if len(path) >= limit:
-            continue
-        for label, child in _inside(obj, kind, in_garbage):
-            step = path + [(obj, label)]
-            if child is start:
-                return " -> ".join(f"{_short_type(o)}{'' if type(o) is dict else l}"
-                                   for o, l in step) + f" -> {_short_type(start)}"
-            if id(child) not in seen:
-                seen.add(id(child))
-                queue.append((child, step))
-    return ""
-
-
-def _short_type(obj) -> str:
-    return type(obj).__qualname__
-
-
-def _merge_garbage(tensors: list[dict]) -> list[dict]:
-    merged: dict = {}
-    for t in tensors:
-        key = (t["holder"], t["cycle"], tuple(map(tuple, t["frames"])))
-        m = merged.setdefault(key, {"holder": t["holder"], "cycle": t["cycle"], "frames": t["frames"],
-                                    "bytes": 0, "count": 0})
-        m["bytes"] += t["bytes"]
-        m["count"] += 1
-    return sorted(merged.values(), key=lambda m: -m["bytes"])[:MAX_GROUPS]
