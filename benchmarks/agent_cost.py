@@ -65,6 +65,7 @@ def main() -> int:
         agent = Agent(run_dir, args.interval)
         agent.torch = torch
         agent.describe_devices()
+        agent.prepare_reading()  # as at CUDA's start: without it no sample is taken
         agent.sampler.interval_s = 1e9  # no sample is ever due: the hook's own cost
         agent.sampler.last_sample_t = time.monotonic()
         hook_us = per_call_us(lambda: agent.on_step(explicit=False), 200_000)
