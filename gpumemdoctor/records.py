@@ -18,7 +18,11 @@ from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int
 
 SUSPECT_KINDS = ("allocation", "garbage", "thread")
 HOLDER_KINDS = ("global", "attribute", "frame-local", "kept-exception", "hook", "closure",
-                "autograd-graph", "cycle")
+                "autograd-graph", "cycle", "generator", "cache", "foreign")
+# Why a group's blocks have no holder: no Python object refers to them; something does, but
+# nothing the program's modules or frames reach holds that (C code, a dead cycle); the search's
+# budget ran out before it reached them.
+UNHELD_WHY = ("no-python-object", "unreachable", "not-reached")
 
 
 @dataclass
@@ -108,14 +112,33 @@ HOLDER = _shape({"path": _str, "pattern": _str, "kind": _one_of(*HOLDER_KINDS), 
                  "sizes": _SIZES})
 # "new": allocated since the baseline; None in recordings from before exit searches covered all
 # live memory, which held new blocks only.
+
+
+def _why(v: Any, what: str) -> list:
+    """[why, bytes, count, type of the highest object above the holder or null]."""
+    v = need_list(v, what)
+    if len(v) != 4:
+        raise BadReportError(f"{what}: expected [why, bytes, count, type]")
+    return [_one_of(*UNHELD_WHY)(v[0], what), need_int(v[1], what), need_int(v[2], what),
+            None if v[3] is None else need_str(v[3], what)]
+
+
+def _numbers(v: Any, what: str) -> dict:
+    return {need_str(k, what): need_num(x, what) for k, x in need_dict(v, what).items()}
+
+
 GROUP = _shape({"device": _opt(_int), "new": _opt(_bool), "bytes": _int, "count": _int, "frames": _list_of(_frame),
                 "thread": _opt(_list_of(_str)), "holders": _list_of(HOLDER), "unheld_bytes": _int,
-                "unheld_count": _opt(_int), "unheld_sizes": _SIZES})
+                "unheld_count": _opt(_int), "unheld_sizes": _SIZES, "unheld_why": _opt(_list_of(_why))})
+# "visited": the objects the garbage collector tracked when the search began (its heap); "forked":
+# made in a copy of the process; "phases": seconds (and counts) of its parts.
 INVESTIGATION = _shape({"when": _one_of("growth", "exit", "oom"), "t": _num, "step": _opt(_int), "trace": _bool,
                         "source": _one_of("allocator", "tensors"), "all_live": _opt(_bool),
                         "candidate_bytes": _int,
                         "candidate_count": _int, "groups": _list_of(GROUP), "visited": _int,
-                        "gave_up": _opt(_str), "elapsed_s": _num, "snapshot_s": _opt(_num)})
+                        "gave_up": _opt(_str), "elapsed_s": _num, "snapshot_s": _opt(_num),
+                        "budget_s": _opt(_num), "tensors": _opt(_int), "graph_nodes": _opt(_int),
+                        "forked": _opt(_bool), "phases": _opt(_numbers)})
 SUSPICION = _shape({"t": _num, "step": _opt(_int), "device": _int, "by": _str, "grown_bytes": _int,
                     "rate": _num})
 TRACE = _shape({"t": _num, "step": _opt(_int), "why": _str, "ok": _bool, "error": _opt(_str)})

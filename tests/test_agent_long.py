@@ -82,6 +82,7 @@ def test_trace_auto_records_stacks_for_a_window_then_stops(agent_and_clock, tmp_
         return (1 << 30) + step // 10 * MiB + (step % 3) * 50 * MiB
 
     run_steps(agent, clock, 3000, 0.1, leak)  # 300 s
+    agent.watch.wait_for_copy()  # the search was made in a copy of the process
     calls = agent.torch.cuda.memory.history_calls
     assert [c["enabled"] for c in calls] == ["state", None]
     traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]

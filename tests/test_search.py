@@ -1,16 +1,18 @@
-"""The holder search and the garbage look-up (gpumemdoctor/_agent/search.py, garbage.py) on CPU
-tensors: they match storages by address, so a CPU tensor is found the same way a CUDA one is on
-the GPU."""
+"""The holder search and the garbage look-up (gpumemdoctor/_agent/search.py, heap.py, edges.py,
+graphs.py, garbage.py) on CPU tensors: they match storages by address, so a CPU tensor is found the
+same way a CUDA one is on the GPU."""
 from __future__ import annotations
 
+import functools
 import gc
+import itertools
 import threading
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpumemdoctor._agent import garbage, search  # noqa: E402
+from gpumemdoctor._agent import edges, garbage, search  # noqa: E402
 from gpumemdoctor._agent.blocks import Spans, TensorKind, storage_span, thread_entry, user_frames  # noqa: E402
 
 KIND = TensorKind(torch)
@@ -22,16 +24,32 @@ class Holder:
         self.tensor = tensor
 
 
-def holder_of(tensor, extra_roots=()) -> tuple[str, str]:
-    """(rendered path, kind) of the first path from the usual roots to the tensor's storage."""
+def block_of(tensor) -> dict:
     address, size = storage_span(tensor)
-    spans = Spans([(address, size, "t")])
-    walk = search.Walk(KIND, spans, budget_s=10, max_objects=2_000_000,
-                         user_modules=search.user_module_names())
-    walk.run([*extra_roots, *search.roots(skip_threads={threading.get_ident()})])  # not our own locals
-    assert "t" in walk.found, f"not found after {walk.visited} objects ({walk.gave_up})"
-    labels = walk.path(walk.found["t"])
-    return search.render(labels), search.holder_kind(labels)
+    return {"device": 0, "address": address, "size": size, "frames": [], "new": True}
+
+
+def search_for(*tensors, budget_s: float = 10.0, blocks: list | None = None) -> dict:
+    """The search over these tensors' blocks, from the usual roots (not this test's own frames),
+    with automatic collection held off as the agent holds it."""
+    blocks = blocks if blocks is not None else [block_of(t) for t in tensors]
+    del tensors
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return search.investigate(torch, KIND, {"blocks": {}, "storages": set()}, budget_s,
+                                  search.Roots({threading.get_ident()}), {}, blocks=blocks)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def holder_of(tensor) -> tuple[str, str]:
+    """(rendered path, kind) of the path the search found to the tensor's storage."""
+    result = search_for(tensor)
+    (group,) = result["groups"]
+    assert group["holders"], f"no holder: {group['unheld_why']} ({result['gave_up']})"
+    return group["holders"][0]["path"], group["holders"][0]["kind"]
 
 
 def test_a_module_global_list():
@@ -40,7 +58,7 @@ def test_a_module_global_list():
         path, kind = holder_of(HISTORY[2])
         assert path == f"{__name__}.HISTORY[2]"
         assert kind == "global"
-        assert search.pattern(path) == f"{__name__}.HISTORY[*]"
+        assert edges.pattern(path) == f"{__name__}.HISTORY[*]"
     finally:
         HISTORY.clear()
 
@@ -74,7 +92,7 @@ def test_a_kept_exception_holds_its_frame_locals():
         assert path.startswith(f"{__name__}.ERRORS[0].__traceback__ -> work() at test_search.py:")
         assert path.endswith(" local buf")
         assert kind == "kept-exception"
-        assert search.pattern(path) == f"{__name__}.ERRORS[*].__traceback__ -> work() at test_search.py local buf"
+        assert edges.pattern(path) == f"{__name__}.ERRORS[*].__traceback__ -> work() at test_search.py local buf"
     finally:
         del ERRORS, buf
 
@@ -113,7 +131,7 @@ def test_an_accumulated_loss_keeps_the_autograd_graph():
         assert path.endswith("._saved_result")
         assert kind == "autograd-graph"
         assert " autograd node" in path  # the hops are counted, not spelled out
-        assert search.pattern(path) == f"{__name__}.TOTAL.grad_fn (autograd graph)"
+        assert edges.pattern(path) == f"{__name__}.TOTAL.grad_fn (autograd graph)"
     finally:
         del TOTAL, first
 
@@ -132,14 +150,11 @@ def test_a_local_of_a_live_frame_in_another_thread():
     t.start()
     started.wait(10)
     try:
-        spans = Spans([(box[0], 128, "t")])
-        walk = search.Walk(KIND, spans, budget_s=10, max_objects=2_000_000)
-        walk.run(search.roots(skip_threads={threading.get_ident()}))
-        labels = walk.path(walk.found["t"])
-        path = search.render(labels)
-        assert path.startswith("thread 'probe-thread': worker() at test_search.py:")
-        assert path.endswith(" local local_tensor")
-        assert search.holder_kind(labels) == "frame-local"
+        result = search_for(blocks=[{"device": 0, "address": box[0], "size": 128, "frames": [], "new": True}])
+        (holder,) = result["groups"][0]["holders"]
+        assert holder["path"].startswith("thread 'probe-thread': worker() at test_search.py:")
+        assert holder["path"].endswith(" local local_tensor")
+        assert holder["kind"] == "frame-local"
     finally:
         stop.set()
         t.join()
@@ -154,11 +169,22 @@ def test_a_class_attribute_of_the_programs_own_class():
         del Holder.shared
 
 
-def test_the_walk_gives_up_on_its_object_budget():
-    spans = Spans([(1, 1, "never")])
-    walk = search.Walk(KIND, spans, budget_s=10, max_objects=50)
-    walk.run(search.roots(skip_threads=set()))
-    assert walk.found == {} and walk.gave_up == "after 50 objects"
+def test_a_search_out_of_budget_says_what_it_did_not_reach():
+    HISTORY.extend(torch.ones(4) for _ in range(3))
+    try:
+        result = search_for(*HISTORY, budget_s=0.0)
+    finally:
+        HISTORY.clear()
+    (group,) = result["groups"]
+    assert group["holders"] == [] and group["unheld_why"] == [["not-reached", 48, 3, None]]
+    assert result["gave_up"].startswith("stopped at its 0 s budget with 3 of 3 allocations not reached")
+
+
+def test_a_block_no_python_object_holds_is_said_so():
+    result = search_for(blocks=[{"device": 0, "address": 16, "size": 1 << 20, "frames": [], "new": True}])
+    (group,) = result["groups"]
+    assert group["unheld_why"] == [["no-python-object", 1 << 20, 1, None]]
+    assert result["gave_up"] is None
 
 
 class Node:
@@ -230,8 +256,7 @@ def test_investigate_groups_new_blocks_by_stack_and_names_the_holder(monkeypatch
     try:
         baseline = search.take_baseline(torch, KIND)
         state["blocks"] = blocks([old], []) + blocks(HISTORY, stack)
-        result = search.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
-                                      skip_threads={threading.get_ident()}, thread_names={})
+        result = search.investigate(torch, KIND, baseline, 10, search.Roots({threading.get_ident()}), {})
     finally:
         HISTORY.clear()
     assert result["candidate_count"] == 4 and result["candidate_bytes"] == 4 * 1024
@@ -269,10 +294,9 @@ def test_the_exit_search_covers_all_live_memory_new_and_old(monkeypatch):
         snap["blocks"] = [block(t) for t in WEIGHTS]
         baseline = search.take_baseline(torch, KIND)
         snap["blocks"] += [block(t) for t in HISTORY]
-        result = search.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
-                                      skip_threads={threading.get_ident()}, thread_names={}, all_live=True)
-        only_new = search.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
-                                        skip_threads={threading.get_ident()}, thread_names={})
+        result = search.investigate(torch, KIND, baseline, 10, search.Roots({threading.get_ident()}), {},
+                                    all_live=True)
+        only_new = search.investigate(torch, KIND, baseline, 10, search.Roots({threading.get_ident()}), {})
     finally:
         HISTORY.clear()
         del WEIGHTS
@@ -310,8 +334,8 @@ def test_the_exit_sequence_sees_the_cycle_when_gc_is_held_off(monkeypatch):
             junk = Holder(None)
             junk.tensor = junk
         del junk
-        search.investigate(torch, KIND, {"blocks": {(1, 1)}, "storages": set()}, budget_s=10,
-                             max_objects=2_000_000, skip_threads={threading.get_ident()}, thread_names={})
+        search.investigate(torch, KIND, {"blocks": {(1, 1)}, "storages": set()}, 10,
+                           search.Roots({threading.get_ident()}), {})
         report = garbage.collect_garbage(KIND, None, cuda_only=False)
     finally:
         if collecting:
@@ -343,3 +367,177 @@ def test_a_leaks_allocations_after_the_trace_window_count_with_its_line():
     assert suspect["where"] == line[0] and suspect["count"] == 200 and suspect["bytes"] == 200 * 1024
     assert suspect["holders"][0]["count"] == 200
     assert suspect["summary"].startswith("200 KiB in 200 allocations at train.py:12 in step(); held by __main__.kept[0]")
+
+
+# -- holders behind objects written in C, and what the climb reaches ---------------------------
+
+@functools.lru_cache(maxsize=None)
+def embed(i):
+    return torch.full((8,), float(i))
+
+
+@functools.lru_cache(maxsize=4)
+def embed_bounded(i):
+    return torch.full((8,), float(i))
+
+
+@pytest.mark.parametrize("fn", [embed, embed_bounded], ids=["unbounded", "bounded"])
+def test_an_lru_cache_is_named_as_the_functions_cache(fn):
+    path, kind = holder_of(fn(3))
+    assert path == f"{__name__}.{fn.__name__}'s lru_cache"
+    assert kind == "cache"
+
+
+def batches():
+    buf = torch.ones(64)
+    yield 1
+    yield buf
+
+
+def test_a_suspended_generators_local():
+    global GENS
+    GENS = [batches()]
+    next(GENS[0])
+    tensor = GENS[0].gi_frame.f_locals["buf"]
+    try:
+        path, kind = holder_of(tensor)
+        assert path.startswith(f"{__name__}.GENS[0] -> suspended generator batches() at test_search.py:")
+        assert path.endswith(" local buf")
+        assert kind == "generator"
+        assert edges.pattern(path) == f"{__name__}.GENS[*] -> suspended generator batches() at test_search.py local buf"
+    finally:
+        del GENS
+
+
+def test_an_object_written_in_c_is_named_by_its_type():
+    global REPEATS
+    REPEATS = [itertools.repeat(torch.ones(4))]
+    tensor = next(REPEATS[0])
+    try:
+        path, kind = holder_of(tensor)
+        assert path == f"{__name__}.REPEATS[0] (itertools.repeat)"
+        assert kind == "foreign"
+    finally:
+        del REPEATS
+
+
+def test_a_librarys_global_is_reached_by_the_climb():
+    import json
+
+    json._gpumemdoctor_probe = [torch.ones(5)]
+    try:
+        result = search_for(json._gpumemdoctor_probe[0])
+        (holder,) = result["groups"][0]["holders"]
+        assert holder["path"] == "json._gpumemdoctor_probe[0]"
+        assert result["phases"]["climb_scans"] >= 1
+    finally:
+        del json._gpumemdoctor_probe
+
+
+def test_one_climb_places_a_whole_list_beside_the_first():
+    import json
+
+    json._gpumemdoctor_many = [torch.ones(5) for _ in range(50)]
+    try:
+        result = search_for(*json._gpumemdoctor_many)
+        (holder,) = result["groups"][0]["holders"]
+        assert holder["pattern"] == "json._gpumemdoctor_many[*]" and holder["count"] == 50
+        assert result["phases"]["climb_scans"] <= 4  # one climb, not fifty
+    finally:
+        del json._gpumemdoctor_many
+
+
+def test_a_big_container_is_left_to_the_climb():
+    """The sweep does not walk into a list of more than heap.BIG items; the climb finds what is
+    held below one."""
+    global DATASET
+    DATASET = [[i] for i in range(search.heap.BIG + 10)]
+    DATASET[-1].append(torch.ones(3))
+    try:
+        path, _ = holder_of(DATASET[-1][1])
+        assert path == f"{__name__}.DATASET[{search.heap.BIG + 9}][1]"
+    finally:
+        del DATASET
+
+
+def test_a_tensor_held_only_by_a_dead_cycle_is_unreachable():
+    class Ring:
+        pass
+
+    a, b = Ring(), Ring()
+    a.peer, b.peer, a.t = b, a, torch.ones(7)
+    block = block_of(a.t)
+    del a, b
+    result = search_for(blocks=[block])
+    (group,) = result["groups"]
+    assert group["holders"] == [] and group["unheld_why"][0][0] == "unreachable"
+
+
+class Sneaky:
+    """A class whose every hook counts its calls: the search must never call any of them."""
+
+    calls = 0
+
+    def __getattr__(self, name):
+        Sneaky.calls += 1
+        raise AttributeError(name)
+
+    def __getattribute__(self, name):
+        Sneaky.calls += 1
+        return object.__getattribute__(self, name)
+
+    def __repr__(self):
+        Sneaky.calls += 1
+        return "sneaky"
+
+    def __len__(self):
+        Sneaky.calls += 1
+        return 1
+
+    def __iter__(self):
+        Sneaky.calls += 1
+        return iter(())
+
+    def __eq__(self, other):
+        Sneaky.calls += 1
+        return self is other
+
+    def __hash__(self):
+        Sneaky.calls += 1
+        return 7
+
+    def __dir__(self):
+        Sneaky.calls += 1
+        return []
+
+    @property
+    def prop(self):
+        Sneaky.calls += 1
+        return 1
+
+
+class SneakyList(list):
+    def __iter__(self):
+        Sneaky.calls += 1
+        return iter(())
+
+    def __getitem__(self, i):
+        Sneaky.calls += 1
+        return None
+
+
+def test_the_search_runs_none_of_the_programs_code():
+    global SNEAKY
+    outer, inner = Sneaky(), Sneaky()
+    tensor = torch.ones(3)
+    object.__setattr__(inner, "t", SneakyList([tensor]))
+    object.__setattr__(outer, "inner", inner)
+    SNEAKY = {(outer, 1): [outer]}  # a key that is a tuple holding an object of the program's class
+    Sneaky.calls = 0
+    try:
+        result = search_for(tensor)
+        (holder,) = result["groups"][0]["holders"]
+        assert holder["path"] == f"{__name__}.SNEAKY[<tuple>][0].inner.t[0]"
+        assert Sneaky.calls == 0
+    finally:
+        del SNEAKY

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from . import threads
+from . import forked, threads
 from .core import Agent
 from .startup import ENV_RUN_DIR, interval_from_env
 
@@ -67,6 +67,8 @@ def _begin(agent: Agent) -> None:
 
 def _after_fork_in_child() -> None:
     global _agent
+    if forked.in_copy():
+        return  # the agent's own copy, searching: it writes to the parent's record file and leaves
     parent = _agent
     _agent = None
     if parent is None:

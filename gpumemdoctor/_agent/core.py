@@ -8,7 +8,7 @@
 3. Sampling (sampler.py): at each optimizer step or gpumemdoctor.step() (`on_step`), or on the
    sampling thread's timer while no step comes. Each sample goes to the growth watch (watch.py).
 4. Growth suspected: allocation stacks on (trace.py), and a holder search (search.py) due some
-   steps later, run at that step boundary, in `on_step`.
+   steps later, made at that step boundary (`on_step`) in a copy of the process (forked.py).
 5. An out-of-memory error: its record; the first one is searched too (oom.py).
 6. Exit (exit.py): the exit probes, then the exit record.
 Threads and forks: threads.py. Each part keeps a reference to the agent for what they share:
@@ -26,6 +26,7 @@ from . import startup
 from .channel import Channel
 from .events import Collections, cuda_origin
 from .exit import finish
+from .neutral import quiet_gc
 from .oom import OomObserver
 from .sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
 from .threads import ThreadWatch
@@ -197,6 +198,9 @@ class Agent:
                 sampler.sample("step")
             watch = self.watch
             trace = self.trace
+            if watch.copy is not None:
+                with quiet_gc():
+                    watch.poll_copy()
             if watch.search_at is not None and self.steps >= watch.search_at[0]:
                 watch.search("growth")  # here, on the program's own thread, between steps
             elif trace.stop_at is not None and now >= trace.stop_at and watch.search_at is None:

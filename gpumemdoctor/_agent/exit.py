@@ -68,6 +68,7 @@ def _exit_probes(agent, torch) -> None:
     try:
         end = agent.sampler.read_devices()  # the memory as the program left it
         agent.channel.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
+        agent.watch.wait_for_copy()  # a search still under way in a copy of the process
         if os.environ.get(ENV_SNAPSHOT) == "1" and agent.run_dir:
             _dump_snapshot(agent, torch)
             took("snapshot")

@@ -8,7 +8,9 @@ import collections
 import gc
 
 from .blocks import Spans, TensorKind, storage_span, user_frames
-from .search import ATOMIC, MAX_FRAMES, MAX_GROUPS, children, pattern
+from .edges import pattern
+from .referents import ATOMIC, children
+from .search import MAX_FRAMES, MAX_GROUPS
 
 
 def collect_garbage(kind: TensorKind, frames_of: Spans | None, cuda_only: bool = True) -> dict:

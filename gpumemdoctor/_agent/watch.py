@@ -9,9 +9,11 @@ Then, once:
   INVESTIGATE_AFTER_STEPS steps later, run at that step boundary on the program's own thread
   (core.Agent.on_step);
 - by time only: stacks are turned on, and the holders are looked for at exit.
-A search also runs at the first out-of-memory error (oom.py) and at exit (exit.py). Each
-holds automatic collection off and stops at its budget (BUDGET_S, MAX_OBJECTS); the search
-itself is search.py.
+A search also runs at the first out-of-memory error (oom.py) and at exit (exit.py). During the
+run (growth, out of memory) a search is made in a copy of the process (forked.py): the program
+pauses only for the fork, and the copy writes its record itself; one copy at a time, polled at
+each step and waited for at exit. At exit the search runs in the process, with automatic
+collection held off. Each stops at its budget (BUDGET_S); the search itself is search.py.
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ import gc
 import threading
 import time
 
+from . import forked
 from .events import import_in_progress
+from .neutral import quiet_gc
 
 # Growth is suspected, online, when the floor of allocated memory has risen by this much
 # at two checks in a row (every CHECK_EVERY samples): then the allocation stacks are
@@ -30,12 +34,11 @@ MAX_FLOOR_POINTS = 512  # then every other point is dropped: a check stays about
 INVESTIGATE_AFTER_STEPS = 16
 INVESTIGATE_AFTER_S = 3.0
 WARMUP_STEPS = 10  # --trace on: what is alive after these many steps is not new
-# How long one holder search may take. "live" is the exit search of a run in which no growth
-# was seen (and no --trace on): the walk ends early only when every block has a holder, and
-# PyTorch's own buffers (cuBLAS workspaces) never have one, so it usually runs to its budget
-# or to the end of the heap (76k objects, 0.3-0.4 s, in the scenarios on an H200).
-BUDGET_S = {"growth": 2.0, "exit": 5.0, "live": 1.0, "oom": 3.0}
-MAX_OBJECTS = {"growth": 2_000_000, "exit": 5_000_000, "live": 1_000_000, "oom": 3_000_000}
+# How long one holder search may take. The searches made in a copy of the process cost the
+# program nothing but the fork; the exit searches delay the end of the run by what they take.
+# "live" is the exit search of a run in which no growth was seen (and no --trace on).
+BUDGET_S = {"growth": 5.0, "oom": 5.0, "exit": 1.0, "live": 1.0}
+COPY_SLACK_S = 10.0  # a copy is killed this long after its budget: the snapshot, the record
 
 
 class GrowthWatch:
@@ -51,6 +54,7 @@ class GrowthWatch:
         self.search_at: tuple | None = None  # (step, monotonic time): a growth search is due
         self.baseline: dict | None = None
         self.kind = None  # blocks.TensorKind, made when first needed
+        self.copy: forked.Copy | None = None  # the copy of the process that is searching now
 
     def prepare(self, devices: int) -> None:
         """The floor's series, made once at CUDA's start (the check then makes no container)."""
@@ -142,8 +146,9 @@ class GrowthWatch:
                              "elapsed_s": round(time.monotonic() - started, 4)})
 
     def search(self, when: str, budget: str | None = None) -> None:
-        """Group what was allocated since the baseline and is still alive (at exit: all that is
-        alive, each group marked new or not), and find its holders."""
+        """Group what was allocated since the baseline and is still alive (at exit and at an
+        out-of-memory error: all that is alive, each group marked new or not), and find its
+        holders: in a copy of the process during the run, in the process at exit."""
         agent = self.agent
         if when != "oom":
             self.search_at = None
@@ -152,17 +157,50 @@ class GrowthWatch:
         # No baseline at exit or at an out-of-memory error (no growth seen, or seen by time
         # only): all of it counts as new.
         baseline = self.baseline or {"blocks": {}, "storages": set()}
-        from .search import investigate
+        from .search import Roots, investigate
 
         own = {t.ident for t in threading.enumerate() if t.name.startswith("gpumemdoctor-")}
-        if when == "exit":
-            own.add(threading.get_ident())  # our frames at exit hold nothing of the program's
+        budget_s = BUDGET_S[budget or when]
+        if when != "exit":
+            with quiet_gc():
+                # Made here: the copy will have only this thread, and the others' locals are roots.
+                roots = Roots(own)
+                step = agent.steps
+                trace = agent.trace.on or agent.trace.was_on
+                names = agent.threads.names()
+                t = time.monotonic()
+
+                def in_copy() -> None:
+                    try:
+                        result = investigate(agent.torch, self.tensor_kind(), baseline, budget_s, roots, names,
+                                             all_live=when == "oom")
+                    except Exception as exc:
+                        agent.channel.write({"type": "error", "where": f"investigation ({when}, in a copy)",
+                                             "message": repr(exc)[:500]})
+                        return
+                    agent.channel.write({"type": "investigation", "when": when, "t": t, "step": step,
+                                         "trace": trace, "forked": True, **result})
+
+                if self.copy is not None and not self.copy.poll():
+                    return  # one copy at a time; the exit search covers what this one would have
+                copy = forked.start(in_copy, budget_s + COPY_SLACK_S)
+                del roots
+            if isinstance(copy, str):
+                agent.channel.write({"type": "error", "where": f"investigation ({when})",
+                                     "message": f"not made during the run: {copy}; the exit search covers it"})
+                return
+            self.copy = copy
+            agent.cost["search_pauses"] = agent.cost.get("search_pauses", 0) + 1
+            agent.cost["search_pause_s"] = agent.cost.get("search_pause_s", 0.0) + copy.pause_s
+            agent.cost["search_pause_max_s"] = max(agent.cost.get("search_pause_max_s", 0.0), copy.pause_s)
+            return
+        own.add(threading.get_ident())  # our frames at exit hold nothing of the program's
+        self.wait_for_copy()
         collecting = gc.isenabled()
         gc.disable()  # the search allocates: a collection now would free the program's garbage
         try:
-            result = investigate(agent.torch, self.tensor_kind(), baseline,
-                                 BUDGET_S[budget or when], MAX_OBJECTS[budget or when], own,
-                                 agent.threads.names(), all_live=when in ("exit", "oom"))
+            result = investigate(agent.torch, self.tensor_kind(), baseline, budget_s, Roots(own),
+                                 agent.threads.names(), all_live=True)
         except Exception as exc:
             agent.channel.write({"type": "error", "where": f"investigation ({when})", "message": repr(exc)[:500]})
             return
@@ -171,3 +209,24 @@ class GrowthWatch:
                 gc.enable()
         agent.channel.write({"type": "investigation", "when": when, "t": time.monotonic(), "step": agent.steps,
                              "trace": agent.trace.on or agent.trace.was_on, **result})
+
+    def poll_copy(self) -> None:
+        """Reap the searching copy once it is done (at a step boundary)."""
+        if self.copy is not None and self.copy.poll():
+            self._copy_done()
+
+    def wait_for_copy(self) -> None:
+        """At exit: the copy's record must be written before the process's last one."""
+        copy = self.copy
+        if copy is None:
+            return
+        while not copy.poll():
+            time.sleep(0.005)
+        self._copy_done()
+
+    def _copy_done(self) -> None:
+        copy, self.copy = self.copy, None
+        if copy is not None and copy.status:
+            what = "was killed at its deadline" if copy.status == -9 else f"ended with status {copy.status}"
+            self.agent.channel.write({"type": "error", "where": "investigation (copy)",
+                                      "message": f"the copy of the process searching for holders {what}"})
