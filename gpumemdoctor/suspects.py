@@ -107,10 +107,10 @@ def _allocation_suspect(g: dict) -> dict:
         if top["count"] > 1:
             summary += f" and {top['count'] - 1} more like it"
     elif g["unheld_bytes"]:
-        summary += "; no holder found"
+        summary += "; " + unheld_text(g.get("unheld_why")).replace("that ", "", 1)
     return {"kind": "allocation", "bytes": g["bytes"], "count": g["count"], "where": where, "stack": stack,
             "thread": threads, "holders": holders, "unheld_bytes": g["unheld_bytes"], "summary": summary,
-            "remedy": _remedy(holders[0] if holders else None, where, threads)}
+            "remedy": _remedy(holders[0] if holders else None, where, threads, g.get("unheld_why"))}
 
 
 def _user_line(stack: list) -> list | None:
@@ -130,11 +130,10 @@ def _at(frame: list) -> str:
     return f"{os.path.basename(frame[0])}:{frame[1]} in {frame[2]}()"
 
 
-def _remedy(holder: dict | None, where: list | None, threads: list | None) -> str:
+def _remedy(holder: dict | None, where: list | None, threads: list | None, why: list | None = None) -> str:
     at = f" (allocated at {where[0]}:{where[1]})" if where else ""
     if holder is None:
-        return ("No reference to it was found from the program's modules or live frames: it may be held "
-                "by C/C++ code, by a reference cycle, or beyond the search's budget" + at + ".")
+        return unheld_remedy(why, at)
     path, kind = holder["path"], holder["kind"]
     text = {
         "global": f"{holder['pattern']} keeps every one of them{at}: store a number (.item()) or a "
@@ -154,10 +153,59 @@ def _remedy(holder: dict | None, where: list | None, threads: list | None) -> st
                           f"step's saved tensors{at}. Accumulate loss.item() or loss.detach() instead.",
         "cycle": f"{path} is part of a reference cycle{at}: break it (weakref for back-references) "
                  f"or call gc.collect().",
+        "generator": f"A suspended generator keeps its local variables until it runs to its end or is "
+                     f"closed: {path}{at}. Exhaust it, call its .close(), or drop it when done.",
+        "cache": f"{path.split(chr(39))[0]} is memoised with functools.lru_cache, which keeps every result it "
+                 f"returned, one per distinct argument{at}. Bound it (maxsize=...), call "
+                 f"{path.split(chr(39))[0].rsplit('.', 1)[-1]}.cache_clear() when done, or cache a CPU copy "
+                 f"or a number instead.",
+        "foreign": f"An object of another library holds the memory: {path}{at}. An array made from a "
+                   f"tensor (cupy.asarray, from_dlpack, __cuda_array_interface__) shares its memory and "
+                   f"keeps it alive as long as the array lives: drop the array, or copy what you need.",
     }[kind]
     if threads and any("(ended)" in t for t in threads):
         text += " The thread that allocated them has ended; the reference above is what keeps them."
     return text
+
+
+WHY_TEXT = {
+    "no-python-object": "that no Python object holds",
+    "unreachable": "held by an object that nothing the program reaches refers to",
+    "not-reached": "that the search did not reach within its budget",
+}
+
+
+def unheld_text(why: list | None) -> str:
+    """What the search says of blocks without a holder, from its biggest reason."""
+    if not why:
+        return "held by no tensor the search reached"
+    reason, _, _, top = why[0]
+    text = WHY_TEXT[reason]
+    if reason == "unreachable" and top:
+        text = f"held by a {top} that nothing the program reaches refers to"
+    return text
+
+
+def unheld_remedy(why: list | None, at: str = "", graph_grads: int | None = None) -> str:
+    """What to do about blocks without a holder, by why the search found none."""
+    reason = why[0][0] if why else None
+    if reason == "not-reached":
+        return ("The search stopped at its budget before it reached these blocks (the report says how far "
+                f"it got){at}. Run again with --trace on for their allocating line.")
+    if reason == "unreachable":
+        return ("The object that holds them is referred to by nothing the program's modules or live frames "
+                "reach: a reference cycle that gc.collect() frees (the garbage finding says so at exit), or "
+                f"a reference from C/C++ code (an extension, a CUDA graph, a C++ hook){at}.")
+    if graph_grads:
+        return (f"No Python object holds them, and the .grad of {graph_grads} tensor{'s' if graph_grads != 1 else ''} "
+                "carries an autograd graph: backward(create_graph=True) on a leaf makes a reference cycle "
+                "leaf -> .grad -> its graph -> leaf that Python's gc cannot see (PyTorch warns about it). Use "
+                "torch.autograd.grad(..., create_graph=True) instead, or set the leaf's .grad to None when "
+                f"done{at}.")
+    return ("No Python object holds them: C/C++ code does, and the search cannot tell which (PyTorch's own "
+            "buffers such as a cuBLAS workspace per stream, 32 MiB on an H100; an extension; a custom "
+            f"autograd Function's C++ state){at}. With --trace on, their allocating line shows where they "
+            "came from.")
 
 
 def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[list[dict], dict]:
@@ -189,10 +237,11 @@ def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[lis
                              "stack": [], "thread": g["thread"], "holders": [h], "unheld_bytes": None,
                              "summary": summary, "remedy": _live_remedy(h, None)})
         if g["unheld_bytes"]:
+            why = g.get("unheld_why")
             suspects.append({"kind": "allocation", "bytes": g["unheld_bytes"], "count": None, "where": None,
                              "stack": [], "thread": g["thread"], "holders": [], "unheld_bytes": g["unheld_bytes"],
-                             "summary": f"{fb(g['unheld_bytes'])} held by no tensor the search reached",
-                             "remedy": _live_remedy(None, None)})
+                             "summary": f"{fb(g['unheld_bytes'])} {unheld_text(why)}",
+                             "remedy": _live_remedy(None, None, why)})
     # What someone holds comes first; blocks without a holder (mostly PyTorch's own buffers)
     # come last, and keep at least one line.
     suspects.sort(key=lambda s: -s["bytes"])
@@ -207,15 +256,18 @@ def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[lis
     return suspects, meta
 
 
-def _live_remedy(holder: dict | None, where: list | None) -> str:
-    if holder is not None and holder["kind"] in ("kept-exception", "hook", "autograd-graph", "cycle"):
+def _live_remedy(holder: dict | None, where: list | None, why: list | None = None) -> str:
+    if holder is not None and holder["kind"] in ("kept-exception", "hook", "autograd-graph", "cycle", "generator",
+                                                 "cache", "foreign"):
         return _remedy(holder, where, None)  # these say how to let go of that kind of reference
     at = f" (allocated at {where[0]}:{where[1]})" if where else ""
     if holder is None:
-        return ("No tensor the search reached holds it. PyTorch keeps some memory of its own among "
-                "the allocated blocks: a cuBLAS workspace per stream and thread that ran a matmul "
-                "(32 MiB each on an H200; torch._C._cuda_clearCublasWorkspaces() frees them). "
-                f"Otherwise it is held from C/C++, by a reference cycle, or beyond the search's budget{at}.")
+        if why and why[0][0] != "no-python-object":
+            return unheld_remedy(why, at)
+        return ("No Python object holds it. PyTorch keeps some memory of its own among the allocated "
+                "blocks: a cuBLAS workspace per stream and thread that ran a matmul (32 MiB each on an "
+                "H100 or H200; torch._C._cuda_clearCublasWorkspaces() frees them). Otherwise C/C++ code "
+                f"holds it{at}.")
     return (f"{holder['path']} still references it{at}. If the program no longer needs it, drop that "
             f"reference (del it or set it to None; an optimizer holds its model's parameters too), "
             f"then torch.cuda.empty_cache() gives the memory back to the device.")
@@ -315,12 +367,16 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
                 a["sizes"][size] = a["sizes"].get(size, 0) + n
         sizes = g.get("unheld_sizes") or []
         count = g.get("unheld_count") or 0
+        why = g.get("unheld_why")
+        if why and why[0][0] == "not-reached":
+            continue  # not evidence of anything: the search stopped before it got there
         # Without stacks every block is one group: only blocks of one size are alike.
         alike = count if g["frames"] else (sizes[0][1] if sizes else 0)
         if alike >= MIN_ALIKE:
             unheld.append({"count": alike, "bytes": g["unheld_bytes"] if g["frames"] else sizes[0][0] * alike,
                            "sizes": sizes, "where": where, "thread": g["thread"],
-                           "same_line": bool(g["frames"])})
+                           "same_line": bool(g["frames"]), "why": g.get("unheld_why"),
+                           "graph_grads": investigation.get("graph_grads")})
     out = []
     for a in held.values():
         a["sizes"] = sorted(([s, n] for s, n in a["sizes"].items()), key=lambda p: -p[1])[:3]
@@ -358,14 +414,10 @@ def accumulation_suspect(a: dict) -> dict:
 def unheld_suspect(u: dict) -> dict:
     """A suspect made of alike allocations that nothing in Python holds."""
     where = f" at {_at(u['where'])}" if u["where"] else ""
-    summary = f"{fb(u['bytes'])} in {alike_text(u)}{where} that no Python object holds"
+    why = u.get("why")
+    summary = f"{fb(u['bytes'])} in {alike_text(u)}{where} {unheld_text(why) if why else 'that no Python object holds'}"
     at = f" (allocated at {u['where'][0]}:{u['where'][1]})" if u["where"] else ""
-    remedy = ("Memory that no Python object holds, in many alike pieces, is kept by references from C++. "
-              "The usual cause: backward(create_graph=True) on a leaf makes a reference cycle "
-              "leaf -> .grad -> its graph -> leaf that Python's gc cannot see (PyTorch warns about it); "
-              "use torch.autograd.grad(..., create_graph=True) instead, or set the leaf's .grad to None "
-              "when done. Otherwise look for tensors kept by a C/C++ extension or a custom autograd "
-              f"Function's ctx{at}.")
+    remedy = unheld_remedy(why, at, u.get("graph_grads"))
     return {"kind": "allocation", "bytes": u["bytes"], "count": u["count"], "where": u["where"],
             "stack": [u["where"]] if u["where"] else [], "thread": u["thread"], "holders": [],
             "unheld_bytes": u["bytes"], "summary": summary, "remedy": remedy}

@@ -136,6 +136,7 @@ class Finder:
         self.heap_objects = 0
         self.tensors = 0
         self.graph_nodes = 0
+        self.graph_grads = 0  # tensors whose .grad carries an autograd graph (create_graph=True)
         self.stopped: str | None = None
         self.mine: set = set()  # ids of the search's own containers that hold the program's objects
 
@@ -234,6 +235,7 @@ class Finder:
                     fn = getattr(g, "grad_fn", None)
                     if fn is not None:  # backward(create_graph=True): the gradient keeps a graph
                         heads.append((t, [".grad", ".grad_fn"], fn))
+                        self.graph_grads += 1
             for a in arrays:
                 try:
                     pointer = a.__cuda_array_interface__["data"][0]
@@ -403,6 +405,7 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, roots:
             "candidate_count": len(fresh), "groups": groups, "visited": finder.heap_objects,
             "gave_up": gave_up, "elapsed_s": round(time.monotonic() - started, 3), "snapshot_s": snapshot_s,
             "budget_s": budget_s, "tensors": finder.tensors, "graph_nodes": finder.graph_nodes,
+            "graph_grads": finder.graph_grads,
             "phases": {k: round(v, 4) if type(v) is float else v for k, v in finder.phases.items()}}
 
 
