@@ -138,7 +138,7 @@ INVESTIGATION = _shape({"when": _one_of("growth", "exit", "oom"), "t": _num, "st
                         "candidate_count": _int, "groups": _list_of(GROUP), "visited": _int,
                         "gave_up": _opt(_str), "elapsed_s": _num, "snapshot_s": _opt(_num),
                         "budget_s": _opt(_num), "tensors": _opt(_int), "graph_nodes": _opt(_int),
-                        "graph_grads": _opt(_int),
+                        "graph_grads": _opt(_int), "complete": _opt(_bool),
                         "forked": _opt(_bool), "phases": _opt(_numbers)})
 SUSPICION = _shape({"t": _num, "step": _opt(_int), "device": _int, "by": _str, "grown_bytes": _int,
                     "rate": _num})

@@ -73,5 +73,13 @@ def extra_args(path: Path) -> list[str]:
     return []
 
 
-def scenarios() -> list[Path]:
-    return sorted(p for p in SCENARIO_DIR.glob("*.py") if not p.name.startswith("_"))
+def scenarios(folder: Path = SCENARIO_DIR) -> list[Path]:
+    return sorted(p for p in folder.glob("*.py") if not p.name.startswith("_"))
+
+
+CORPUS_DIR = SCENARIO_DIR.parent / "corpus"
+
+
+def corpus() -> list[Path]:
+    """The real-library workloads (corpus/): each says what it expects, as a scenario does."""
+    return scenarios(CORPUS_DIR)

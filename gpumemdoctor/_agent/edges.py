@@ -116,6 +116,14 @@ def labels(chain: list, root: list[str]) -> list[str]:
     return out
 
 
+def named(parent, child) -> bool:
+    """Whether the reference parent -> child is one a user would name the path by: not a dict's
+    key (a parameter is its module's before it is a key of its optimizer's state)."""
+    if issubclass(type(parent), dict):
+        return any(v is child for v in dict.values(parent))
+    return True
+
+
 def edge(parent, child, after) -> tuple:
     """(label of the reference parent -> child, how many steps it takes: 1, or 2 where it names
     `after` through a plumbing object such as an instance's __dict__). None: no name known."""

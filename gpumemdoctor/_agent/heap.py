@@ -2,8 +2,8 @@
 
 Two moves, both made of the garbage collector's own C traversals:
 - `Sweep`: breadth-first from named roots, a level at a time (gc.get_referents over a chunk of
-  objects in one call), keeping no parent pointers: a path is recovered afterwards, and only for
-  what was found, by looking one level up for the object's first referrer (`path_to`).
+  objects in one call), keeping no parent pointers: the paths are recovered afterwards, only for
+  what was found, one level up at a time for all of them at once (`paths`).
 - `Climb`: upward from a few objects with gc.get_referrers (one scan of the heap per level), for
   what the sweep did not reach: a library's module globals, what only C code or a dead cycle holds.
 A scan costs about 12 ns per reference in the heap; a sweep about 0.5 us per reference it follows
@@ -57,6 +57,7 @@ class Sweep:
         self.allow = allow
         self.allow_object = allow_object
         self.type_ok: dict = {}
+        self.dict_kind: dict = {}  # type -> 2: dict, 1: a subclass of dict, 0: anything else
         self.budget = budget
         self.max_depth = max_depth
         self.max_objects = max_objects
@@ -84,7 +85,7 @@ class Sweep:
                 if self.reached >= self.max_objects:
                     self.stopped = "objects"
                     return
-                kids = list(filter(_tracked, _referents(*level[i:i + CHUNK])))
+                kids = list(filter(_tracked, self._referents(level[i:i + CHUNK])))
                 fresh = dict(zip(map(id, kids), kids))
                 del kids
                 new_ids = list(itertools.filterfalse(self.seen.__contains__, fresh))
@@ -101,6 +102,23 @@ class Sweep:
                 if len(self.found) == len(self.targets) or self.stopped:
                     return
             level = nxt
+
+    def _referents(self, chunk: list):
+        """What the objects refer to, but a dict's keys: a tensor that is a key (of an optimizer's
+        state, say) is named where it is a value (its module's parameters). The climb, which
+        misses nothing, finds what only a key holds."""
+        kinds = self.dict_kind
+        for t in set(map(type, chunk)).difference(kinds):
+            kinds[t] = 2 if t is dict else 1 if issubclass(t, dict) else 0
+        if not any(kinds[t] for t in set(map(type, chunk))):
+            return _referents(*chunk)
+        out = _referents(*itertools.compress(chunk, map((0).__eq__, map(kinds.__getitem__, map(type, chunk)))))
+        out += itertools.chain.from_iterable(map(dict.values, itertools.compress(
+            chunk, map((2).__eq__, map(kinds.__getitem__, map(type, chunk))))))
+        for d in itertools.compress(chunk, map((1).__eq__, map(kinds.__getitem__, map(type, chunk)))):
+            keys = set(map(id, dict.keys(d)))
+            out += [r for r in _referents(d) if id(r) not in keys]
+        return out
 
     def _hits(self, objs: list, depth: int) -> None:
         if self.targets:
@@ -124,31 +142,55 @@ class Sweep:
         return objs
 
 
-def path_to(levels: list[list], depth: int, target) -> list:
-    """[root, ..., target]: at each level up, the first object (in the order it was reached)
-    that refers to the one below."""
-    chain = [target]
-    want = target
-    for k in range(depth - 1, -1, -1):
-        parent = first_referrer(levels[k], want)
-        if parent is None:
-            return []
-        chain.append(parent)
-        want = parent
-    chain.reverse()
-    return chain
+def paths(levels: list[list], found: dict, objects: dict, acceptable=None) -> dict:
+    """{id: [root, ..., object]} for each id in `found` (id -> the depth it was reached at;
+    `objects`: id -> the object). One pass over each level above a found object, for all of them
+    at once: at each level up, the parent is the first object (in the order they were reached)
+    that refers to the one below and that `acceptable(parent, child)` accepts; the first that
+    refers to it when none is accepted."""
+    want: dict = {}  # depth -> {id: object} that need a parent at depth - 1
+    for key, depth in found.items():
+        want.setdefault(depth, {})[key] = objects[key]
+    parent_of: dict = {}  # id -> its chosen parent
+    for depth in range(max(want, default=0), 0, -1):
+        here = want.get(depth)
+        if not here:
+            continue
+        candidates = _referrers_in(levels[depth - 1], set(here))
+        up = want.setdefault(depth - 1, {})
+        for key, child in here.items():
+            options = candidates.get(key) or []
+            chosen = next((p for p in options if acceptable is None or acceptable(p, child)),
+                          options[0] if options else None)
+            if chosen is not None:
+                parent_of[key] = chosen
+                up.setdefault(id(chosen), chosen)
+    out = {}
+    for key in found:
+        chain = [objects[key]]
+        while id(chain[-1]) in parent_of:
+            chain.append(parent_of[id(chain[-1])])
+        if len(chain) == found[key] + 1:
+            chain.reverse()
+            out[key] = chain
+    return out
 
 
-def first_referrer(objs: list, target):
-    key = id(target)
+def _referrers_in(objs: list, wanted: set, per_object: int = 3) -> dict:
+    """id -> up to `per_object` objects of `objs` (in their order) that refer to it."""
+    out: dict = {}
     for i in range(0, len(objs), CHUNK):
         chunk = objs[i:i + CHUNK]
-        if key not in set(map(id, _referents(*chunk))):
+        if wanted.isdisjoint(map(id, _referents(*chunk))):
             continue
         for candidate in chunk:
-            if any(r is target for r in _referents(candidate)):
-                return candidate
-    return None
+            for r in _referents(candidate):
+                key = id(r)
+                if key in wanted:
+                    found = out.setdefault(key, [])
+                    if len(found) < per_object and all(f is not candidate for f in found):
+                        found.append(candidate)
+    return out
 
 
 # -- climbing ---------------------------------------------------------------------

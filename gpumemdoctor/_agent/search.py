@@ -260,13 +260,12 @@ class Finder:
         sweep.run(start)
         del start
         self.phases["swept"] = sweep.reached
-        for target, depth in sorted(sweep.found.items(), key=lambda kv: kv[1]):
-            if all(key in self.placed for key, _ in holders[target]):
-                continue
-            chain = heap.path_to(sweep.levels, depth, anchors[target])
-            if chain:
-                self._place(target, holders, edges.labels(chain, labels[id(chain[0])]))
+        chains = heap.paths(sweep.levels, sweep.found, anchors, edges.named)
         sweep.levels.clear()
+        for target, depth in sorted(sweep.found.items(), key=lambda kv: kv[1]):
+            chain = chains.pop(target, None)
+            if chain and self._open(target, holders):
+                self._place(target, holders, edges.labels(chain, labels[id(chain[0])]))
 
     def _climb(self, anchors: dict, holders: dict) -> None:
         pending = [i for i in holders if self._open(i, holders)]
@@ -312,12 +311,11 @@ class Finder:
             sweep = heap.Sweep(want, set(closed), _allow, lambda cls: False, self.budget.share(CLAIM_SHARE),
                                max_depth=len(chain) - j)
             sweep.run([chain[j]])
-            for target, depth in sweep.found.items():
-                sub = heap.path_to(sweep.levels, depth, anchors[target])
-                if sub:
-                    self._place(target, holders, edges.labels(chain[:j] + sub, root))
-                    want.discard(target)
+            subs = heap.paths(sweep.levels, sweep.found, anchors, edges.named)
             sweep.levels.clear()
+            for target, sub in subs.items():
+                self._place(target, holders, edges.labels(chain[:j] + sub, root))
+                want.discard(target)
 
     def _open(self, anchor: int, holders: dict) -> bool:
         return any(key not in self.placed for key, _ in holders[anchor])
@@ -397,6 +395,8 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, roots:
     groups = _groups(blocks, finder, thread_names)
     fresh = [b for b in blocks if b["new"]]
     unreached = sum(1 for why in finder.why.values() if why == "not-reached")
+    # Every block placed, or held by no Python object at all: then no garbage cycle holds any.
+    complete = finder.stopped is None and all(why == "no-python-object" for why in finder.why.values())
     gave_up = None
     if unreached:
         gave_up = (f"stopped at its {budget_s:g} s budget with {unreached} of {len(blocks)} allocations "
@@ -405,7 +405,7 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, roots:
             "candidate_count": len(fresh), "groups": groups, "visited": finder.heap_objects,
             "gave_up": gave_up, "elapsed_s": round(time.monotonic() - started, 3), "snapshot_s": snapshot_s,
             "budget_s": budget_s, "tensors": finder.tensors, "graph_nodes": finder.graph_nodes,
-            "graph_grads": finder.graph_grads,
+            "graph_grads": finder.graph_grads, "complete": complete,
             "phases": {k: round(v, 4) if type(v) is float else v for k, v in finder.phases.items()}}
 
 

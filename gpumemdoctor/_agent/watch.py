@@ -145,7 +145,7 @@ class GrowthWatch:
                              "blocks": len(self.baseline["blocks"]),
                              "elapsed_s": round(time.monotonic() - started, 4)})
 
-    def search(self, when: str, budget: str | None = None) -> None:
+    def search(self, when: str, budget: str | None = None) -> dict | None:
         """Group what was allocated since the baseline and is still alive (at exit and at an
         out-of-memory error: all that is alive, each group marked new or not), and find its
         holders: in a copy of the process during the run, in the process at exit."""
@@ -153,7 +153,7 @@ class GrowthWatch:
         if when != "oom":
             self.search_at = None
         if agent.torch is None or (self.baseline is None and when == "growth"):
-            return
+            return None
         # No baseline at exit or at an out-of-memory error (no growth seen, or seen by time
         # only): all of it counts as new.
         baseline = self.baseline or {"blocks": {}, "storages": set()}
@@ -182,18 +182,18 @@ class GrowthWatch:
                                          "trace": trace, "forked": True, **result})
 
                 if self.copy is not None and not self.copy.poll():
-                    return  # one copy at a time; the exit search covers what this one would have
+                    return None  # one copy at a time; the exit search covers what this one would have
                 copy = forked.start(in_copy, budget_s + COPY_SLACK_S)
                 del roots
             if isinstance(copy, str):
                 agent.channel.write({"type": "error", "where": f"investigation ({when})",
                                      "message": f"not made during the run: {copy}; the exit search covers it"})
-                return
+                return None
             self.copy = copy
             agent.cost["search_pauses"] = agent.cost.get("search_pauses", 0) + 1
             agent.cost["search_pause_s"] = agent.cost.get("search_pause_s", 0.0) + copy.pause_s
             agent.cost["search_pause_max_s"] = max(agent.cost.get("search_pause_max_s", 0.0), copy.pause_s)
-            return
+            return None
         own.add(threading.get_ident())  # our frames at exit hold nothing of the program's
         self.wait_for_copy()
         collecting = gc.isenabled()
@@ -203,12 +203,13 @@ class GrowthWatch:
                                  agent.threads.names(), all_live=True)
         except Exception as exc:
             agent.channel.write({"type": "error", "where": f"investigation ({when})", "message": repr(exc)[:500]})
-            return
+            return None
         finally:
             if collecting:
                 gc.enable()
         agent.channel.write({"type": "investigation", "when": when, "t": time.monotonic(), "step": agent.steps,
                              "trace": agent.trace.on or agent.trace.was_on, **result})
+        return result
 
     def poll_copy(self) -> None:
         """Reap the searching copy once it is done (at a step boundary)."""

@@ -1,0 +1,206 @@
+"""What `gpumemdoctor run` costs on programs built with real libraries (corpus/).
+
+    python benchmarks/corpus.py [--repeats 3] [--only NAME ...] [--samples N] [--json PATH]
+
+For each workload of corpus/ it runs the script plainly and under the tool, alternating plain,
+tool, plain, tool, ... (--repeats pairs), and compares, median against median:
+  - the whole process's wall time (the tool's start-up, its exit probes and report included);
+  - the median step time and the longest gap between two steps (each workload prints both:
+    STEP_TIME_MS, STEP_GAP_MAX_MS), so a pause of the tool in the training loop shows;
+  - from the tool's report: each holder search (when, in a copy or not, seconds against its
+    budget), the longest pause its copies cost the program, and the verdict.
+Targets (issue 18): whole process at most 5% or 1 s over plain, whichever is larger; at most
+100 ms added to the longest step gap; the exit search at most 1 s; no search over 110% of its
+budget. --samples sets the big-heap workloads' dataset size (CORPUS_SAMPLES; 2,500,000 makes ten
+million objects). --check exits 3 when a target is missed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(HERE)
+CORPUS = os.path.join(REPO_ROOT, "corpus")
+sys.path.insert(0, HERE)
+from overhead import RunFailed, _base_env, _cuda_info, _shell  # noqa: E402
+
+FIGURE = re.compile(r"^(STEPS|STEP_TIME_MS|STEP_GAP_MAX_MS)\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+SKIP_EXIT = 77
+TARGETS = {"whole_pct": 5.0, "whole_s": 1.0, "gap_ms": 100.0, "exit_search_s": 1.0, "budget_share": 1.1}
+
+
+def workloads() -> list[str]:
+    return sorted(f[:-3] for f in os.listdir(CORPUS) if f.endswith(".py") and not f.startswith("_"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only", action="append", choices=workloads())
+    p.add_argument("--samples", type=int, help="CORPUS_SAMPLES for the big-heap workloads")
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--keep", metavar="DIR", help="keep the last tool run's report of each workload here")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--check", action="store_true")
+    args = p.parse_args(argv)
+    info = _cuda_info()
+    if not info or not info.get("cuda"):
+        print("corpus: skipped: no CUDA GPU for torch here; nothing to measure")
+        return 0
+    env = _base_env()
+    if args.samples:
+        env["CORPUS_SAMPLES"] = str(args.samples)
+    results = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
+                        "python": sys.version.split()[0], "torch": info.get("torch"),
+                        "device": info.get("device"), "repeats": args.repeats, "samples": args.samples,
+                        "targets": TARGETS, "argv": sys.argv},
+               "workloads": {}}
+    status = 0
+    with tempfile.TemporaryDirectory(prefix="gpumemdoctor-corpus-") as tmp:
+        report = os.path.join(tmp, "r.json")
+        for name in args.only or workloads():
+            script = os.path.join(CORPUS, f"{name}.py")
+            plain = [sys.executable, script]
+            tool = [sys.executable, "-m", "gpumemdoctor", "run", "-o", report, "--force", "-q", script]
+            runs = []
+            try:
+                for pair in range(args.repeats):
+                    for mode, cmd in (("plain", plain), ("tool", tool)):
+                        run = _run(name, mode, cmd, env, tmp, args.timeout, report if mode == "tool" else None)
+                        if run is None:
+                            raise _Skip()
+                        run["pair"] = pair
+                        runs.append(run)
+                        print(f"  {name:24s} {mode:5s} #{pair + 1}: wall {run['wall_s']:6.2f} s, step "
+                              f"{run['step_time_ms']:8.3f} ms, longest gap {run['gap_max_ms']:8.1f} ms"
+                              + (f", exit search {run['exit_search_s']} s, searches {run['searches']}, "
+                                 f"verdict {run['verdict']}" if mode == "tool" else ""), flush=True)
+                    if args.keep and os.path.exists(report):
+                        os.makedirs(args.keep, exist_ok=True)
+                        with open(report, encoding="utf-8") as src, \
+                                open(os.path.join(args.keep, f"{name}.json"), "w", encoding="utf-8") as dst:
+                            dst.write(src.read())
+            except _Skip:
+                print(f"  {name}: skipped (a library it needs is missing)")
+                continue
+            except RunFailed as exc:
+                print(f"corpus: {exc}", file=sys.stderr)
+                status = 1
+                continue
+            results["workloads"][name] = {"runs": runs, "summary": _summary(runs)}
+    _table(results["workloads"])
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+            f.write("\n")
+        print(f"raw numbers: {args.json}")
+    if status:
+        return status
+    if args.check and any(not w["summary"]["within_targets"] for w in results["workloads"].values()):
+        return 3
+    return 0
+
+
+class _Skip(Exception):
+    pass
+
+
+def _run(name, mode, cmd, env, cwd, timeout, report) -> dict | None:
+    if report and os.path.exists(report):
+        os.remove(report)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RunFailed(f"{name} ({mode}) ran past {timeout:g} s: {_shell(cmd)}")
+    wall = time.perf_counter() - start
+    if proc.returncode == SKIP_EXIT:
+        return None
+    figures = dict(FIGURE.findall(proc.stdout))
+    if proc.returncode != 0 or "STEP_TIME_MS" not in figures:
+        raise RunFailed(f"{name} ({mode}) failed (exit {proc.returncode}): {_shell(cmd)}\n"
+                        f"--- stdout ---\n{proc.stdout[-3000:]}--- stderr ---\n{proc.stderr[-3000:]}")
+    run = {"mode": mode, "wall_s": round(wall, 4), "step_time_ms": float(figures["STEP_TIME_MS"]),
+           "gap_max_ms": float(figures["STEP_GAP_MAX_MS"]), "steps": int(float(figures["STEPS"]))}
+    if report:
+        run.update(_from_report(report))
+    return run
+
+
+def _from_report(path: str) -> dict:
+    """The searches, their budgets, the copies' pauses, the exit costs and the verdict."""
+    with open(path, encoding="utf-8") as f:
+        report = json.load(f)
+    searches, pauses, exit_costs = [], [], {}
+    for agent in report["recording"]["agents"]:
+        for s in agent["root"]["investigations"]:
+            searches.append({"pid": agent["pid"], "when": s["when"], "forked": bool(s.get("forked")),
+                             "elapsed_s": s["elapsed_s"], "budget_s": s.get("budget_s"),
+                             "snapshot_s": s.get("snapshot_s"), "heap_objects": s["visited"],
+                             "gave_up": s["gave_up"], "phases": s.get("phases")})
+        cost = (agent.get("exit_info") or {}).get("cost") or {}
+        if cost.get("search_pause_max_s") is not None:
+            pauses.append(cost["search_pause_max_s"])
+        if agent["pid"] == report["target"]["pid"] or not exit_costs:
+            exit_costs = {k: v for k, v in cost.items() if k.startswith("exit_")}
+    exit_search = [s["elapsed_s"] for s in searches if s["when"] == "exit"]
+    leak = next((f for f in report["findings"] if f["kind"] == report["verdict"]), None)
+    holder = None
+    if leak and leak.get("suspects") and leak["suspects"][0].get("holders"):
+        holder = leak["suspects"][0]["holders"][0]["pattern"]
+    return {"verdict": report["verdict"], "holder": holder, "searches": searches,
+            "exit_search_s": max(exit_search) if exit_search else None,
+            "copy_pause_max_s": max(pauses) if pauses else None, "exit_costs": exit_costs}
+
+
+def _summary(runs: list[dict]) -> dict:
+    plain = [r for r in runs if r["mode"] == "plain"]
+    tool = [r for r in runs if r["mode"] == "tool"]
+    med = statistics.median
+    wall_plain, wall_tool = med(r["wall_s"] for r in plain), med(r["wall_s"] for r in tool)
+    gap_plain, gap_tool = med(r["gap_max_ms"] for r in plain), med(r["gap_max_ms"] for r in tool)
+    searches = [s for r in tool for s in r["searches"]]
+    over = [s["elapsed_s"] / s["budget_s"] for s in searches if s.get("budget_s")]
+    exit_s = [r["exit_search_s"] for r in tool if r["exit_search_s"] is not None]
+    out = {"wall_plain_s": wall_plain, "wall_tool_s": wall_tool, "wall_extra_s": wall_tool - wall_plain,
+           "wall_extra_pct": (wall_tool / wall_plain - 1) * 100,
+           "step_plain_ms": med(r["step_time_ms"] for r in plain), "step_tool_ms": med(r["step_time_ms"] for r in tool),
+           "gap_plain_ms": gap_plain, "gap_tool_ms": gap_tool, "gap_added_ms": gap_tool - gap_plain,
+           "exit_search_max_s": max(exit_s) if exit_s else None,
+           "search_budget_share_max": max(over) if over else None,
+           "copy_pause_max_s": max((r["copy_pause_max_s"] for r in tool if r["copy_pause_max_s"] is not None),
+                                   default=None),
+           "verdicts": sorted({r["verdict"] for r in tool}), "holders": sorted({str(r["holder"]) for r in tool})}
+    allowed = max(TARGETS["whole_pct"] / 100 * wall_plain, TARGETS["whole_s"])
+    out["within_targets"] = bool(out["wall_extra_s"] <= allowed and out["gap_added_ms"] <= TARGETS["gap_ms"]
+                                 and (out["exit_search_max_s"] or 0) <= TARGETS["exit_search_s"]
+                                 and (out["search_budget_share_max"] or 0) <= TARGETS["budget_share"])
+    return out
+
+
+def _table(workloads: dict) -> None:
+    if not workloads:
+        return
+    print(f"\n{'workload':24s} {'plain s':>8s} {'tool s':>8s} {'extra':>13s} {'gap+ ms':>8s} "
+          f"{'exit s':>7s} {'budget':>7s} {'pause ms':>9s}  verdict")
+    for name, w in workloads.items():
+        s = w["summary"]
+        pause = f"{s['copy_pause_max_s'] * 1000:.1f}" if s["copy_pause_max_s"] is not None else "-"
+        exit_s = f"{s['exit_search_max_s']:.2f}" if s["exit_search_max_s"] is not None else "-"
+        share = f"{s['search_budget_share_max']:.0%}" if s["search_budget_share_max"] is not None else "-"
+        print(f"{name:24s} {s['wall_plain_s']:8.2f} {s['wall_tool_s']:8.2f} "
+              f"{s['wall_extra_s']:+6.2f}/{s['wall_extra_pct']:+5.1f}% {s['gap_added_ms']:+8.1f} {exit_s:>7s} "
+              f"{share:>7s} {pause:>9s}  {','.join(s['verdicts'])}{'' if s['within_targets'] else '  MISSED'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

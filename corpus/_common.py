@@ -1,0 +1,69 @@
+"""Helpers shared by the corpus: skip where a library is missing, time the steps.
+
+Every workload prints, on standard output, three lines the benchmark and the GPU tests read:
+
+    STEPS <number of steps timed>
+    STEP_TIME_MS <median milliseconds between two step ends, after warm-up>
+    STEP_GAP_MAX_MS <longest time between two step ends, after warm-up>
+
+The longest gap is what a pause of the tool would show as (a frozen training loop).
+"""
+import importlib
+import os
+import statistics
+import sys
+import time
+
+SKIP_EXIT = 77  # the workload cannot run here: the tests skip on it
+WARMUP_STEPS = 5
+
+
+def need(*names):
+    """Import these libraries, or exit 77 saying which is missing."""
+    modules = []
+    for name in names:
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            print(f"skip: {name} is not installed", file=sys.stderr)
+            sys.exit(SKIP_EXIT)
+    return modules[0] if len(modules) == 1 else modules
+
+
+def device(torch):
+    """CUDA, or the CPU when CORPUS_DEVICE=cpu (to try a workload on a machine without a GPU)."""
+    if os.environ.get("CORPUS_DEVICE") == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        print("skip: torch sees no CUDA device", file=sys.stderr)
+        sys.exit(SKIP_EXIT)
+    return torch.device("cuda")
+
+
+def on_cpu() -> bool:
+    return os.environ.get("CORPUS_DEVICE") == "cpu"
+
+
+def scaled(n: int, small: int = 0) -> int:
+    """On the CPU, fewer steps and smaller shapes (`small`): that run only proves the workload runs."""
+    if not on_cpu():
+        return n
+    return small or max(3 + WARMUP_STEPS, n // 20)
+
+
+class StepClock:
+    """Marks the end of each step; prints the step figures when asked."""
+
+    def __init__(self):
+        self.ends = []
+
+    def tick(self):
+        self.ends.append(time.perf_counter())
+
+    def report(self):
+        gaps = [b - a for a, b in zip(self.ends[WARMUP_STEPS:], self.ends[WARMUP_STEPS + 1:])]
+        if not gaps:
+            return
+        print(f"STEPS {len(gaps)}")
+        print(f"STEP_TIME_MS {statistics.median(gaps) * 1000:.3f}")
+        print(f"STEP_GAP_MAX_MS {max(gaps) * 1000:.3f}", flush=True)

@@ -1,0 +1,66 @@
+"""Running a program for real under `gpumemdoctor run` on a GPU, and checking what the report says
+of its root cause against the program's own `# expect-...` lines (tests/expect.py). Shared by the
+scenarios and the corpus of real-library workloads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.expect import expectations, extra_args, root_cause
+
+SKIP_EXIT = 77
+
+
+def run_scenario(path: Path, tmp_path: Path, env: dict | None = None, args: tuple = (),
+                 subdir: str = "", timeout: float = 300) -> dict:
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "gpumemdoctor", "run", "-o", str(report),
+                           *extra_args(path), *args, str(path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+    if proc.returncode == SKIP_EXIT:
+        pytest.skip(proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else "scenario skipped")
+    assert report.exists(), proc.stderr
+    data = json.loads(report.read_text())
+    keep = os.environ.get("GPUMEMDOCTOR_FIXTURE_DIR")
+    if keep and not env and not args:
+        keep = str(Path(keep) / subdir) if subdir else keep
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(report, Path(keep) / f"{path.stem}.json")
+        (Path(keep) / f"{path.stem}.stderr.txt").write_text(proc.stderr)
+    data["_stderr"] = proc.stderr
+    data["_returncode"] = proc.returncode
+    return data
+
+
+def check_suspect(path: Path, report: dict) -> None:
+    """The finding the program's lines name carries a suspect with the named holder (and, with
+    allocation stacks, the marked allocating line)."""
+    want = root_cause(path)
+    verdict, _ = expectations(path)
+    finding = next(f for f in report["findings"] if f["kind"] == want.get("suspects-on", verdict))
+    assert finding["suspects"], (finding["evidence"], report["_stderr"])
+    top = finding["suspects"][0]
+    searched = finding["evidence"].get("root_cause") or {}
+    if searched.get("allocation_stacks") or top["where"] is not None:
+        # Without allocation stacks (a run too short for --trace auto to turn them on) only the
+        # holder can be named; with them, the allocating line must be the marked one.
+        assert top["where"] is not None, top
+        assert Path(top["where"][0]).name == path.name and top["where"][1] == want["line"], top
+    assert top["holders"], top
+    holder = top["holders"][0]
+    assert holder["pattern"].startswith(want["holder"]), holder
+    if "holder-kind" in want:
+        assert holder["kind"] == want["holder-kind"], holder
+    if "thread" in want:
+        assert top["thread"] and any(t.startswith(want["thread"]) for t in top["thread"]), top
+        assert any("(ended)" in t for t in top["thread"]), top
+    # The whole of what was found is accounted for by the top suspect's holder pattern.
+    assert holder["bytes"] >= 0.9 * top["bytes"], top

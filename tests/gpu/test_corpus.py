@@ -1,0 +1,34 @@
+"""The corpus of real-library workloads (corpus/: Hugging Face transformers, PyTorch Lightning,
+torchvision with DataLoader workers, a program with a million-object heap), each run for real under
+`gpumemdoctor run`: every clean one comes out clean, every leaky one a leak with its holder named.
+A workload whose library is missing here exits 77 and is skipped.
+
+Set GPUMEMDOCTOR_FIXTURE_DIR to keep each report in DIR/corpus: that is how tests/fixtures/corpus
+is made. Timings (plain against the tool) are benchmarks/corpus.py's business, not these tests'.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.expect import corpus, expectations, root_cause
+from tests.gpu.runs import check_suspect, run_scenario
+
+WORKLOADS = corpus()
+CLEAN = ("clean", "allocator-cache")  # a clean program may end with memory in the cache
+
+
+@pytest.mark.parametrize("path", WORKLOADS, ids=[p.stem for p in WORKLOADS])
+def test_workload_gets_its_verdict_and_its_holder(path, tmp_path):
+    report = run_scenario(path, tmp_path, subdir="corpus", timeout=600)
+    verdict, _ = expectations(path)
+    assert report["_returncode"] == 0, report["_stderr"]
+    if verdict == "clean":
+        assert report["verdict"] in CLEAN, (report["findings"], report["_stderr"])
+    else:
+        assert report["verdict"] == verdict, (report["findings"], report["_stderr"])
+    if root_cause(path):
+        check_suspect(path, report)
+    # Every search says its budget (benchmarks/corpus.py holds each to it).
+    for agent in report["recording"]["agents"]:
+        for search in agent["root"]["investigations"]:
+            assert search["budget_s"] is not None, search
