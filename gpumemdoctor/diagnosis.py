@@ -17,7 +17,7 @@ from __future__ import annotations
 from . import children, faults, judgement, job, ranks, suspects
 from .findings import (FINDING_KINDS, INFORMATIVE, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, RankRow, choose_verdict)
-from .growth import MIN_POINTS, GrowthFit, floor_growth
+from .growth import MIN_POINTS, GrowthFit, floor_growth, steady_rise
 from .recording import AgentRecording, Dist, Recording, TorchSample
 from .records import DeviceReading
 from .units import format_bytes as fb
@@ -172,13 +172,20 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
             piled = min(sum(x["bytes"] for x in held), live_end)
             if piled >= needed:
                 retained, retained_by = piled, "accumulation-at-exit"
-        if retained >= needed:
+        released = None
+        if retained < needed:
+            # Growth through the whole loop that was let go of only after it (the function that
+            # held it returned, a cycle was collected): the loop's leak all the same.
+            released = _released(agent, torch_index, allocated, series, probes, b)
+        if retained >= needed or released is not None:
             g = _growth(agent, torch_index, nvml_index, "allocated", by, allocated, series)
             result.growth.append(g)
             growth = {"series": "allocated", "by": by, "grown_bytes": allocated.grown_bytes,
                       "start_floor_bytes": allocated.start_floor_bytes,
                       "end_floor_bytes": allocated.end_floor_bytes, "live_at_end_bytes": live_end,
-                      "retained_bytes": retained, "retained_by": retained_by,
+                      "retained_bytes": max(0, retained) if released is None else 0,
+                      "retained_by": retained_by if released is None else "released",
+                      "released": released,
                       "rate_bytes_per_step": g.rate_bytes_per_step,
                       "rate_bytes_per_s": g.rate_bytes_per_s, "points": allocated.points,
                       "rate_text": _rate(g)}
@@ -243,6 +250,48 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
 
 
 MIN_WATCHED_AFTER = 4  # samples at (nearly) the final level before growth over time may decide
+RELEASED_SHARE = 0.5  # of the growth, gone after the last step, for a growth to count as released
+FALL_SHARE = 0.1  # of the growth: the floor falling back by more (and by 4 MiB) is a sawtooth
+
+
+def _released(agent: AgentRecording, torch_index: int, fit: GrowthFit, series: list,
+              probes: dict, b: Breakdown) -> dict | None:
+    """How a growth that went on to the loop's last step was let go of after it: when (the first
+    reading after the last step sample that is below the top floor by RELEASED_SHARE of the
+    growth) and how: `gc-at-exit` (only gc.collect() at exit freed it: reference cycles held it),
+    `gc-during-run` (an automatic collection freed it), or `after-the-loop` (what held it went
+    away: a function returned, the program dropped it). None when it was not let go of."""
+    if fit.grown_bytes < MIN_LEAK_BYTES or not series:
+        return None
+    last_step, last = series[-1][0], series[-1][1]
+    low = fit.end_floor_bytes - RELEASED_SHARE * fit.grown_bytes
+    # Held to the loop's end, and never let go of before: memory that rose and fell back during
+    # the loop (a buffer reset every epoch) is a sawtooth, whatever happened after it.
+    if last.allocated_bytes is None or last.allocated_bytes < fit.end_floor_bytes - (1 << 20):
+        return None
+    if not steady_rise([r.allocated_bytes for _, r in series], max(4 << 20, FALL_SHARE * fit.grown_bytes)):
+        return None
+    readings = [(s, r) for s, r in _readings(agent.samples, torch_index)
+                if s.t > last_step.t and r.allocated_bytes is not None]
+    readings += [(probes_s, probes_s.reading(torch_index)) for probes_s in
+                 (agent.probes.get(p) for p in ("end", "gc")) if probes_s is not None]
+    found = next(((s, r) for s, r in readings if r is not None and r.allocated_bytes is not None
+                  and r.allocated_bytes <= low), None)
+    if found is None:
+        return None
+    s, r = found
+    freed = (last.allocated_bytes or fit.end_floor_bytes) - r.allocated_bytes
+    how = "after-the-loop"
+    if s.by == "gc":
+        how = "gc-at-exit"
+    else:
+        for c in agent.root["collections"]:
+            if last_step.t <= c["t"] <= s.t and sum(n for i, n in c["freed"] if i == torch_index) >= \
+                    RELEASED_SHARE * fit.grown_bytes:
+                how = "gc-during-run"
+                break
+    return {"how": how, "t": s.t, "after_t": last_step.t, "after_step": last_step.step,
+            "freed_bytes": max(0, freed)}
 
 LEAK_REMEDY = ("Find what keeps each step's tensors alive: a list that is appended to, a loss accumulated "
                "without .item() (it keeps the autograd graph), stored outputs; keep Python numbers with "

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 MIN_POINTS = 8
 WINDOWS = 4
 WARMUP_FRACTION = 0.1
+FALL_WINDOW = 4  # samples per stretch when looking for the floor falling back (steady_rise)
+RISE_SHARE = 0.75  # of the steps from one stretch to the next, from the first rise, that rise
+RISE_MIN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -101,3 +104,22 @@ def _slope(points: list[tuple[float, int]]) -> float:
     if var == 0:
         return 0.0
     return sum((p[0] - mean_x) * (p[1] - mean_y) for p in points) / var
+
+
+def steady_rise(values: list, drop: float) -> bool:
+    """Whether the floor rose stretch after stretch and never fell back by more than `drop`: the
+    lowest of each stretch of FALL_WINDOW samples (or of a sixteenth of them: what a step's own
+    activations and gradients do not move) rises in at least RISE_SHARE of the steps from one
+    stretch to the next, counted from the first rise. A loop that piles up does; a sawtooth, or
+    a series that is flat and jumps once, does not."""
+    values = [v for v in values if v is not None]
+    size = max(FALL_WINDOW, len(values) // 16)
+    floors = [min(values[i:i + size]) for i in range(0, len(values), size)]
+    steps = [b - a for a, b in zip(floors, floors[1:])]
+    if any(d < -drop for d in steps):
+        return False
+    first = next((i for i, d in enumerate(steps) if d > RISE_MIN_BYTES), None)
+    if first is None:
+        return False
+    steps = steps[first:]
+    return sum(1 for d in steps if d > RISE_MIN_BYTES) >= RISE_SHARE * len(steps)

@@ -7,9 +7,11 @@ and every finding says which evidence decided it:
 
 | # | evidence                                                                  | finding                      | decided by        |
 |---|---------------------------------------------------------------------------|------------------------------|-------------------|
-| 1 | an out-of-memory error, with one accumulation holding at least half of the | leak, and out-of-memory      | `out-of-memory`   |
-|   | allocated memory at that moment                                           | (cause `accumulation`)       |                   |
-| 2 | the allocated floor kept growing over enough samples, and is still held    | leak                         | `growth`          |
+| 1 | an out-of-memory error, with one accumulation (a holder pattern and the    | leak, and out-of-memory      | `out-of-memory`   |
+|   | autograd graphs its tensors keep) or the growth seen over the run holding  | (cause `accumulation`)       |                   |
+|   | at least half of the allocated memory at that moment                      |                              |                   |
+| 2 | the allocated floor kept growing over enough samples, to the loop's last   | leak                         | `growth`          |
+|   | step, and is still held, or was let go of only after that last step       |                              |                   |
 | 3 | too few samples to judge growth, and >= 8 alike tensors held the same way   | leak                         | `structure`       |
 |   | (`x[*]`, kept tracebacks, a hook's closure, an autograd graph), >= 64 MiB   |                              |                   |
 | 4 | too few samples, and >= 8 alike allocations nothing in Python holds,        | leak                         | `unheld`          |
@@ -105,7 +107,9 @@ def judge(e: Evidence) -> list[Judged]:
     cause = _oom_cause(e, oom) if oom is not None else None
     if oom is not None:
         # The search at the error is the better evidence: what was held when memory ran out.
-        leak = (_leak_at_oom(e, oom) if cause == "accumulation" else None) or _leak_by_growth(e)
+        leak = (_leak_at_oom(e, oom) if cause == "accumulation" and e.oom_accumulations
+                and e.oom_accumulations[0]["bytes"] >= OOM_ACCUMULATION_SHARE * (oom["allocated_bytes"] or 0)
+                else None) or _leak_by_growth(e)
     else:
         leak = _leak_by_growth(e) or _leak_by_structure(e) or _leak_unheld(e)
     if leak is not None:
@@ -113,8 +117,9 @@ def judge(e: Evidence) -> list[Judged]:
     if oom is not None:
         out.append(_out_of_memory(e, oom, cause))
     garbage = _garbage(e)
-    if garbage is not None:
-        out.append(garbage)
+    released = (e.growth or {}).get("released") or {}
+    if garbage is not None and not (leak is not None and released.get("how", "").startswith("gc-")):
+        out.append(garbage)  # (a leak that only the collector let go of says so itself)
     if leak is None and e.live_bytes and e.live_bytes >= SIGNIFICANT_BYTES:
         out.append(_live_at_exit(e))
     return out
@@ -140,16 +145,36 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
     g = e.growth
     if g is None:
         return None
-    if g.get("retained_by") == "accumulation-at-exit":
+    released = g.get("released")
+    if released is not None:
+        held = _released_text(g, released)
+    elif g.get("retained_by") == "accumulation-at-exit":
         held = (f"{fb(g['retained_bytes'])} of alike tensors that piled up is still held at the end "
                 f"(the program freed other memory before it ended)")
     else:
         held = f"{fb(g['retained_bytes'])} of that growth is still held at the end"
     return Judged(
-        kind="leak", bytes=g["retained_bytes"],
+        kind="leak", bytes=g["retained_bytes"] if released is None else g["grown_bytes"],
         summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and {held}.",
         evidence={"decided_by": "growth", **{k: v for k, v in g.items() if k != "rate_text"}, **_samples(e)},
         remedy="")  # diagnosis.py gives it the suspects and their remedy
+
+
+def _released_text(g: dict, released: dict) -> str:
+    """How a growth that lasted the whole loop was let go of only after it."""
+    step = f" (step {released['after_step']})" if released.get("after_step") is not None else ""
+    how = {
+        "after-the-loop": f"until the loop's last step{step}; it was let go of "
+                          f"{released['t'] - released['after_t']:.1f} s later, when what held it went "
+                          f"away (a function that returned, a list that was dropped)",
+        "gc-at-exit": f"until the loop's last step{step}; only gc.collect() at exit freed it: reference "
+                      f"cycles held it (an object that refers to its owner, such as a trainer and its "
+                      f"module)",
+        "gc-during-run": f"until the loop's last step{step}; an automatic garbage collection freed it "
+                         f"{released['t'] - released['after_t']:.1f} s later: reference cycles held it",
+    }[released["how"]]
+    return (f"{fb(g['grown_bytes'])} in all, {how}. It grows with the number of steps: the same loop, "
+            f"run longer, runs out of memory")
 
 
 def _leak_by_structure(e: Evidence) -> Judged | None:
@@ -196,6 +221,8 @@ def _oom_cause(e: Evidence, oom: dict) -> str:
     allocated = oom["allocated_bytes"] or 0
     if e.oom_accumulations and e.oom_accumulations[0]["bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
         return "accumulation"
+    if e.growth and e.growth["grown_bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
+        return "accumulation"  # the memory the run was seen to pile up filled the GPU
     others = sum(used or 0 for pid, used in oom["processes"] if pid != e.pid)
     if others >= OTHER_PROCESSES_SHARE * oom["limit_bytes"] and oom["request_bytes"] <= others + oom["device_free_bytes"]:
         return "other-processes"

@@ -24,9 +24,10 @@ def leak_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
     found = [i for i in root["investigations"] if any(_on(g, torch_index, True) for g in i["groups"])]
     if not found:
         return [], {"searched": False, "why_not": _why_not(root, torch_index)}
-    # The search that saw the most of the new memory: at exit, unless the program had
-    # already dropped what it held (a function that returned).
-    chosen = max(found, key=lambda i: (_bytes_on(i, torch_index), i["when"] == "exit"))
+    # The search that found holders for the most of the new memory: at exit, unless the program
+    # had already let go of what it held (a function that returned, a cycle that only the
+    # collector frees: the search during the run saw who held it).
+    chosen = max(found, key=lambda i: (_held_on(i, torch_index), _bytes_on(i, torch_index), i["when"] == "exit"))
     groups = [g for g in chosen["groups"] if _on(g, torch_index, True)]
     # A leak repeats: one-off allocations (this step's batch, gradients) are not suspects.
     repeated = [g for g in groups if g["count"] >= 2] or groups[:1]
@@ -74,6 +75,10 @@ def _with_later_allocations(groups: list[dict]) -> list[dict]:
                 same["count"] += h["count"]
                 same["bytes"] += h["bytes"]
     return [merged.get(id(g), g) for g in out]
+
+
+def _held_on(investigation: dict, torch_index: int) -> int:
+    return sum(h["bytes"] for g in investigation["groups"] if _on(g, torch_index, True) for h in g["holders"])
 
 
 def _bytes_on(investigation: dict, torch_index: int) -> int:
@@ -337,6 +342,7 @@ def _series(row: list, series: str) -> int | None:
 # -- accumulations: how a leak looks when it could not be watched growing ----------------
 
 MIN_ALIKE = 8  # tensors held the same way (or allocations nobody holds) before they are "many"
+GRAPH_PART = ".grad_fn (autograd graph)"  # the part of a holder pattern that an autograd graph adds
 # Paths through these are a model's own state, which is many alike tensors by design.
 MODEL_STATE = ("._parameters[", "._buffers[", ".param_groups[", "[<Parameter>]", "._modules[*]._parameters")
 
@@ -356,13 +362,18 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
             continue
         where = _user_line(g["frames"])
         for h in g["holders"]:
-            if h["count"] < MIN_ALIKE or any(m in h["pattern"] for m in MODEL_STATE):
+            if any(m in h["pattern"] for m in MODEL_STATE):
                 continue
-            a = held.setdefault(h["pattern"], {"pattern": h["pattern"], "path": h["path"], "kind": h["kind"],
-                                               "count": 0, "bytes": 0, "sizes": {}, "where": where,
-                                               "thread": g["thread"]})
+            # x[*] and the autograd graphs of x[*] are one accumulation: one container keeps both.
+            root = h["pattern"].split(GRAPH_PART)[0]
+            a = held.setdefault(root, {"pattern": root, "path": h["path"], "kind": h["kind"],
+                                       "count": 0, "bytes": 0, "sizes": {}, "where": where,
+                                       "thread": g["thread"], "parts": {}})
+            if GRAPH_PART not in h["pattern"] and a["kind"] == "autograd-graph":
+                a["path"], a["kind"] = h["path"], h["kind"]  # named by the container, not its graphs
             a["count"] += h["count"]
             a["bytes"] += h["bytes"]
+            a["parts"][h["pattern"]] = a["parts"].get(h["pattern"], 0) + h["bytes"]
             for size, n in h.get("sizes") or []:
                 a["sizes"][size] = a["sizes"].get(size, 0) + n
         sizes = g.get("unheld_sizes") or []
@@ -379,7 +390,10 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
                            "graph_grads": investigation.get("graph_grads")})
     out = []
     for a in held.values():
+        if a["count"] < MIN_ALIKE:
+            continue
         a["sizes"] = sorted(([s, n] for s, n in a["sizes"].items()), key=lambda p: -p[1])[:3]
+        a["parts"] = sorted(([p, n] for p, n in a["parts"].items()), key=lambda p: -p[1])
         out.append(a)
     return sorted(out, key=lambda a: -a["bytes"]), sorted(unheld, key=lambda u: -u["bytes"])
 

@@ -121,3 +121,27 @@ def test_the_long_run_benchmark_runs_a_short_simulation(tmp_path):
     assert sup["report_bytes"] < 5_000_000 and sup["peak_rss_bytes"] < 256 * MiB
     assert sup["nvml_points_kept"] < sup["nvml_points_seen"] and sup["spike_in_report"]["allocated_bytes"] > 20 << 30
     assert result["agent"]["step_cost_first_minute"]["sampling"]["steps"] > 0
+
+
+def test_trace_auto_records_stacks_for_a_start_up_window_by_steps(agent_and_clock, tmp_path):
+    """Stacks from CUDA's start (as on_cuda turns them on) until STARTUP_STEPS steps..."""
+    agent, clock = agent_and_clock
+    agent.trace.start("start-up")
+    run_steps(agent, clock, trace.STARTUP_STEPS + 50, 0.01, lambda step, now: 1 << 30)  # 1.5 s, no growth
+    assert [c["enabled"] for c in agent.torch.cuda.memory.history_calls] == ["state", None]
+    traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]
+    assert [t["why"] for t in traces] == ["start-up", f"start-up window ended ({trace.STARTUP_WINDOW_S:g} s or "
+                                          f"{trace.STARTUP_STEPS} steps)"]
+    assert traces[1]["step"] == trace.STARTUP_STEPS
+    assert agent.trace.was_on and not agent.trace.on
+
+
+def test_trace_auto_records_stacks_for_a_start_up_window_by_time(agent_and_clock, tmp_path):
+    """... or STARTUP_WINDOW_S, when steps are slow; growth seen after it opens its own window."""
+    agent, clock = agent_and_clock
+    agent.trace.start("start-up")
+    run_steps(agent, clock, 20, 1.0, lambda step, now: 1 << 30)
+    traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]
+    assert traces[1]["step"] == int(trace.STARTUP_WINDOW_S) and not agent.trace.on
+    run_steps(agent, clock, 200, 0.1, lambda step, now: (1 << 30) + step * MiB)  # a leak: stacks again
+    assert agent.trace.on and agent.trace.window == "growth"

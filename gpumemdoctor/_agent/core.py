@@ -107,6 +107,8 @@ class Agent:
             self.channel.write({"type": "cuda", "t": time.monotonic(), **origin})
             if self.trace.mode == "on":
                 self.trace.start("flag")
+            elif self.trace.mode == "auto" and self.run_dir:
+                self.trace.start("start-up")
             try:
                 self.describe_devices()
                 self.prepare_reading()
@@ -203,7 +205,8 @@ class Agent:
                     watch.poll_copy()
             if watch.search_at is not None and self.steps >= watch.search_at[0]:
                 watch.search("growth")  # here, on the program's own thread, between steps
-            elif trace.stop_at is not None and now >= trace.stop_at and watch.search_at is None:
+            elif trace.stop_at is not None and (now >= trace.stop_at or self.steps >= trace.stop_step) \
+                    and watch.search_at is None:
                 trace.stop()
         except Exception:
             pass
