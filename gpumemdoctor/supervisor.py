@@ -22,6 +22,7 @@ from . import __version__, nvml, procs
 from ._agent import ENV_INTERVAL, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE
 from .combine import AgentFiles
 from .errors import BadReportError, UsageError
+from .inputs import read_json
 from .recording import ProcessRecord, Recording
 from .series import Series
 from .strict import need_dict, need_int, need_list, need_num, need_str, opt_num, opt_str
@@ -36,6 +37,7 @@ NVML_RETRY_S = 1.0  # a device whose NVML calls fail is tried again this often
 MAX_NVML_FAILURES = 16  # outages recorded; later ones are only counted
 MAX_MEMBERS = 256  # process records; past it, ended processes that never held GPU memory are forgotten
 MAX_STRANGERS = 4096  # other users' PIDs remembered as not ours; past it, forgotten and looked up again
+MAX_RUN_FILE_BYTES = 16 << 20  # a run file holds the target's arguments and the devices: a few KiB
 RUN_FILE = "run.json"  # in the run folder: what `report --from-run-dir` needs if the supervisor dies
 RUN_SCHEMA = "gpumemdoctor.run/1"
 # What is kept of each long series (see series.py): an NVML series gets a point only when its
@@ -415,13 +417,9 @@ def recover(run_dir: str) -> Recording:
     path = os.path.join(run_dir, RUN_FILE)
     if not os.path.isdir(run_dir):
         raise UsageError(f"{run_dir} is not a folder")
-    try:
-        with open(path, encoding="utf-8") as f:
-            info = need_dict(json.load(f), "run file")
-    except FileNotFoundError:
-        raise UsageError(f"{run_dir} is not a gpumemdoctor run folder (it has no {RUN_FILE})") from None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise BadReportError(f"cannot read {path}: {exc}") from None
+    info = need_dict(read_json(path, MAX_RUN_FILE_BYTES, "run file",
+                               missing=f"{run_dir} is not a gpumemdoctor run folder (it has no {RUN_FILE})"),
+                     "run file")
     if info.get("schema") != RUN_SCHEMA:
         raise BadReportError(f"{path} is not a run file (schema {info.get('schema')!r}, expected {RUN_SCHEMA!r})")
     t0 = need_num(info.get("t0"), "t0")
@@ -453,7 +451,7 @@ def recover(run_dir: str) -> Recording:
             versions.setdefault("torch", agent.torch_version)
     return Recording(
         tool_version=__version__,
-        target={"argv": args, "pid": pid, "exit_code": None, "signal": None, "cwd": info.get("cwd"),
+        target={"argv": args, "pid": pid, "exit_code": None, "signal": None, "cwd": opt_str(info.get("cwd"), "cwd"),
                 "recovered_from": run_dir},
         started_wall=started_wall, duration_s=round(max(0.0, max(written, default=started_wall) - started_wall), 6),
         poll_interval_s=need_num(info.get("poll_interval_s"), "poll_interval_s"),
