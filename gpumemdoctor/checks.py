@@ -299,17 +299,22 @@ def load_baseline(path: str) -> dict:
     obj = read_json(path, MAX_BASELINE_BYTES, "baseline",
                     missing=f"baseline {path} does not exist: make it with --update-baseline")
     try:
-        obj = need_dict(obj, "baseline")
-        if obj.get("schema") != BASELINE_SCHEMA:
-            raise BadReportError(f"schema {obj.get('schema')!r:.60}, expected {BASELINE_SCHEMA!r}")
-        need_str(obj.get("tool_version"), "tool_version")
-        out: dict = _baseline_figures(obj.get("figures"), "figures")
-        if obj.get("ranks") is not None:
-            out["ranks"] = {need_int_key(k, "ranks"): _baseline_figures(v, f"rank {k:.20}")
-                            for k, v in need_dict(obj["ranks"], "ranks").items()}
-        return out
+        return parse_baseline(obj)
     except BadReportError as exc:
         raise BadReportError(f"{path} is not a valid baseline: {exc}") from None
+
+
+def parse_baseline(obj: Any) -> dict:
+    """A baseline document's figures (see load_baseline); BadReportError says what is wrong."""
+    obj = need_dict(obj, "baseline")
+    if obj.get("schema") != BASELINE_SCHEMA:
+        raise BadReportError(f"schema {obj.get('schema')!r:.60}, expected {BASELINE_SCHEMA!r}")
+    need_str(obj.get("tool_version"), "tool_version")
+    out: dict = _baseline_figures(obj.get("figures"), "figures")
+    if obj.get("ranks") is not None:
+        out["ranks"] = {need_int_key(k, "ranks"): _baseline_figures(v, f"rank {k:.20}")
+                        for k, v in need_dict(obj["ranks"], "ranks").items()}
+    return out
 
 
 def _baseline_figures(obj: Any, what: str) -> dict:

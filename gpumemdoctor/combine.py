@@ -157,6 +157,8 @@ class AgentFile:
         elif kind == "steps":
             agent.explicit_steps = True
         elif kind in ("s", "p"):
+            if t is None:
+                raise BadReportError("a sample without its time")
             sample = TorchSample(t=t, by=rec["phase"] if kind == "p" else need_str(rec.get("by"), "by"),
                                  step=opt_int(rec.get("step"), "step"),
                                  readings=[DeviceReading.from_json(r) for r in need_list(rec.get("d"), "d")],

@@ -67,13 +67,18 @@ def read_json(path: str, limit: int, what: str, missing: str | None = None) -> A
     What is not such JSON is a BadReportError that names the file and says it is not a `what`."""
     data = read_bounded(path, limit, what, missing)
     try:
-        return json.loads(data.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite)
+        return loads_strict(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise BadReportError(f"{path} is not a gpumemdoctor {what} (not UTF-8 text)") from None
     except RecursionError:
         raise BadReportError(f"{path} is not a gpumemdoctor {what} (nested too deeply)") from None
     except ValueError as exc:  # also a number of more than 4300 digits
         raise BadReportError(f"{path} is not a gpumemdoctor {what} (invalid JSON: {exc})") from None
+
+
+def loads_strict(text: str) -> Any:
+    """JSON without NaN, Infinity or a number too large for a float; ValueError otherwise."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite)
 
 
 def _refuse_constant(name: str) -> Any:

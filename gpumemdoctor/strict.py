@@ -30,8 +30,9 @@ def opt_int(value: Any, what: str) -> int | None:
 
 
 def need_num(value: Any, what: str) -> float:
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
-            or not -MAX_NUMBER <= value <= MAX_NUMBER):
+    # The range first: math.isfinite(10**400) raises OverflowError.
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not -MAX_NUMBER <= value <= MAX_NUMBER
+            or not math.isfinite(value)):
         raise _fail(what, value, "a finite number")
     return float(value)
 

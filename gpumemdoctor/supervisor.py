@@ -22,10 +22,10 @@ from . import __version__, nvml, procs
 from ._agent import ENV_INTERVAL, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE
 from .combine import AgentFiles
 from .errors import BadReportError, UsageError
-from .inputs import read_json
+from .inputs import loads_strict, read_json
 from .recording import ProcessRecord, Recording
 from .series import Series
-from .strict import need_dict, need_int, need_list, need_num, need_str, opt_num, opt_str
+from .strict import check_sizes, need_dict, need_int, need_list, need_num, need_str, opt_num, opt_str
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
 FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
@@ -449,7 +449,7 @@ def recover(run_dir: str) -> Recording:
     for agent in agents:
         if agent.torch_version:
             versions.setdefault("torch", agent.torch_version)
-    return Recording(
+    recording = Recording(
         tool_version=__version__,
         target={"argv": args, "pid": pid, "exit_code": None, "signal": None, "cwd": opt_str(info.get("cwd"), "cwd"),
                 "recovered_from": run_dir},
@@ -461,6 +461,14 @@ def recover(run_dir: str) -> Recording:
         processes=[ProcessRecord(pid=pid, ppid=None, cmdline=None, create_time=create_time, is_target=True,
                                  first_seen_t=0.0, alive_after_exit=False)],
         agents=agents, notes=[note, *notes], downsampling=kept, host=opt_str(info.get("host"), "host"))
+    # What the agents' files hold is read leniently, line by line; the report made of it must be one
+    # that `report` reads back, so it goes through the same strict reading as a saved report.
+    try:
+        document = loads_strict(json.dumps(recording.to_json()))
+        check_sizes(document, "recording")
+        return Recording.from_json(document)
+    except (BadReportError, ValueError) as exc:
+        raise BadReportError(f"{run_dir} is not a valid run folder: {exc}") from None
 
 
 def host_name() -> str | None:

@@ -62,8 +62,10 @@ def _traceback_then_exit(code: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and turn every failure into one line and an exit code."""
+    global _debug
+    _debug = False  # set by the group's --debug; main may run more than once in one process (tests)
     args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args[:1] or _debug
+    debug = "--debug" in args[:1]
     if not args:
         args = ["--help"]  # a bare `gpumemdoctor` shows the help, as click does for groups
     sys.stdout = _ReaderMayLeave(sys.stdout)
