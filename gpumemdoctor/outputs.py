@@ -38,9 +38,9 @@ def check_writable(path: str, force: bool, what: str = "report") -> None:
         if not stat.S_ISREG(os.stat(real).st_mode):
             _probe_open(real, what, path)  # a device or a pipe is written in place
             return
-    folder = os.path.dirname(real)
-    check_folder_writable(folder, what, option)
-    if not os.path.exists(real):
+    exists = os.path.exists(real)
+    check_folder_writable(os.path.dirname(real), what, option, probe=exists)  # a replacement is made there
+    if not exists:
         # Create the very name and remove it again: a folder may take no new file at all (/proc) or
         # refuse this name (too long), which its permissions do not tell.
         try:
@@ -52,8 +52,8 @@ def check_writable(path: str, force: bool, what: str = "report") -> None:
             raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
 
 
-def check_folder_writable(folder: str, what: str = "report", option: str = "-o") -> None:
-    """The folder a file will go to exists, is a folder, and takes a new file."""
+def check_folder_writable(folder: str, what: str = "report", option: str = "-o", probe: bool = True) -> None:
+    """The folder a file will go to exists, is a folder, and (with `probe`, by making one) takes a new file."""
     if not os.path.isdir(folder):
         if os.path.exists(folder):
             raise UsageError(f"cannot write the {what}: {folder} is a file, not a folder")
@@ -61,6 +61,8 @@ def check_folder_writable(folder: str, what: str = "report", option: str = "-o")
     if not os.access(folder, os.W_OK):
         raise UsageError(f"cannot write the {what}: folder {folder} is not writable; "
                          f"pass {option} to write it elsewhere")
+    if not probe:
+        return
     try:  # root passes os.access everywhere, also where no file can be made (/proc, a read-only disk)
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".gpumemdoctor-probe-")
         os.close(fd)

@@ -15,7 +15,7 @@ from ..errors import UsageError
 @click.option("--width", type=click.IntRange(40, 400), default=None, help="Columns to draw in.")
 @click.option("--html", "html", type=click.Path(dir_okay=False), metavar="OUT", default=None,
               help='Write the report as one self-contained HTML page instead '
-                   '(needs pip install "gpumemdoctor[html]").')
+                   '(needs plotly: pip install plotly).')
 @click.option("--from-run-dir", "run_dir", type=click.Path(file_okay=False), default=None,
               help="Make the report from the run folder (gpumemdoctor-XXXXXXXX in $TMPDIR or /tmp) that a "
                    "gpumemdoctor run killed before its target ended left behind.")

@@ -77,7 +77,7 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
               help="Write PyTorch's allocator snapshot (a pickle for pytorch.org/memory_viz) here at exit.")
 @click.option("--html", "html", type=click.Path(dir_okay=False), metavar="PATH", default=None,
               help='Also write the report as one self-contained HTML page, with charts '
-                   '(needs pip install "gpumemdoctor[html]").')
+                   '(needs plotly: pip install plotly).')
 @click.option("--html-next-to-json", is_flag=True,
               help="Write the HTML page next to the JSON report, named like it with .html.")
 @check_options
