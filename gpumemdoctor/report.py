@@ -122,7 +122,7 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
             raise BadReportError(f"unknown finding kind {f.get('kind')!r}")
         findings.append(Finding(kind=f["kind"], bytes=need_size(f.get("bytes"), "finding bytes"),
                                 summary=need_str(f.get("summary"), "summary"),
-                                evidence=need_dict(f.get("evidence"), "evidence"),
+                                evidence=_finding_evidence(f.get("evidence")),
                                 remedy=need_str(f.get("remedy"), "remedy"),
                                 pid=opt_int(f.get("pid"), "pid"), device=opt_int(f.get("device"), "device"),
                                 suspects=rootcause.parse_suspects(f.get("suspects")),
@@ -193,6 +193,35 @@ def _job(j: Any) -> Job:
                                 for n in need_list(j.get("ranks_with_leak"), "ranks_with_leak")],
                verdict=_verdict_or_none(j.get("verdict"), "job verdict"),
                summary=need_str(j.get("summary"), "job summary"))
+
+
+def _finding_evidence(e: Any) -> dict:
+    """A finding's evidence is data; the fields that the reporters draw are checked."""
+    e = need_dict(e, "evidence")
+    opt_str(e.get("decided_by"), "evidence decided_by")
+    for point in need_list(e.get("curve") or [], "evidence curve"):
+        if not isinstance(point, list) or len(point) != 2:
+            raise BadReportError("a host memory curve's point must be [t, bytes]")
+        need_num(point[0], "curve t")
+        need_size(point[1], "curve bytes")
+    root = e.get("root_cause")
+    if root is not None:
+        root = need_dict(root, "evidence root_cause")
+        if "elapsed_s" in root:
+            need_num(root["elapsed_s"], "root_cause elapsed_s")
+        opt_int(root.get("step"), "root_cause step")
+        opt_str(root.get("when"), "root_cause when")
+        opt_str(root.get("why_not"), "root_cause why_not")
+    garbage = e.get("garbage")
+    if garbage is not None:
+        garbage = need_dict(garbage, "evidence garbage")
+        opt_int(garbage.get("objects_freed"), "garbage objects_freed")
+        for pair in need_list(garbage.get("types") or [], "garbage types"):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise BadReportError("a garbage type must be [name, count]")
+            need_str(pair[0], "garbage type")
+            need_int(pair[1], "garbage count")
+    return e
 
 
 def _evidence(e: Any) -> dict:

@@ -123,6 +123,27 @@ def test_a_huge_size_in_a_report_is_not_a_valid_report(tmp_path, where):
         assert "r.json" in one_line(err)
 
 
+@pytest.mark.parametrize("field, value", [
+    ("root_cause", {"searched": True, "when": "exit", "elapsed_s": {"": {}}}),  # found by test_properties
+    ("decided_by", ["growth"]), ("curve", [[1.0, -5]]), ("garbage", {"types": [["dict"]]}),
+])
+def test_evidence_that_the_reporters_draw_is_checked(tmp_path, field, value):
+    doc = leak_report()
+    doc["findings"][0]["evidence"][field] = value
+    code, _, err = invoke("report", dump(tmp_path / "r.json", doc))
+    assert code == 4, err
+    one_line(err)
+
+
+def test_a_command_line_that_looks_like_markup_is_drawn_as_it_is(tmp_path, target):
+    """rich took "[/]" in the target's arguments for markup and failed after the run."""
+    code, _, err = invoke("run", "--allow-no-gpu", "-o", str(tmp_path / "r.json"), str(target), "[/]", "[bold]")
+    assert code == 0, err
+    assert "internal error" not in err and "[/] [bold]" in err
+    code, out, err = invoke("report", str(tmp_path / "r.json"))
+    assert code == 0 and "[/] [bold]" in out, err
+
+
 def test_format_bytes_never_overflows():
     from gpumemdoctor.units import format_bytes
     assert format_bytes(10 ** 400).endswith("GiB")

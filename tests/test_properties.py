@@ -96,11 +96,15 @@ SEEDS = st.integers(min_value=0, max_value=2**32 - 1)
 
 BOUNDS = [0, -1, 1, 2**31, 2**53 + 1, 2**60, 2**60 + 1, 2**63 - 1, 2**63, 2**64, -2**63, 10**30, 10**400,
           -10**400, 0.5, -0.0, 1e308, -1e308, 5e-324, 1e18, 1.5e18, math.nan, math.inf, -math.inf]
-CHARACTERS = "a0 -_.:/\\\"'%\n\t\x00\x7f\u00e9\u2028\ud7ff\U0001f600"
+CHARACTERS = "a0 -_.:/[]\\\"'%\n\t\x00\x7f\u00e9\u2028\ud7ff\U0001f600"
+
+
+# And pieces that mean something to a formatter: rich's markup, str.format, %, a path's "..".
+TOKENS = [*CHARACTERS, "[/]", "[bold]", "{0}", "%s", ".."]
 
 
 def random_text(rnd: random.Random, most: int = 10) -> str:
-    return "".join(rnd.choice(CHARACTERS) for _ in range(rnd.randint(0, most)))
+    return "".join(rnd.choice(TOKENS) for _ in range(rnd.randint(0, most)))
 
 
 def random_json(rnd: random.Random, depth: int = 0) -> Any:
