@@ -64,9 +64,9 @@ def check_folder_writable(folder: str, what: str = "report", option: str = "-o",
     if not probe:
         return
     try:  # root passes os.access everywhere, also where no file can be made (/proc, a read-only disk)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".gpumemdoctor-probe-")
+        fd, made = tempfile.mkstemp(dir=folder, prefix=".gpumemdoctor-probe-")
         os.close(fd)
-        os.unlink(probe)
+        os.unlink(made)
     except OSError as exc:
         raise UsageError(f"cannot write the {what} in {folder}: {exc.strerror or exc}; "
                          f"pass {option} to write it elsewhere") from None
