@@ -11,8 +11,8 @@ from .errors import BadReportError
 from .inputs import read_json
 from .outputs import write_text
 from .recording import Recording
-from .strict import (check_sizes, need_dict, need_int, need_list, need_num, need_size, need_str, opt_int,
-                     opt_num, opt_size, opt_str)
+from .strict import (check_sizes, need_dict, need_int, need_list, need_num, need_pairs, need_size, need_str,
+                     opt_int, opt_num, opt_size, opt_str)
 
 SCHEMA = "gpumemdoctor.report/1"
 MAX_REPORT_BYTES = 512 << 20
@@ -199,11 +199,7 @@ def _finding_evidence(e: Any) -> dict:
     """A finding's evidence is data; the fields that the reporters draw are checked."""
     e = need_dict(e, "evidence")
     opt_str(e.get("decided_by"), "evidence decided_by")
-    for point in need_list(e.get("curve") or [], "evidence curve"):
-        if not isinstance(point, list) or len(point) != 2:
-            raise BadReportError("a host memory curve's point must be [t, bytes]")
-        need_num(point[0], "curve t")
-        need_size(point[1], "curve bytes")
+    need_pairs(e.get("curve") or [], "evidence curve [t, bytes]", need_num, need_size)
     root = e.get("root_cause")
     if root is not None:
         root = need_dict(root, "evidence root_cause")
@@ -216,11 +212,7 @@ def _finding_evidence(e: Any) -> dict:
     if garbage is not None:
         garbage = need_dict(garbage, "evidence garbage")
         opt_int(garbage.get("objects_freed"), "garbage objects_freed")
-        for pair in need_list(garbage.get("types") or [], "garbage types"):
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise BadReportError("a garbage type must be [name, count]")
-            need_str(pair[0], "garbage type")
-            need_int(pair[1], "garbage count")
+        need_pairs(garbage.get("types") or [], "garbage types [name, count]", need_str, need_int)
     return e
 
 

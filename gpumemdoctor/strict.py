@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 from .errors import BadReportError
 from .units import MAX_SIZE_BYTES as MAX_BYTES
@@ -79,6 +79,17 @@ def need_list(value: Any, what: str) -> list:
     if not isinstance(value, list):
         raise _fail(what, value, "a list")
     return value
+
+
+def need_pairs(value: Any, what: str, first: Callable, second: Callable) -> list:
+    """A list of [a, b] pairs, each part checked by its function (need_num, need_size...)."""
+    pairs = need_list(value, what)
+    for pair in pairs:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise BadReportError(f"{what}: expected pairs [a, b], found {pair!r:.60}")
+        first(pair[0], what)
+        second(pair[1], what)
+    return pairs
 
 
 def check_sizes(obj: Any, what: str) -> None:
