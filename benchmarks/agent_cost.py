@@ -46,7 +46,7 @@ def main() -> int:
         print("agent_cost: no CUDA device; nothing measured")
         return 0
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from gpumemdoctor import _agent
+    from gpumemdoctor._agent.core import Agent
 
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -62,13 +62,14 @@ def main() -> int:
     torch.cuda.synchronize()
 
     with tempfile.TemporaryDirectory() as run_dir:
-        agent = _agent._Agent(run_dir, args.interval)
+        agent = Agent(run_dir, args.interval)
         agent.torch = torch
-        agent._describe_devices()
-        agent.interval_s = 1e9  # no sample is ever due: the hook's own cost
-        agent.last_sample_t = time.monotonic()
+        agent.describe_devices()
+        agent.prepare_reading()  # as at CUDA's start: without it no sample is taken
+        agent.sampler.interval_s = 1e9  # no sample is ever due: the hook's own cost
+        agent.sampler.last_sample_t = time.monotonic()
         hook_us = per_call_us(lambda: agent.on_step(explicit=False), 200_000)
-        sample_us = per_call_us(lambda: agent.sample("time"), 2_000)
+        sample_us = per_call_us(lambda: agent.sampler.sample("time"), 2_000)
 
         from torch.optim.optimizer import register_optimizer_step_post_hook
         with_hook, without = [], []
@@ -79,7 +80,7 @@ def main() -> int:
             handle.remove()
             without.append(per_call_us(train_step, 2_000, repeats=1))
             torch.cuda.synchronize()
-        os.close(agent.fd)
+        os.close(agent.channel.fd)
 
     step_us = statistics.median(without)
     per_step_us = hook_us + sample_us * step_us / (args.interval * 1e6)

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "reports"
 ONE_HOUR_S = 3600.0
 POLL_S = 0.005
-FIRST_INTERVAL_S, MAX_INTERVAL_S, SAMPLES_PER_DOUBLING = 0.02, 5.0, 1000  # as in gpumemdoctor/_agent.py
+FIRST_INTERVAL_S, MAX_INTERVAL_S, SAMPLES_PER_DOUBLING = 0.02, 5.0, 1000  # as in gpumemdoctor/_agent/startup.py and sampler.py
 
 
 def one_hour(report: dict, duration_s: float = ONE_HOUR_S, poll_s: float = POLL_S) -> dict:

@@ -9,7 +9,7 @@ seconds at hour 12; its NVML figure is reserved memory plus a 520 MiB context, a
 at every NVML poll (the worst case for the supervisor: a point per poll). What runs on
 them is the real code:
 
-1. The agent (this process): a real `gpumemdoctor._agent._Agent` over the torch test
+1. The agent (this process): a real `gpumemdoctor._agent.core.Agent` over the torch test
    double (tests/doubles/fake_cuda.py), its clock replaced by one this script advances
    0.1 s a step. Every step goes through `on_step` (the optimizer hook's path): samples,
    JSON lines, the online floor check, growth suspected, --trace auto's window, the exit
@@ -84,11 +84,11 @@ def agent_phase(hours: float, run_dir: str) -> dict:
 
     agent, clock = fake_cuda.make_agent(run_dir, context_bytes=CONTEXT)
     clock.now = T0
-    agent.write({"type": "hello", "pid": agent.pid, "ppid": os.getppid(), "t": T0, "argv": ["train.py"],
+    agent.channel.write({"type": "hello", "pid": agent.pid, "ppid": os.getppid(), "t": T0, "argv": ["train.py"],
                  "python": platform.python_version()})
-    agent.write({"type": "torch", "t": T0, "version": agent.torch.__version__})
-    agent.write({"type": "cuda", "t": T0})
-    agent.write({"type": "devices", "t": T0, "allocator_backend": "native", "devices": [
+    agent.channel.write({"type": "torch", "t": T0, "version": agent.torch.__version__})
+    agent.channel.write({"type": "cuda", "t": T0})
+    agent.channel.write({"type": "devices", "t": T0, "allocator_backend": "native", "devices": [
         {"index": 0, "uuid": "GPU-synthetic", "pci_bus_id": None, "name": "synthetic", "nvml_index": 0}]})
     rng = random.Random(24)
     steps = int(hours * 3600 / STEP_S)
@@ -106,13 +106,13 @@ def agent_phase(hours: float, run_dir: str) -> dict:
         agent.torch.set(allocated, reserved)
         start_of_minute = step - step % per_minute
         if start_of_minute in timed:
-            samples = agent.samples
+            samples = agent.sampler.samples
             before = time.perf_counter_ns()
             agent.on_step(explicit=True)
             spent = time.perf_counter_ns() - before
             window = windows.setdefault(start_of_minute, {"all": [], "sampling": [], "plain": []})
             window["all"].append(spent)
-            window["sampling" if agent.samples > samples else "plain"].append(spent)
+            window["sampling" if agent.sampler.samples > samples else "plain"].append(spent)
             if step == start_of_minute + per_minute - 1 and start_of_minute not in (0, steps - per_minute):
                 hourly[start_of_minute] = {kind: round(statistics.median(ns) / 1e3, 3)
                                            for kind, ns in window.items() if ns}
@@ -150,11 +150,11 @@ def agent_phase(hours: float, run_dir: str) -> dict:
         "step_cost_median_us_by_hour": {str(round(k * STEP_S / 3600, 1)): v for k, v in sorted(
             {**hourly, **{k: {kind: round(statistics.median(ns) / 1e3, 3) for kind, ns in w.items() if ns}
                           for k, w in windows.items()}}.items())},
-        "samples": agent.samples, "sampling_interval_s_at_end": agent.interval_s,
+        "samples": agent.sampler.samples, "sampling_interval_s_at_end": agent.sampler.interval_s,
         "file_bytes": os.path.getsize(path), "file_lines": lines,
-        "suspected_growth": agent.suspected,
+        "suspected_growth": agent.watch.suspected,
         "history_calls": [c["enabled"] for c in agent.torch.cuda.memory.history_calls],
-        "window_costs_us": {k: round(v, 3) for k, v in agent._window_costs().items()},
+        "window_costs_us": {k: round(v, 3) for k, v in agent.sampler.cost.windows().items()},
         "process_rss_bytes_by_hour": {str(k): v for k, v in rss.items()},
         "agent_file": path, "agent_pid": agent.pid,
     }

@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import os
 
-from . import procs, rootcause
+from . import procs, records
 from .errors import BadReportError
-from .recording import PROBE_PHASES, AgentRecording, DeviceReading, Dist, TorchDevice, TorchSample
+from .recording import PROBE_PHASES, AgentRecording, Dist, TorchDevice, TorchSample
+from .records import DeviceReading
 from .series import Series
 from .strict import need_int, need_list, need_num, need_str, opt_int, opt_str
 
@@ -150,7 +151,7 @@ class AgentFile:
         elif kind == "cuda":
             agent.cuda_t = t
             if "stack" in rec:
-                agent.cuda_origin = rootcause.CUDA_ORIGIN(rec, "cuda")
+                agent.cuda_origin = records.CUDA_ORIGIN(rec, "cuda")
         elif kind == "devices":
             agent.allocator_backend = opt_str(rec.get("allocator_backend"), "backend")
             agent.devices = [TorchDevice.from_json(d) for d in need_list(rec.get("devices"), "devices")]
@@ -175,9 +176,9 @@ class AgentFile:
             cupy = rec.get("cupy")
             agent.cupy_pool = cupy if isinstance(cupy, dict) else None
             if "cost" in rec:
-                agent.exit_info = rootcause.EXIT_INFO(rec, "exit")
-        elif kind in rootcause.RECORDS:
-            rootcause.apply_record(agent.root, kind, rec, self.t0)
+                agent.exit_info = records.EXIT_INFO(rec, "exit")
+        elif kind in records.RECORDS:
+            records.apply_record(agent.root, kind, rec, self.t0)
             if kind in ("oom", "suspect") and t is not None:
                 self.samples.mark("out-of-memory" if kind == "oom" else "growth suspected", t)
         elif kind == "error":

@@ -14,11 +14,12 @@ normally the agent's reading right after it, before libraries load their kernels
 """
 from __future__ import annotations
 
-from . import faults, judgement, job, ranks, rootcause
+from . import children, faults, judgement, job, ranks, suspects
 from .findings import (FINDING_KINDS, INFORMATIVE, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, RankRow, choose_verdict)
 from .growth import MIN_POINTS, GrowthFit, floor_growth
-from .recording import AgentRecording, DeviceReading, Dist, Recording, TorchSample
+from .recording import AgentRecording, Dist, Recording, TorchSample
+from .records import DeviceReading
 from .units import format_bytes as fb
 
 # What a diagnosis is made of lives in findings.py; these names are this module's too, where the
@@ -36,7 +37,6 @@ MIN_LEAK_BYTES = 16 * MIB  # growth below this over the run is not called a leak
 LIBRARY_ALLOWANCE_BYTES = 512 * MIB
 MIN_STEPS = 8
 DIP_BYTES = 64 * MIB  # a context reading this far below both neighbours is NVML's dip, not the context
-MIN_SIBLING_CONTEXTS = 2  # children of one process with contexts on its GPU before they are called avoidable
 
 
 def diagnose(recording: Recording) -> Diagnosis:
@@ -75,8 +75,8 @@ def _diagnose_recording(recording: Recording) -> Diagnosis:
     for (pid, device), points in sorted(recording.nvml.items()):
         if pid not in torch_pids and any(used for _, used in points):
             _diagnose_nvml_only(pid, device, points, result)
-    _orphans(recording, result)
-    _child_contexts(recording, result, set(rank_of))
+    children.orphans(recording, result)
+    children.child_contexts(recording, result, set(rank_of))
     job.stray_contexts(recording, rank_of, result)
     unseen = [a.pid for a in recording.agents if a.cuda_t is not None
               and not any(pid == a.pid for pid, _ in recording.nvml)]
@@ -158,7 +158,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
 
     growth = None
     # What the exit search found piled up: the judgement's rows 3 and 4, and below, what growth left.
-    held, unheld = rootcause.accumulations(rootcause.search_of(agent.root, "exit"), torch_index)
+    held, unheld = suspects.accumulations(suspects.search_of(agent.root, "exit"), torch_index)
     if allocated is not None:
         live_end = b.live_tensor_bytes if b.live_tensor_bytes is not None else end.allocated_bytes
         retained = live_end - allocated.start_floor_bytes
@@ -186,15 +186,15 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     result.evidence.append(evidence.to_json())
     for j in judgement.judge(evidence):
         if j.kind == "leak" and j.evidence["decided_by"] == "growth":
-            j.suspects, j.evidence["root_cause"] = rootcause.leak_suspects(agent.root, torch_index)
+            j.suspects, j.evidence["root_cause"] = suspects.leak_suspects(agent.root, torch_index)
             j.remedy = j.suspects[0]["remedy"] if j.suspects and j.suspects[0]["holders"] else LEAK_REMEDY
         elif j.kind == "live-at-exit":
-            j.suspects, j.evidence["root_cause"] = rootcause.live_suspects(agent.root, torch_index)
+            j.suspects, j.evidence["root_cause"] = suspects.live_suspects(agent.root, torch_index)
             j.remedy = j.suspects[0]["remedy"] if j.suspects else (
                 "Nothing to do if the program still needs it; otherwise del the references to it and "
                 "call torch.cuda.empty_cache() to give the memory back to the device.")
         elif j.kind == "garbage-cycle":
-            j.suspects, j.evidence["garbage"] = rootcause.garbage_suspects(agent.root)
+            j.suspects, j.evidence["garbage"] = suspects.garbage_suspects(agent.root)
             j.evidence.update({"allocated_at_end": end.allocated_bytes,
                                "allocated_after_gc_collect": after_gc.allocated_bytes if after_gc else None,
                                "objects_collected": agent.probes["gc"].collected if "gc" in agent.probes
@@ -264,10 +264,10 @@ def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, w
     near = max(SIGNIFICANT_BYTES, (b.live_tensor_bytes or 0) // 4)
     reached = next((i for i, v in enumerate(values) if v >= seen_most - near), samples)
     watched_after = samples - reached
-    oom_search = rootcause.search_of(agent.root, "oom")
-    oom_held, _ = rootcause.accumulations(oom_search, torch_index)
-    oom_suspects, oom_meta = rootcause.live_suspects(agent.root, torch_index, when="oom")
-    _, exit_meta = rootcause.live_suspects(agent.root, torch_index)
+    oom_search = suspects.search_of(agent.root, "oom")
+    oom_held, _ = suspects.accumulations(oom_search, torch_index)
+    oom_suspects, oom_meta = suspects.live_suspects(agent.root, torch_index, when="oom")
+    _, exit_meta = suspects.live_suspects(agent.root, torch_index)
     info = agent.exit_info or {}
     collections = info.get("collections")
     if collections is not None:
@@ -290,10 +290,10 @@ def _biggest_collection(freeing: list[dict], torch_index: int) -> dict | None:
     if not freeing:
         return None
     c = max(freeing, key=lambda c: sum(b for i, b in c["freed"] if i == torch_index))
-    line = rootcause.user_line(c["stack"])
+    line = suspects.user_line(c["stack"])
     return {"t": c["t"], "step": c["step"], "generation": c["generation"], "thread": c["thread"],
             "freed_bytes": sum(b for i, b in c["freed"] if i == torch_index),
-            "at": rootcause.at(line) if line else None}
+            "at": suspects.at(line) if line else None}
 
 
 def _context(during: list[tuple[TorchSample, DeviceReading]], end: DeviceReading | None) -> int | None:
@@ -334,7 +334,7 @@ def _non_torch_finding(agent: AgentRecording, torch_index: int, nvml_index: int 
         summary=f"{fb(at_end)} in {where} lies outside PyTorch's allocator, {why}.",
         evidence={"non_torch_at_end_bytes": at_end, "library_allowance_bytes": LIBRARY_ALLOWANCE_BYTES,
                   "cupy_pool": pool},
-        remedy=remedy, suspects=rootcause.thread_suspects(agent.root, torch_index, "non_torch"))
+        remedy=remedy, suspects=suspects.thread_suspects(agent.root, torch_index, "non_torch"))
 
 
 def _steady_series(agent: AgentRecording, torch_index: int):
@@ -407,109 +407,6 @@ def _diagnose_nvml_only(pid: int, device: int, points: list[tuple[float, int | N
                       "first_seen_t": held[0][0], "last_seen_t": held[-1][0]},
             remedy="Free device memory where it was allocated (cudaFree, the library's own cleanup); "
                    "CuPy: cupy.get_default_memory_pool().free_all_blocks()."))
-
-
-def _orphans(rec: Recording, result: Diagnosis) -> None:
-    for proc in rec.processes:
-        if proc.is_target or not proc.alive_after_exit:
-            continue
-        held = {dev: used for dev, used in proc.used_after_exit_bytes.items() if used}
-        if not held:
-            continue
-        total = sum(held.values())
-        command = _short_command(proc.cmdline)
-        result.findings.append(Finding(
-            kind="orphan-process", bytes=total, pid=proc.pid,
-            device=min(held) if len(held) == 1 else None,
-            summary=f"Process {proc.pid} ({command}), started by the target, still holds "
-                    f"{fb(total)} after the target exited.",
-            evidence={"pid": proc.pid, "cmdline": proc.cmdline, "ppid_when_seen": proc.ppid,
-                      "used_bytes_by_device": {str(k): v for k, v in held.items()}},
-            remedy=f"Wait for or stop the child before exiting (join(), terminate(), a context "
-                   f"manager); to free the memory now: kill {proc.pid}."))
-
-
-def _child_contexts(rec: Recording, result: Diagnosis, rank_pids: set = frozenset()) -> None:
-    """Child processes with a CUDA context of their own on a GPU their parent uses: DataLoader
-    workers that touched CUDA, or several children of one process (a pool). Each pays a context
-    (about 500 MiB) that the parent could have spared them. One finding per parent and GPU; their
-    own context findings give way to it (the breakdowns keep every process). The ranks of a
-    distributed job are never such children: each needs its context on its own GPU, and one on
-    another GPU is a `stray-context`."""
-    holders: dict = {}  # NVML index -> {pid: most memory seen}
-    for (pid, dev), points in rec.nvml.items():
-        most = max((u for _, u in points if u), default=0)
-        if most:
-            holders.setdefault(dev, {})[pid] = most
-    parents = {p.pid: p.ppid for p in rec.processes}
-    agents = {a.pid: a for a in rec.agents}
-    for a in rec.agents:
-        parents.setdefault(a.pid, a.ppid)
-    for dev, held in sorted(holders.items()):
-        children: dict = {}
-        for pid in held:
-            if pid in rank_pids:
-                continue
-            parent = parents.get(pid)
-            if parent is not None and parent in held:
-                children.setdefault(parent, []).append(pid)
-        for parent, pids in sorted(children.items()):
-            workers = [p for p in pids if (agents.get(p) and agents[p].cuda_origin or {}).get("dataloader_worker")]
-            if not workers and len(pids) < MIN_SIBLING_CONTEXTS:
-                continue
-            flagged = workers or pids
-            rows = []
-            for pid in sorted(flagged):
-                origin = agents[pid].cuda_origin if pid in agents and agents[pid].cuda_origin else {}
-                line = rootcause.user_line(origin.get("stack") or [])
-                rows.append({"pid": pid, "bytes": held[pid],
-                             "context_bytes": next((b.context_bytes for b in result.breakdowns
-                                                    if b.pid == pid and b.device == dev), None),
-                             "dataloader_worker": origin.get("dataloader_worker"),
-                             "started_cuda_at": rootcause.at(line) if line else None,
-                             "thread": origin.get("thread")})
-            at_once, most = _at_once(rec, dev, {r["pid"] for r in rows})
-            what = "DataLoader workers" if workers else "child processes"
-            lines = sorted({r["started_cuda_at"] for r in rows if r["started_cuda_at"]})
-            each = sum(r["bytes"] for r in rows) // len(rows)
-            summary = (f"{len(rows)} {what} of process {parent} each created a CUDA context of their own on "
-                       f"GPU {dev}, about {fb(each)} each: up to {most} at once, holding {fb(at_once)} "
-                       f"together.")
-            if lines:
-                summary += f" CUDA started in them at {', '.join(lines[:2])}."
-            remedy = ("Keep CUDA out of DataLoader workers: return CPU tensors from the Dataset, collate_fn and "
-                      "worker_init_fn, and move each batch to the GPU in the main process (pin_memory=True "
-                      "makes the copy fast). Do not call torch.cuda.* (set_device, empty tensors on cuda) in "
-                      "worker_init_fn." if workers else
-                      "Each process that touches CUDA pays its own context. If these processes only prepare "
-                      "data, keep them on the CPU and send their results to the parent; if they must use the "
-                      "GPU, use fewer of them.")
-            result.findings.append(Finding(
-                kind="child-contexts", bytes=at_once, pid=parent, device=dev, summary=summary,
-                evidence={"processes": rows, "parent": parent, "count": len(rows), "most_at_once": most,
-                          "bytes_at_once": at_once}, remedy=remedy))
-            result.findings[:] = [f for f in result.findings
-                                  if not (f.kind == "context" and f.pid in flagged and f.device == dev)]
-
-
-def _at_once(rec: Recording, dev: int, pids: set) -> tuple[int, int]:
-    """(most memory the processes held together on the GPU, most of them holding memory at once),
-    from the supervisor's NVML polls."""
-    events = sorted((t, pid, used or 0) for (pid, d), points in rec.nvml.items() if d == dev and pid in pids
-                    for t, used in points)
-    current: dict = {}
-    most_bytes = most_count = 0
-    for _, pid, used in events:
-        current[pid] = used
-        most_bytes = max(most_bytes, sum(current.values()))
-        most_count = max(most_count, sum(1 for v in current.values() if v))
-    return most_bytes, most_count
-
-
-def _short_command(cmdline: list[str] | None, limit: int = 60) -> str:
-    """A command line on one short line: `python -c` programs carry newlines."""
-    text = " ".join(" ".join(cmdline or []).split()) or "?"
-    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 # -- peaks --------------------------------------------------------------------------

@@ -27,7 +27,7 @@ class Finding:
     remedy: str
     pid: int | None = None
     device: int | None = None  # NVML index
-    suspects: list[dict] = field(default_factory=list)  # where, who holds it, which thread (rootcause.py)
+    suspects: list[dict] = field(default_factory=list)  # where, who holds it, which thread (suspects.py)
     host: str | None = None  # the host of the process (pid), from the recording
 
     def to_json(self) -> dict:

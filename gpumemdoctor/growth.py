@@ -33,7 +33,7 @@ def floor_growth(xs: list[float], ys: list[int | None], min_growth_bytes: int,
 
     The agent runs this inside the measured program, so the answer "no growth" makes no
     container (no list, tuple or dict): those would come from free lists that the program
-    shares, and move its garbage collector (see _events.Neutral). Indexes only.
+    shares, and move its garbage collector (see _agent/neutral.py). Indexes only.
     """
     count = 0
     for i in range(len(ys)):

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import rootcause
+from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, at, unheld_suspect, user_line
 from .units import format_bytes as fb
 
 MIB = 1 << 20
@@ -59,7 +59,7 @@ class Evidence:
     growth: dict | None  # the allocated floor's growth, when seen: grown, retained, rate text, figures
     live_bytes: int | None  # tensors still referenced at exit (None without exit probes)
     garbage_bytes: int | None  # freed by gc.collect() at exit
-    accumulations: list[dict] = field(default_factory=list)  # rootcause.accumulations at exit
+    accumulations: list[dict] = field(default_factory=list)  # suspects.accumulations at exit
     unheld: list[dict] = field(default_factory=list)
     exit_search: dict = field(default_factory=dict)  # what the exit search was, or why there was none
     collections: dict | None = None  # the garbage collector's callbacks: what collections freed
@@ -124,11 +124,11 @@ def judge(e: Evidence) -> list[Judged]:
 
 def _leak_at_oom(e: Evidence, oom: dict) -> Judged | None:
     a = e.oom_accumulations[0]
-    suspects = [rootcause.accumulation_suspect(x) for x in e.oom_accumulations[:rootcause.MAX_SUSPECTS]]
+    suspects = [accumulation_suspect(x) for x in e.oom_accumulations[:MAX_SUSPECTS]]
     return Judged(
         kind="leak", bytes=a["bytes"],
         summary=f"{e.where} ran out of memory at {_at_line(oom)}, and {fb(a['bytes'])} of the "
-                f"{fb(oom['allocated_bytes'])} allocated then was {rootcause.alike_text(a)} held by "
+                f"{fb(oom['allocated_bytes'])} allocated then was {alike_text(a)} held by "
                 f"{a['pattern']}: an accumulation filled the GPU.",
         evidence={"decided_by": "out-of-memory", "accumulation": _brief(a),
                   "allocated_at_error": oom["allocated_bytes"], "root_cause": e.oom_search,
@@ -154,16 +154,16 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
 
 def _leak_by_structure(e: Evidence) -> Judged | None:
     return _leak_at_exit(
-        e, e.accumulations, "structure", "accumulations", rootcause.accumulation_suspect,
-        lambda total, a: f"{fb(total)} of tensors in {e.where} had piled up: {rootcause.alike_text(a)} "
+        e, e.accumulations, "structure", "accumulations", accumulation_suspect,
+        lambda total, a: f"{fb(total)} of tensors in {e.where} had piled up: {alike_text(a)} "
                          f"held by {a['pattern']}. {_too_short(e)} so this accumulation, which is how "
                          f"a leak looks, decided.")
 
 
 def _leak_unheld(e: Evidence) -> Judged | None:
     return _leak_at_exit(
-        e, e.unheld, "unheld", "unheld", rootcause.unheld_suspect,
-        lambda total, u: f"{fb(total)} in {e.where} is {rootcause.alike_text(u)} that no Python object "
+        e, e.unheld, "unheld", "unheld", unheld_suspect,
+        lambda total, u: f"{fb(total)} in {e.where} is {alike_text(u)} that no Python object "
                          f"holds, still allocated at exit. {_too_short(e)} so this decided: many alike "
                          f"allocations kept alive from C++, as a reference cycle through autograd does.")
 
@@ -173,7 +173,7 @@ def _leak_at_exit(e: Evidence, found: list[dict], decided_by: str, key: str, sus
     total = sum(x["bytes"] for x in found)
     if e.enough_samples or total < SIGNIFICANT_BYTES:
         return None
-    suspects = [suspect(x) for x in found[:rootcause.MAX_SUSPECTS]]
+    suspects = [suspect(x) for x in found[:MAX_SUSPECTS]]
     return Judged(kind="leak", bytes=total, summary=summary(total, found[0]),
                   evidence={"decided_by": decided_by, key: [_brief(x) for x in found],
                             "root_cause": e.exit_search, **_samples(e)},
@@ -309,8 +309,8 @@ def _samples(e: Evidence) -> dict:
 
 
 def _line(stack: list) -> str | None:
-    frame = rootcause.user_line(stack)
-    return rootcause.at(frame) if frame else None
+    frame = user_line(stack)
+    return at(frame) if frame else None
 
 
 def _at_line(oom: dict) -> str:

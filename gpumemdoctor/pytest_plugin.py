@@ -217,7 +217,7 @@ class VramChecker:
                 from . import nvml
                 nvml.init()
                 self._nvml = nvml
-                from ._agent import device_ids
+                from ._agent.startup import device_ids
                 for i in range(torch.cuda.device_count()):
                     self._nvml_devices[i] = nvml.find_device(*device_ids(torch.cuda.get_device_properties(i)))
             except Exception:

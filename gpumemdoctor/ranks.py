@@ -14,7 +14,7 @@ that starts ranks of its own (torchrun's launcher inside an `srun` task, which h
 """
 from __future__ import annotations
 
-from . import rootcause
+from . import suspects
 from .judgement import Judged
 from .recording import AgentRecording, Dist, Recording
 from .units import format_bytes as fb
@@ -154,8 +154,8 @@ def stray_contexts(rec: Recording, ranks: dict[int, Dist], skip: set) -> list[tu
 def _stray(agent: AgentRecording, dist: Dist | None, nvml_index: int, torch_index: int, held: int,
            works_on: list[int]) -> Judged:
     origin = agent.cuda_origin or {}
-    line = rootcause.user_line(origin.get("stack") or [])
-    at = rootcause.at(line) if line else None
+    line = suspects.user_line(origin.get("stack") or [])
+    at = suspects.at(line) if line else None
     gpus_text = ", ".join(f"GPU {n}" for n in works_on)
     summary = (f"{who(agent.pid, dist).capitalize()} holds {fb(held)} on GPU {nvml_index} (its cuda:{torch_index}), "
                f"where PyTorch never allocated anything, while it works on {gpus_text}: a CUDA context it "

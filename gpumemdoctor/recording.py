@@ -10,40 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import rootcause
+from . import records
 from .errors import BadReportError
-from .strict import need_dict, need_int, need_int_key, need_list, need_num, need_str, opt_int, opt_num, opt_size, opt_str
+from .records import DeviceReading
+from .strict import (need_dict, need_int, need_int_key, need_list, need_num, need_str, opt_int, opt_num, opt_size,
+                     opt_str)
 
 SCHEMA = "gpumemdoctor.recording/1"
 PROBE_PHASES = ("end", "gc", "sync", "empty_cache")
-
-
-@dataclass
-class DeviceReading:
-    """The allocator and NVML figures of one device at one moment, from inside the process."""
-
-    torch_index: int
-    allocated_bytes: int | None
-    active_bytes: int | None
-    reserved_bytes: int | None
-    requested_bytes: int | None
-    nvml_used_bytes: int | None
-    allocated_peak_bytes: int | None = None
-    reserved_peak_bytes: int | None = None
-
-    def to_json(self) -> list:
-        return [self.torch_index, self.allocated_bytes, self.active_bytes, self.reserved_bytes,
-                self.requested_bytes, self.nvml_used_bytes, self.allocated_peak_bytes,
-                self.reserved_peak_bytes]
-
-    @classmethod
-    def from_json(cls, row: Any) -> DeviceReading:
-        if not isinstance(row, list) or not 6 <= len(row) <= 8:
-            raise BadReportError(f"a device reading must be a list of 6 to 8 numbers, not {row!r:.80}")
-        need_int(row[0], "device index")
-        for value in row[1:]:
-            opt_size(value, "device reading")
-        return cls(*row)
 
 
 @dataclass
@@ -151,9 +125,9 @@ class AgentRecording:
     exited_normally: bool = False
     cupy_pool: dict | None = None
     errors: list[str] = field(default_factory=list)
-    root: dict = field(default_factory=rootcause.empty_root)  # see rootcause.py
+    root: dict = field(default_factory=records.empty_root)  # see records.py
     cuda_origin: dict | None = None  # where CUDA started, and what kind of process this is
-    exit_info: dict | None = None  # what the agent wrote as the process ended (rootcause.EXIT_INFO)
+    exit_info: dict | None = None  # what the agent wrote as the process ended (records.EXIT_INFO)
     dist: Dist | None = None  # its rank in a distributed job, if its environment named one
 
     def device(self, torch_index: int) -> TorchDevice | None:
@@ -200,10 +174,10 @@ class AgentRecording:
             exited_normally=bool(obj.get("exited_normally", False)),
             cupy_pool=cupy,
             errors=[need_str(e, "error") for e in need_list(obj.get("errors", []), "errors")],
-            root=rootcause.parse_root(obj.get("root", {})),
-            cuda_origin=None if obj.get("cuda_origin") is None else rootcause.CUDA_ORIGIN(
+            root=records.parse_root(obj.get("root", {})),
+            cuda_origin=None if obj.get("cuda_origin") is None else records.CUDA_ORIGIN(
                 obj["cuda_origin"], "cuda_origin"),
-            exit_info=None if obj.get("exit_info") is None else rootcause.EXIT_INFO(
+            exit_info=None if obj.get("exit_info") is None else records.EXIT_INFO(
                 obj["exit_info"], "exit_info"),
             dist=None if obj.get("dist") is None else Dist.from_json(obj["dist"]),
         )

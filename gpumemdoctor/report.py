@@ -5,7 +5,7 @@ import json
 import re
 from typing import Any, Mapping
 
-from . import rootcause
+from . import records
 from .diagnosis import FINDING_KINDS, VERDICTS, Breakdown, Diagnosis, Finding, Growth, Job, RankRow
 from .errors import BadReportError
 from .inputs import read_json
@@ -125,7 +125,7 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
                                 evidence=_finding_evidence(f.get("evidence")),
                                 remedy=need_str(f.get("remedy"), "remedy"),
                                 pid=opt_int(f.get("pid"), "pid"), device=opt_int(f.get("device"), "device"),
-                                suspects=rootcause.parse_suspects(f.get("suspects")),
+                                suspects=records.parse_suspects(f.get("suspects")),
                                 host=opt_str(f.get("host"), "finding host")))
     breakdowns = []
     for b in need_list(obj.get("breakdown"), "breakdown"):

@@ -92,7 +92,7 @@ def test_step_outside_a_run_does_nothing(tmp_path):
 def test_device_ids_spell_the_pci_bus_id_as_nvml_does():
     """On the H200 of 2026-11-21 NVML said busId 00000000:00:06.0 for the device whose torch
     properties had pci_domain_id 0, pci_bus_id 0, pci_device_id 6 (NOTES.md's probe)."""
-    from gpumemdoctor._agent import device_ids
+    from gpumemdoctor._agent.startup import device_ids
 
     class Props:
         uuid = "43ff4d40-4cf2-6692-c614-5e3ca76b49ac"
@@ -175,7 +175,7 @@ def test_a_launcher_and_its_ranks_a_parent_and_its_worker(cli, script, tmp_path)
 
 
 def test_dist_from_env_reads_one_launchers_variables_strictly():
-    from gpumemdoctor._agent import dist_from_env
+    from gpumemdoctor._agent.startup import dist_from_env
 
     assert dist_from_env({}) is None
     assert dist_from_env({"WORLD_SIZE": "2"}) is None  # no rank variable: not a rank

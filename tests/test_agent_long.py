@@ -1,4 +1,4 @@
-"""The agent's sampling path over a simulated day: a real `_Agent` over the torch test double
+"""The agent's sampling path over a simulated day: a real `Agent` over the torch test double
 (tests/doubles/fake_cuda.py) and a clock the test advances. The allocator figures are
 SYNTHETIC (a formula); what is checked is the agent's own bookkeeping: what it keeps in
 memory, how fast its file grows, and --trace auto's window."""
@@ -19,7 +19,7 @@ _spec = importlib.util.spec_from_file_location("fake_cuda", Path(__file__).paren
 fake_cuda = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake_cuda)
 
-from gpumemdoctor import _agent  # noqa: E402
+from gpumemdoctor._agent import sampler, trace, watch  # noqa: E402
 
 MiB = 1 << 20
 HOUR = 3600
@@ -30,9 +30,9 @@ def agent_and_clock(tmp_path):
     agent, clock = fake_cuda.make_agent(str(tmp_path))
     yield agent, clock
     fake_cuda.restore_clock()
-    if agent.fd is not None:
+    if agent.channel.fd is not None:
         import os
-        os.close(agent.fd)
+        os.close(agent.channel.fd)
 
 
 def records(tmp_path, agent) -> list[dict]:
@@ -63,14 +63,15 @@ def test_a_day_keeps_the_agents_memory_flat_and_its_file_to_a_bounded_rate(agent
         after, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert not agent.suspected
+    assert not agent.watch.suspected
     assert after - before < 64 * 1024  # nothing kept per step or per sample
-    assert all(len(xs) <= _agent.MAX_FLOOR_POINTS + 1 for per_device in agent.floor_xs.values() for xs in per_device)
-    assert any(per_device[0] for per_device in agent.floor_xs.values())  # the check ran
-    assert agent.interval_s == _agent.MAX_INTERVAL_S
+    floor_xs = agent.watch.floor_xs
+    assert all(len(xs) <= watch.MAX_FLOOR_POINTS + 1 for per_device in floor_xs.values() for xs in per_device)
+    assert any(per_device[0] for per_device in floor_xs.values())  # the check ran
+    assert agent.sampler.interval_s == sampler.MAX_INTERVAL_S
     lines_per_hour = (len(records(tmp_path, agent)) - lines_before) / 20
-    assert lines_per_hour <= HOUR / _agent.MAX_INTERVAL_S + 1  # at most one sample line per 5 s
-    costs = agent._window_costs()
+    assert lines_per_hour <= HOUR / sampler.MAX_INTERVAL_S + 1  # at most one sample line per 5 s
+    costs = agent.sampler.cost.windows()
     assert costs["first_window_samples"] > costs["last_window_samples"] > 0
 
 
@@ -81,23 +82,24 @@ def test_trace_auto_records_stacks_for_a_window_then_stops(agent_and_clock, tmp_
         return (1 << 30) + step // 10 * MiB + (step % 3) * 50 * MiB
 
     run_steps(agent, clock, 3000, 0.1, leak)  # 300 s
+    agent.watch.wait_for_copy()  # the search was made in a copy of the process
     calls = agent.torch.cuda.memory.history_calls
     assert [c["enabled"] for c in calls] == ["state", None]
     traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]
-    assert [t["why"] for t in traces] == ["growth", f"stopped after {_agent.TRACE_WINDOW_S:.0f} s"]
-    assert traces[1]["t"] - traces[0]["t"] == pytest.approx(_agent.TRACE_WINDOW_S, abs=0.2)
+    assert [t["why"] for t in traces] == ["growth", f"stopped after {trace.TRACE_WINDOW_S:.0f} s"]
+    assert traces[1]["t"] - traces[0]["t"] == pytest.approx(trace.TRACE_WINDOW_S, abs=0.2)
     (investigation,) = [r for r in records(tmp_path, agent) if r["type"] == "investigation"]
     assert investigation["when"] == "growth" and investigation["trace"] is True
-    assert not agent.trace_on and agent.trace_was_on
+    assert not agent.trace.on and agent.trace.was_on
 
 
 def test_trace_on_is_never_stopped(tmp_path):
     agent, clock = fake_cuda.make_agent(str(tmp_path), trace="on")
     try:
-        agent._start_trace("flag")
+        agent.trace.start("flag")
         run_steps(agent, clock, 3000, 0.1, lambda step, now: (1 << 30) + step // 10 * MiB)
         assert [c["enabled"] for c in agent.torch.cuda.memory.history_calls] == ["state"]
-        assert agent.trace_on
+        assert agent.trace.on
     finally:
         fake_cuda.restore_clock()
 

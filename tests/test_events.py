@@ -1,5 +1,6 @@
-"""The agent's event helpers (gpumemdoctor/_events.py) on the CPU: the garbage collector's
-callback, holding automatic collection off, and what an uncaught exception leaves behind."""
+"""The agent's event helpers and its neutrality to gc (gpumemdoctor/_agent/events.py, neutral.py) on
+the CPU: the garbage collector's callback, holding automatic collection off, what an uncaught
+exception leaves behind, and readings that leave the program's collector as they found it."""
 from __future__ import annotations
 
 import gc
@@ -7,7 +8,9 @@ import json
 import os
 import sys
 
-from gpumemdoctor import _events, rootcause
+from gpumemdoctor import records
+from gpumemdoctor._agent import events
+from gpumemdoctor._agent.neutral import NO_ROOM, Neutral, quiet_gc
 
 
 class Payload:
@@ -29,7 +32,7 @@ def _allocated(out):
 
 def _collections(read, step):
     lines = []
-    watch = _events.Collections(_events.Neutral(), read, 1, lines.append, lambda: step)
+    watch = events.Collections(Neutral(), read, 1, lines.append, lambda: step)
     watch.indexes[0] = 0
     return watch, lines
 
@@ -48,8 +51,8 @@ def test_a_collection_that_frees_memory_is_recorded_with_its_size_and_thread():
     finally:
         gc.callbacks.remove(watch.callback)
     assert watch.freeing >= 1 and watch.freed_bytes == 12 << 20
-    record = json.loads(lines[-1])  # written as text: rootcause checks it like any record
-    rootcause.COLLECTION(record, "collection")
+    record = json.loads(lines[-1])  # written as text: records.py checks it like any record
+    records.COLLECTION(record, "collection")
     assert record["type"] == "collection" and record["step"] == 7
     assert sum(b for _, b in record["freed"]) == 12 << 20
     assert record["thread"] == "MainThread"
@@ -85,12 +88,12 @@ def test_paused_collections_are_not_measured():
 
 def test_quiet_gc_holds_collection_off_and_restores_it():
     assert gc.isenabled()
-    with _events.quiet_gc():
+    with quiet_gc():
         assert not gc.isenabled()
     assert gc.isenabled()
     gc.disable()
     try:
-        with _events.quiet_gc():
+        with quiet_gc():
             assert not gc.isenabled()
         assert not gc.isenabled()  # the program's own choice is kept
     finally:
@@ -99,13 +102,13 @@ def test_quiet_gc_holds_collection_off_and_restores_it():
 
 def test_headroom_follows_the_collector_count():
     """Neutral.read(room=True) reads only with room below the collector's threshold."""
-    neutral = _events.Neutral()
+    neutral = Neutral()
     threshold = gc.get_threshold()
     try:
         gc.set_threshold(100000)
         assert neutral.read(lambda _: 7, None, room=True) == 7
         gc.set_threshold(1)
-        assert neutral.read(lambda _: 7, None, room=True) is _events.NO_ROOM
+        assert neutral.read(lambda _: 7, None, room=True) is NO_ROOM
         gc.set_threshold(0)  # automatic collection off: always room
         assert neutral.read(lambda _: 7, None, room=True) == 7
     finally:
@@ -121,7 +124,7 @@ def test_uncaught_reads_what_the_interpreter_left():
             sys.last_value = exc
             if hasattr(sys, "last_exc"):
                 sys.last_exc = exc
-        got = _events.uncaught()
+        got = events.uncaught()
         assert got["exc_type"] == "MemoryError" and got["message"] == "out of it"
         assert got["stack"][0][2] == "test_uncaught_reads_what_the_interpreter_left"
     finally:
@@ -131,9 +134,9 @@ def test_uncaught_reads_what_the_interpreter_left():
 
 
 def test_program_stack_leaves_out_gpumemdoctor_frames():
-    stack = _events.program_stack(sys._getframe())
+    stack = events.program_stack(sys._getframe())
     assert stack[0][2] == "test_program_stack_leaves_out_gpumemdoctor_frames"
-    assert all("gpumemdoctor/_events.py" not in f[0] for f in stack)
+    assert all("gpumemdoctor/_agent/" not in f[0] for f in stack)
 
 
 # -- neutrality: the agent's readings leave the program's collector as they found it -----------
@@ -167,7 +170,7 @@ def _free_dicts(limit=100):
 
 
 def test_a_reading_leaves_the_count_and_the_dict_free_list_as_it_found_them():
-    neutral = _events.Neutral()
+    neutral = Neutral()
     for on_free_list in (0, 1, 5, 38, 39, 40, 42, 60, 79, 80, 0, 3):
         for read in (False, True):
             gc.disable()
@@ -220,7 +223,7 @@ def _cycles_program(read=None, steps=300):
 
 def test_the_program_collects_at_the_same_moments_when_read_every_step():
     plain = _cycles_program()
-    neutral = _events.Neutral()
+    neutral = Neutral()
 
     def read(step):
         collecting = gc.isenabled()
@@ -247,16 +250,16 @@ def test_the_program_collects_at_the_same_moments_when_read_every_step():
 def _agent_with_stand_in_torch(tmp_path):
     import types
 
-    from gpumemdoctor import _agent
+    from gpumemdoctor._agent.core import Agent
 
     torch = types.SimpleNamespace(
         _C=types.SimpleNamespace(_cuda_memoryStats=_nested_stats),
         cuda=types.SimpleNamespace(memory_stats_as_nested_dict=_nested_stats))
-    agent = _agent._Agent(str(tmp_path), 0.0)
+    agent = Agent(str(tmp_path), 0.0)
     agent.torch = torch
     agent.devices = [{"index": 0, "uuid": "GPU-0", "pci_bus_id": None, "name": "stand-in", "nvml_device": None}]
-    agent._prepare_reading()
-    agent._watch_events()  # the collector's callback; PyTorch's out-of-memory observer is absent here
+    agent.prepare_reading()
+    agent.attach_observers()  # the collector's callback; PyTorch's out-of-memory observer is absent here
     return agent
 
 
@@ -267,12 +270,12 @@ def test_the_agents_samples_and_collection_callback_leave_the_collector_alone(tm
         def read(step):
             agent.on_step(False)  # a step sample, on the program's thread
             if step % 5 == 0:
-                agent.sample("time")  # what the sampling thread does, here at known moments
+                agent.sampler.sample("time")  # what the sampling thread does, here at known moments
         measured = _cycles_program(read)
     finally:
         gc.callbacks.remove(agent.collections.callback)
-        os.close(agent.fd)
-    assert agent.samples > 300 and agent.collections.measured >= 10
+        os.close(agent.channel.fd)
+    assert agent.sampler.samples > 300 and agent.collections.measured >= 10
     assert measured[1] == plain[1]  # as many collections of each generation
     if sys.version_info[:2] in ((3, 11), (3, 12)):  # where it was measured (CI's and the GPU machines')
         assert measured[0] == plain[0]  # and each at the same moment

@@ -24,9 +24,9 @@ def held(count=40, size=64 * MIB, pattern="__main__.errors[*].__traceback__", ki
             "bytes": count * size, "sizes": [[size, count]], "where": None, "thread": None}
 
 
-def unheld(count=40, size=64 * MIB):
+def unheld(count=40, size=64 * MIB, why=None, graph_grads=None):
     return {"count": count, "bytes": count * size, "sizes": [[size, count]], "where": None,
-            "thread": None, "same_line": False}
+            "thread": None, "same_line": False, "why": why, "graph_grads": graph_grads}
 
 
 def oom(**kw):
@@ -73,10 +73,23 @@ def test_growth_seen_over_time_decides_first():
 
 
 def test_unheld_alike_allocations_in_a_short_run_are_a_leak_with_the_create_graph_remedy():
-    found = judgement.judge(evidence(unheld=[unheld()], live_bytes=40 * 64 * MIB))
+    why = [["no-python-object", 40 * 64 * MIB, 40, None]]
+    found = judgement.judge(evidence(unheld=[unheld(why=why, graph_grads=40)], live_bytes=40 * 64 * MIB))
     assert kinds(found) == [("leak", "unheld")]
-    assert "create_graph" in found[0].remedy
+    assert "create_graph" in found[0].remedy and "the .grad of 40 tensors carries an autograd graph" in found[0].remedy
     assert found[0].suspects[0]["holders"] == []
+
+
+def test_unheld_allocations_without_autograd_evidence_do_not_get_the_create_graph_story():
+    why = [["no-python-object", 40 * 64 * MIB, 40, None]]
+    found = judgement.judge(evidence(unheld=[unheld(why=why, graph_grads=0)], live_bytes=40 * 64 * MIB))
+    assert kinds(found) == [("leak", "unheld")]
+    assert "create_graph" not in found[0].remedy
+    assert "cannot tell which" in found[0].remedy
+    unreachable = [["unreachable", 40 * 64 * MIB, 40, "list"]]
+    found = judgement.judge(evidence(unheld=[unheld(why=unreachable, graph_grads=0)], live_bytes=40 * 64 * MIB))
+    assert "held by a list that nothing the program reaches refers to" in found[0].suspects[0]["summary"]
+    assert "reference cycle that gc.collect() frees" in found[0].remedy
 
 
 def test_an_out_of_memory_filled_by_an_accumulation_is_a_leak_and_an_out_of_memory_finding():

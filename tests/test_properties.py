@@ -325,7 +325,7 @@ T0 = 1000.0
 
 def _agent_lines(recording) -> list[dict]:
     """The lines an agent writes, for each agent of a recording (times on the agents' clock)."""
-    from gpumemdoctor import rootcause
+    from gpumemdoctor import records
 
     out = []
     for agent in recording.agents:
@@ -337,7 +337,7 @@ def _agent_lines(recording) -> list[dict]:
                     "devices": [d.to_json() for d in agent.devices]})
         for s in agent.samples[:12]:
             out.append({"type": "s", "t": T0 + s.t, "by": s.by, "step": s.step, "d": [r.to_json() for r in s.readings]})
-        for kind, (name, _) in rootcause.RECORDS.items():
+        for kind, (name, _) in records.RECORDS.items():
             value = agent.root.get(name)
             for item in ([value] if isinstance(value, dict) else value or []):
                 out.append({"type": kind, **{k: (v + T0 if k in ("t", "t0") and isinstance(v, float) else v)

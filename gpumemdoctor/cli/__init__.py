@@ -8,7 +8,7 @@ import traceback
 import click
 
 from .. import __version__
-from ..errors import EXIT_INTERNAL, EXIT_USAGE, DoctorError
+from ..errors import EXIT_INTERNAL, EXIT_USAGE, DoctorError, internal_error
 
 _debug = False
 
@@ -89,11 +89,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(code if isinstance(code, int) else 0)
     finally:
         sys.stdout = sys.stdout.stream if isinstance(sys.stdout, _ReaderMayLeave) else sys.stdout
-
-
-def internal_error(exc: BaseException) -> str:
-    """The one line for a bug of gpumemdoctor's own."""
-    return f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)"
 
 
 class _ReaderMayLeave:

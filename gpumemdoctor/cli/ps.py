@@ -38,7 +38,7 @@ def ps_command(as_json: bool, expect_free: int | None) -> int:
     torchrun or Slurm job are also shown together: launcher, ranks, workers, per-GPU totals.
     """
     from ..console import make_console
-    from ..holders import busy_gpus, diagnose_holders, find_jobs, gather, gather_processes
+    from ..survey import busy_gpus, diagnose_holders, find_jobs, gather, gather_processes
     from ..reporters import ps as reporter
     from ..units import format_bytes as fb
 

@@ -51,7 +51,7 @@ def report_command(paths: tuple[str, ...], width: int | None, html: str | None, 
 
     if run_dir is not None:
         from ..report import build, write
-        from ..supervisor import recover
+        from ..recovery import recover
 
         recording = recover(run_dir)
         diagnosis = diagnose(recording)

@@ -10,7 +10,7 @@ import traceback
 
 import click
 
-from ..errors import EXIT_CHECK_FAILED, UsageError
+from ..errors import EXIT_CHECK_FAILED, UsageError, internal_error
 from ._checks import check_options, make_policy, publish
 from ._params import Seconds
 
@@ -162,8 +162,6 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         return _after_run(recording, status, name, output, force, quiet, html, html_next_to_json,
                           policy, junit, baseline if update_baseline else None)
     except Exception as exc:  # a bug of gpumemdoctor's own, after the target ran: its status stays
-        from . import internal_error
-
         if ctx.find_root().params.get("debug"):
             traceback.print_exc()
         click.echo(f"gpumemdoctor: error: {internal_error(exc)}; the exit status is the target's", err=True)

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..holders import GpuMemory
+from ..survey import GpuMemory
 from ..roles import Job
 from ..units import format_bytes as fb
 

@@ -3,8 +3,8 @@ agent's sampling path reads, served from plain numbers, and a stand-in clock.
 
 `FakeTorch.cuda.memory_stats_as_nested_dict` builds a nested dict shaped like PyTorch's
 (39 small dicts, as the real one does) from `allocated` and `reserved`, which the caller
-moves; `_record_memory_history` only notes its calls. With `drive_agent` a real
-`gpumemdoctor._agent._Agent` runs through hours of steps in seconds: the agent's own
+moves; `_record_memory_history` only notes its calls. With `make_agent` a real
+`gpumemdoctor._agent.core.Agent` runs through hours of steps in seconds: the agent's own
 `time.monotonic` is replaced by a clock the caller advances (thread time and perf_counter
 stay real, so the agent's costs are real costs). Used by tests/test_agent_long.py and
 benchmarks/long_run.py.
@@ -91,16 +91,28 @@ class FakeTorch:
         self.peak = max(self.peak, allocated)
 
 
+# The agent's modules whose clock is the agent's own bookkeeping (samples, the growth watch, the
+# trace window, the exit record); the holder search and the event helpers keep the real clock.
+_CLOCKED = ("core", "startup", "sampler", "watch", "trace", "threads", "exit")
+
+
+def _set_clock(clock) -> None:
+    import importlib
+
+    for name in _CLOCKED:
+        importlib.import_module(f"gpumemdoctor._agent.{name}").time = clock
+
+
 def make_agent(run_dir: str, interval_s: float = 0.02, trace: str = "auto", context_bytes: int | None = None):
     """A real agent over a FakeTorch with one device, and its clock. With `context_bytes`, the
     agent's NVML figure for its process is reserved + context_bytes; without, it has no NVML."""
-    from gpumemdoctor import _agent
+    from gpumemdoctor._agent.core import Agent
 
     clock = FakeClock()
-    _agent.time = SimpleNamespace(monotonic=clock, thread_time=time.thread_time, perf_counter=time.perf_counter,
-                                  time=time.time)
-    agent = _agent._Agent(run_dir, interval_s)
-    agent.trace_mode = trace
+    _set_clock(SimpleNamespace(monotonic=clock, thread_time=time.thread_time, perf_counter=time.perf_counter,
+                               time=time.time))
+    agent = Agent(run_dir, interval_s)
+    agent.trace.mode = trace
     agent.torch = FakeTorch()
     agent.devices = [{"index": 0, "uuid": None, "pci_bus_id": None, "name": "fake", "nvml_device": None}]
     if context_bytes is not None:
@@ -117,11 +129,9 @@ def make_agent(run_dir: str, interval_s: float = 0.02, trace: str = "auto", cont
                                      used_by=lambda device, pid: fake.reserved + context_bytes)
         agent.devices[0]["nvml_device"] = SimpleNamespace(index=0)
     agent.cuda_seen = True
-    agent._prepare_reading()  # as the agent does when CUDA starts
+    agent.prepare_reading()  # as the agent does when CUDA starts
     return agent, clock
 
 
 def restore_clock() -> None:
-    from gpumemdoctor import _agent
-
-    _agent.time = time
+    _set_clock(time)

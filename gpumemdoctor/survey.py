@@ -1,7 +1,8 @@
-"""Who holds each GPU's memory right now, and what nobody accounts for (`gpumemdoctor ps`).
+"""The survey of GPU processes (`gpumemdoctor ps`): who holds each GPU's memory right now.
 
-`gather()` reads NVML and /proc; `diagnose_holders()` is pure: from those facts
-to flags, each with the next step to take.
+Not the holder search inside a target (`_agent/search.py`): this looks from outside, at
+processes. `gather()` reads NVML and /proc; `diagnose_holders()` is pure: from those facts
+to flags (memory nobody accounts for among them), each with the next step to take.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from . import procs, roles
-from ._agent import ENV_RUN_DIR
+from ._agent.startup import ENV_RUN_DIR
 from .units import format_bytes as fb
 
 MIB = 1 << 20

@@ -1,186 +1,18 @@
-"""Root cause: from what the agent found in the target to *suspects* on each finding. Pure.
+"""Suspects and remedies: from the agent's root-cause records to *suspects* on each finding. Pure.
 
-The agent writes, per process: when it suspected growth, when allocation history
-was turned on, its holder searches ("investigations": memory allocated since a
-baseline and still alive, grouped by allocating stack, with the reference path
-that holds it), what gc.collect() freed at exit, and the threads that changed GPU
-memory. This module checks those records strictly (they come from a file) and
-turns them into suspects: where the memory was allocated, who holds it, which
-thread, and the remedy at that line.
+A suspect says where the memory was allocated, who holds it, which thread, and the remedy at
+that line. The records were checked when they were read (`records.py`).
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
 
-from .errors import BadReportError
-from .strict import need_dict, need_int, need_list, need_num, need_str
 from .units import format_bytes as fb
 
 MIB = 1 << 20
 THREAD_MIN_BYTES = 1 * MIB  # a thread that changed memory by less is not named
-SUSPECT_KINDS = ("allocation", "garbage", "thread")
-HOLDER_KINDS = ("global", "attribute", "frame-local", "kept-exception", "hook", "closure",
-                "autograd-graph", "cycle")
 MAX_SUSPECTS = 5
 
-
-# -- strict shapes ------------------------------------------------------------------
-
-def _opt(check: Callable) -> Callable:
-    return lambda v, what: None if v is None else check(v, what)
-
-
-def _list_of(check: Callable) -> Callable:
-    return lambda v, what: [check(x, what) for x in need_list(v, what)]
-
-
-def _bool(v: Any, what: str) -> bool:
-    if not isinstance(v, bool):
-        raise BadReportError(f"{what}: expected true or false, found {v!r:.40}")
-    return v
-
-
-def _frame(v: Any, what: str) -> list:
-    if not isinstance(v, list) or len(v) != 3:
-        raise BadReportError(f"{what}: a stack frame must be [file, line, function]")
-    return [need_str(v[0], what), need_int(v[1], what), need_str(v[2], what)]
-
-
-def _one_of(*allowed: str) -> Callable:
-    def check(v: Any, what: str) -> str:
-        if v not in allowed:
-            raise BadReportError(f"{what}: {v!r:.40} is not one of {', '.join(allowed)}")
-        return v
-    return check
-
-
-def _pair(first: Callable, second: Callable) -> Callable:
-    def check(v: Any, what: str) -> list:
-        v = need_list(v, what)
-        if len(v) != 2:
-            raise BadReportError(f"{what}: expected a pair")
-        return [first(v[0], what), second(v[1], what)]
-    return check
-
-
-def _reading(v: Any, what: str) -> list:
-    from .recording import DeviceReading
-
-    return DeviceReading.from_json(v).to_json()
-
-
-def _shape(spec: dict) -> Callable:
-    def check(v: Any, what: str) -> dict:
-        v = need_dict(v, what)
-        out = {}
-        for key, field_check in spec.items():
-            out[key] = field_check(v.get(key), f"{what} {key}")
-        return out
-    return check
-
-
-_int, _num, _str = need_int, need_num, need_str
-_SIZES = _opt(_list_of(_pair(_int, _int)))  # the most common block sizes, [size, count]
-HOLDER = _shape({"path": _str, "pattern": _str, "kind": _one_of(*HOLDER_KINDS), "count": _int, "bytes": _int,
-                 "sizes": _SIZES})
-# "new": allocated since the baseline; None in recordings from before exit searches covered all
-# live memory, which held new blocks only.
-GROUP = _shape({"device": _opt(_int), "new": _opt(_bool), "bytes": _int, "count": _int, "frames": _list_of(_frame),
-                "thread": _opt(_list_of(_str)), "holders": _list_of(HOLDER), "unheld_bytes": _int,
-                "unheld_count": _opt(_int), "unheld_sizes": _SIZES})
-INVESTIGATION = _shape({"when": _one_of("growth", "exit", "oom"), "t": _num, "step": _opt(_int), "trace": _bool,
-                        "source": _one_of("allocator", "tensors"), "all_live": _opt(_bool),
-                        "candidate_bytes": _int,
-                        "candidate_count": _int, "groups": _list_of(GROUP), "visited": _int,
-                        "gave_up": _opt(_str), "elapsed_s": _num, "snapshot_s": _opt(_num)})
-SUSPICION = _shape({"t": _num, "step": _opt(_int), "device": _int, "by": _str, "grown_bytes": _int,
-                    "rate": _num})
-TRACE = _shape({"t": _num, "step": _opt(_int), "why": _str, "ok": _bool, "error": _opt(_str)})
-BASELINE = _shape({"t": _num, "step": _opt(_int), "why": _str, "blocks": _int, "elapsed_s": _num})
-GARBAGE_TENSOR = _shape({"holder": _str, "cycle": _str, "frames": _list_of(_frame), "bytes": _int,
-                         "count": _int})
-GARBAGE = _shape({"objects": _int, "types": _list_of(_pair(_str, _int)),
-                  "cuda_tensor_bytes": _int, "cuda_tensors": _int, "tensors": _list_of(GARBAGE_TENSOR),
-                  "collected": _int})
-THREAD = _shape({"name": _str, "entry": _opt(_pair(_str, _str)),
-                 "t0": _num, "t": _num, "d0": _list_of(_reading), "d1": _list_of(_reading)})
-SNAPSHOT = _shape({"path": _str, "trace": _bool})
-# A collection of Python's garbage collector that freed CUDA memory, while the program ran.
-COLLECTION = _shape({"t": _num, "step": _opt(_int), "generation": _int, "collected": _int,
-                     "freed": _list_of(_pair(_int, _int)), "thread": _str, "stack": _list_of(_frame),
-                     "elapsed_s": _num})
-# PyTorch's allocator could not serve a request (its out-of-memory observer).
-OOM = _shape({"t": _num, "step": _opt(_int), "device": _int, "request_bytes": _int, "limit_bytes": _int,
-              "device_free_bytes": _int, "allocated_bytes": _opt(_int), "reserved_bytes": _opt(_int),
-              "active_bytes": _opt(_int), "largest_free_block_bytes": _opt(_int),
-              "free_in_segments_bytes": _opt(_int), "processes": _list_of(_pair(_int, _opt(_int))),
-              "thread": _str, "stack": _list_of(_frame)})
-# Where a process started CUDA, and what kind of process it is.
-CUDA_ORIGIN = _shape({"thread": _opt(_str), "stack": _opt(_list_of(_frame)),
-                      "dataloader_worker": _opt(_shape({"id": _int, "num_workers": _int})),
-                      "multiprocessing_child": _opt(_bool)})
-UNCAUGHT = _shape({"exc_type": _str, "message": _str, "stack": _list_of(_frame)})
-COLLECTIONS_SUMMARY = _shape({"measured": _int, "skipped": _int, "freeing": _int, "freed_bytes": _int,
-                              "max_freed_bytes": _int, "cost_s": _num})
-
-
-def _costs(v: Any, what: str) -> dict:
-    return {need_str(k, what): need_num(x, what) for k, x in need_dict(v, what).items()}
-
-
-# What the agent wrote as the process ended.
-EXIT_INFO = _shape({"uncaught": _opt(UNCAUGHT), "samples": _opt(_int), "samples_skipped": _opt(_int),
-                    "collections": _opt(COLLECTIONS_SUMMARY), "out_of_memory": _opt(_int),
-                    "cost": _opt(_costs)})
-SUSPECT = _shape({"kind": _one_of(*SUSPECT_KINDS), "bytes": _int, "count": _opt(_int),
-                  "where": _opt(_frame), "stack": _list_of(_frame), "thread": _opt(_list_of(_str)),
-                  "holders": _list_of(HOLDER), "unheld_bytes": _opt(_int), "summary": _str, "remedy": _str})
-
-# agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record
-RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
-           "investigation": ("investigations", INVESTIGATION), "thread": ("threads", THREAD),
-           "garbage": ("garbage", GARBAGE), "snapshot": ("snapshot", SNAPSHOT),
-           "collection": ("collections", COLLECTION), "oom": ("ooms", OOM)}
-_SINGLE = ("garbage", "snapshot")
-
-
-def empty_root() -> dict:
-    return {"suspicions": [], "traces": [], "baselines": [], "investigations": [], "threads": [],
-            "garbage": None, "snapshot": None, "collections": [], "ooms": []}
-
-
-def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:
-    """Add one agent record (times made relative to the run's start) to a process's root data."""
-    name, shape = RECORDS[kind]
-    rec = dict(rec)
-    for key in ("t", "t0"):
-        if isinstance(rec.get(key), (int, float)) and not isinstance(rec.get(key), bool):
-            rec[key] = rec[key] - t0
-    value = shape(rec, kind)
-    if name in _SINGLE:
-        root[name] = value
-    else:
-        root[name].append(value)
-
-
-def parse_root(obj: Any) -> dict:
-    obj = need_dict(obj, "root cause")
-    root = empty_root()
-    for name, shape in RECORDS.values():
-        value = obj.get(name)
-        if name in _SINGLE:
-            root[name] = None if value is None else shape(value, name)
-        else:
-            root[name] = [shape(v, name) for v in need_list(value if value is not None else [], name)]
-    return root
-
-
-def parse_suspects(obj: Any) -> list[dict]:
-    return [SUSPECT(s, "suspect") for s in need_list(obj if obj is not None else [], "suspects")]
-
-
-# -- suspects -----------------------------------------------------------------------
 
 def _on(group: dict, torch_index: int, new: bool | None = None) -> bool:
     return (group["device"] in (torch_index, None)
@@ -275,10 +107,10 @@ def _allocation_suspect(g: dict) -> dict:
         if top["count"] > 1:
             summary += f" and {top['count'] - 1} more like it"
     elif g["unheld_bytes"]:
-        summary += "; no holder found"
+        summary += "; " + unheld_text(g.get("unheld_why")).replace("that ", "", 1)
     return {"kind": "allocation", "bytes": g["bytes"], "count": g["count"], "where": where, "stack": stack,
             "thread": threads, "holders": holders, "unheld_bytes": g["unheld_bytes"], "summary": summary,
-            "remedy": _remedy(holders[0] if holders else None, where, threads)}
+            "remedy": _remedy(holders[0] if holders else None, where, threads, g.get("unheld_why"))}
 
 
 def _user_line(stack: list) -> list | None:
@@ -298,11 +130,10 @@ def _at(frame: list) -> str:
     return f"{os.path.basename(frame[0])}:{frame[1]} in {frame[2]}()"
 
 
-def _remedy(holder: dict | None, where: list | None, threads: list | None) -> str:
+def _remedy(holder: dict | None, where: list | None, threads: list | None, why: list | None = None) -> str:
     at = f" (allocated at {where[0]}:{where[1]})" if where else ""
     if holder is None:
-        return ("No reference to it was found from the program's modules or live frames: it may be held "
-                "by C/C++ code, by a reference cycle, or beyond the search's budget" + at + ".")
+        return unheld_remedy(why, at)
     path, kind = holder["path"], holder["kind"]
     text = {
         "global": f"{holder['pattern']} keeps every one of them{at}: store a number (.item()) or a "
@@ -322,10 +153,59 @@ def _remedy(holder: dict | None, where: list | None, threads: list | None) -> st
                           f"step's saved tensors{at}. Accumulate loss.item() or loss.detach() instead.",
         "cycle": f"{path} is part of a reference cycle{at}: break it (weakref for back-references) "
                  f"or call gc.collect().",
+        "generator": f"A suspended generator keeps its local variables until it runs to its end or is "
+                     f"closed: {path}{at}. Exhaust it, call its .close(), or drop it when done.",
+        "cache": f"{path.split(chr(39))[0]} is memoised with functools.lru_cache, which keeps every result it "
+                 f"returned, one per distinct argument{at}. Bound it (maxsize=...), call "
+                 f"{path.split(chr(39))[0].rsplit('.', 1)[-1]}.cache_clear() when done, or cache a CPU copy "
+                 f"or a number instead.",
+        "foreign": f"An object of another library holds the memory: {path}{at}. An array made from a "
+                   f"tensor (cupy.asarray, from_dlpack, __cuda_array_interface__) shares its memory and "
+                   f"keeps it alive as long as the array lives: drop the array, or copy what you need.",
     }[kind]
     if threads and any("(ended)" in t for t in threads):
         text += " The thread that allocated them has ended; the reference above is what keeps them."
     return text
+
+
+WHY_TEXT = {
+    "no-python-object": "that no Python object holds",
+    "unreachable": "held by an object that nothing the program reaches refers to",
+    "not-reached": "that the search did not reach within its budget",
+}
+
+
+def unheld_text(why: list | None) -> str:
+    """What the search says of blocks without a holder, from its biggest reason."""
+    if not why:
+        return "held by no tensor the search reached"
+    reason, _, _, top = why[0]
+    text = WHY_TEXT[reason]
+    if reason == "unreachable" and top:
+        text = f"held by a {top} that nothing the program reaches refers to"
+    return text
+
+
+def unheld_remedy(why: list | None, at: str = "", graph_grads: int | None = None) -> str:
+    """What to do about blocks without a holder, by why the search found none."""
+    reason = why[0][0] if why else None
+    if reason == "not-reached":
+        return ("The search stopped at its budget before it reached these blocks (the report says how far "
+                f"it got){at}. Run again with --trace on for their allocating line.")
+    if reason == "unreachable":
+        return ("The object that holds them is referred to by nothing the program's modules or live frames "
+                "reach: a reference cycle that gc.collect() frees (the garbage finding says so at exit), or "
+                f"a reference from C/C++ code (an extension, a CUDA graph, a C++ hook){at}.")
+    if graph_grads:
+        return (f"No Python object holds them, and the .grad of {graph_grads} tensor{'s' if graph_grads != 1 else ''} "
+                "carries an autograd graph: backward(create_graph=True) on a leaf makes a reference cycle "
+                "leaf -> .grad -> its graph -> leaf that Python's gc cannot see (PyTorch warns about it). Use "
+                "torch.autograd.grad(..., create_graph=True) instead, or set the leaf's .grad to None when "
+                f"done{at}.")
+    return ("No Python object holds them: C/C++ code does, and the search cannot tell which (PyTorch's own "
+            "buffers such as a cuBLAS workspace per stream, 32 MiB on an H100; an extension; a custom "
+            f"autograd Function's C++ state){at}. With --trace on, their allocating line shows where they "
+            "came from.")
 
 
 def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[list[dict], dict]:
@@ -357,10 +237,11 @@ def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[lis
                              "stack": [], "thread": g["thread"], "holders": [h], "unheld_bytes": None,
                              "summary": summary, "remedy": _live_remedy(h, None)})
         if g["unheld_bytes"]:
+            why = g.get("unheld_why")
             suspects.append({"kind": "allocation", "bytes": g["unheld_bytes"], "count": None, "where": None,
                              "stack": [], "thread": g["thread"], "holders": [], "unheld_bytes": g["unheld_bytes"],
-                             "summary": f"{fb(g['unheld_bytes'])} held by no tensor the search reached",
-                             "remedy": _live_remedy(None, None)})
+                             "summary": f"{fb(g['unheld_bytes'])} {unheld_text(why)}",
+                             "remedy": _live_remedy(None, None, why)})
     # What someone holds comes first; blocks without a holder (mostly PyTorch's own buffers)
     # come last, and keep at least one line.
     suspects.sort(key=lambda s: -s["bytes"])
@@ -375,15 +256,18 @@ def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[lis
     return suspects, meta
 
 
-def _live_remedy(holder: dict | None, where: list | None) -> str:
-    if holder is not None and holder["kind"] in ("kept-exception", "hook", "autograd-graph", "cycle"):
+def _live_remedy(holder: dict | None, where: list | None, why: list | None = None) -> str:
+    if holder is not None and holder["kind"] in ("kept-exception", "hook", "autograd-graph", "cycle", "generator",
+                                                 "cache", "foreign"):
         return _remedy(holder, where, None)  # these say how to let go of that kind of reference
     at = f" (allocated at {where[0]}:{where[1]})" if where else ""
     if holder is None:
-        return ("No tensor the search reached holds it. PyTorch keeps some memory of its own among "
-                "the allocated blocks: a cuBLAS workspace per stream and thread that ran a matmul "
-                "(32 MiB each on an H200; torch._C._cuda_clearCublasWorkspaces() frees them). "
-                f"Otherwise it is held from C/C++, by a reference cycle, or beyond the search's budget{at}.")
+        if why and why[0][0] != "no-python-object":
+            return unheld_remedy(why, at)
+        return ("No Python object holds it. PyTorch keeps some memory of its own among the allocated "
+                "blocks: a cuBLAS workspace per stream and thread that ran a matmul (32 MiB each on an "
+                "H100 or H200; torch._C._cuda_clearCublasWorkspaces() frees them). Otherwise C/C++ code "
+                f"holds it{at}.")
     return (f"{holder['path']} still references it{at}. If the program no longer needs it, drop that "
             f"reference (del it or set it to None; an optimizer holds its model's parameters too), "
             f"then torch.cuda.empty_cache() gives the memory back to the device.")
@@ -483,12 +367,16 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
                 a["sizes"][size] = a["sizes"].get(size, 0) + n
         sizes = g.get("unheld_sizes") or []
         count = g.get("unheld_count") or 0
+        why = g.get("unheld_why")
+        if why and why[0][0] == "not-reached":
+            continue  # not evidence of anything: the search stopped before it got there
         # Without stacks every block is one group: only blocks of one size are alike.
         alike = count if g["frames"] else (sizes[0][1] if sizes else 0)
         if alike >= MIN_ALIKE:
             unheld.append({"count": alike, "bytes": g["unheld_bytes"] if g["frames"] else sizes[0][0] * alike,
                            "sizes": sizes, "where": where, "thread": g["thread"],
-                           "same_line": bool(g["frames"])})
+                           "same_line": bool(g["frames"]), "why": g.get("unheld_why"),
+                           "graph_grads": investigation.get("graph_grads")})
     out = []
     for a in held.values():
         a["sizes"] = sorted(([s, n] for s, n in a["sizes"].items()), key=lambda p: -p[1])[:3]
@@ -526,14 +414,10 @@ def accumulation_suspect(a: dict) -> dict:
 def unheld_suspect(u: dict) -> dict:
     """A suspect made of alike allocations that nothing in Python holds."""
     where = f" at {_at(u['where'])}" if u["where"] else ""
-    summary = f"{fb(u['bytes'])} in {alike_text(u)}{where} that no Python object holds"
+    why = u.get("why")
+    summary = f"{fb(u['bytes'])} in {alike_text(u)}{where} {unheld_text(why) if why else 'that no Python object holds'}"
     at = f" (allocated at {u['where'][0]}:{u['where'][1]})" if u["where"] else ""
-    remedy = ("Memory that no Python object holds, in many alike pieces, is kept by references from C++. "
-              "The usual cause: backward(create_graph=True) on a leaf makes a reference cycle "
-              "leaf -> .grad -> its graph -> leaf that Python's gc cannot see (PyTorch warns about it); "
-              "use torch.autograd.grad(..., create_graph=True) instead, or set the leaf's .grad to None "
-              "when done. Otherwise look for tensors kept by a C/C++ extension or a custom autograd "
-              f"Function's ctx{at}.")
+    remedy = unheld_remedy(why, at, u.get("graph_grads"))
     return {"kind": "allocation", "bytes": u["bytes"], "count": u["count"], "where": u["where"],
             "stack": [u["where"]] if u["where"] else [], "thread": u["thread"], "holders": [],
             "unheld_bytes": u["bytes"], "summary": summary, "remedy": remedy}

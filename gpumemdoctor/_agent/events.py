@@ -1,19 +1,8 @@
-"""What the agent records besides samples: the garbage collections that freed CUDA memory,
-out-of-memory errors at the moment they happen, where a process started CUDA, and the
-exception a program died of. Runs inside the target; the agent guards every call.
+"""What the agent records besides samples and searches: collections, CUDA's start, a fatal exception.
 
-The agent must not change when the program's garbage is collected. An automatic
-collection starts when the count of new gc-tracked objects passes a threshold, so
-reading the allocator (a nested dict from PyTorch) could set one off early. On the
-program's own threads the agent holds automatic collection off while it reads
-(`quiet_gc`), exactly as the program would by calling gc.disable() itself; on the
-agent's own thread it never touches the collector's settings and reads only when
-the count is far enough from the threshold (`Neutral.read(..., room=True)`).
-
-Holding collection off is not enough: a reading leaves its traces in the count and in
-the free lists that the program shares (PyTorch's 39 dicts per device, taken from the
-dict free list or made anew, then given back to it), and those decide when the
-program's later collections come. `Neutral` puts both back as it found them.
+The garbage collections that freed CUDA memory (`Collections`, the collector's callback,
+whose readings go through `Neutral`), where a process started CUDA, and the exception a
+program died of. Runs inside the target; the agent guards every call.
 """
 from __future__ import annotations
 
@@ -24,121 +13,15 @@ import sys
 import threading
 import time
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-# gc-tracked objects one reading of every device can create at most: PyTorch's nested stats
-# are 39 dicts per device (measured, torch 2.11); most come from the dict free list.
-GC_HEADROOM = 160
+from .neutral import Neutral
+
+# gpumemdoctor's own folder, not this package's: frames of gpumemdoctor.step() are ours too.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MIN_FREED_RECORD_BYTES = 1 << 20  # a collection that freed less CUDA memory is only counted
 MAX_COLLECTION_RECORDS = 1000  # then collections are only added up
 GC_COST_SHARE = 0.01  # the callback stops measuring while it has cost more than this share of the run
 MAX_STACK = 16
 MAX_HELD_INFO = 20_000  # info dicts kept (two dicts each, ~130 bytes): then the rare miss is left alone
-
-
-class _Ballast:
-    """An object whose making and freeing move the collector's count by one (no free list)."""
-
-    __slots__ = ("_",)
-
-
-LEND_DICTS = 48  # lent to the dict free list around a reading: PyTorch's nested stats are 39
-
-
-class Neutral:
-    """Runs a reading so that the collector's count and the dict free list end as they began.
-
-    Before the reading, dicts of its own reserve are lent to the free list, so that the
-    reading's dicts come from it and go back to it; after, as many are taken back as
-    were lent, plus any the reading had to make anew (the count says how many), less any
-    the free list could not take (it was full; the count says that too). The count is
-    then put back with ballast: objects without a free list, made or freed one by one.
-    gc.get_count()'s own tuple comes from the free list of 3-tuples, where one of ours
-    is lent too. Measured in tests/test_events.py on CPython 3.11 and 3.12: the same
-    count, step by step, as a run that never read.
-
-    `fn(arg)` must leave nothing alive and make no containers but dicts. Run it with
-    automatic collection held off, or with room below the threshold (`room=True`):
-    a collection in the middle would make the count meaningless.
-    """
-
-    def __init__(self, lend: int = LEND_DICTS):
-        self.lend = lend
-        self.reserve = [{} for _ in range(lend)]
-        self.ballast = [_Ballast() for _ in range(lend)]
-        self.t3 = (0, 0, 0)
-        self.short = 0  # readings whose count could not be put back (no ballast left)
-        self.collected = 0  # readings inside which a collection ran
-
-    def read(self, fn, arg, room: bool = False):
-        """fn(arg), or NO_ROOM when `room` is asked and the count is near the threshold."""
-        get = gc.get_count
-        self.t3 = None  # lent: gc.get_count's own tuple comes from the free list
-        c0 = get()[0]
-        if room and gc.isenabled():
-            threshold = gc.get_threshold()[0]
-            if threshold and c0 + GC_HEADROOM >= threshold:
-                self.t3 = (c0, threshold, 0)
-                return NO_ROOM
-        reserve = self.reserve
-        ballast = self.ballast
-        lent = len(reserve)
-        if lent > self.lend:
-            lent = self.lend
-        lift = lent - c0  # the count never goes below zero: a freed dict it missed would go unseen
-        while lift > 0:
-            ballast.append(_Ballast())
-            lift -= 1
-        c1 = get()[0]
-        n = lent
-        while n:
-            reserve.pop()  # to the free list, or freed if it is full
-            n -= 1
-        destroyed = c1 - get()[0]
-        done = False
-        try:
-            result = fn(arg)
-            done = True
-        finally:
-            created = get()[0] - c1 + destroyed if done else 0
-            collected = created < 0  # a collection ran inside (one already due when the reading began)
-            if collected:
-                self.collected += 1
-                created = 0
-            n = lent - destroyed + created
-            while n > 0:
-                reserve.append({})
-                n -= 1
-            c = get()[0]
-            if not collected:  # after a collection the count starts again from zero: nothing to put back
-                while c > c0 and ballast:
-                    ballast.pop()
-                    c -= 1
-                if c > c0:
-                    self.short += 1
-                while c < c0:
-                    ballast.append(_Ballast())
-                    c += 1
-            self.t3 = (c, c0, n)
-        return result
-
-
-NO_ROOM = object()
-
-
-class quiet_gc:
-    """No automatic collection inside the block, on the program's own thread only."""
-
-    __slots__ = ("was",)
-
-    def __enter__(self):
-        self.was = gc.isenabled()
-        if self.was:
-            gc.disable()
-
-    def __exit__(self, *exc):
-        if self.was:
-            gc.enable()
-        return False
 
 
 def program_stack(frame, limit: int = MAX_STACK) -> list:
@@ -279,45 +162,6 @@ def program_stack_json(frame, limit: int = MAX_STACK) -> str:
             n += 1
         frame = frame.f_back
     return f"[{out}]"
-
-
-def free_blocks(torch, device: int) -> tuple[int | None, int | None]:
-    """(largest free block, all free blocks) inside the allocator's segments on one device."""
-    try:
-        segments = torch.cuda.memory._snapshot()["segments"]
-    except Exception:
-        return None, None
-    largest = total = 0
-    for segment in segments:
-        if segment.get("device") != device:
-            continue
-        for block in segment.get("blocks", []):
-            if block.get("state") == "inactive":
-                total += block["size"]
-                largest = max(largest, block["size"])
-    return largest, total
-
-
-def out_of_memory(torch, device: int, request: int, limit: int, device_free: int, processes) -> dict:
-    """The figures of an out-of-memory error, read at the moment the allocator gives up
-    (PyTorch's out-of-memory observer runs on the allocating thread, before the stack unwinds)."""
-    stats = torch.cuda.memory_stats_as_nested_dict(device)
-
-    def stat(name: str) -> int | None:
-        try:
-            return int(stats[name]["all"]["current"])
-        except (KeyError, TypeError, ValueError):
-            return None
-
-    largest, free_total = free_blocks(torch, device)
-    return {"type": "oom", "t": time.monotonic(), "device": device, "request_bytes": int(request),
-            "limit_bytes": int(limit), "device_free_bytes": int(device_free),
-            "allocated_bytes": stat("allocated_bytes"), "reserved_bytes": stat("reserved_bytes"),
-            "active_bytes": stat("active_bytes"), "largest_free_block_bytes": largest,
-            "free_in_segments_bytes": free_total,
-            "processes": [[int(pid), used] for pid, used in processes],
-            "thread": threading.current_thread().name,
-            "stack": program_stack(sys._getframe())}
 
 
 def cuda_origin() -> dict:

@@ -1,17 +1,21 @@
-"""The holder walk and the garbage look-up, on CPU tensors: they match storages by address,
-so a CPU tensor is found the same way a CUDA one is on the GPU."""
+"""The holder search and the garbage look-up (gpumemdoctor/_agent/search.py, heap.py, edges.py,
+graphs.py, garbage.py) on CPU tensors: they match storages by address, so a CPU tensor is found the
+same way a CUDA one is on the GPU."""
 from __future__ import annotations
 
+import functools
 import gc
+import itertools
 import threading
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpumemdoctor import _inspect  # noqa: E402
+from gpumemdoctor._agent import edges, garbage, search  # noqa: E402
+from gpumemdoctor._agent.blocks import Spans, TensorKind, storage_span, thread_entry, user_frames  # noqa: E402
 
-KIND = _inspect.TensorKind(torch)
+KIND = TensorKind(torch)
 HISTORY: list = []
 
 
@@ -20,16 +24,32 @@ class Holder:
         self.tensor = tensor
 
 
-def holder_of(tensor, extra_roots=()) -> tuple[str, str]:
-    """(rendered path, kind) of the first path from the usual roots to the tensor's storage."""
-    address, size = _inspect.storage_span(tensor)
-    spans = _inspect.Spans([(address, size, "t")])
-    walk = _inspect.Walk(KIND, spans, budget_s=10, max_objects=2_000_000,
-                         user_modules=_inspect.user_module_names())
-    walk.run([*extra_roots, *_inspect.roots(skip_threads={threading.get_ident()})])  # not our own locals
-    assert "t" in walk.found, f"not found after {walk.visited} objects ({walk.gave_up})"
-    labels = walk.path(walk.found["t"])
-    return _inspect.render(labels), _inspect.holder_kind(labels)
+def block_of(tensor) -> dict:
+    address, size = storage_span(tensor)
+    return {"device": 0, "address": address, "size": size, "frames": [], "new": True}
+
+
+def search_for(*tensors, budget_s: float = 10.0, blocks: list | None = None) -> dict:
+    """The search over these tensors' blocks, from the usual roots (not this test's own frames),
+    with automatic collection held off as the agent holds it."""
+    blocks = blocks if blocks is not None else [block_of(t) for t in tensors]
+    del tensors
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return search.investigate(torch, KIND, {"blocks": {}, "storages": set()}, budget_s,
+                                  search.Roots({threading.get_ident()}), {}, blocks=blocks)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def holder_of(tensor) -> tuple[str, str]:
+    """(rendered path, kind) of the path the search found to the tensor's storage."""
+    result = search_for(tensor)
+    (group,) = result["groups"]
+    assert group["holders"], f"no holder: {group['unheld_why']} ({result['gave_up']})"
+    return group["holders"][0]["path"], group["holders"][0]["kind"]
 
 
 def test_a_module_global_list():
@@ -38,7 +58,7 @@ def test_a_module_global_list():
         path, kind = holder_of(HISTORY[2])
         assert path == f"{__name__}.HISTORY[2]"
         assert kind == "global"
-        assert _inspect.pattern(path) == f"{__name__}.HISTORY[*]"
+        assert edges.pattern(path) == f"{__name__}.HISTORY[*]"
     finally:
         HISTORY.clear()
 
@@ -69,10 +89,10 @@ def test_a_kept_exception_holds_its_frame_locals():
     buf = ERRORS[0].__traceback__.tb_frame.f_locals["buf"]
     try:
         path, kind = holder_of(buf)
-        assert path.startswith(f"{__name__}.ERRORS[0].__traceback__ -> work() at test_inspect.py:")
+        assert path.startswith(f"{__name__}.ERRORS[0].__traceback__ -> work() at test_search.py:")
         assert path.endswith(" local buf")
         assert kind == "kept-exception"
-        assert _inspect.pattern(path) == f"{__name__}.ERRORS[*].__traceback__ -> work() at test_inspect.py local buf"
+        assert edges.pattern(path) == f"{__name__}.ERRORS[*].__traceback__ -> work() at test_search.py local buf"
     finally:
         del ERRORS, buf
 
@@ -111,7 +131,7 @@ def test_an_accumulated_loss_keeps_the_autograd_graph():
         assert path.endswith("._saved_result")
         assert kind == "autograd-graph"
         assert " autograd node" in path  # the hops are counted, not spelled out
-        assert _inspect.pattern(path) == f"{__name__}.TOTAL.grad_fn (autograd graph)"
+        assert edges.pattern(path) == f"{__name__}.TOTAL.grad_fn (autograd graph)"
     finally:
         del TOTAL, first
 
@@ -130,14 +150,11 @@ def test_a_local_of_a_live_frame_in_another_thread():
     t.start()
     started.wait(10)
     try:
-        spans = _inspect.Spans([(box[0], 128, "t")])
-        walk = _inspect.Walk(KIND, spans, budget_s=10, max_objects=2_000_000)
-        walk.run(_inspect.roots(skip_threads={threading.get_ident()}))
-        labels = walk.path(walk.found["t"])
-        path = _inspect.render(labels)
-        assert path.startswith("thread 'probe-thread': worker() at test_inspect.py:")
-        assert path.endswith(" local local_tensor")
-        assert _inspect.holder_kind(labels) == "frame-local"
+        result = search_for(blocks=[{"device": 0, "address": box[0], "size": 128, "frames": [], "new": True}])
+        (holder,) = result["groups"][0]["holders"]
+        assert holder["path"].startswith("thread 'probe-thread': worker() at test_search.py:")
+        assert holder["path"].endswith(" local local_tensor")
+        assert holder["kind"] == "frame-local"
     finally:
         stop.set()
         t.join()
@@ -152,11 +169,22 @@ def test_a_class_attribute_of_the_programs_own_class():
         del Holder.shared
 
 
-def test_the_walk_gives_up_on_its_object_budget():
-    spans = _inspect.Spans([(1, 1, "never")])
-    walk = _inspect.Walk(KIND, spans, budget_s=10, max_objects=50)
-    walk.run(_inspect.roots(skip_threads=set()))
-    assert walk.found == {} and walk.gave_up == "after 50 objects"
+def test_a_search_out_of_budget_says_what_it_did_not_reach():
+    HISTORY.extend(torch.ones(4) for _ in range(3))
+    try:
+        result = search_for(*HISTORY, budget_s=0.0)
+    finally:
+        HISTORY.clear()
+    (group,) = result["groups"]
+    assert group["holders"] == [] and group["unheld_why"] == [["not-reached", 48, 3, None]]
+    assert result["gave_up"].startswith("stopped at its 0 s budget with 3 of 3 allocations not reached")
+
+
+def test_a_block_no_python_object_holds_is_said_so():
+    result = search_for(blocks=[{"device": 0, "address": 16, "size": 1 << 20, "frames": [], "new": True}])
+    (group,) = result["groups"]
+    assert group["unheld_why"] == [["no-python-object", 1 << 20, 1, None]]
+    assert result["gave_up"] is None
 
 
 class Node:
@@ -179,7 +207,7 @@ def test_garbage_names_the_types_and_the_holder_in_the_cycle():
         gc.set_debug(old)
     found, gc.garbage[:] = list(gc.garbage), []
     # CPU tensors are not CUDA: treat them as such by describing with a kind that says yes.
-    report = _inspect._describe_garbage(found, KIND, None, cuda_only=False)
+    report = garbage._describe_garbage(found, KIND, None, cuda_only=False)
     del found
     gc.collect()
     assert ["Node", 2] in report["types"]
@@ -196,13 +224,13 @@ def test_user_frames_drop_torch_and_find_the_thread_entry():
               ("/usr/lib/python3.12/threading.py", 1010, "run"),
               ("/usr/lib/python3.12/threading.py", 1073, "_bootstrap_inner"),
               ("/usr/lib/python3.12/threading.py", 1030, "_bootstrap")]
-    assert _inspect.user_frames(frames)[0] == ("/home/u/train.py", 41, "step")
-    assert _inspect.thread_entry(frames) == ("/home/u/train.py", "worker")
-    assert _inspect.thread_entry(frames[:3]) is None
+    assert user_frames(frames)[0] == ("/home/u/train.py", 41, "step")
+    assert thread_entry(frames) == ("/home/u/train.py", "worker")
+    assert thread_entry(frames[:3]) is None
 
 
 def test_spans_find_addresses_inside_a_block_only():
-    spans = _inspect.Spans([(1000, 100, "a"), (2000, 10, "b")])
+    spans = Spans([(1000, 100, "a"), (2000, 10, "b")])
     assert spans.find(1000) == "a" and spans.find(1099) == "a" and spans.find(1100) is None
     assert spans.find(999) is None and spans.find(2005) == "b"
 
@@ -218,7 +246,7 @@ def test_investigate_groups_new_blocks_by_stack_and_names_the_holder(monkeypatch
     def blocks(tensors, frames):
         out = []
         for t in tensors:
-            address, size = _inspect.storage_span(t)
+            address, size = storage_span(t)
             out.append({"address": address, "size": size, "state": "active_allocated", "frames": frames})
         return out
 
@@ -226,10 +254,9 @@ def test_investigate_groups_new_blocks_by_stack_and_names_the_holder(monkeypatch
     monkeypatch.setattr(torch.cuda.memory, "_snapshot",
                         lambda: {"segments": [{"device": 0, "blocks": state["blocks"]}]})
     try:
-        baseline = _inspect.take_baseline(torch, KIND)
+        baseline = search.take_baseline(torch, KIND)
         state["blocks"] = blocks([old], []) + blocks(HISTORY, stack)
-        result = _inspect.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
-                                      skip_threads={threading.get_ident()}, thread_names={})
+        result = search.investigate(torch, KIND, baseline, 10, search.Roots({threading.get_ident()}), {})
     finally:
         HISTORY.clear()
     assert result["candidate_count"] == 4 and result["candidate_bytes"] == 4 * 1024
@@ -238,15 +265,15 @@ def test_investigate_groups_new_blocks_by_stack_and_names_the_holder(monkeypatch
     assert group["count"] == 4 and group["unheld_bytes"] == 0
     (holder,) = group["holders"]
     assert holder["pattern"] == f"{__name__}.HISTORY[*]" and holder["count"] == 4
-    from gpumemdoctor import rootcause
-    root = rootcause.empty_root()
-    rootcause.apply_record(root, "investigation", {"when": "exit", "t": 5.0, "step": 40, "trace": True,
+    from gpumemdoctor import records, suspects
+    root = records.empty_root()
+    records.apply_record(root, "investigation", {"when": "exit", "t": 5.0, "step": 40, "trace": True,
                                                    **result}, t0=1.0)
-    suspects, meta = rootcause.leak_suspects(root, 0)
+    found, meta = suspects.leak_suspects(root, 0)
     assert meta["searched"] and meta["t"] == 4.0
-    assert suspects[0]["where"] == ["/home/u/train.py", 41, "step"]
-    assert suspects[0]["summary"].startswith("4.00 KiB in 4 allocations at train.py:41 in step(); held by ")
-    assert "(allocated at /home/u/train.py:41)" in suspects[0]["remedy"]
+    assert found[0]["where"] == ["/home/u/train.py", 41, "step"]
+    assert found[0]["summary"].startswith("4.00 KiB in 4 allocations at train.py:41 in step(); held by ")
+    assert "(allocated at /home/u/train.py:41)" in found[0]["remedy"]
 
 
 def test_the_exit_search_covers_all_live_memory_new_and_old(monkeypatch):
@@ -258,32 +285,31 @@ def test_the_exit_search_covers_all_live_memory_new_and_old(monkeypatch):
     snap = {"blocks": []}
 
     def block(t):
-        address, size = _inspect.storage_span(t)
+        address, size = storage_span(t)
         return {"address": address, "size": size, "state": "active_allocated", "frames": []}
 
     monkeypatch.setattr(torch.cuda.memory, "_snapshot",
                         lambda: {"segments": [{"device": 0, "blocks": snap["blocks"]}]})
     try:
         snap["blocks"] = [block(t) for t in WEIGHTS]
-        baseline = _inspect.take_baseline(torch, KIND)
+        baseline = search.take_baseline(torch, KIND)
         snap["blocks"] += [block(t) for t in HISTORY]
-        result = _inspect.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
-                                      skip_threads={threading.get_ident()}, thread_names={}, all_live=True)
-        only_new = _inspect.investigate(torch, KIND, baseline, budget_s=10, max_objects=2_000_000,
-                                        skip_threads={threading.get_ident()}, thread_names={})
+        result = search.investigate(torch, KIND, baseline, 10, search.Roots({threading.get_ident()}), {},
+                                    all_live=True)
+        only_new = search.investigate(torch, KIND, baseline, 10, search.Roots({threading.get_ident()}), {})
     finally:
         HISTORY.clear()
         del WEIGHTS
     assert result["all_live"] is True and result["candidate_count"] == 4
     assert sorted((g["new"], g["count"]) for g in result["groups"]) == [(False, 3), (True, 4)]
     assert [(g["new"], g["count"]) for g in only_new["groups"]] == [(True, 4)]
-    from gpumemdoctor import rootcause
-    root = rootcause.empty_root()
-    rootcause.apply_record(root, "investigation", {"when": "exit", "t": 5.0, "step": None, "trace": False,
+    from gpumemdoctor import records, suspects
+    root = records.empty_root()
+    records.apply_record(root, "investigation", {"when": "exit", "t": 5.0, "step": None, "trace": False,
                                                    **result}, t0=0.0)
-    leak, _ = rootcause.leak_suspects(root, 0)
+    leak, _ = suspects.leak_suspects(root, 0)
     assert [s["holders"][0]["pattern"] for s in leak] == [f"{__name__}.HISTORY[*]"]
-    live, meta = rootcause.live_suspects(root, 0)
+    live, meta = suspects.live_suspects(root, 0)
     assert meta["searched"] and meta["allocation_stacks"] is False
     # Without stacks, one suspect per holder, biggest first.
     assert [(s["holders"][0]["pattern"], s["bytes"]) for s in live] == [
@@ -308,9 +334,9 @@ def test_the_exit_sequence_sees_the_cycle_when_gc_is_held_off(monkeypatch):
             junk = Holder(None)
             junk.tensor = junk
         del junk
-        _inspect.investigate(torch, KIND, {"blocks": {(1, 1)}, "storages": set()}, budget_s=10,
-                             max_objects=2_000_000, skip_threads={threading.get_ident()}, thread_names={})
-        report = _inspect.collect_garbage(KIND, None, cuda_only=False)
+        search.investigate(torch, KIND, {"blocks": {(1, 1)}, "storages": set()}, 10,
+                           search.Roots({threading.get_ident()}), {})
+        report = garbage.collect_garbage(KIND, None, cuda_only=False)
     finally:
         if collecting:
             gc.enable()
@@ -323,7 +349,7 @@ def test_the_exit_sequence_sees_the_cycle_when_gc_is_held_off(monkeypatch):
 def test_a_leaks_allocations_after_the_trace_window_count_with_its_line():
     """--trace auto stops recording stacks after its window: the same leak's later blocks have
     no stack but the same holder, and are counted with the group that has the line."""
-    from gpumemdoctor import rootcause
+    from gpumemdoctor import records, suspects
 
     def group(frames, count, pattern="__main__.kept[*]"):
         return {"device": 0, "new": True, "bytes": count * 1024, "count": count, "frames": frames,
@@ -332,12 +358,186 @@ def test_a_leaks_allocations_after_the_trace_window_count_with_its_line():
                 "unheld_bytes": 0, "unheld_count": 0, "unheld_sizes": None}
 
     line = [["/home/u/train.py", 12, "step"]]
-    root = rootcause.empty_root()
-    rootcause.apply_record(root, "investigation", {
+    root = records.empty_root()
+    records.apply_record(root, "investigation", {
         "when": "exit", "t": 5.0, "step": 900, "trace": True, "source": "allocator", "all_live": True,
         "candidate_bytes": 200 * 1024, "candidate_count": 200, "visited": 10, "gave_up": None, "elapsed_s": 0.1,
         "groups": [group([], 170), group(line, 30), group([], 4, pattern="torch.optim.state[*]")]}, t0=0.0)
-    (suspect,) = rootcause.leak_suspects(root, 0)[0]
+    (suspect,) = suspects.leak_suspects(root, 0)[0]
     assert suspect["where"] == line[0] and suspect["count"] == 200 and suspect["bytes"] == 200 * 1024
     assert suspect["holders"][0]["count"] == 200
     assert suspect["summary"].startswith("200 KiB in 200 allocations at train.py:12 in step(); held by __main__.kept[0]")
+
+
+# -- holders behind objects written in C, and what the climb reaches ---------------------------
+
+@functools.lru_cache(maxsize=None)
+def embed(i):
+    return torch.full((8,), float(i))
+
+
+@functools.lru_cache(maxsize=4)
+def embed_bounded(i):
+    return torch.full((8,), float(i))
+
+
+@pytest.mark.parametrize("fn", [embed, embed_bounded], ids=["unbounded", "bounded"])
+def test_an_lru_cache_is_named_as_the_functions_cache(fn):
+    path, kind = holder_of(fn(3))
+    assert path == f"{__name__}.{fn.__name__}'s lru_cache"
+    assert kind == "cache"
+
+
+def batches():
+    buf = torch.ones(64)
+    yield 1
+    yield buf
+
+
+def test_a_suspended_generators_local():
+    global GENS
+    GENS = [batches()]
+    next(GENS[0])
+    tensor = GENS[0].gi_frame.f_locals["buf"]
+    try:
+        path, kind = holder_of(tensor)
+        assert path.startswith(f"{__name__}.GENS[0] -> suspended generator batches() at test_search.py:")
+        assert path.endswith(" local buf")
+        assert kind == "generator"
+        assert edges.pattern(path) == f"{__name__}.GENS[*] -> suspended generator batches() at test_search.py local buf"
+    finally:
+        del GENS
+
+
+def test_an_object_written_in_c_is_named_by_its_type():
+    global REPEATS
+    REPEATS = [itertools.repeat(torch.ones(4))]
+    tensor = next(REPEATS[0])
+    try:
+        path, kind = holder_of(tensor)
+        assert path == f"{__name__}.REPEATS[0] (itertools.repeat)"
+        assert kind == "foreign"
+    finally:
+        del REPEATS
+
+
+def test_a_librarys_global_is_reached_by_the_climb():
+    import json
+
+    json._gpumemdoctor_probe = [torch.ones(5)]
+    try:
+        result = search_for(json._gpumemdoctor_probe[0])
+        (holder,) = result["groups"][0]["holders"]
+        assert holder["path"] == "json._gpumemdoctor_probe[0]"
+        assert result["phases"]["climb_scans"] >= 1
+    finally:
+        del json._gpumemdoctor_probe
+
+
+def test_one_climb_places_a_whole_list_beside_the_first():
+    import json
+
+    json._gpumemdoctor_many = [torch.ones(5) for _ in range(50)]
+    try:
+        result = search_for(*json._gpumemdoctor_many)
+        (holder,) = result["groups"][0]["holders"]
+        assert holder["pattern"] == "json._gpumemdoctor_many[*]" and holder["count"] == 50
+        assert result["phases"]["climb_scans"] <= 4  # one climb, not fifty
+    finally:
+        del json._gpumemdoctor_many
+
+
+def test_a_big_container_is_left_to_the_climb():
+    """The sweep does not walk into a list of more than heap.BIG items; the climb finds what is
+    held below one."""
+    global DATASET
+    DATASET = [[i] for i in range(search.heap.BIG + 10)]
+    DATASET[-1].append(torch.ones(3))
+    try:
+        path, _ = holder_of(DATASET[-1][1])
+        assert path == f"{__name__}.DATASET[{search.heap.BIG + 9}][1]"
+    finally:
+        del DATASET
+
+
+def test_a_tensor_held_only_by_a_dead_cycle_is_unreachable():
+    class Ring:
+        pass
+
+    a, b = Ring(), Ring()
+    a.peer, b.peer, a.t = b, a, torch.ones(7)
+    block = block_of(a.t)
+    del a, b
+    result = search_for(blocks=[block])
+    (group,) = result["groups"]
+    assert group["holders"] == [] and group["unheld_why"][0][0] == "unreachable"
+
+
+class Sneaky:
+    """A class whose every hook counts its calls: the search must never call any of them."""
+
+    calls = 0
+
+    def __getattr__(self, name):
+        Sneaky.calls += 1
+        raise AttributeError(name)
+
+    def __getattribute__(self, name):
+        Sneaky.calls += 1
+        return object.__getattribute__(self, name)
+
+    def __repr__(self):
+        Sneaky.calls += 1
+        return "sneaky"
+
+    def __len__(self):
+        Sneaky.calls += 1
+        return 1
+
+    def __iter__(self):
+        Sneaky.calls += 1
+        return iter(())
+
+    def __eq__(self, other):
+        Sneaky.calls += 1
+        return self is other
+
+    def __hash__(self):
+        Sneaky.calls += 1
+        return 7
+
+    def __dir__(self):
+        Sneaky.calls += 1
+        return []
+
+    @property
+    def prop(self):
+        Sneaky.calls += 1
+        return 1
+
+
+class SneakyList(list):
+    def __iter__(self):
+        Sneaky.calls += 1
+        return iter(())
+
+    def __getitem__(self, i):
+        Sneaky.calls += 1
+        return None
+
+
+def test_the_search_runs_none_of_the_programs_code():
+    global SNEAKY
+    outer, inner = Sneaky(), Sneaky()
+    tensor = torch.ones(3)
+    object.__setattr__(inner, "t", SneakyList([tensor]))
+    object.__setattr__(outer, "inner", inner)
+    SNEAKY = {(outer, 1): [outer]}  # a key that is a tuple holding an object of the program's class
+    Sneaky.calls = 0
+    try:
+        result = search_for(tensor)
+        (holder,) = result["groups"][0]["holders"]
+        assert holder["path"] == f"{__name__}.SNEAKY[<tuple>][0].inner.t[0]"
+        assert Sneaky.calls == 0
+    finally:
+        del SNEAKY

@@ -1,0 +1,86 @@
+"""The agent inside the measured program: started here, at most one per process.
+
+The bootstrap sitecustomize calls `start()` in every Python process of a run; it does
+nothing unless GPUMEMDOCTOR_RUN_DIR is set. `enable()` and `step()` are behind
+gpumemdoctor.enable() and gpumemdoctor.step(). The agent itself is `core.Agent`, whose
+docstring says what happens when; its parts are the other modules of this package. Every
+entry point is guarded: a failure disables the agent, never the program.
+"""
+from __future__ import annotations
+
+import os
+
+from . import forked, threads
+from .core import Agent
+from .startup import ENV_RUN_DIR, interval_from_env
+
+_agent: Agent | None = None  # this process's agent
+
+
+def start() -> None:
+    """Start the agent in this process if the environment asks for it; twice is harmless."""
+    global _agent
+    if _agent is not None and _agent.pid == os.getpid():
+        return
+    run_dir = os.environ.get(ENV_RUN_DIR)
+    if not run_dir:
+        return
+    try:
+        agent = Agent(run_dir, interval_from_env())
+        _begin(agent)
+        _agent = agent
+    except Exception:
+        _agent = None
+
+
+def enable() -> None:
+    """Start the agent and its local socket in this process (see gpumemdoctor.enable)."""
+    global _agent
+    try:
+        if _agent is None or _agent.pid != os.getpid():
+            agent = Agent(os.environ.get(ENV_RUN_DIR), interval_from_env())
+            _begin(agent)
+            _agent = agent
+        _agent.start_server()
+    except Exception:
+        pass
+
+
+def step() -> None:
+    """Mark the end of one step of the program's loop (see gpumemdoctor.step)."""
+    agent = _agent
+    if agent is not None:
+        agent.on_step(explicit=True)
+
+
+def _current() -> Agent | None:
+    return _agent
+
+
+def _begin(agent: Agent) -> None:
+    """The process's hooks (forks, threads), then the agent's start, which may start its thread."""
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_after_fork_in_child)
+    threads.install_hook(_current)
+    agent.begin()
+
+
+def _after_fork_in_child() -> None:
+    global _agent
+    if forked.in_copy():
+        return  # the agent's own copy, searching: it writes to the parent's record file and leaves
+    parent = _agent
+    _agent = None
+    if parent is None:
+        return
+    try:
+        threads.leave_parent(parent)
+    except Exception:
+        pass
+    try:
+        # CUDA cannot be used in a forked child; the child records that it exists.
+        child = Agent(parent.run_dir, parent.sampler.interval_s)
+        child.begin(forked_from=parent.pid)
+        _agent = child
+    except Exception:
+        _agent = None

@@ -1,0 +1,126 @@
+"""The allocator's view, inside the target: live blocks with their stacks, and which objects are tensors.
+
+What the holder search (search.py) and the garbage look-up (garbage.py) stand on. Tensors
+are matched to allocator blocks by the address range of their storage, so all of it works
+the same on CPU tensors (that is how the CPU tests exercise it).
+"""
+from __future__ import annotations
+
+import bisect
+import gc
+import os
+import sysconfig
+
+# gpumemdoctor's own folder, not this package's: its frames are never the program's.
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LIBRARY_DIRS = tuple({os.path.abspath(p) for p in (sysconfig.get_paths().get("stdlib"),
+                                                    sysconfig.get_paths().get("platstdlib"),
+                                                    sysconfig.get_paths().get("purelib"),
+                                                    sysconfig.get_paths().get("platlib")) if p})
+
+
+def is_library_file(filename: str) -> bool:
+    """The standard library, installed packages, or gpumemdoctor itself: not the user's code."""
+    if not filename or filename.startswith("<"):
+        return True
+    path = os.path.abspath(filename)
+    return (path.startswith(PACKAGE_DIR) or "site-packages" in path or "dist-packages" in path
+            or any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS))
+
+
+class Spans:
+    """Address ranges [start, end) with a key each, looked up by any address inside."""
+
+    def __init__(self, spans):
+        self._spans = sorted((int(s), int(s) + int(n), key) for s, n, key in spans if n)
+        self._starts = [s for s, _, _ in self._spans]
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def find(self, address: int):
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i >= 0 and address < self._spans[i][1]:
+            return self._spans[i][2]
+        return None
+
+
+class TensorKind:
+    """Is this object a tensor? Decided from its type alone (cached): `isinstance` would
+    call `__class__` on every object of the heap, and some modules answer that with warnings."""
+
+    def __init__(self, torch):
+        self._tensor = torch.Tensor
+        self._cache: dict = {}
+
+    def __call__(self, obj) -> bool:
+        t = type(obj)
+        known = self._cache.get(t)
+        if known is None:
+            try:
+                known = self._cache[t] = issubclass(t, self._tensor)
+            except TypeError:
+                known = self._cache[t] = False
+        return known
+
+
+def storage_span(tensor):
+    """(address, bytes) of the tensor's storage; None where it has no plain storage."""
+    try:
+        storage = tensor.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except Exception:
+        return None
+
+
+
+def live_blocks(torch) -> list[dict]:
+    """Every block the allocator has handed out and not got back, with its allocation stack
+    where history was being recorded when it was allocated."""
+    snapshot = torch.cuda.memory._snapshot()
+    blocks = []
+    for segment in snapshot.get("segments", []):
+        device = segment.get("device")
+        pool = segment.get("segment_pool_id")
+        if pool is not None and tuple(pool) != (0, 0):
+            continue  # a private pool (CUDA graphs): held by the graph, not by tensors
+        for block in segment.get("blocks", []):
+            if block.get("state") != "active_allocated":
+                continue
+            blocks.append({"device": device, "address": block["address"], "size": block["size"],
+                           "frames": [(f.get("filename", "?"), f.get("line", 0), f.get("name", "?"))
+                                      for f in block.get("frames") or []]})
+    return blocks
+
+
+def cuda_tensors(kind: TensorKind):
+    """(tensor, storage address, storage bytes) of every CUDA tensor the garbage collector knows."""
+    for obj in gc.get_objects():
+        if not kind(obj):
+            continue
+        try:
+            span = storage_span(obj) if obj.is_cuda else None
+        except Exception:
+            continue
+        if span:
+            yield obj, span[0], span[1]
+
+
+def user_frames(frames: list) -> list:
+    """The allocating stack without PyTorch's own frames, innermost first."""
+    kept = [f for f in frames if not _is_torch_file(f[0]) and not f[0].startswith(PACKAGE_DIR)]
+    return kept or frames
+
+
+def _is_torch_file(filename: str) -> bool:
+    return f"{os.sep}torch{os.sep}" in filename
+
+
+def thread_entry(frames: list):
+    """(file, function) that a thread ran, when the stack runs through threading's bootstrap."""
+    for i, (filename, _, name) in enumerate(frames):
+        if name == "_bootstrap_inner" and filename.endswith("threading.py"):
+            inner = [f for f in frames[:i] if not (f[0].endswith("threading.py") and f[2] == "run")]
+            if inner:
+                return inner[-1][0], inner[-1][2]
+    return None

@@ -1,0 +1,213 @@
+"""The agent of one process: its parts, and what happens when.
+
+1. Start (`begin`): a hello record; the agent waits for the program to import torch
+   (startup.py) and for torch to start CUDA (`on_cuda`, from torch's lazy-init callback).
+2. CUDA starts: the devices are read, the readings' rows made, PyTorch's out-of-memory
+   observer (oom.py) and the collector's callback (events.py) attached, the sampling thread
+   started.
+3. Sampling (sampler.py): at each optimizer step or gpumemdoctor.step() (`on_step`), or on the
+   sampling thread's timer while no step comes. Each sample goes to the growth watch (watch.py).
+4. Growth suspected: allocation stacks on (trace.py), and a holder search (search.py) due some
+   steps later, made at that step boundary (`on_step`) in a copy of the process (forked.py).
+5. An out-of-memory error: its record; the first one is searched too (oom.py).
+6. Exit (exit.py): the exit probes, then the exit record.
+Threads and forks: threads.py. Each part keeps a reference to the agent for what they share:
+the channel (the record file), torch and its devices, the step count.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+
+from . import startup
+from .channel import Channel
+from .events import Collections, cuda_origin
+from .exit import finish
+from .neutral import quiet_gc
+from .oom import OomObserver
+from .sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
+from .threads import ThreadWatch
+from .trace import Trace
+from .watch import GrowthWatch
+
+
+class Agent:
+    """This process's agent: what its parts share, and the moments they act on."""
+
+    def __init__(self, run_dir: str | None, interval_s: float):
+        self.pid = os.getpid()
+        self.run_dir = run_dir
+        self.channel = Channel(run_dir, self.pid)
+        self.server = None
+        self.torch = None
+        self.devices: list[dict] = []  # torch index, uuid, nvml device (or None)
+        self.nvml = None
+        self.steps = 0
+        self.explicit_steps = False
+        self.last_step_t = 0.0
+        self.cuda_seen = False
+        self.finished = False
+        self.collections: Collections | None = None
+        self.cost = {"init_s": 0.0, "sample_s": 0.0}
+        self.sampler = Sampler(self, interval_s)
+        self.timer = SamplingThread(self)
+        self.watch = GrowthWatch(self)
+        self.trace = Trace(self, run_dir)
+        self.oom = OomObserver(self)
+        self.threads = ThreadWatch(self)
+
+    # -- start-up ------------------------------------------------------------
+    def begin(self, forked_from: int | None = None) -> None:
+        self.channel.write(startup.hello(self.pid, self.sampler.interval_s, forked_from))
+        if forked_from is None:
+            atexit.register(self.at_exit)
+        torch = sys.modules.get("torch")
+        if torch is not None and hasattr(torch, "cuda"):
+            self.on_torch(torch)
+        elif forked_from is None:
+            sys.meta_path.insert(0, startup.TorchImportWatcher(self.on_torch))
+
+    def on_torch(self, torch) -> None:
+        try:
+            self.torch = torch
+            self.channel.write({"type": "torch", "t": time.monotonic(), "version": str(torch.__version__)})
+            try:
+                from torch.optim.optimizer import register_optimizer_step_post_hook
+                register_optimizer_step_post_hook(self._on_optimizer_step)
+            except Exception:
+                pass
+            if torch.cuda.is_initialized():
+                self.on_cuda()
+            else:
+                lazy_call = getattr(torch.cuda, "_lazy_call", None)
+                if lazy_call is not None:
+                    lazy_call(self.on_cuda)
+                else:
+                    self._start_thread()  # the thread waits for CUDA itself
+        except Exception:
+            pass
+
+    def on_cuda(self) -> None:
+        # Runs inside torch's lazy CUDA initialisation, on the thread that started CUDA: it must
+        # never raise. Everything the agent keeps for the rest of the run is set up here, on the
+        # program's thread, so that the sampling thread later allocates nothing that lasts.
+        try:
+            if self.cuda_seen:
+                return
+            self.cuda_seen = True
+            started = time.perf_counter()
+            origin = {}
+            try:
+                origin = cuda_origin()
+            except Exception:
+                pass
+            self.channel.write({"type": "cuda", "t": time.monotonic(), **origin})
+            if self.trace.mode == "on":
+                self.trace.start("flag")
+            try:
+                self.describe_devices()
+                self.prepare_reading()
+            except Exception:
+                self.devices = []
+            self.attach_observers()
+            self.cost["init_s"] += time.perf_counter() - started
+            self._start_thread()
+        except Exception:
+            pass
+
+    def describe_devices(self) -> None:
+        self.nvml = startup.open_nvml()
+        self.devices = startup.read_devices(self.torch, self.nvml)
+        self.channel.write(startup.devices_record(self.torch, self.devices))
+
+    def prepare_reading(self) -> None:
+        """The sampler's rows and the growth watch's series, made once, on the program's thread."""
+        self.sampler.prepare()
+        self.watch.prepare(len(self.devices))
+
+    def attach_observers(self) -> None:
+        """PyTorch's out-of-memory observer and the garbage collector's callback."""
+        if not self.run_dir:
+            return
+        try:
+            self.torch._C._cuda_attach_out_of_memory_observer(self.oom.observe)
+        except Exception:
+            pass
+        if self.devices and self.collections is None:
+            collections = Collections(self.sampler.neutral, self.sampler.read_allocated, len(self.devices),
+                                      self.channel.write_line, lambda: self.steps)
+            for i, d in enumerate(self.devices):
+                collections.indexes[i] = d["index"]
+            self.collections = collections
+            collections.install()
+
+    def _start_thread(self) -> None:
+        self.timer.start()
+        if self.run_dir:
+            self.start_server()
+
+    def start_server(self) -> None:
+        """Answer `gpumemdoctor watch` on a local socket (see agent_socket); once per process."""
+        if self.server is not None or os.environ.get(startup.ENV_SOCKET) == "0":
+            return
+        from gpumemdoctor.agent_socket import StatsServer
+
+        server = StatsServer(self.stats)
+        if server.open():
+            self.server = server
+            threading.Thread(target=server.serve_forever, name="gpumemdoctor-socket", daemon=True).start()
+
+    def stats(self) -> dict:
+        """What the socket answers: the latest figures, read now."""
+        from gpumemdoctor.agent_socket import STATS_SCHEMA
+
+        torch = self.torch
+        rows = []
+        if torch is not None and self.devices and torch.cuda.is_initialized():
+            for row in self.sampler.read_devices():
+                d = next((d for d in self.devices if d["index"] == row[0]), None)
+                nvml_device = d["nvml_device"] if d else None
+                rows.append({"torch_index": row[0], "nvml_index": nvml_device.index if nvml_device else None,
+                             "allocated_bytes": row[1], "active_bytes": row[2], "reserved_bytes": row[3],
+                             "nvml_bytes": row[5], "context_bytes": self.sampler.context.get(row[0])})
+        return {"schema": STATS_SCHEMA, "pid": self.pid, "steps": self.steps,
+                "torch_version": str(torch.__version__) if torch is not None else None,
+                "cuda": bool(torch is not None and torch.cuda.is_initialized()), "devices": rows}
+
+    # -- steps ---------------------------------------------------------------
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        # PyTorch calls hook(optimizer, args, kwargs): a signature with *args would make a tuple.
+        if not self.explicit_steps:
+            self.on_step(False)
+
+    def on_step(self, explicit: bool) -> None:
+        try:
+            if explicit and not self.explicit_steps:
+                self.explicit_steps = True
+                self.channel.write({"type": "steps", "t": time.monotonic(), "source": "explicit"})
+            self.steps += 1
+            now = self.last_step_t = time.monotonic()
+            sampler = self.sampler
+            # Against the last *step* sample: the timer's samples in the middle of a long step
+            # must not take the place of the step boundary's.
+            if self.devices and (self.steps <= EVERY_STEP_UNTIL
+                                 or now - sampler.last_step_sample_t >= sampler.interval_s):
+                sampler.sample("step")
+            watch = self.watch
+            trace = self.trace
+            if watch.copy is not None:
+                with quiet_gc():
+                    watch.poll_copy()
+            if watch.search_at is not None and self.steps >= watch.search_at[0]:
+                watch.search("growth")  # here, on the program's own thread, between steps
+            elif trace.stop_at is not None and now >= trace.stop_at and watch.search_at is None:
+                trace.stop()
+        except Exception:
+            pass
+
+    # -- the end of the run ----------------------------------------------------
+    def at_exit(self) -> None:
+        finish(self)

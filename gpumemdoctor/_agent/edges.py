@@ -1,0 +1,291 @@
+"""Names for the references along a path that the search found, read without running any of the
+program's code (no properties, __getattr__, __repr__, __len__, __iter__ or __eq__ of its classes),
+and the path as one line a user recognises, its pattern, and the kind of holder it is."""
+from __future__ import annotations
+
+import collections
+import functools
+import gc
+import os
+import types
+
+_LRU = type(functools.lru_cache(maxsize=1)(lambda: None))
+_GENERATORS = {types.GeneratorType: ("gi_frame", "generator"),
+               types.CoroutineType: ("cr_frame", "coroutine"),
+               types.AsyncGeneratorType: ("ag_frame", "async generator")}
+_ATOMIC_KEYS = (str, int, float, bool, type(None))
+
+
+def key_label(key) -> str:
+    if type(key) is str and key.isidentifier():
+        return f"[{key!r}]"
+    if type(key) in _ATOMIC_KEYS or (type(key) is tuple and all(type(k) in _ATOMIC_KEYS for k in key)):
+        text = repr(key)
+    else:
+        text = f"<{type(key).__name__}>"
+    return f"[{text[:40]}]"
+
+
+def instance_dict(obj):
+    """The object's own __dict__, read through the C descriptor only; None when it has none or
+    when its class puts something of its own in the way."""
+    t = type(obj)
+    for cls in t.__mro__:
+        d = cls.__dict__.get("__dict__")
+        if d is not None:
+            if type(d) is not types.GetSetDescriptorType:
+                return None
+            try:
+                value = d.__get__(obj, t)
+            except Exception:
+                return None
+            return value if type(value) is dict else None
+    return None
+
+
+def _slots(obj):
+    """(name, value) of the object's slots, read through their member descriptors."""
+    t = type(obj)
+    for cls in t.__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if type(slots) is str else slots:
+            d = cls.__dict__.get(name)
+            if type(d) is types.MemberDescriptorType:
+                try:
+                    yield name, d.__get__(obj, t)
+                except Exception:
+                    continue
+
+
+def _items(d: dict):
+    return dict.items(d)
+
+
+def _sequence(obj):
+    t = type(obj)
+    if issubclass(t, list):
+        return list.__iter__(obj)
+    if issubclass(t, tuple):
+        return tuple.__iter__(obj)
+    if issubclass(t, collections.deque):
+        return collections.deque.__iter__(obj)
+    return iter(())
+
+
+def where(frame) -> str:
+    code = frame.f_code
+    return f"{code.co_name}() at {os.path.basename(code.co_filename)}:{frame.f_lineno}"
+
+
+def _local(frame, child):
+    try:
+        local = frame.f_locals
+    except Exception:
+        return None
+    items = dict.items(local) if type(local) is dict else local.items()
+    for k, v in items:
+        if v is child:
+            return k
+    return None
+
+
+def short_type(t) -> str:
+    module = (t.__module__ or "").split(".")[0]
+    return f"{module}.{t.__qualname__}" if module and module != "builtins" else t.__qualname__
+
+
+def labels(chain: list, root: list[str]) -> list[str]:
+    """The labels of a path [root object, ..., tensor] after the root's own labels: one per
+    reference, with the steps that only plumbing takes (an object's __dict__, a closure's cell)
+    folded into the step that names them."""
+    out = list(root)
+    i = 0
+    foreign = None
+    while i < len(chain) - 1:
+        parent, child = chain[i], chain[i + 1]
+        after = chain[i + 2] if i + 2 < len(chain) else None
+        label, used = edge(parent, child, after)
+        if label is None:  # an object written in C that names nothing: say whose it is, once
+            package = short_type(type(parent)).split(".")[0]
+            label = "" if foreign == package else f" ({short_type(type(parent))})"
+            foreign = package
+        else:
+            foreign = None
+        out.append(label)
+        i += used
+    return out
+
+
+def edge(parent, child, after) -> tuple:
+    """(label of the reference parent -> child, how many steps it takes: 1, or 2 where it names
+    `after` through a plumbing object such as an instance's __dict__). None: no name known."""
+    t = type(parent)
+    if issubclass(t, dict):
+        for k, v in _items(parent):
+            if v is child:
+                return key_label(k), 1
+        for k, v in _items(parent):
+            if k is child:
+                return "{key}", 1
+        return None, 1
+    if issubclass(t, (list, tuple, collections.deque)):
+        for j, v in enumerate(_sequence(parent)):
+            if v is child:
+                return f"[{j}]", 1
+    if issubclass(t, (set, frozenset)):
+        return "{…}", 1
+    if t is types.FrameType:
+        name = _local(parent, child)
+        if name is not None:
+            return f"{where(parent)} local {name}", 1
+        if child is parent.f_back:
+            return " <- caller", 1
+        return None, 1
+    if t is types.TracebackType:
+        if child is parent.tb_frame:
+            return " -> ", 1
+        if child is parent.tb_next:
+            return ".tb_next", 1
+    if t in _GENERATORS:
+        attr, what = _GENERATORS[t]
+        frame = getattr(parent, attr, None)
+        if frame is not None:
+            if child is frame and after is not None:
+                name = _local(frame, after)
+                return f" -> suspended {what} {parent.__qualname__}() at " \
+                       f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} local {name}", 2
+            name = _local(frame, child)
+            if name is not None:
+                return (f" -> suspended {what} {parent.__qualname__}() at "
+                        f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} local {name}"), 1
+    if t is types.FunctionType:
+        if child is parent.__closure__ and after is not None:
+            for name, cell in zip(parent.__code__.co_freevars, parent.__closure__):
+                if cell is after:
+                    return f" closure {name}", 3
+        if child is parent.__defaults__:
+            return ".__defaults__", 1
+        if child is parent.__kwdefaults__:
+            return ".__kwdefaults__", 1
+    if t is types.CellType:
+        return "", 1
+    if t is types.MethodType:
+        if child is parent.__self__:
+            return ".__self__", 1
+        if child is parent.__func__:
+            return ".__func__", 1
+    if t is _LRU:
+        attrs = instance_dict(parent)
+        if attrs is not None and child is attrs:
+            return _attribute(attrs, after)
+        if child is getattr(parent, "__wrapped__", None):
+            return ".__wrapped__", 1
+        if type(child) is dict and after is not None:  # the cache of an unbounded lru_cache
+            return "'s lru_cache", 2
+        return "'s lru_cache", 1
+    if issubclass(t, functools.partial):
+        for name in ("func", "args", "keywords"):
+            if child is getattr(parent, name, None):
+                return f".{name}", 1
+    if issubclass(t, BaseException):
+        for name in ("__traceback__", "__context__", "__cause__", "args"):
+            if child is getattr(parent, name, None):
+                return f".{name}", 1
+    if issubclass(t, type):
+        if child is parent.__dict__ or type(child) is dict and after is not None:
+            raw = type.__dict__["__dict__"].__get__(parent)
+            for k, v in raw.items():
+                if v is after:
+                    return f".{k}", 2
+    attrs = instance_dict(parent)
+    if attrs is not None:
+        if child is attrs and after is not None:
+            return _attribute(attrs, after)
+        for k, v in _items(attrs):
+            if v is child:
+                return f".{k}", 1
+    for name, value in _slots(parent):
+        if value is child:
+            return f".{name}", 1
+    if child is t:
+        return ".__class__", 1
+    return None, 1
+
+
+def _attribute(attrs: dict, value) -> tuple:
+    for k, v in _items(attrs):
+        if v is value:
+            return f".{k}", 2
+    return None, 1
+
+
+# -- the path as text -----------------------------------------------------------------
+
+def render(labels: list[str]) -> str:
+    """A path of labels as one readable line: `__main__.errors[3].__traceback__ -> work() local buf`.
+    Hops through an autograd graph are counted, not spelled out."""
+    text = ""
+    hops = 0
+    for i, label in enumerate(labels):
+        if label.startswith(".next_functions["):
+            hops += 1
+            continue
+        if hops:
+            text += f" ({hops} autograd node{'s' if hops != 1 else ''} down)"
+            hops = 0
+        if i == 1 and label.startswith("[") and labels[0] and not labels[0].startswith("thread "):
+            label = "." + label[2:-2] if label.startswith("['") else label  # module global: name.attr
+        text += label
+    return text.replace(" ->  -> ", " -> ")
+
+
+def pattern(text: str) -> str:
+    """The path with its indexes (also the '3' of a submodule) and line numbers generalised, to
+    group look-alike paths. Everything an autograd graph holds is one pattern: the tensor that
+    holds the graph."""
+    if ".grad_fn" in text:
+        text = text[:text.index(".grad_fn")] + ".grad_fn (autograd graph)"
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "[" and i + 1 < len(text) and (text[i + 1].isdigit() or text[i + 1] in "-'"):
+            j = text.find("]", i)
+            inside = text[i + 1:j] if j > 0 else ""
+            if inside.startswith("'") and inside.endswith("'") and len(inside) > 2:
+                inside = inside[1:-1]  # a submodule's name in a Sequential or ModuleList: '3'
+            if inside.lstrip("-").isdigit():
+                out.append("[*]")
+                i = j + 1
+                continue
+        if c == ":" and i + 1 < len(text) and text[i + 1].isdigit() and "at " in text[max(0, i - 60):i]:
+            j = i + 1
+            while j < len(text) and text[j].isdigit():
+                j += 1
+            i = j
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def holder_kind(labels: list[str]) -> str:
+    text = "".join(labels)
+    if ".grad_fn" in text:
+        return "autograd-graph"
+    if "__traceback__" in text or ".tb_next" in text:
+        return "kept-exception"
+    if " -> suspended " in text:
+        return "generator"
+    if "'s lru_cache" in text:
+        return "cache"
+    if any(label.startswith(" (") and label.endswith(")") for label in labels):
+        return "foreign"
+    if "hooks" in text and " closure " in text:
+        return "hook"
+    if " closure " in text:
+        return "closure"
+    if labels and labels[0].startswith("thread "):
+        return "frame-local"
+    if any(label.startswith(".") and not label.startswith(".[") for label in labels[1:]):
+        return "attribute"
+    return "global"

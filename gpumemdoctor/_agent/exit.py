@@ -1,0 +1,141 @@
+"""The end of a process: the exit probes, each followed by a reading, then the exit record.
+
+In order: `end` (the memory as the program left it); the allocator snapshot (--snapshot);
+a holder search over all live memory (after growth or with --trace on, or when
+LIVE_SEARCH_MIN_BYTES of tensors are alive); `gc` (what gc.collect() freed, looked at first:
+garbage.py); `sync` (work finished on side streams); `empty_cache` (the cache given back).
+What each re-measure gives back says what held the memory. Automatic collection is held off
+until the garbage has been looked at.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+
+from .events import uncaught
+from .startup import ENV_SNAPSHOT
+
+# A run in which no growth was seen is searched at exit when its live tensors reach this: the
+# answer to "why does nvidia-smi still show the memory I freed?".
+LIVE_SEARCH_MIN_BYTES = 64 << 20
+
+
+def finish(agent) -> None:
+    """The exit probes, once, in the process that started the agent; then the exit record."""
+    if agent.pid != os.getpid() or agent.finished:
+        return
+    agent.finished = True
+    if agent.collections is not None:
+        agent.collections.paused = True  # the exit probes' own collections are not the program's
+    try:
+        agent.timer.stop()
+        torch = agent.torch
+        if torch is not None and agent.devices and torch.cuda.is_initialized():
+            _exit_probes(agent, torch)
+    except Exception as exc:
+        agent.channel.write({"type": "error", "where": "exit probes", "message": repr(exc)[:500]})
+    died_of = None
+    try:
+        died_of = uncaught()
+    except Exception:
+        pass
+    sampler = agent.sampler
+    agent.channel.write({"type": "exit", "t": time.monotonic(), "steps": agent.steps,
+                         "explicit_steps": agent.explicit_steps, "cupy": _cupy_pool(),
+                         "uncaught": died_of, "samples": sampler.samples, "samples_skipped": sampler.samples_skipped,
+                         "collections": agent.collections.summary() if agent.collections is not None else None,
+                         "out_of_memory": agent.oom.records,
+                         "cost": {k: round(v, 6) for k, v in {**agent.cost, **sampler.cost.windows()}.items()}})
+    if agent.server is not None:
+        agent.server.close()
+
+
+def _exit_probes(agent, torch) -> None:
+    # No automatic collection until the garbage has been looked at: the snapshot and the
+    # search allocate, and a collection they set off would free the cycles unseen.
+    collecting = gc.isenabled()
+    gc.disable()
+    mark = time.perf_counter()
+
+    def took(name: str) -> None:
+        nonlocal mark
+        now = time.perf_counter()
+        agent.cost[f"exit_{name}_s"] = now - mark
+        mark = now
+
+    try:
+        end = agent.sampler.read_devices()  # the memory as the program left it
+        agent.channel.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
+        agent.watch.wait_for_copy()  # a search still under way in a copy of the process
+        if os.environ.get(ENV_SNAPSHOT) == "1" and agent.run_dir:
+            _dump_snapshot(agent, torch)
+            took("snapshot")
+        # One search at exit covers every live block, those new since the baseline (a
+        # leak's) and the rest (what a program that grew nothing still holds).
+        if agent.watch.suspected or agent.trace.mode == "on":
+            agent.watch.search("exit")
+        elif agent.channel.fd is not None and any((row[1] or 0) >= LIVE_SEARCH_MIN_BYTES for row in end):
+            agent.watch.search("exit", budget="live")
+        took("search")
+        _probe(agent, torch, end, took)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _probe(agent, torch, end: list, took) -> None:
+    """Re-measure after each thing that can give memory back, to say what held it."""
+    write = agent.channel.write
+    read = agent.sampler.read_devices
+    touched = [row[0] for row in end]  # never create a context on a device the program left alone
+    collected = _collect_garbage(agent, torch)
+    write({"type": "p", "phase": "gc", "t": time.monotonic(), "collected": collected, "d": read()})
+    took("garbage")
+    for index in touched:
+        torch.cuda.synchronize(index)
+        # Blocks held for finished side-stream work are reclaimed at the next allocation.
+        torch.empty(1, device=f"cuda:{index}")
+    write({"type": "p", "phase": "sync", "t": time.monotonic(), "d": read()})
+    torch.cuda.empty_cache()
+    write({"type": "p", "phase": "empty_cache", "t": time.monotonic(), "d": read()})
+    took("release")
+
+
+def _collect_garbage(agent, torch) -> int:
+    """gc.collect(), having looked at what it frees: the types and the CUDA tensors in the cycles."""
+    try:
+        from .blocks import Spans, live_blocks
+        from .garbage import collect_garbage
+
+        frames_of = None
+        if agent.trace.on or agent.trace.was_on:
+            frames_of = Spans((b["address"], b["size"], b["frames"]) for b in live_blocks(torch) if b["frames"])
+        report = collect_garbage(agent.watch.tensor_kind(), frames_of)
+    except Exception as exc:
+        agent.channel.write({"type": "error", "where": "garbage", "message": repr(exc)[:500]})
+        return gc.collect()
+    agent.channel.write({"type": "garbage", "t": time.monotonic(), **report})
+    return report["collected"]
+
+
+def _dump_snapshot(agent, torch) -> None:
+    path = os.path.join(agent.run_dir, f"snapshot-{agent.pid}.pickle")
+    try:
+        torch.cuda.memory._dump_snapshot(path)
+        os.chmod(path, 0o600)
+        agent.channel.write({"type": "snapshot", "t": time.monotonic(), "path": path, "trace": agent.trace.on})
+    except Exception as exc:
+        agent.channel.write({"type": "error", "where": "snapshot", "message": repr(exc)[:500]})
+
+
+def _cupy_pool():
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        return None
+    try:
+        pool = cupy.get_default_memory_pool()
+        return {"used_bytes": int(pool.used_bytes()), "total_bytes": int(pool.total_bytes())}
+    except Exception:
+        return None

@@ -1,0 +1,128 @@
+"""The agent's neutrality to the program's garbage collection: `Neutral`, `quiet_gc`.
+
+The agent must not change when the program's garbage is collected. An automatic
+collection starts when the count of new gc-tracked objects passes a threshold, so
+reading the allocator (a nested dict from PyTorch) could set one off early. On the
+program's own threads the agent holds automatic collection off while it reads
+(`quiet_gc`), exactly as the program would by calling gc.disable() itself; on the
+agent's own thread it never touches the collector's settings and reads only when
+the count is far enough from the threshold (`Neutral.read(..., room=True)`).
+
+Holding collection off is not enough: a reading leaves its traces in the count and in
+the free lists that the program shares (PyTorch's 39 dicts per device, taken from the
+dict free list or made anew, then given back to it), and those decide when the
+program's later collections come. `Neutral` puts both back as it found them.
+"""
+from __future__ import annotations
+
+import gc
+
+# gc-tracked objects one reading of every device can create at most: PyTorch's nested stats
+# are 39 dicts per device (measured, torch 2.11); most come from the dict free list.
+GC_HEADROOM = 160
+
+
+class _Ballast:
+    """An object whose making and freeing move the collector's count by one (no free list)."""
+
+    __slots__ = ("_",)
+
+
+LEND_DICTS = 48  # lent to the dict free list around a reading: PyTorch's nested stats are 39
+
+
+class Neutral:
+    """Runs a reading so that the collector's count and the dict free list end as they began.
+
+    Before the reading, dicts of its own reserve are lent to the free list, so that the
+    reading's dicts come from it and go back to it; after, as many are taken back as
+    were lent, plus any the reading had to make anew (the count says how many), less any
+    the free list could not take (it was full; the count says that too). The count is
+    then put back with ballast: objects without a free list, made or freed one by one.
+    gc.get_count()'s own tuple comes from the free list of 3-tuples, where one of ours
+    is lent too. Measured in tests/test_events.py on CPython 3.11 and 3.12: the same
+    count, step by step, as a run that never read.
+
+    `fn(arg)` must leave nothing alive and make no containers but dicts. Run it with
+    automatic collection held off, or with room below the threshold (`room=True`):
+    a collection in the middle would make the count meaningless.
+    """
+
+    def __init__(self, lend: int = LEND_DICTS):
+        self.lend = lend
+        self.reserve = [{} for _ in range(lend)]
+        self.ballast = [_Ballast() for _ in range(lend)]
+        self.t3 = (0, 0, 0)
+        self.short = 0  # readings whose count could not be put back (no ballast left)
+        self.collected = 0  # readings inside which a collection ran
+
+    def read(self, fn, arg, room: bool = False):
+        """fn(arg), or NO_ROOM when `room` is asked and the count is near the threshold."""
+        get = gc.get_count
+        self.t3 = None  # lent: gc.get_count's own tuple comes from the free list
+        c0 = get()[0]
+        if room and gc.isenabled():
+            threshold = gc.get_threshold()[0]
+            if threshold and c0 + GC_HEADROOM >= threshold:
+                self.t3 = (c0, threshold, 0)
+                return NO_ROOM
+        reserve = self.reserve
+        ballast = self.ballast
+        lent = len(reserve)
+        if lent > self.lend:
+            lent = self.lend
+        lift = lent - c0  # the count never goes below zero: a freed dict it missed would go unseen
+        while lift > 0:
+            ballast.append(_Ballast())
+            lift -= 1
+        c1 = get()[0]
+        n = lent
+        while n:
+            reserve.pop()  # to the free list, or freed if it is full
+            n -= 1
+        destroyed = c1 - get()[0]
+        done = False
+        try:
+            result = fn(arg)
+            done = True
+        finally:
+            created = get()[0] - c1 + destroyed if done else 0
+            collected = created < 0  # a collection ran inside (one already due when the reading began)
+            if collected:
+                self.collected += 1
+                created = 0
+            n = lent - destroyed + created
+            while n > 0:
+                reserve.append({})
+                n -= 1
+            c = get()[0]
+            if not collected:  # after a collection the count starts again from zero: nothing to put back
+                while c > c0 and ballast:
+                    ballast.pop()
+                    c -= 1
+                if c > c0:
+                    self.short += 1
+                while c < c0:
+                    ballast.append(_Ballast())
+                    c += 1
+            self.t3 = (c, c0, n)
+        return result
+
+
+NO_ROOM = object()
+
+
+class quiet_gc:
+    """No automatic collection inside the block, on the program's own thread only."""
+
+    __slots__ = ("was",)
+
+    def __enter__(self):
+        self.was = gc.isenabled()
+        if self.was:
+            gc.disable()
+
+    def __exit__(self, *exc):
+        if self.was:
+            gc.enable()
+        return False

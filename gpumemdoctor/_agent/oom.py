@@ -1,0 +1,86 @@
+"""The out-of-memory observer: what PyTorch's allocator could not serve, and who held the memory then.
+
+PyTorch calls it on the allocating thread, before the stack unwinds. The first error of a
+process is also searched for holders (watch.py); MAX_OOM_RECORDS are recorded in all.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from .events import program_stack
+from .neutral import quiet_gc
+
+MAX_OOM_RECORDS = 20  # out-of-memory errors recorded per process; the first is searched for holders
+
+
+class OomObserver:
+    """Attached to PyTorch's allocator at CUDA's start (`torch._C._cuda_attach_out_of_memory_observer`)."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.records = 0
+
+    def observe(self, device, request, limit, device_free) -> None:
+        """PyTorch's allocator could not serve a request: the figures and who held the memory,
+        now, on the allocating thread, before the stack unwinds."""
+        agent = self.agent
+        try:
+            if self.records >= MAX_OOM_RECORDS or agent.finished:
+                return
+            self.records += 1
+            with quiet_gc():
+                processes = []
+                d = next((d for d in agent.devices if d["index"] == device), None)
+                if agent.nvml is not None and d is not None and d["nvml_device"] is not None:
+                    try:
+                        processes = agent.nvml.processes(d["nvml_device"])
+                    except Exception:
+                        processes = []
+                record = out_of_memory(agent.torch, device, request, limit, device_free, processes)
+                record["step"] = agent.steps
+                agent.channel.write(record)
+                if self.records == 1:
+                    agent.watch.search("oom")
+        except Exception:
+            pass
+
+
+def free_blocks(torch, device: int) -> tuple[int | None, int | None]:
+    """(largest free block, all free blocks) inside the allocator's segments on one device."""
+    try:
+        segments = torch.cuda.memory._snapshot()["segments"]
+    except Exception:
+        return None, None
+    largest = total = 0
+    for segment in segments:
+        if segment.get("device") != device:
+            continue
+        for block in segment.get("blocks", []):
+            if block.get("state") == "inactive":
+                total += block["size"]
+                largest = max(largest, block["size"])
+    return largest, total
+
+
+def out_of_memory(torch, device: int, request: int, limit: int, device_free: int, processes) -> dict:
+    """The figures of an out-of-memory error, read at the moment the allocator gives up
+    (PyTorch's out-of-memory observer runs on the allocating thread, before the stack unwinds)."""
+    stats = torch.cuda.memory_stats_as_nested_dict(device)
+
+    def stat(name: str) -> int | None:
+        try:
+            return int(stats[name]["all"]["current"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    largest, free_total = free_blocks(torch, device)
+    return {"type": "oom", "t": time.monotonic(), "device": device, "request_bytes": int(request),
+            "limit_bytes": int(limit), "device_free_bytes": int(device_free),
+            "allocated_bytes": stat("allocated_bytes"), "reserved_bytes": stat("reserved_bytes"),
+            "active_bytes": stat("active_bytes"), "largest_free_block_bytes": largest,
+            "free_in_segments_bytes": free_total,
+            "processes": [[int(pid), used] for pid, used in processes],
+            "thread": threading.current_thread().name,
+            "stack": program_stack(sys._getframe())}

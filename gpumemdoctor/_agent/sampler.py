@@ -1,0 +1,375 @@
+"""The neutral readings: PyTorch's allocator and NVML, read into rows made once, written as one line.
+
+What a sample costs: PyTorch's nested stats read twice per device (10-21 us each), the
+process's NVML figure once (about 7 us), one line of text; 53 us on an H200
+(benchmarks/agent_cost.py), at most once per interval (20 ms, doubled every 1000 samples up
+to 5 s), and at each of the first 100 steps. The reads go through `Neutral` (neutral.py), and
+nothing else on the way makes a container: the program's garbage collections come when they
+would have come. Each process's exit record keeps what its samples cost (`cost`).
+"""
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+from .events import import_in_progress
+from .neutral import NO_ROOM, Neutral
+
+MAX_INTERVAL_S = 5.0
+SAMPLES_PER_DOUBLING = 1000  # long runs sample more slowly so a recording stays small
+FIRST_ALLOCATION_WAIT_S = 10.0
+STARVED_S = 0.25  # a time sample put off this long (no room below the collector's threshold) is taken anyway
+EVERY_STEP_UNTIL = 100  # the first steps are all sampled (about 50 us each): short runs need them
+COST_WINDOW_S = 60.0  # the samples' cost is also kept for the first and the last such window
+NAP_S = 0.05  # the sampling thread's longest sleep: how soon it sees the program ending
+
+
+class Sampler:
+    """One reading of every device the process touched, at a step boundary or on the timer."""
+
+    def __init__(self, agent, interval_s: float):
+        self.agent = agent
+        self.interval_s = interval_s
+        self.context: dict[int, int] = {}  # torch index -> smallest NVML - reserved after an allocation
+        self.samples = 0
+        self.last_sample_t = 0.0
+        self.last_step_sample_t = 0.0
+        self.lock = threading.Lock()
+        self.neutral: Neutral | None = None  # made at CUDA's start, on the program's thread
+        self.stats_fn = None  # torch index -> PyTorch's nested allocator stats
+        self.rows: list[list] = []  # one reading per device, filled in place (see _read_rows)
+        self.live: list[bool] = []  # which rows the last reading filled
+        self.nvml_readers: list = []  # nvml.ProcessMemory per device, or None
+        self.first_alloc_t: float | None = None
+        self.samples_skipped = 0  # time samples put off because the collector was near its threshold
+        self.cost = SampleCost(agent.cost)
+
+    def prepare(self) -> None:
+        """What every later reading fills in place, made once here on the program's thread:
+        the sampling path then makes no container the program's collector would see."""
+        agent = self.agent
+        torch = agent.torch
+        self.stats_fn = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None) \
+            or torch.cuda.memory_stats_as_nested_dict
+        self.rows = [[d["index"], None, None, None, None, None, None, None] for d in agent.devices]
+        self.live = [False] * len(agent.devices)
+        self.nvml_readers = []
+        for d in agent.devices:
+            reader = None
+            if agent.nvml is not None and d["nvml_device"] is not None:
+                try:
+                    reader = agent.nvml.ProcessMemory(d["nvml_device"], agent.pid)
+                    if reader.used() is None:
+                        reader = None
+                except Exception:
+                    reader = None
+            self.nvml_readers.append(reader)
+        self.neutral = Neutral()
+
+    # -- readings -----------------------------------------------------------------
+    def read_allocated(self, out: list) -> None:
+        """out[i] = allocated bytes of device slot i (through Neutral: makes only PyTorch's dicts)."""
+        stats_fn = self.stats_fn
+        devices = self.agent.devices
+        for i in range(len(devices)):
+            try:
+                out[i] = stats_fn(devices[i]["index"])["allocated_bytes"]["all"]["current"]
+            except Exception:
+                out[i] = 0
+
+    def any_reserved(self, _) -> bool:
+        stats_fn = self.stats_fn
+        devices = self.agent.devices
+        for i in range(len(devices)):
+            if stats_fn(devices[i]["index"])["reserved_bytes"]["all"]["current"]:
+                return True
+        return False
+
+    def read_devices(self) -> list:
+        """[torch index, allocated, active, reserved, requested, nvml used, alloc peak, reserved
+        peak] of each device this process has touched: copies, for the paths that keep them."""
+        if self.neutral is None:
+            return []
+        self._read_rows(False)
+        return [list(self.rows[i]) for i in range(len(self.rows)) if self.live[i]]
+
+    def _read_rows(self, room: bool):
+        """Fill self.rows in place: PyTorch's figures, then NVML's, then PyTorch's reserved again
+        (if the allocator moved meanwhile, the pair does not describe one moment: read again).
+        PyTorch is read inside Neutral.read; NVML outside it, because the foreign call lets
+        other threads run, and what the program allocates meanwhile must not be counted as
+        the agent's. NO_ROOM when `room` is asked and the collector is near its threshold."""
+        neutral = self.neutral
+        for _ in range(3):
+            if neutral.read(self._read_torch, None, room) is NO_ROOM:
+                return NO_ROOM
+            self._read_nvml()
+            moved = neutral.read(self._reserved_moved, None, room)
+            if moved is NO_ROOM:
+                return NO_ROOM
+            if not moved:
+                break
+        rows = self.rows
+        for i in range(len(rows)):
+            row = rows[i]
+            reserved = row[3]
+            nvml_used = row[5]
+            if not reserved and not nvml_used:
+                self.live[i] = False  # a device this process has not touched
+                continue
+            if reserved and nvml_used == 0:
+                row[5] = None  # NVML does not list us though we hold memory: another PID namespace
+            self.live[i] = True
+        return True
+
+    def _read_torch(self, _) -> None:
+        """PyTorch's figures into the rows; makes only PyTorch's dicts, one device's at a time."""
+        stats_fn = self.stats_fn
+        rows = self.rows
+        for i in range(len(rows)):
+            row = rows[i]
+            stats = stats_fn(row[0])
+            row[1] = _stat(stats, "allocated_bytes", "current")
+            row[2] = _stat(stats, "active_bytes", "current")
+            row[3] = _stat(stats, "reserved_bytes", "current")
+            row[4] = _stat(stats, "requested_bytes", "current")
+            row[6] = _stat(stats, "allocated_bytes", "peak")
+            row[7] = _stat(stats, "reserved_bytes", "peak")
+
+    def _reserved_moved(self, _) -> bool:
+        stats_fn = self.stats_fn
+        rows = self.rows
+        for i in range(len(rows)):
+            if _stat(stats_fn(rows[i][0]), "reserved_bytes", "current") != rows[i][3]:
+                return True
+        return False
+
+    def _read_nvml(self) -> None:
+        agent = self.agent
+        rows = self.rows
+        for i in range(len(rows)):
+            reader = self.nvml_readers[i]
+            used = None
+            if reader is not None:
+                try:
+                    used = reader.used()
+                except Exception:
+                    used = None
+            elif agent.nvml is not None and agent.devices[i]["nvml_device"] is not None:
+                try:  # no direct reading on this driver: pynvml's list (makes containers)
+                    used = agent.nvml.used_by(agent.devices[i]["nvml_device"], agent.pid)
+                except Exception:
+                    used = None
+            rows[i][5] = used
+
+    # -- a sample -----------------------------------------------------------------
+    def sample(self, by: str) -> bool:
+        """One reading of every device; False when it was put off (the caller may try again).
+
+        A step sample runs on the program's thread, with automatic collection held off
+        while it reads. The agent's own thread ("time", "first") never changes the
+        collector's settings: it reads only when that cannot set a collection off."""
+        agent = self.agent
+        if agent.channel.dead or not agent.devices or self.neutral is None:
+            return True
+        if by == "step":
+            return self._sample(by, True) is not False
+        done = self._sample(by, False)
+        if done is None:  # no room below the collector's threshold
+            self.samples_skipped += 1
+            if time.monotonic() - self.last_sample_t < STARVED_S:
+                return False
+            # The program has not allocated for a while (it sleeps, or waits on the GPU), with its
+            # collector near the threshold: read with automatic collection held off, briefly.
+            done = self._sample(by, True)
+        return done is not False
+
+    def _sample(self, by: str, quiet: bool):
+        """True when read, False when another reading was in progress, None when there was no
+        room below the collector's threshold. Makes no container on the way (see Neutral):
+        the record is written as text, into rows and series made once."""
+        lock = self.lock
+        if by != "step" and lock.locked():
+            return False  # the timer never waits; a step boundary waits for a timer sample (tens of us)
+        lock.acquire()
+        started = time.thread_time()  # the agent's own work, not its waits for the GIL
+        collecting = quiet and gc.isenabled()
+        if collecting:
+            gc.disable()
+        try:
+            agent = self.agent
+            now = time.monotonic()
+            if self._read_rows(not quiet) is NO_ROOM:
+                return None
+            self.last_sample_t = now
+            if by == "step":
+                self.last_step_sample_t = now
+            rows = self.rows
+            live = self.live
+            text = ""
+            for i in range(len(rows)):
+                if not live[i]:
+                    continue
+                row = rows[i]  # [index, allocated, active, reserved, requested, nvml, ...]
+                if self.samples < 5 and row[3] and row[5]:  # the first readings: later ones can catch an NVML dip
+                    gap = row[5] - row[3]
+                    known = self.context.get(row[0])
+                    if known is None or gap < known:
+                        self.context[row[0]] = gap
+                item = (f"[{row[0]},{_json_int(row[1])},{_json_int(row[2])},{_json_int(row[3])},"
+                        f"{_json_int(row[4])},{_json_int(row[5])},{_json_int(row[6])},{_json_int(row[7])}]")
+                text = f"{text},{item}" if text else item
+            agent.channel.write_line(f'{{"type":"s","t":{now!r},"by":"{by}","step":{agent.steps},"d":[{text}]}}')
+            self.samples += 1
+            if agent.run_dir and (by == "step" or by == "time"):
+                agent.watch.check(now, by)
+            if self.samples % SAMPLES_PER_DOUBLING == 0:
+                self.interval_s = min(self.interval_s * 2, MAX_INTERVAL_S)
+        except Exception:
+            pass
+        finally:
+            if collecting:
+                gc.enable()
+            self.cost.count(self.last_sample_t, time.thread_time() - started)
+            lock.release()
+        return True
+
+
+class SampleCost:
+    """What the samples cost the program: the agent's own work (thread time, not its waits for the
+    GIL), in all (the agent's cost["sample_s"]) and per sample early and late in a long run.
+
+    Samples and seconds of the current COST_WINDOW_S, of the first one completed and of the
+    last. Plain ints and floats, so that counting allocates nothing the garbage collector tracks.
+    """
+
+    def __init__(self, cost: dict):
+        self.cost = cost  # the agent's: "sample_s" is added up here
+        self.window_start = 0.0
+        self.window_samples = self.first_samples = self.last_samples = 0
+        self.window_s = self.first_s = self.last_s = 0.0
+
+    def count(self, now: float, spent: float) -> None:
+        self.cost["sample_s"] += spent
+        if not self.window_samples:
+            self.window_start = now
+        elif now - self.window_start >= COST_WINDOW_S:
+            if not self.first_samples:
+                self.first_samples, self.first_s = self.window_samples, self.window_s
+            self.last_samples, self.last_s = self.window_samples, self.window_s
+            self.window_start, self.window_samples, self.window_s = now, 0, 0.0
+        self.window_samples += 1
+        self.window_s += spent
+
+    def windows(self) -> dict:
+        """The samples' cost in the first and the last COST_WINDOW_S of sampling (the window
+        under way when no full one has passed)."""
+        out = {}
+        current = (self.window_samples, self.window_s)
+        first = (self.first_samples, self.first_s) if self.first_samples else current
+        last = (self.last_samples, self.last_s) if self.last_samples else current
+        for name, (samples, spent) in (("first", first), ("last", last)):
+            if samples:
+                out[f"{name}_window_samples"] = samples
+                out[f"{name}_window_sample_us"] = spent / samples * 1e6
+        return out
+
+
+class SamplingThread:
+    """The agent's own thread: a time sample whenever no step sample came for an interval."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.thread: threading.Thread | None = None
+        self.stopping = False  # the thread sleeps in short naps and looks at this
+
+    def start(self) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name="gpumemdoctor-agent", daemon=True)
+            self.thread.start()
+
+    def stop(self) -> None:
+        """At exit: the thread ends within a nap."""
+        self.stopping = True
+        if self.thread is not None:
+            self.thread.join(timeout=1.0)
+
+    def _run(self) -> None:
+        try:
+            agent = self.agent
+            torch = agent.torch
+            sampler = agent.sampler
+            while not torch.cuda.is_initialized():
+                if self.nap(sampler.interval_s):
+                    return
+            if not agent.devices:  # CUDA started without the lazy-init callback
+                agent.describe_devices()
+                agent.prepare_reading()
+                agent.attach_observers()
+            self._wait_for_first_allocation()
+            trace = agent.trace
+            while not self.nap(sampler.interval_s):
+                now = time.monotonic()
+                # While the program marks steps, samples are taken at step boundaries instead.
+                if now - sampler.last_sample_t >= sampler.interval_s and now - agent.last_step_t >= sampler.interval_s:
+                    sampler.sample("time")
+                if (trace.stop_at is not None and now >= trace.stop_at and not agent.steps
+                        and not import_in_progress()):
+                    trace.stop()  # growth seen over time: the stacks are turned off from here too
+        except Exception:
+            pass
+
+    def nap(self, seconds: float) -> bool:
+        """Sleep; True when the agent is stopping. Short naps with time.sleep, not
+        Event.wait: a timed wait on a lock makes a tuple each time."""
+        end = time.monotonic() + seconds
+        while not self.stopping:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(left if left < NAP_S else NAP_S)
+        return True
+
+    def _wait_for_first_allocation(self) -> None:
+        """Read the context right after the first allocation, before libraries load their kernels.
+
+        NVML shows only part of the context until the first allocation completes
+        it, so the first sample with reserved memory is the one that measures it.
+        The stats call polled here costs about 10 us.
+        """
+        sampler = self.agent.sampler
+        started = time.monotonic()
+        while True:
+            # The poll must not wait for room below the collector's threshold: a program that
+            # allocated and then sleeps would never be read (seen on an H100: an idle child).
+            collecting = gc.isenabled()
+            if collecting:
+                gc.disable()
+            try:
+                allocated = sampler.neutral.read(sampler.any_reserved, None)
+            finally:
+                if collecting:
+                    gc.enable()
+            if allocated:
+                sampler.first_alloc_t = time.monotonic()
+                while not sampler.sample("first"):  # put off while the collector is near its threshold
+                    if self.nap(0.001):
+                        return
+                return
+            waited = time.monotonic() - started
+            if waited > FIRST_ALLOCATION_WAIT_S:
+                sampler.sample("time")
+                return
+            if self.nap(0.001 if waited < 0.1 else 0.01):
+                return
+
+def _json_int(value) -> str:
+    return "null" if value is None else str(value)
+
+
+def _stat(stats: dict, name: str, field: str):
+    try:
+        return int(stats[name]["all"][field])
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,474 @@
+"""The holder search: which allocator blocks are alive, and who holds each of them.
+
+1. The blocks: PyTorch's allocator snapshot (or, without one, the storages of live tensors).
+2. The anchors (one pass over the objects the garbage collector tracks): every Python tensor whose
+   memory lies in a block, a tensor's .grad, another library's array sharing a block (CuPy's),
+   and the tensors whose autograd graphs save a block (graphs.py).
+3. Reaching the anchors (heap.py): a sweep down from the program's own modules and the locals of
+   live frames; then, for what it did not reach, a climb up from the anchors to any module's
+   globals. Each reached anchor also places what hangs beside it (`Finder._claim`).
+4. Names only along the paths found (edges.py).
+Nothing here runs the program's code. The caller holds automatic collection off. During the run
+the search is made in a copy of the process (forked.py), so the program does not wait for it.
+"""
+from __future__ import annotations
+
+import collections
+import gc
+import itertools
+import sys
+import threading
+import time
+import types
+
+from . import edges, graphs, heap
+from .blocks import PACKAGE_DIR, Spans, TensorKind, cuda_tensors, is_library_file, live_blocks, \
+    storage_span, thread_entry, user_frames
+
+MAX_FRAMES = 8  # of the allocating stack kept per group
+MAX_GROUPS = 8
+MAX_HOLDERS = 6  # distinct holder patterns per group (without stacks, all is one group)
+MAX_SIZES = 3  # most common block sizes kept per holder pattern and for the unheld blocks
+# The sweep goes first, where a program keeps its own things, until it has cost about what a few
+# heap scans of the climb cost (a twentieth of the heap's objects), then the climb takes over.
+SWEEP_SHARE = 0.3  # of the budget left after the anchors are found
+SWEEP_HEAP_FRACTION = 20
+SWEEP_MIN_OBJECTS = 20_000
+CLIMB_TOGETHER = 8  # anchors climbed from together: one heap scan per level serves them all
+GRAPH_SHARE = 0.5  # of the budget left after the tensors are reached, for reading autograd graphs
+CLAIM_SHARE = 0.2  # of the budget left, for each short sweep beside a placed anchor
+# Why a block has no path: nothing in Python refers to it; something does, but nothing reachable
+# from the program's modules or frames holds that (C code or a dead cycle); the budget ran out.
+WHY = ("no-python-object", "unreachable", "not-reached")
+
+
+def _is_user_module(name: str, module) -> bool:
+    return name == "__main__" or not is_library_file(getattr(module, "__file__", None) or "")
+
+
+class Roots:
+    """Where paths start: the program's modules, and the locals of every live frame of every
+    thread but those in `skip_threads` (module-level frames are their module). Made where the
+    search is asked for: a copy of the process has only the thread that forked it."""
+
+    def __init__(self, skip_threads: set):
+        self.user_dicts: list = []
+        self.user_modules: set = set()
+        self.modules: list = []
+        for name, module in list(sys.modules.items()):
+            attrs = getattr(module, "__dict__", None) if type(module) is types.ModuleType else None
+            if type(attrs) is not dict:
+                continue
+            self.modules.append((name, module))
+            if name.startswith("gpumemdoctor"):
+                continue
+            if _is_user_module(name, module):
+                self.user_modules.add(name)
+                self.user_dicts.append((name, attrs))
+        self.user_dicts.sort(key=lambda r: r[0] != "__main__")
+        self.locals: list = []  # (thread label, where, name, value)
+        names = {t.ident: t.name for t in threading.enumerate()}
+        for ident, frame in sys._current_frames().items():
+            if ident in skip_threads:
+                continue
+            label = f"thread {names.get(ident, ident)!r}: "
+            while frame is not None:
+                if frame.f_code.co_filename.startswith(PACKAGE_DIR):
+                    frame = frame.f_back
+                    continue
+                try:
+                    local = frame.f_locals
+                except Exception:
+                    local = None
+                if local is not None and local is not frame.f_globals:
+                    where = edges.where(frame)
+                    items = dict.items(local) if type(local) is dict else local.items()
+                    self.locals += [(label, where, k, v) for k, v in items if gc.is_tracked(v)]
+                frame = frame.f_back
+
+    def closed(self) -> set:
+        """Ids the sweep never walks into: modules and their globals, the roads to the whole heap."""
+        out = {id(m) for _, m in self.modules}
+        out.update(id(m.__dict__) for _, m in self.modules)
+        return out
+
+    def sweep_start(self) -> tuple[list, dict]:
+        """Level 0 of the sweep (the program's module globals, then frame locals) and the labels
+        of each of its objects."""
+        objs, labels = [], {}
+        for name, attrs in self.user_dicts:
+            for k, v in list(dict.items(attrs)):
+                if gc.is_tracked(v) and id(v) not in labels:
+                    objs.append(v)
+                    labels[id(v)] = [name, edges.key_label(k)]
+        for label, where, k, v in self.locals:
+            if id(v) not in labels:
+                objs.append(v)
+                labels[id(v)] = [label, f"{where} local {k}"]
+        return objs, labels
+
+    def climb_roots(self) -> dict:
+        """id -> labels of every module global and every live frame's local."""
+        objs, labels = self.sweep_start()
+        del objs
+        for name, module in self.modules:
+            if name.startswith("gpumemdoctor"):
+                continue
+            for k, v in list(dict.items(module.__dict__)):
+                if type(v) is not types.ModuleType and id(v) not in labels:
+                    labels[id(v)] = [name, edges.key_label(k)]
+        return labels
+
+
+class Finder:
+    """Places each block (a key of `spans`): the labels of the path to what holds it, or why not."""
+
+    def __init__(self, torch, spans: Spans, budget: heap.Budget, roots: Roots, skip_ids: set):
+        self.torch = torch
+        self.spans = spans
+        self.budget = budget
+        self.roots = roots
+        self.skip_ids = skip_ids
+        self.placed: dict = {}  # block key -> labels
+        self.why: dict = dict.fromkeys(range(len(spans)), "no-python-object")
+        self.dead: dict = {}  # block key -> type of the highest object found above its holder
+        self.phases: dict = {}
+        self.heap_objects = 0
+        self.tensors = 0
+        self.graph_nodes = 0
+        self.graph_grads = 0  # tensors whose .grad carries an autograd graph (create_graph=True)
+        self.stopped: str | None = None
+        self.mine: set = set()  # ids of the search's own containers that hold the program's objects
+
+    def run(self) -> None:
+        mark = time.monotonic()
+        anchors, holders, heads = self._anchors()  # id -> object; id -> [(block key, suffix labels)]
+        self.phases["anchors_s"] = time.monotonic() - mark
+        self._reach(anchors, holders)
+        # What no tensor reached holds may be saved in an autograd graph: a tensor that holds a
+        # graph is its holder (read only now: a model's weights are saved in every graph too, and
+        # are the model's before they are any graph's).
+        rest = len(self.spans) - len(self.placed)
+        if heads and rest and not self.budget.over():
+            mark = time.monotonic()
+            found, self.graph_nodes, stopped = graphs.graph_holders(
+                heads, self._locate, self.placed, rest, self.budget.share(GRAPH_SHARE), TensorKind(self.torch))
+            self.phases["graphs_s"] = time.monotonic() - mark
+            if stopped:
+                self.stopped = f"graphs ({stopped})"
+            anchors, holders = {}, {}
+            for key, candidates in found.items():
+                for head, labels in candidates:
+                    anchors[id(head)] = head
+                    holders.setdefault(id(head), []).append((key, labels))
+                self.why[key] = "not-reached"
+            del found
+            self._reach(anchors, holders)
+        for key in self.placed:
+            self.why.pop(key, None)
+
+    def _reach(self, anchors: dict, holders: dict) -> None:
+        for entries in holders.values():
+            for key, _ in entries:
+                if key not in self.placed:
+                    self.why[key] = "not-reached"
+        if not holders:
+            return
+        mark = time.monotonic()
+        self._sweep(anchors, holders)
+        self.phases["sweep_s"] = self.phases.get("sweep_s", 0.0) + time.monotonic() - mark
+        mark = time.monotonic()
+        self._climb(anchors, holders)
+        self.phases["climb_s"] = self.phases.get("climb_s", 0.0) + time.monotonic() - mark
+
+    def _locate(self, tensor):
+        span = storage_span(tensor)
+        return self.spans.find(span[0]) if span is not None else None
+
+    # -- 2. anchors ----------------------------------------------------------------
+    def _anchors(self) -> tuple[dict, dict, list]:
+        spans = self.spans
+        tensor_types = _subclasses(self.torch.Tensor)
+        array_types: set = set()
+        cupy = sys.modules.get("cupy")
+        if cupy is not None and type(getattr(cupy, "ndarray", None)) is type:
+            array_types = _subclasses(cupy.ndarray)
+        wanted = tensor_types | array_types
+        objs = gc.get_objects()
+        self.heap_objects = len(objs)
+        found = list(itertools.compress(objs, map(wanted.__contains__, map(type, objs))))
+        del objs
+        tensors = [o for o in found if type(o) in tensor_types]
+        arrays = [o for o in found if type(o) in array_types] if array_types else []
+        del found
+        self.tensors = len(tensors)
+        anchors: dict = {}
+        holders: dict = {}
+
+        def add(obj, key, suffix):
+            anchors[id(obj)] = obj
+            holders.setdefault(id(obj), []).append((key, suffix))
+
+        locate = self._locate
+        heads = []  # (tensor, labels up to its graph, the graph's first node)
+        # A tensor subclass's __torch_function__ is the program's code: not run while reading.
+        guard = getattr(getattr(self.torch, "_C", None), "DisableTorchFunctionSubclass", None)
+        with guard() if guard is not None else _Nothing():
+            for t in tensors:
+                key = locate(t)
+                if key is not None:
+                    add(t, key, [])
+                try:
+                    if not t.requires_grad:
+                        continue
+                    fn = t.grad_fn
+                    if fn is not None:
+                        heads.append((t, [".grad_fn"], fn))
+                        continue
+                    g = t.grad
+                except Exception:
+                    continue
+                if g is not None:
+                    key = locate(g)
+                    if key is not None:
+                        add(t, key, [".grad"])
+                    fn = getattr(g, "grad_fn", None)
+                    if fn is not None:  # backward(create_graph=True): the gradient keeps a graph
+                        heads.append((t, [".grad", ".grad_fn"], fn))
+                        self.graph_grads += 1
+            for a in arrays:
+                try:
+                    pointer = a.__cuda_array_interface__["data"][0]
+                except Exception:
+                    continue
+                key = spans.find(pointer)
+                if key is not None:
+                    add(a, key, [f" ({edges.short_type(type(a))} sharing its memory)"])
+        del tensors, arrays
+        self.mine.update(map(id, heads))
+        self.mine.add(id(heads))
+        return anchors, holders, heads
+
+    # -- 3. reaching them ------------------------------------------------------------
+    def _sweep(self, anchors: dict, holders: dict) -> None:
+        roots = self.roots
+        start, labels = roots.sweep_start()
+        seen = roots.closed() | self.skip_ids | {id(anchors), id(holders)}
+        sweep = heap.Sweep(set(holders), seen, _allow, lambda cls: _user_class(cls, roots.user_modules),
+                           self.budget.share(SWEEP_SHARE),
+                           max_objects=max(SWEEP_MIN_OBJECTS, self.heap_objects // SWEEP_HEAP_FRACTION))
+        sweep.run(start)
+        del start
+        self.phases["swept"] = sweep.reached
+        for target, depth in sorted(sweep.found.items(), key=lambda kv: kv[1]):
+            if all(key in self.placed for key, _ in holders[target]):
+                continue
+            chain = heap.path_to(sweep.levels, depth, anchors[target])
+            if chain:
+                self._place(target, holders, edges.labels(chain, labels[id(chain[0])]))
+        sweep.levels.clear()
+
+    def _climb(self, anchors: dict, holders: dict) -> None:
+        pending = [i for i in holders if self._open(i, holders)]
+        if not pending:
+            return
+        root_labels = self.roots.climb_roots()
+        together = 1  # the first climb alone: what it places beside it often places the rest
+        scans = 0
+        while pending and not self.budget.over():
+            starts = [anchors[i] for i in pending[:together]]
+            together = CLIMB_TOGETHER
+            climb = heap.Climb(root_labels, self.mine | {id(anchors), id(holders), id(starts), id(pending)},
+                               self.budget)
+            climb.run(starts)
+            scans += climb.scans
+            for s in starts:
+                chain = climb.chains.get(id(s))
+                if chain is not None:
+                    root = root_labels[id(chain[0])]
+                    self._place(id(s), holders, edges.labels(chain, root))
+                    self._claim(chain, root, anchors, holders)
+                elif id(s) in climb.dead:
+                    for key, _ in holders[id(s)]:
+                        if key not in self.placed:
+                            self.why[key] = "unreachable"
+                            self.dead[key] = edges.short_type(type(climb.dead[id(s)]))
+            tried = {id(s) for s in starts}
+            if climb.stopped == "time":
+                self.stopped = "climb (time)"
+                break
+            del climb, starts
+            pending = [i for i in pending if i not in tried and self._open(i, holders)]
+        self.phases["climb_scans"] = scans
+
+    def _claim(self, chain: list, root: list, anchors: dict, holders: dict) -> None:
+        """Anchors held beside one just placed: a short sweep down from each object on its path,
+        nearest first (a list of a thousand leaked tensors is placed from one of them)."""
+        want = {i for i in holders if self._open(i, holders)}
+        closed = self.roots.closed() | {id(anchors), id(holders)}
+        for j in range(len(chain) - 2, -1, -1):
+            if self.budget.over() or not want:
+                return
+            sweep = heap.Sweep(want, set(closed), _allow, lambda cls: False, self.budget.share(CLAIM_SHARE),
+                               max_depth=len(chain) - j)
+            sweep.run([chain[j]])
+            for target, depth in sweep.found.items():
+                sub = heap.path_to(sweep.levels, depth, anchors[target])
+                if sub:
+                    self._place(target, holders, edges.labels(chain[:j] + sub, root))
+                    want.discard(target)
+            sweep.levels.clear()
+
+    def _open(self, anchor: int, holders: dict) -> bool:
+        return any(key not in self.placed for key, _ in holders[anchor])
+
+    def _place(self, anchor: int, holders: dict, labels: list) -> None:
+        for key, suffix in holders[anchor]:
+            if key not in self.placed:
+                self.placed[key] = labels + suffix
+
+
+class _Nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _allow(t):
+    if issubclass(t, types.ModuleType):
+        return False
+    if issubclass(t, type):
+        return None  # a class: walked into when it is the program's own
+    return True
+
+
+def _user_class(cls, user_modules: set) -> bool:
+    try:
+        return vars(cls).get("__module__") in user_modules
+    except Exception:
+        return False
+
+
+def _subclasses(cls) -> set:
+    """A class and every subclass of it that exists now."""
+    out, todo = set(), [cls]
+    while todo:
+        c = todo.pop()
+        if c not in out:
+            out.add(c)
+            try:
+                todo.extend(type.__subclasses__(c))
+            except TypeError:
+                pass
+    return out
+
+
+# -- a search -------------------------------------------------------------------
+
+def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, roots: Roots, thread_names: dict,
+                all_live: bool = False, skip_ids: set | None = None, blocks: list | None = None) -> dict:
+    """Group the live memory allocated since the baseline (with `all_live`, all of the live memory,
+    each group marked new or not) by allocating stack, and find who holds it. `baseline` is what
+    `take_baseline` returned; `blocks` replaces the allocator's view (tests)."""
+    started = time.monotonic()
+    budget = heap.Budget(budget_s, started)
+    source = "allocator"
+    if blocks is None:
+        try:
+            live = live_blocks(torch)
+        except Exception:
+            live = []
+        if live or baseline["blocks"]:
+            old = baseline["blocks"]
+            blocks = [dict(b, new=old.get(b["address"]) != b["size"]) for b in live]
+        else:
+            # No allocator snapshot here (the cudaMallocAsync backend): tensor storages instead.
+            source = "tensors"
+            blocks = [dict(b, new=b["address"] not in baseline["storages"]) for b in _tensor_storages(kind)]
+        del live
+    snapshot_s = round(time.monotonic() - started, 3)
+    if not all_live:
+        blocks = [b for b in blocks if b["new"]]
+    spans = Spans((b["address"], b["size"], i) for i, b in enumerate(blocks))
+    finder = Finder(torch, spans, budget, roots, {id(baseline), id(blocks)} | set(skip_ids or ()))
+    finder.run()
+    groups = _groups(blocks, finder, thread_names)
+    fresh = [b for b in blocks if b["new"]]
+    unreached = sum(1 for why in finder.why.values() if why == "not-reached")
+    gave_up = None
+    if unreached:
+        gave_up = (f"stopped at its {budget_s:g} s budget with {unreached} of {len(blocks)} allocations "
+                   f"not reached ({finder.heap_objects:,} objects in the heap)")
+    return {"source": source, "all_live": all_live, "candidate_bytes": sum(b["size"] for b in fresh),
+            "candidate_count": len(fresh), "groups": groups, "visited": finder.heap_objects,
+            "gave_up": gave_up, "elapsed_s": round(time.monotonic() - started, 3), "snapshot_s": snapshot_s,
+            "budget_s": budget_s, "tensors": finder.tensors, "graph_nodes": finder.graph_nodes,
+            "graph_grads": finder.graph_grads,
+            "phases": {k: round(v, 4) if type(v) is float else v for k, v in finder.phases.items()}}
+
+
+def _groups(blocks: list, finder: Finder, thread_names: dict) -> list:
+    """The blocks grouped by device, new or not, and allocating stack; holders by path pattern."""
+    groups: dict = {}
+    for i, b in enumerate(blocks):
+        frames = b["frames"]
+        key = (b["device"], b["new"], tuple(user_frames(frames)[:MAX_FRAMES]))
+        g = groups.setdefault(key, {"device": b["device"], "new": b["new"], "bytes": 0, "count": 0,
+                                    "frames": [list(f) for f in key[2]], "thread": None,
+                                    "holders": {}, "unheld_bytes": 0, "unheld_count": 0,
+                                    "unheld_sizes": collections.Counter(), "unheld_why": {}})
+        g["bytes"] += b["size"]
+        g["count"] += 1
+        entry = thread_entry(frames)
+        if entry is not None:
+            g["thread"] = thread_names.get(entry) or [f"a thread running {entry[1]}()"]
+        labels = finder.placed.get(i)
+        if labels is None:
+            g["unheld_bytes"] += b["size"]
+            g["unheld_count"] += 1
+            g["unheld_sizes"][b["size"]] += 1
+            why = finder.why.get(i, "not-reached")
+            w = g["unheld_why"].setdefault(why, [why, 0, 0, finder.dead.get(i)])
+            w[1] += b["size"]
+            w[2] += 1
+            continue
+        text = edges.render(labels)
+        pattern = edges.pattern(text)
+        h = g["holders"].setdefault(pattern, {"path": text, "pattern": pattern,
+                                              "kind": edges.holder_kind(labels), "count": 0, "bytes": 0,
+                                              "sizes": collections.Counter()})
+        h["count"] += 1
+        h["bytes"] += b["size"]
+        h["sizes"][b["size"]] += 1
+    out = []
+    for new in (True, False):  # the biggest groups of each: old memory must not crowd out new
+        out += sorted((g for g in groups.values() if g["new"] is new), key=lambda g: -g["bytes"])[:MAX_GROUPS]
+    for g in out:
+        g["holders"] = sorted(g["holders"].values(), key=lambda h: -h["bytes"])[:MAX_HOLDERS]
+        for h in g["holders"]:  # how alike they are: the most common sizes, [size, count]
+            h["sizes"] = [[size, n] for size, n in h["sizes"].most_common(MAX_SIZES)]
+        g["unheld_sizes"] = [[size, n] for size, n in g["unheld_sizes"].most_common(MAX_SIZES)]
+        g["unheld_why"] = sorted(g["unheld_why"].values(), key=lambda w: -w[1])
+    return out
+
+
+def take_baseline(torch, kind: TensorKind) -> dict:
+    """What is alive now, so that a search later looks only at what came after."""
+    try:
+        # address -> size: one dict of ints, which the garbage collector does not track
+        blocks = {b["address"]: b["size"] for b in live_blocks(torch)}
+    except Exception:
+        blocks = {}
+    return {"blocks": blocks,
+            "storages": {address for _, address, _ in cuda_tensors(kind)} if not blocks else set()}
+
+
+def _tensor_storages(kind: TensorKind) -> list[dict]:
+    seen, out = set(), []
+    for tensor, address, size in cuda_tensors(kind):
+        if address not in seen:
+            seen.add(address)
+            out.append({"device": tensor.device.index, "address": address, "size": size, "frames": []})
+    return out

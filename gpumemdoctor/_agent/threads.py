@@ -1,0 +1,103 @@
+"""The program's threads and forks: each thread's start and end, and the agent in a forked child.
+
+Each thread's entry point names the stacks that ran in it (for the holder search), and a
+thread that changed GPU memory while it ran is recorded with the figures before and after.
+A forked child cannot use CUDA: it lets go of its parent's record file and socket, and gets
+an agent of its own that records that it exists (the package's `_after_fork_in_child`).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from .neutral import quiet_gc
+
+MAX_THREAD_RECORDS = 1000
+
+
+class ThreadWatch:
+    """What each thread ran, and the threads that changed GPU memory."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.entries: dict = {}  # (file, function) -> names of the threads that ran it
+        self.records = 0
+
+    def started(self, thread):
+        """From the thread itself, as it starts: what it runs, and the memory before it."""
+        if thread.name.startswith("gpumemdoctor-"):
+            return None
+        entry = _thread_entry(thread)
+        if entry is not None:
+            names = self.entries.setdefault(entry, [])
+            if len(names) < 100:
+                names.append(thread.name)
+        if not self.agent.devices or self.records >= MAX_THREAD_RECORDS:
+            return None
+        with quiet_gc():
+            return (time.monotonic(), entry, self.agent.sampler.read_devices())
+
+    def ended(self, thread, token) -> None:
+        t0, entry, before = token
+        with quiet_gc():
+            after = self.agent.sampler.read_devices()
+        if [r[1:4] + r[5:6] for r in before] == [r[1:4] + r[5:6] for r in after]:
+            return  # the thread changed nothing on the GPU
+        self.records += 1
+        self.agent.channel.write({"type": "thread", "name": thread.name, "entry": list(entry) if entry else None,
+                                  "t0": t0, "t": time.monotonic(), "d0": before, "d1": after})
+
+    def names(self) -> dict:
+        """(file, function) -> the names of the threads that ran it, for the holder search."""
+        alive = {t.name for t in threading.enumerate()}
+        return {entry: [n if n in alive else f"{n} (ended)" for n in names[:4]]
+                + ([f"and {len(names) - 4} more"] if len(names) > 4 else [])
+                for entry, names in self.entries.items()}
+
+
+def _thread_entry(thread):
+    """(file, function) of the code a thread runs: its target, or the run() of its class."""
+    target = getattr(thread, "_target", None)
+    target = getattr(target, "__func__", target)
+    code = getattr(target, "__code__", None)
+    if code is None and type(thread).run is not threading.Thread.run:
+        code = getattr(type(thread).run, "__code__", None)
+    return (code.co_filename, code.co_name) if code is not None else None
+
+
+def install_hook(current) -> None:
+    """Tell the agent when each thread starts and ends: names for the stacks that ran in a
+    thread, and the memory a thread left behind. One wrapper around threading's own start-up;
+    `current()` is the process's agent at the time (None when there is none)."""
+    original = getattr(threading.Thread, "_bootstrap_inner", None)
+    if original is None or getattr(original, "_gpumemdoctor", False):
+        return
+
+    def _bootstrap_inner(self):
+        agent = current()
+        token = None
+        if agent is not None and agent.pid == os.getpid():
+            try:
+                token = agent.threads.started(self)
+            except Exception:
+                token = None
+        try:
+            original(self)
+        finally:
+            if token is not None:
+                try:
+                    agent.threads.ended(self, token)
+                except Exception:
+                    pass
+
+    _bootstrap_inner._gpumemdoctor = True
+    threading.Thread._bootstrap_inner = _bootstrap_inner
+
+
+def leave_parent(parent) -> None:
+    """In a forked child: the parent's record file and local socket stay the parent's."""
+    if parent.channel.fd is not None:
+        os.close(parent.channel.fd)
+    if parent.server is not None:
+        parent.server.forget()  # the socket is the parent's: the child neither serves nor removes it

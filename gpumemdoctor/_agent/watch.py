@@ -1,0 +1,232 @@
+"""When a holder search runs: the online growth watch, its schedule, and each search's budget.
+
+Every sample at a step boundary (or on the timer, in a program that marks no steps) adds a
+point to the allocated floor's series; every CHECK_EVERY points `growth.floor_growth` looks at
+it. Growth is suspected when the floor has risen by SUSPECT_MIN_BYTES at two checks in a row.
+Then, once:
+- by steps: allocation stacks are turned on (--trace auto, for trace.TRACE_WINDOW_S), a
+  baseline is taken (what is alive now is not new), and a search is due
+  INVESTIGATE_AFTER_STEPS steps later, run at that step boundary on the program's own thread
+  (core.Agent.on_step);
+- by time only: stacks are turned on, and the holders are looked for at exit.
+A search also runs at the first out-of-memory error (oom.py) and at exit (exit.py). During the
+run (growth, out of memory) a search is made in a copy of the process (forked.py): the program
+pauses only for the fork, and the copy writes its record itself; one copy at a time, polled at
+each step and waited for at exit. At exit the search runs in the process, with automatic
+collection held off. Each stops at its budget (BUDGET_S); the search itself is search.py.
+"""
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+from . import forked
+from .events import import_in_progress
+from .neutral import quiet_gc
+
+# Growth is suspected, online, when the floor of allocated memory has risen by this much
+# at two checks in a row (every CHECK_EVERY samples): then the allocation stacks are
+# recorded (--trace auto) and, a little later, the holders are looked for.
+SUSPECT_MIN_BYTES = 4 << 20
+CHECK_EVERY = 8
+MAX_FLOOR_POINTS = 512  # then every other point is dropped: a check stays about 0.1 ms, on the step path
+INVESTIGATE_AFTER_STEPS = 16
+INVESTIGATE_AFTER_S = 3.0
+WARMUP_STEPS = 10  # --trace on: what is alive after these many steps is not new
+# How long one holder search may take. The searches made in a copy of the process cost the
+# program nothing but the fork; the exit searches delay the end of the run by what they take.
+# "live" is the exit search of a run in which no growth was seen (and no --trace on).
+BUDGET_S = {"growth": 5.0, "oom": 5.0, "exit": 1.0, "live": 1.0}
+COPY_SLACK_S = 10.0  # a copy is killed this long after its budget: the snapshot, the record
+
+
+class GrowthWatch:
+    """The online floor check on the samples, and the searches it schedules."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.floor_xs: dict = {}  # by -> per device slot, the online floor check's series
+        self.floor_ys: dict = {}
+        self.floor_growth = None
+        self.positive_checks = 0
+        self.suspected = False
+        self.search_at: tuple | None = None  # (step, monotonic time): a growth search is due
+        self.baseline: dict | None = None
+        self.kind = None  # blocks.TensorKind, made when first needed
+        self.copy: forked.Copy | None = None  # the copy of the process that is searching now
+
+    def prepare(self, devices: int) -> None:
+        """The floor's series, made once at CUDA's start (the check then makes no container)."""
+        for by in ("step", "time"):
+            self.floor_xs[by] = [[] for _ in range(devices)]
+            self.floor_ys[by] = [[] for _ in range(devices)]
+        from gpumemdoctor.growth import floor_growth
+
+        self.floor_growth = floor_growth
+
+    # -- the growth watch -------------------------------------------------------------
+    def check(self, now: float, by: str) -> None:
+        """Cheap online check of the allocated floor, after each sample; see growth.floor_growth
+        (which makes no container while it finds no growth)."""
+        if self.suspected:
+            return
+        agent = self.agent
+        if (agent.trace.mode == "on" and self.baseline is None and by == "step"
+                and agent.steps >= WARMUP_STEPS):
+            self.take_baseline("warm-up")
+        if by == "time" and agent.steps:
+            return  # a program that marks steps is judged at its step boundaries only
+        sampler = agent.sampler
+        rows = sampler.rows
+        live = sampler.live
+        all_xs = self.floor_xs[by]
+        all_ys = self.floor_ys[by]
+        x = agent.steps if by == "step" else now
+        for i in range(len(rows)):
+            if not live[i]:
+                continue
+            xs = all_xs[i]
+            ys = all_ys[i]
+            xs.append(x)
+            ys.append(rows[i][1])
+            if len(xs) % CHECK_EVERY == 0 and len(xs) >= 2 * CHECK_EVERY:
+                fit = self.floor_growth(xs, ys, SUSPECT_MIN_BYTES)
+                if fit is not None:
+                    self.positive_checks += 1
+                    if self.positive_checks >= 2:
+                        self._suspect(rows[i][0], by, fit)
+                        return
+                else:
+                    self.positive_checks = 0
+            if len(xs) > MAX_FLOOR_POINTS:  # keep every other point: the floor survives thinning
+                del xs[::2], ys[::2]
+
+    def _suspect(self, torch_index: int, by: str, fit) -> None:
+        agent = self.agent
+        self.suspected = True
+        for series in (*self.floor_xs.values(), *self.floor_ys.values()):
+            for points in series:
+                points.clear()
+        agent.channel.write({"type": "suspect", "t": time.monotonic(), "step": agent.steps,
+                             "device": torch_index, "by": by, "grown_bytes": fit.grown_bytes,
+                             "rate": fit.rate_bytes_per_x})
+        trace = agent.trace
+        if by == "time":
+            # Time samples come from the agent's thread. Turning PyTorch's memory history on from
+            # it once raced the program's imports (torch 2.11: a circular import in torch._inductor
+            # while the program imported torch._dynamo), so it is done only while no module is
+            # being imported; the call itself imports nothing (probed on torch 2.11). Without
+            # steps, the holders are looked for at exit.
+            if trace.mode == "auto" and not trace.on and not import_in_progress():
+                trace.start("growth")
+            return
+        if self.baseline is None:
+            self.take_baseline("growth")
+        if trace.mode == "auto":
+            trace.start("growth")
+        self.search_at = (agent.steps + INVESTIGATE_AFTER_STEPS, time.monotonic() + INVESTIGATE_AFTER_S)
+
+    # -- the searches -----------------------------------------------------------------
+    def tensor_kind(self):
+        if self.kind is None:
+            from .blocks import TensorKind
+
+            self.kind = TensorKind(self.agent.torch)
+        return self.kind
+
+    def take_baseline(self, why: str) -> None:
+        from .search import take_baseline
+
+        agent = self.agent
+        started = time.monotonic()
+        self.baseline = take_baseline(agent.torch, self.tensor_kind())
+        agent.channel.write({"type": "baseline", "t": time.monotonic(), "step": agent.steps, "why": why,
+                             "blocks": len(self.baseline["blocks"]),
+                             "elapsed_s": round(time.monotonic() - started, 4)})
+
+    def search(self, when: str, budget: str | None = None) -> None:
+        """Group what was allocated since the baseline and is still alive (at exit and at an
+        out-of-memory error: all that is alive, each group marked new or not), and find its
+        holders: in a copy of the process during the run, in the process at exit."""
+        agent = self.agent
+        if when != "oom":
+            self.search_at = None
+        if agent.torch is None or (self.baseline is None and when == "growth"):
+            return
+        # No baseline at exit or at an out-of-memory error (no growth seen, or seen by time
+        # only): all of it counts as new.
+        baseline = self.baseline or {"blocks": {}, "storages": set()}
+        from .search import Roots, investigate
+
+        own = {t.ident for t in threading.enumerate() if t.name.startswith("gpumemdoctor-")}
+        budget_s = BUDGET_S[budget or when]
+        if when != "exit":
+            with quiet_gc():
+                # Made here: the copy will have only this thread, and the others' locals are roots.
+                roots = Roots(own)
+                step = agent.steps
+                trace = agent.trace.on or agent.trace.was_on
+                names = agent.threads.names()
+                t = time.monotonic()
+
+                def in_copy() -> None:
+                    try:
+                        result = investigate(agent.torch, self.tensor_kind(), baseline, budget_s, roots, names,
+                                             all_live=when == "oom")
+                    except Exception as exc:
+                        agent.channel.write({"type": "error", "where": f"investigation ({when}, in a copy)",
+                                             "message": repr(exc)[:500]})
+                        return
+                    agent.channel.write({"type": "investigation", "when": when, "t": t, "step": step,
+                                         "trace": trace, "forked": True, **result})
+
+                if self.copy is not None and not self.copy.poll():
+                    return  # one copy at a time; the exit search covers what this one would have
+                copy = forked.start(in_copy, budget_s + COPY_SLACK_S)
+                del roots
+            if isinstance(copy, str):
+                agent.channel.write({"type": "error", "where": f"investigation ({when})",
+                                     "message": f"not made during the run: {copy}; the exit search covers it"})
+                return
+            self.copy = copy
+            agent.cost["search_pauses"] = agent.cost.get("search_pauses", 0) + 1
+            agent.cost["search_pause_s"] = agent.cost.get("search_pause_s", 0.0) + copy.pause_s
+            agent.cost["search_pause_max_s"] = max(agent.cost.get("search_pause_max_s", 0.0), copy.pause_s)
+            return
+        own.add(threading.get_ident())  # our frames at exit hold nothing of the program's
+        self.wait_for_copy()
+        collecting = gc.isenabled()
+        gc.disable()  # the search allocates: a collection now would free the program's garbage
+        try:
+            result = investigate(agent.torch, self.tensor_kind(), baseline, budget_s, Roots(own),
+                                 agent.threads.names(), all_live=True)
+        except Exception as exc:
+            agent.channel.write({"type": "error", "where": f"investigation ({when})", "message": repr(exc)[:500]})
+            return
+        finally:
+            if collecting:
+                gc.enable()
+        agent.channel.write({"type": "investigation", "when": when, "t": time.monotonic(), "step": agent.steps,
+                             "trace": agent.trace.on or agent.trace.was_on, **result})
+
+    def poll_copy(self) -> None:
+        """Reap the searching copy once it is done (at a step boundary)."""
+        if self.copy is not None and self.copy.poll():
+            self._copy_done()
+
+    def wait_for_copy(self) -> None:
+        """At exit: the copy's record must be written before the process's last one."""
+        copy = self.copy
+        if copy is None:
+            return
+        while not copy.poll():
+            time.sleep(0.005)
+        self._copy_done()
+
+    def _copy_done(self) -> None:
+        copy, self.copy = self.copy, None
+        if copy is not None and copy.status:
+            what = "was killed at its deadline" if copy.status == -9 else f"ended with status {copy.status}"
+            self.agent.channel.write({"type": "error", "where": "investigation (copy)",
+                                      "message": f"the copy of the process searching for holders {what}"})

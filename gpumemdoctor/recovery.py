@@ -1,0 +1,82 @@
+"""The recording of a run whose supervisor died, from the run folder it left (`report --from-run-dir`).
+
+The supervisor writes the run file (RUN_FILE) into the run folder when the target starts;
+with it, the agents' files alone make a recording.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from . import __version__, procs
+from .combine import AgentFiles
+from .errors import BadReportError, UsageError
+from .inputs import loads_strict, read_json
+from .recording import ProcessRecord, Recording
+from .strict import check_sizes, need_dict, need_int, need_list, need_num, need_str, opt_num, opt_str
+
+MAX_RUN_FILE_BYTES = 16 << 20  # a run file holds the target's arguments and the devices: a few KiB
+RUN_FILE = "run.json"  # in the run folder: what `report --from-run-dir` needs if the supervisor dies
+RUN_SCHEMA = "gpumemdoctor.run/1"
+
+
+def recover(run_dir: str) -> Recording:
+    """The recording of a run whose supervisor died (SIGKILL): from the run folder it left, the
+    agents' files alone. No NVML polls of the tree (the NVML figures are the agents' own
+    readings), no host memory, no exit status; the processes that had ended and been read
+    while the supervisor lived are not in it."""
+    path = os.path.join(run_dir, RUN_FILE)
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"{run_dir} is not a folder")
+    info = need_dict(read_json(path, MAX_RUN_FILE_BYTES, "run file",
+                               missing=f"{run_dir} is not a gpumemdoctor run folder (it has no {RUN_FILE})"),
+                     "run file")
+    if info.get("schema") != RUN_SCHEMA:
+        raise BadReportError(f"{path} is not a run file (schema {info.get('schema')!r}, expected {RUN_SCHEMA!r})")
+    t0 = need_num(info.get("t0"), "t0")
+    pid = need_int(info.get("pid"), "pid")
+    create_time = opt_num(info.get("create_time"), "create_time")
+    args = [need_str(a, "target_args") for a in need_list(info.get("target_args"), "target_args")]
+    agents, notes, kept = AgentFiles(run_dir, t0, pid, remove_read=False).finish()
+    nvml_series: dict = {}
+    for agent in agents:
+        for sample in [*agent.samples, *agent.probes.values()]:
+            for r in sample.readings:
+                device = agent.device(r.torch_index)
+                if device is not None and device.nvml_index is not None and r.nvml_used_bytes is not None:
+                    nvml_series.setdefault((agent.pid, device.nvml_index), []).append((sample.t, r.nvml_used_bytes))
+    for points in nvml_series.values():
+        points.sort()
+    # Until the agents' last records: their files' modification times, on the wall clock.
+    started_wall = need_num(info.get("started_wall"), "started_wall")
+    written = [os.path.getmtime(os.path.join(run_dir, n)) for n in os.listdir(run_dir) if n.startswith("agent-")]
+    running = procs.same_process(pid, create_time)
+    note = (f"recovered from the run folder {run_dir}: gpumemdoctor's supervisor ended before the target, so "
+            "this report rests on the agents' files alone: NVML figures are the agents' own readings, and "
+            "there is no host memory and no exit status")
+    if running:
+        note += f"; the target (PID {pid}) is still running: recover again once it has ended for the whole run"
+    versions = need_dict(info.get("versions", {}), "versions")
+    for agent in agents:
+        if agent.torch_version:
+            versions.setdefault("torch", agent.torch_version)
+    recording = Recording(
+        tool_version=__version__,
+        target={"argv": args, "pid": pid, "exit_code": None, "signal": None, "cwd": opt_str(info.get("cwd"), "cwd"),
+                "recovered_from": run_dir},
+        started_wall=started_wall, duration_s=round(max(0.0, max(written, default=started_wall) - started_wall), 6),
+        poll_interval_s=need_num(info.get("poll_interval_s"), "poll_interval_s"),
+        nvml_available=bool(info.get("measure_gpu")), versions=versions,
+        devices=[need_dict(d, "device") for d in need_list(info.get("devices", []), "devices")],
+        nvml=nvml_series,
+        processes=[ProcessRecord(pid=pid, ppid=None, cmdline=None, create_time=create_time, is_target=True,
+                                 first_seen_t=0.0, alive_after_exit=False)],
+        agents=agents, notes=[note, *notes], downsampling=kept, host=opt_str(info.get("host"), "host"))
+    # What the agents' files hold is read leniently, line by line; the report made of it must be one
+    # that `report` reads back, so it goes through the same strict reading as a saved report.
+    try:
+        document = loads_strict(json.dumps(recording.to_json()))
+        check_sizes(document, "recording")
+        return Recording.from_json(document)
+    except (BadReportError, ValueError) as exc:
+        raise BadReportError(f"{run_dir} is not a valid run folder: {exc}") from None
