@@ -13,7 +13,6 @@ a baseline is compared rank by rank where both runs have the rank.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -22,9 +21,11 @@ from typing import Any
 from . import __version__
 from .diagnosis import FINDING_KINDS, INFORMATIVE, Diagnosis
 from .errors import BadReportError, UsageError
+from .inputs import read_json
+from .outputs import write_text
 from .ranks import ranges
 from .recording import Recording
-from .strict import need_dict, need_str, opt_int
+from .strict import need_dict, need_int_key, need_str, opt_size
 from .units import format_bytes as fb
 from .units import parse_size
 
@@ -48,23 +49,29 @@ class Tolerance:
 
 
 def parse_tolerance(text: str) -> Tolerance:
-    """'5%' or '64MiB'."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*%\s*", text)
+    """'5%' or '64MiB'. A bare number is refused: 5 would be 5 bytes, which nobody means."""
+    m = re.fullmatch(r"\s*(\d{1,6}(?:\.\d{1,6})?)\s*%\s*", text)
     if m:
         return Tolerance(fraction=float(m.group(1)) / 100)
+    if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", text):
+        raise UsageError(f"tolerance {text!r:.40} has no unit: give a percentage ({text.strip()[:20]}%) or a "
+                         f"size ({text.strip()[:20]}MiB)")
     try:
         return Tolerance(bytes=parse_size(text))
     except ValueError:
-        raise UsageError(f"tolerance {text!r} is neither a percentage (5%) nor a size (64MiB)") from None
+        raise UsageError(f"tolerance {text!r:.60} is neither a percentage (5%) nor a size (64MiB)") from None
 
 
 def parse_kinds(text: str) -> tuple[str, ...]:
     """'leak,non-torch' -> ('leak', 'non-torch'); unknown names are a usage error."""
-    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    kinds = tuple(k.strip() for k in text.split(","))
+    if not all(kinds):
+        raise UsageError(f"--fail-on {text!r:.60} has an empty name in it: give finding kinds separated by "
+                         f"single commas, from {', '.join(FAILABLE)}")
     unknown = [k for k in kinds if k not in FAILABLE]
-    if unknown or not kinds:
+    if unknown:
         raise UsageError(f"--fail-on takes a comma-separated list of {', '.join(FAILABLE)}; "
-                         f"not {', '.join(unknown) or repr(text)}")
+                         f"not {', '.join(repr(k)[:60] for k in unknown)}")
     return kinds
 
 
@@ -242,8 +249,14 @@ def _ceiling(name: str, label: str, measured: int | None, limit: int) -> CheckRe
 def _against_baseline(key: str, label: str, new: int | None, old: int | None,
                       tolerance: Tolerance, name: str | None = None) -> CheckResult:
     name = name or f"baseline {key}"
+    # A figure not measured on either side fails: a check that cannot be made must not pass unseen.
+    if old is None and new is None:
+        return CheckResult(name, False, f"{label}: not measured, in this run nor in the baseline, so it "
+                                        "cannot be compared (a run without a GPU measures no figures)")
     if old is None:
-        return CheckResult(name, True, f"{label}: the baseline has no figure; not compared", new)
+        return CheckResult(name, False, f"{label}: {fb(new)} in this run, but not measured in the baseline, "
+                                        "so it cannot be compared; write the baseline again (--update-baseline) "
+                                        "from a run that measures it", new)
     if new is None:
         return CheckResult(name, False, f"{label}: not measured in this run (baseline {fb(old)})",
                            None, old)
@@ -272,51 +285,41 @@ def baseline_ranks(recording: Recording, diagnosis: Diagnosis) -> dict[int, dict
 
 
 def write_baseline(path: str, document: dict) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(document, f, indent=1)
-            f.write("\n")
-    except OSError as exc:
-        raise UsageError(f"cannot write the baseline {path}: {exc.strerror or exc}") from None
+    """Write a baseline file, replacing the one there (as outputs.write_text writes every file)."""
+    write_text(json.dumps(document, indent=1) + "\n", path, force=True, what="baseline")
+
+
+MAX_BASELINE_BYTES = 1 << 20
 
 
 def load_baseline(path: str) -> dict:
     """The figures of a baseline file, read strictly; those of its ranks under "ranks", if it has
-    any (`make_policy` passes them on as Policy.baseline_ranks)."""
+    any (`make_policy` passes them on as Policy.baseline_ranks). Every figure must be there: null
+    where it was not measured (its check then fails), never left out."""
+    obj = read_json(path, MAX_BASELINE_BYTES, "baseline",
+                    missing=f"baseline {path} does not exist: make it with --update-baseline")
     try:
-        if os.path.getsize(path) > 1 << 20:
-            raise BadReportError(f"{path} is too large to be a baseline")
-        with open(path, encoding="utf-8") as f:
-            obj: Any = json.load(f, parse_constant=_refuse)
-    except FileNotFoundError:
-        raise UsageError(f"baseline {path} does not exist: make it with --update-baseline") from None
-    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise BadReportError(f"{path} is not a gpumemdoctor baseline ({exc})") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read the baseline {path}: {exc.strerror or exc}") from None
-    try:
-        obj = need_dict(obj, "baseline")
-        if obj.get("schema") != BASELINE_SCHEMA:
-            raise BadReportError(f"schema {obj.get('schema')!r}, expected {BASELINE_SCHEMA!r}")
-        need_str(obj.get("tool_version"), "tool_version")
-        figs = need_dict(obj.get("figures"), "figures")
-        out: dict = {key: opt_int(figs.get(key), key) for key in (
-            "peak_allocated_bytes", "peak_reserved_bytes", "peak_nvml_bytes", "live_tensor_bytes",
-            "retained_bytes")}
-        if obj.get("ranks") is not None:
-            out["ranks"] = {_rank_key(k): {key: opt_int(need_dict(v, f"rank {k}").get(key), f"rank {k} {key}")
-                                           for key in RANK_FIGURES}
-                            for k, v in need_dict(obj["ranks"], "ranks").items()}
-        return out
+        return parse_baseline(obj)
     except BadReportError as exc:
         raise BadReportError(f"{path} is not a valid baseline: {exc}") from None
 
 
-def _rank_key(key: str) -> int:
-    if not (key.isascii() and key.isdigit()):
-        raise BadReportError(f"ranks: expected rank numbers as keys, found {key!r:.40}")
-    return int(key)
+def parse_baseline(obj: Any) -> dict:
+    """A baseline document's figures (see load_baseline); BadReportError says what is wrong."""
+    obj = need_dict(obj, "baseline")
+    if obj.get("schema") != BASELINE_SCHEMA:
+        raise BadReportError(f"schema {obj.get('schema')!r:.60}, expected {BASELINE_SCHEMA!r}")
+    need_str(obj.get("tool_version"), "tool_version")
+    out: dict = _baseline_figures(obj.get("figures"), "figures")
+    if obj.get("ranks") is not None:
+        out["ranks"] = {need_int_key(k, "ranks"): _baseline_figures(v, f"rank {k:.20}")
+                        for k, v in need_dict(obj["ranks"], "ranks").items()}
+    return out
 
 
-def _refuse(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed")
+def _baseline_figures(obj: Any, what: str) -> dict:
+    figs = need_dict(obj, what)
+    missing = [key for key in RANK_FIGURES if key not in figs]
+    if missing:
+        raise BadReportError(f"{what}: {', '.join(missing)} missing (null where it was not measured)")
+    return {key: opt_size(figs[key], f"{what} {key}") for key in RANK_FIGURES}

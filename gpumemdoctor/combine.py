@@ -36,6 +36,7 @@ MAX_QUIET_AGENTS = 32  # processes that never used CUDA, kept besides the target
 MAX_CUDA_AGENTS = 16  # processes that did, kept besides the target
 MAX_ERRORS = 50  # error records kept per process
 READ_CHUNK = 1 << 20
+MAX_LINE_BYTES = 64 << 20  # bounds what a file without newlines can make the supervisor hold
 
 
 def sample_figures(sample: TorchSample) -> tuple:
@@ -94,6 +95,8 @@ class AgentFile:
                     self.offset += len(chunk)
                     lines = (self._partial + chunk).split(b"\n")
                     self._partial = lines.pop()
+                    if len(self._partial) > MAX_LINE_BYTES:  # no agent writes such a line: skip it
+                        self._partial = b""
                     for line in lines:
                         self._line(line)
         except OSError:
@@ -155,6 +158,8 @@ class AgentFile:
         elif kind == "steps":
             agent.explicit_steps = True
         elif kind in ("s", "p"):
+            if t is None:
+                raise BadReportError("a sample without its time")
             sample = TorchSample(t=t, by=rec["phase"] if kind == "p" else need_str(rec.get("by"), "by"),
                                  step=opt_int(rec.get("step"), "step"),
                                  readings=[DeviceReading.from_json(r) for r in need_list(rec.get("d"), "d")],
@@ -216,6 +221,11 @@ class AgentFiles:
         for entry in entries:
             name = entry.name
             if not (name.startswith("agent-") and name.endswith(".jsonl")):
+                continue
+            try:
+                if not entry.is_file():  # a pipe or a device would block or never end
+                    continue
+            except OSError:
                 continue
             reader = self._reader(name)
             if isinstance(reader, _Done):

@@ -16,6 +16,8 @@ def make_console(stderr: bool = True, width: int | None = None, color: bool | No
     stream = sys.stderr if stderr else sys.stdout
     if color is None:
         color = stream.isatty() and not os.environ.get("NO_COLOR")
+    # markup=False: what is drawn holds the target's command line, file and GPU names, and rich
+    # would take "[/]" in them for markup (and fail); the reporters style with Text, never markup.
     return Console(file=stream, width=width, no_color=not color, highlight=False,
                    color_system="auto" if color else None, soft_wrap=False,
-                   emoji=False)
+                   emoji=False, markup=False)

@@ -388,7 +388,7 @@ def _non_torch_finding(agent: AgentRecording, torch_index: int, nvml_index: int 
 
 def _steady_series(agent: AgentRecording, torch_index: int):
     """Step-aligned samples when the program marks steps, otherwise samples over time."""
-    by_step = [(s, r) for s, r in _readings(agent.samples, torch_index) if s.by == "step"]
+    by_step = [(s, r) for s, r in _readings(agent.samples, torch_index) if s.by == "step" and s.step is not None]
     if len(by_step) >= MIN_STEPS and by_step[-1][0].step - by_step[0][0].step >= MIN_STEPS:
         return by_step, "step"
     return _readings(agent.samples, torch_index), "time"

@@ -43,3 +43,8 @@ class MissingExtraError(DoctorError):
     """An option needs an optional extra that is not installed."""
 
     exit_code = EXIT_MISSING_EXTRA
+
+
+def internal_error(exc: BaseException) -> str:
+    """The one line for a bug of gpumemdoctor's own (exit 70, or the target's status after it ran)."""
+    return f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)"

@@ -13,7 +13,8 @@ from typing import Any
 from . import records
 from .errors import BadReportError
 from .records import DeviceReading
-from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int, opt_num, opt_str
+from .strict import (need_dict, need_int, need_int_key, need_list, need_num, need_str, opt_int, opt_num, opt_size,
+                     opt_str)
 
 SCHEMA = "gpumemdoctor.recording/1"
 PROBE_PHASES = ("end", "gc", "sync", "empty_cache")
@@ -213,8 +214,8 @@ class ProcessRecord:
                    is_target=bool(obj.get("is_target")),
                    first_seen_t=need_num(obj.get("first_seen_t"), "first_seen_t"),
                    alive_after_exit=bool(obj.get("alive_after_exit")),
-                   used_after_exit_bytes={need_int(int(k) if str(k).isdigit() else k, "device"):
-                                          opt_int(v, "bytes") for k, v in used.items()})
+                   used_after_exit_bytes={need_int_key(k, "device"):
+                                          opt_size(v, "bytes") for k, v in used.items()})
 
 
 @dataclass
@@ -287,7 +288,7 @@ class Recording:
             for point in need_list(series.get("points"), "nvml points"):
                 if not isinstance(point, list) or len(point) != 2:
                     raise BadReportError("an NVML point must be [t, used_bytes]")
-                points.append((need_num(point[0], "t"), opt_int(point[1], "used_bytes")))
+                points.append((need_num(point[0], "t"), opt_size(point[1], "used_bytes")))
             nvml[(need_int(series.get("pid"), "pid"), need_int(series.get("device"), "device"))] = points
         devices = [need_dict(d, "device") for d in need_list(obj.get("devices", []), "devices")]
         for d in devices:
@@ -316,7 +317,7 @@ class Recording:
 def _host_point(point: Any) -> tuple[float, int | None, int | None]:
     if not isinstance(point, list) or len(point) != 3:
         raise BadReportError("a host memory point must be [t, target_rss_bytes, tree_rss_bytes]")
-    return (need_num(point[0], "t"), opt_int(point[1], "target_rss_bytes"), opt_int(point[2], "tree_rss_bytes"))
+    return (need_num(point[0], "t"), opt_size(point[1], "target_rss_bytes"), opt_size(point[2], "tree_rss_bytes"))
 
 
 def _nvml_failure(obj: Any) -> dict:

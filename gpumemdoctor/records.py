@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import BadReportError
-from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int
+from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int, opt_size
 
 SUSPECT_KINDS = ("allocation", "garbage", "thread")
 HOLDER_KINDS = ("global", "attribute", "frame-local", "kept-exception", "hook", "closure",
@@ -49,7 +49,7 @@ class DeviceReading:
             raise BadReportError(f"a device reading must be a list of 6 to 8 numbers, not {row!r:.80}")
         need_int(row[0], "device index")
         for value in row[1:]:
-            opt_int(value, "device reading")
+            opt_size(value, "device reading")
         return cls(*row)
 
 

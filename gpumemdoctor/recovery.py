@@ -11,9 +11,11 @@ import os
 from . import __version__, procs
 from .combine import AgentFiles
 from .errors import BadReportError, UsageError
+from .inputs import loads_strict, read_json
 from .recording import ProcessRecord, Recording
-from .strict import need_dict, need_int, need_list, need_num, need_str, opt_num, opt_str
+from .strict import check_sizes, need_dict, need_int, need_list, need_num, need_str, opt_num, opt_str
 
+MAX_RUN_FILE_BYTES = 16 << 20  # a run file holds the target's arguments and the devices: a few KiB
 RUN_FILE = "run.json"  # in the run folder: what `report --from-run-dir` needs if the supervisor dies
 RUN_SCHEMA = "gpumemdoctor.run/1"
 
@@ -26,13 +28,9 @@ def recover(run_dir: str) -> Recording:
     path = os.path.join(run_dir, RUN_FILE)
     if not os.path.isdir(run_dir):
         raise UsageError(f"{run_dir} is not a folder")
-    try:
-        with open(path, encoding="utf-8") as f:
-            info = need_dict(json.load(f), "run file")
-    except FileNotFoundError:
-        raise UsageError(f"{run_dir} is not a gpumemdoctor run folder (it has no {RUN_FILE})") from None
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise BadReportError(f"cannot read {path}: {exc}") from None
+    info = need_dict(read_json(path, MAX_RUN_FILE_BYTES, "run file",
+                               missing=f"{run_dir} is not a gpumemdoctor run folder (it has no {RUN_FILE})"),
+                     "run file")
     if info.get("schema") != RUN_SCHEMA:
         raise BadReportError(f"{path} is not a run file (schema {info.get('schema')!r}, expected {RUN_SCHEMA!r})")
     t0 = need_num(info.get("t0"), "t0")
@@ -62,9 +60,9 @@ def recover(run_dir: str) -> Recording:
     for agent in agents:
         if agent.torch_version:
             versions.setdefault("torch", agent.torch_version)
-    return Recording(
+    recording = Recording(
         tool_version=__version__,
-        target={"argv": args, "pid": pid, "exit_code": None, "signal": None, "cwd": info.get("cwd"),
+        target={"argv": args, "pid": pid, "exit_code": None, "signal": None, "cwd": opt_str(info.get("cwd"), "cwd"),
                 "recovered_from": run_dir},
         started_wall=started_wall, duration_s=round(max(0.0, max(written, default=started_wall) - started_wall), 6),
         poll_interval_s=need_num(info.get("poll_interval_s"), "poll_interval_s"),
@@ -74,3 +72,11 @@ def recover(run_dir: str) -> Recording:
         processes=[ProcessRecord(pid=pid, ppid=None, cmdline=None, create_time=create_time, is_target=True,
                                  first_seen_t=0.0, alive_after_exit=False)],
         agents=agents, notes=[note, *notes], downsampling=kept, host=opt_str(info.get("host"), "host"))
+    # What the agents' files hold is read leniently, line by line; the report made of it must be one
+    # that `report` reads back, so it goes through the same strict reading as a saved report.
+    try:
+        document = loads_strict(json.dumps(recording.to_json()))
+        check_sizes(document, "recording")
+        return Recording.from_json(document)
+    except (BadReportError, ValueError) as exc:
+        raise BadReportError(f"{run_dir} is not a valid run folder: {exc}") from None

@@ -2,15 +2,17 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Any, Mapping
 
 from . import records
 from .diagnosis import FINDING_KINDS, VERDICTS, Breakdown, Diagnosis, Finding, Growth, Job, RankRow
-from .errors import BadReportError, UsageError
+from .errors import BadReportError
+from .inputs import read_json
+from .outputs import write_text
 from .recording import Recording
-from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int, opt_num, opt_str
+from .strict import (check_sizes, need_dict, need_int, need_list, need_num, need_pairs, need_size, need_str,
+                     opt_int, opt_num, opt_size, opt_str)
 
 SCHEMA = "gpumemdoctor.report/1"
 MAX_REPORT_BYTES = 512 << 20
@@ -91,93 +93,23 @@ def _whole(text: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() else None
 
 
-_OPTIONS = {"report": "-o", "snapshot": "--snapshot", "HTML page": "--html"}  # the option that names each file
-
-
 def write(report: dict, path: str, force: bool) -> None:
-    """Write the report; refuse to replace a file unless forced."""
+    """Write the report (as outputs.write_text writes every file); refuse to replace a file unless forced."""
     write_text(json.dumps(report, indent=1) + "\n", path, force)
-
-
-def write_text(text: str, path: str, force: bool, what: str = "report") -> None:
-    """Write a report (JSON or HTML) readable by its owner only; refuse to replace a file unless
-    forced. A write that fails midway (a full disk) leaves no half file behind, where this call
-    created the file."""
-    option = _OPTIONS[what]
-    if os.path.isdir(path):
-        raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
-    # Readable by its owner only: it holds the target's command line and working folder.
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
-    created = not os.path.lexists(path)
-    try:
-        fd = os.open(path, flags, 0o600)
-    except FileExistsError:
-        raise UsageError(f"{path} exists: pass --force to overwrite it, or {option} to choose another name") from None
-    except OSError as exc:
-        raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-    except OSError as exc:
-        if created and os.path.isfile(path):
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
-
-
-def check_writable(path: str, force: bool, what: str = "report") -> None:
-    """Fail before the target runs when the report (or snapshot) could not be written after it."""
-    option = _OPTIONS[what]
-    if os.path.isdir(path):
-        raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
-    if os.path.exists(path) and not force:
-        raise UsageError(f"{path} exists: pass --force to overwrite it, or {option} to choose another name")
-    check_folder_writable(os.path.dirname(os.path.abspath(path)), what, option)
-
-
-def check_folder_writable(folder: str, what: str = "report", option: str = "-o") -> None:
-    """The folder a report will go to exists and can be written."""
-    if not os.path.isdir(folder):
-        raise UsageError(f"cannot write the {what}: folder {folder} does not exist")
-    if not os.access(folder, os.W_OK):
-        raise UsageError(f"cannot write the {what}: folder {folder} is not writable; "
-                         f"pass {option} to write it elsewhere")
 
 
 def load(path: str) -> tuple[Recording, Diagnosis]:
     """Read a saved report strictly; BadReportError names what is wrong."""
-    try:
-        size = os.path.getsize(path)
-        if size > MAX_REPORT_BYTES:
-            raise BadReportError(f"{path} is {size} bytes, larger than any report this tool writes")
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f, parse_constant=_refuse_constant)
-    except FileNotFoundError:
-        raise UsageError(f"{path} does not exist") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path} is a directory, not a report") from None
-    except UnicodeDecodeError:
-        raise BadReportError(f"{path} is not a gpumemdoctor report (not UTF-8 text)") from None
-    except ValueError as exc:
-        raise BadReportError(f"{path} is not a gpumemdoctor report (invalid JSON: {exc})") from None
-    except RecursionError:
-        raise BadReportError(f"{path} is not a gpumemdoctor report (nested too deeply)") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    obj = read_json(path, MAX_REPORT_BYTES, "report")
     try:
         return parse(obj)
     except BadReportError as exc:
         raise BadReportError(f"{path} is not a valid report: {exc}") from None
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not allowed")
-
-
 def parse(obj: Any) -> tuple[Recording, Diagnosis]:
     obj = need_dict(obj, "report")
+    check_sizes(obj, "report")  # every `bytes` and `..._bytes`, also in evidence and root-cause records
     if obj.get("schema") != SCHEMA:
         raise BadReportError(f"schema {obj.get('schema')!r}, expected {SCHEMA!r}")
     verdict = obj.get("verdict")
@@ -188,9 +120,9 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
         f = need_dict(f, "finding")
         if f.get("kind") not in FINDING_KINDS:
             raise BadReportError(f"unknown finding kind {f.get('kind')!r}")
-        findings.append(Finding(kind=f["kind"], bytes=need_int(f.get("bytes"), "finding bytes"),
+        findings.append(Finding(kind=f["kind"], bytes=need_size(f.get("bytes"), "finding bytes"),
                                 summary=need_str(f.get("summary"), "summary"),
-                                evidence=need_dict(f.get("evidence"), "evidence"),
+                                evidence=_finding_evidence(f.get("evidence")),
                                 remedy=need_str(f.get("remedy"), "remedy"),
                                 pid=opt_int(f.get("pid"), "pid"), device=opt_int(f.get("device"), "device"),
                                 suspects=records.parse_suspects(f.get("suspects")),
@@ -198,7 +130,7 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
     breakdowns = []
     for b in need_list(obj.get("breakdown"), "breakdown"):
         b = need_dict(b, "breakdown")
-        sizes = {k: opt_int(b.get(k), k) for k in (
+        sizes = {k: opt_size(b.get(k), k) for k in (
             "nvml_bytes", "context_bytes", "live_tensor_bytes", "garbage_bytes",
             "pending_stream_bytes", "cache_bytes", "non_torch_bytes")}
         breakdowns.append(Breakdown(pid=need_int(b.get("pid"), "pid"), device=opt_int(b.get("device"), "device"),
@@ -210,7 +142,7 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
         g = need_dict(g, "growth")
         growth.append(Growth(pid=need_int(g.get("pid"), "pid"), device=opt_int(g.get("device"), "device"),
                              series=need_str(g.get("series"), "series"), by=need_str(g.get("by"), "by"),
-                             grown_bytes=need_int(g.get("grown_bytes"), "grown_bytes"),
+                             grown_bytes=need_size(g.get("grown_bytes"), "grown_bytes"),
                              rate_bytes_per_step=opt_num(g.get("rate_bytes_per_step"), "rate"),
                              rate_bytes_per_s=opt_num(g.get("rate_bytes_per_s"), "rate"),
                              start_step=opt_int(g.get("start_step"), "start_step"),
@@ -218,7 +150,7 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
                              host=opt_str(g.get("host"), "growth host")))
     peaks = need_dict(obj.get("peaks"), "peaks")
     for key in ("nvml_bytes", "allocated_bytes", "reserved_bytes"):
-        opt_int(peaks.get(key), f"peak {key}")
+        opt_size(peaks.get(key), f"peak {key}")
     if peaks.get("nvml_t") is not None:
         need_num(peaks["nvml_t"], "peak time")
     opt_str(peaks.get("nvml_host"), "peak host")
@@ -263,6 +195,27 @@ def _job(j: Any) -> Job:
                summary=need_str(j.get("summary"), "job summary"))
 
 
+def _finding_evidence(e: Any) -> dict:
+    """A finding's evidence is data; the fields that the reporters draw are checked."""
+    e = need_dict(e, "evidence")
+    opt_str(e.get("decided_by"), "evidence decided_by")
+    need_pairs(e.get("curve") or [], "evidence curve [t, bytes]", need_num, need_size)
+    root = e.get("root_cause")
+    if root is not None:
+        root = need_dict(root, "evidence root_cause")
+        if "elapsed_s" in root:
+            need_num(root["elapsed_s"], "root_cause elapsed_s")
+        opt_int(root.get("step"), "root_cause step")
+        opt_str(root.get("when"), "root_cause when")
+        opt_str(root.get("why_not"), "root_cause why_not")
+    garbage = e.get("garbage")
+    if garbage is not None:
+        garbage = need_dict(garbage, "evidence garbage")
+        opt_int(garbage.get("objects_freed"), "garbage objects_freed")
+        need_pairs(garbage.get("types") or [], "garbage types [name, count]", need_str, need_int)
+    return e
+
+
 def _evidence(e: Any) -> dict:
     """One process and GPU's evidence: its identity and counts are checked; the rest is data."""
     e = need_dict(e, "evidence")
@@ -271,5 +224,5 @@ def _evidence(e: Any) -> dict:
     need_int(e.get("samples"), "evidence samples")
     for key in ("accumulations", "unheld", "out_of_memory"):
         for item in need_list(e.get(key, []), f"evidence {key}"):
-            need_int(need_dict(item, f"evidence {key}").get("bytes", item.get("request_bytes")), f"{key} bytes")
+            need_size(need_dict(item, f"evidence {key}").get("bytes", item.get("request_bytes")), f"{key} bytes")
     return e

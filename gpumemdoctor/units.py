@@ -11,6 +11,7 @@ _PARSE = {
     "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30,
     "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40,
 }
+MAX_SIZE_BYTES = 1 << 60  # 1 EiB: no GPU or host has that much, so a larger size is a mistake
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -20,6 +21,8 @@ def format_bytes(n: int | None, signed: bool = False) -> str:
         return "n/a"
     sign = "-" if n < 0 else ("+" if signed and n > 0 else "")
     a = abs(n)
+    if a >= 1 << 60:  # past an exbibyte a float loses the digits, and past 10**308 it overflows
+        return f"{sign}{(a + (1 << 29)) >> 30} GiB"
     for name, size in _UNITS:
         if a >= size:
             value = a / size
@@ -39,5 +42,12 @@ def parse_size(text: str) -> int:
     """'512MiB' -> 536870912. Raises ValueError with a readable message."""
     m = _SIZE_RE.match(text)
     if not m or m.group(2).lower() not in _PARSE:
-        raise ValueError(f"{text!r} is not a size; write it like 512MiB or 2GiB")
-    return int(float(m.group(1)) * _PARSE[m.group(2).lower()])
+        raise ValueError(f"{text!r:.60} is not a size; write it like 512MiB or 2GiB")
+    number = m.group(1)
+    if len(number) > 30:  # float() would give infinity, or lose the digits
+        raise ValueError(f"{text!r:.60} is too large a size; write it like 512MiB or 2GiB")
+    size = int(float(number) * _PARSE[m.group(2).lower()])
+    if size > MAX_SIZE_BYTES:
+        raise ValueError(f"{text!r:.60} is larger than any memory (the most is {MAX_SIZE_BYTES} bytes, "
+                         "1 EiB); write it like 512MiB or 2GiB")
+    return size

@@ -172,6 +172,11 @@ def check_pip(c: Command, args: list[str]) -> None:
             assert rest[i + 1] in USER_FILES, f"{c.where}: pip -r {rest[i + 1]}"
             i += 2
             continue
+        if a == "--index-url":  # only PyTorch's index of CPU builds, for the pinned torch
+            assert rest[i + 1] == "https://download.pytorch.org/whl/cpu", f"{c.where}: --index-url {rest[i + 1]}"
+            assert any(r.startswith("torch==") for r in rest), f"{c.where}: --index-url without torch"
+            i += 2
+            continue
         m = re.fullmatch(r'(\.|gpumemdoctor)(?:\[([\w,-]+)\])?', a)
         if m:
             for extra in filter(None, (m.group(2) or "").split(",")):

@@ -1,12 +1,14 @@
 """The command line: one group, one small module per subcommand, errors mapped to exit codes here."""
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 
 import click
 
 from .. import __version__
-from ..errors import EXIT_INTERNAL, EXIT_USAGE, DoctorError
+from ..errors import EXIT_INTERNAL, EXIT_USAGE, DoctorError, internal_error
 
 _debug = False
 
@@ -52,12 +54,21 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def _traceback_then_exit(code: int) -> None:
+    """--debug: the traceback, and still the exit code the table documents for this error."""
+    traceback.print_exc()
+    sys.exit(code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: run the CLI and turn every failure into one line and an exit code."""
+    global _debug
+    _debug = False  # set by the group's --debug; main may run more than once in one process (tests)
     args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args[:1] or _debug
+    debug = "--debug" in args[:1]
     if not args:
         args = ["--help"]  # a bare `gpumemdoctor` shows the help, as click does for groups
+    sys.stdout = _ReaderMayLeave(sys.stdout)
     try:
         code = cli.main(args=args, prog_name="gpumemdoctor", standalone_mode=False)
     except click.ClickException as exc:
@@ -66,17 +77,55 @@ def main(argv: list[str] | None = None) -> None:
         _fail("aborted", 130)
     except DoctorError as exc:
         if debug or _debug:
-            raise
+            _traceback_then_exit(exc.exit_code)
         _fail(str(exc), exc.exit_code)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
     except Exception as exc:
         if debug or _debug:
-            raise
-        _fail(f"internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
-              EXIT_INTERNAL)
+            _traceback_then_exit(EXIT_INTERNAL)
+        _fail(internal_error(exc), EXIT_INTERNAL)
     else:
         sys.exit(code if isinstance(code, int) else 0)
+    finally:
+        sys.stdout = sys.stdout.stream if isinstance(sys.stdout, _ReaderMayLeave) else sys.stdout
+
+
+class _ReaderMayLeave:
+    """Standard output whose reader may stop reading (`gpumemdoctor report R.json | head -1`): the
+    rest of the output is dropped, quietly, and the command ends with the exit code it would have
+    had. Everything else is the stream's own."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self.stream.write(text)
+            except BrokenPipeError:
+                self._leave()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._leave()
+
+    def _leave(self) -> None:
+        self.gone = True
+        try:  # Python flushes stdout once more at exit: let that go to /dev/null, not the closed pipe
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
 
 
 def _subcommand(args: list[str]) -> str:

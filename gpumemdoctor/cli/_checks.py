@@ -40,7 +40,7 @@ def make_policy(max_peak: int | None, max_retained: int | None, fail_on: str | N
 
     ranks = baseline.get("ranks") if baseline is not None else None  # a baseline's figures per rank
     return Policy(max_peak_bytes=max_peak, max_retained_bytes=max_retained,
-                  fail_on=parse_kinds(fail_on) if fail_on else (),
+                  fail_on=parse_kinds(fail_on) if fail_on is not None else (),
                   baseline=None if baseline is None else {k: v for k, v in baseline.items() if k != "ranks"},
                   tolerance=parse_tolerance(tolerance),
                   nvml_tolerance=parse_tolerance(nvml_tolerance) if nvml_tolerance else None,
@@ -52,13 +52,15 @@ def publish(console, title: str, verdict: str | None, figures: dict, results: li
     """Draw the checks, write JUnit XML if asked, and append to GitHub's step summary if set."""
     from ..reporters import checks as reporter
 
+    from ..outputs import write_text
+
     reporter.render(console, results)
     if junit:
-        try:
-            with open(junit, "w", encoding="utf-8") as f:
-                f.write(reporter.junit_xml(results))
-        except OSError as exc:
-            raise UsageError(f"cannot write JUnit XML to {junit}: {exc.strerror or exc}") from None
+        try:  # checked before the work began; failing now, it is said and the exit code stays
+            write_text(reporter.junit_xml(results), junit, force=True, what="JUnit XML")
+        except UsageError as exc:
+            click.echo(f"gpumemdoctor: error: {exc}; the exit status stays the checks' and the target's",
+                       err=True)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         try:

@@ -1,6 +1,8 @@
 """Option parsers the subcommands share: sizes and rates, refused with click's usage error."""
 from __future__ import annotations
 
+import math
+
 import click
 
 from ..units import parse_size
@@ -10,6 +12,8 @@ def size(ctx: click.Context, param: click.Parameter, value: str | None) -> int |
     """A click callback: '512MiB' -> bytes; None stays None."""
     if value is None:
         return None
+    if value.strip().startswith("-"):
+        raise click.BadParameter(f"{value!r:.40}: a size cannot be negative; give 0 or more, like 512MiB")
     try:
         return parse_size(value)
     except ValueError as exc:
@@ -26,3 +30,16 @@ def rate(ctx: click.Context, param: click.Parameter, value: str | None) -> float
         return parse_rate(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+class Seconds(click.FloatRange):
+    """A number of seconds in a range, and finite: click's FloatRange lets NaN through (every
+    comparison with NaN is false), and a NaN interval failed only after the target had run."""
+
+    name = "seconds"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return number

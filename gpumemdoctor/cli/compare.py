@@ -20,9 +20,13 @@ def compare_command(old: str, new: str, max_peak: int | None, max_retained: int 
     """
     from .. import checks
     from ..console import make_console
-    from ..reporters import checks as reporter
+    from ..outputs import check_distinct, check_writable
     from ..report import load
+    from ..reporters import checks as reporter
 
+    check_distinct({f"--junit {junit}": junit}, {f"the report {old}": old, f"the report {new}": new})
+    if junit is not None:
+        check_writable(junit, True, what="JUnit XML")
     old_recording, old_diagnosis = load(old)
     new_recording, new_diagnosis = load(new)
     old_figures = checks.figures(old_recording, old_diagnosis)

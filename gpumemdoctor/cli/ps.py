@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import click
 
@@ -9,7 +10,21 @@ from ..errors import EXIT_GPU_BUSY
 from ._params import size as _size
 
 
-@click.command("ps")
+class _PsCommand(click.Command):
+    """`--expect-free` takes an optional value, and click takes a value that starts with "-" for the
+    next option, also in `--expect-free=-1GiB` ("No such option '-1'"): say what is wrong instead."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        for i, arg in enumerate(args):
+            value = args[i + 1] if arg == "--expect-free" and i + 1 < len(args) else \
+                arg.partition("=")[2] if arg.startswith("--expect-free=") else ""
+            if re.match(r"-[\d.]", value):
+                raise click.BadParameter(f"{value!r:.40}: a size cannot be negative; give 0 or more, like 512MiB",
+                                         ctx=ctx, param_hint="'--expect-free'")
+        return super().parse_args(ctx, args)
+
+
+@click.command("ps", cls=_PsCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.option("--expect-free", is_flag=False, flag_value="0", default=None, callback=_size,
               metavar="[SIZE]",

@@ -6,11 +6,13 @@ import os
 import re
 import shutil
 import sys
+import traceback
 
 import click
 
-from ..errors import EXIT_CHECK_FAILED, UsageError
+from ..errors import EXIT_CHECK_FAILED, UsageError, internal_error
 from ._checks import check_options, make_policy, publish
+from ._params import Seconds
 
 _SCRIPT_PROBE_BYTES = 4096
 
@@ -60,9 +62,9 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
               help="Where to write the JSON report [default: gpumemdoctor-<script>.<pid>.json; under a "
                    "multi-node launcher gpumemdoctor-<script>.<host>.node<N>.rank<R>.<pid>.json].")
 @click.option("--force", is_flag=True, help="Overwrite the report (and --html) file if it exists.")
-@click.option("--interval", type=click.FloatRange(0.001, 60), default=0.02, show_default=True,
+@click.option("--interval", type=Seconds(0.001, 60), default=0.02, show_default=True,
               help="Seconds between the agent's allocator samples.")
-@click.option("--poll-interval", type=click.FloatRange(0.001, 10), default=0.005, show_default=True,
+@click.option("--poll-interval", type=Seconds(0.001, 10), default=0.005, show_default=True,
               help="Seconds between NVML polls of the process tree.")
 @click.option("--allow-no-gpu", is_flag=True,
               help="Run the target even where NVML is missing (nothing GPU-side is measured).")
@@ -75,7 +77,7 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
               help="Write PyTorch's allocator snapshot (a pickle for pytorch.org/memory_viz) here at exit.")
 @click.option("--html", "html", type=click.Path(dir_okay=False), metavar="PATH", default=None,
               help='Also write the report as one self-contained HTML page, with charts '
-                   '(needs pip install "gpumemdoctor[html]").')
+                   '(needs plotly: pip install plotly).')
 @click.option("--html-next-to-json", is_flag=True,
               help="Write the HTML page next to the JSON report, named like it with .html.")
 @check_options
@@ -97,12 +99,9 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     The exit status is the script's (128 + N if signal N killed it).
     """
     from .. import checks, nvml
-    from ..console import make_console
-    from ..diagnosis import diagnose
     from ..errors import NoGpuError
-    from ..report import build, check_folder_writable, check_writable, default_name, write, write_text
+    from ..outputs import check_distinct, check_folder_writable, check_writable
     from ..reporters import html as html_reporter
-    from ..reporters import terminal
     from ..supervisor import RunOptions, exit_status, run
 
     target = ctx.meta.get("gpumemdoctor.target") or []
@@ -113,24 +112,38 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     name = _check_target(target)
     if note:
         click.echo(f"gpumemdoctor: note: {note}", err=True)
+    if html is not None and html_next_to_json:
+        raise UsageError("give --html PATH or --html-next-to-json, not both")
+    if update_baseline and not baseline:
+        raise UsageError("--update-baseline needs --baseline FILE to write to")
+    if html is None and html_next_to_json and output is not None:
+        html = _next_to(output)
+    # Every file this run will write, checked before the target starts: none over the script, the
+    # baseline it reads or another of them, and each one writable (exit 2 now, not after the run).
+    check_distinct({f"-o {output}": output, f"--html {html}": html, f"--junit {junit}": junit,
+                    f"--snapshot {snapshot}": snapshot,
+                    f"--baseline {baseline}": baseline if update_baseline else None},
+                   {f"the script {target[0]}": None if target[0] == "-m" else target[0],
+                    f"the baseline {baseline}": None if update_baseline else baseline})
     if output is not None:
         check_writable(output, force)
     else:
         check_folder_writable(os.getcwd())  # the default name holds the target's PID, unknown yet
     if snapshot is not None:
         check_writable(snapshot, force, what="snapshot")
-    if html is not None and html_next_to_json:
-        raise UsageError("give --html PATH or --html-next-to-json, not both")
     if html is not None or html_next_to_json:
         html_reporter.require_plotly()
-        if html is None and output is not None:
-            html = _next_to(output)
         if html is not None:
             check_writable(html, force, what="HTML page")
-    if update_baseline and not baseline:
-        raise UsageError("--update-baseline needs --baseline FILE to write to")
+    if update_baseline:
+        check_writable(baseline, True, what="baseline")  # a baseline is rewritten each time
     baseline_figures = checks.load_baseline(baseline) if baseline and not update_baseline else None
     policy = make_policy(max_peak, max_retained, fail_on, tolerance, nvml_tolerance, baseline_figures)
+    if junit is not None:
+        if policy.empty:
+            raise UsageError("--junit writes the results of checks, and none is asked for: add --max-peak, "
+                             "--max-retained, --fail-on or --baseline")
+        check_writable(junit, True, what="JUnit XML")  # rewritten each time, as CI runs again
     measure_gpu = True
     try:
         nvml.init()
@@ -145,6 +158,29 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
                                trace=trace or ("on" if snapshot else "auto"),
                                snapshot_path=os.path.abspath(snapshot) if snapshot else None))
     status = exit_status(recording)
+    try:
+        return _after_run(recording, status, name, output, force, quiet, html, html_next_to_json,
+                          policy, junit, baseline if update_baseline else None)
+    except Exception as exc:  # a bug of gpumemdoctor's own, after the target ran: its status stays
+        if ctx.find_root().params.get("debug"):
+            traceback.print_exc()
+        click.echo(f"gpumemdoctor: error: {internal_error(exc)}; the exit status is the target's", err=True)
+        return status
+
+
+def _after_run(recording, status: int, name: str, output: str | None, force: bool, quiet: bool,
+               html: str | None, html_next_to_json: bool, policy, junit: str | None,
+               new_baseline: str | None) -> int:
+    """Diagnose, write and draw the report, then the checks; the exit status is the target's, or 10
+    when it succeeded and a check failed. A file that cannot be written now is said in one line."""
+    from .. import checks
+    from ..console import make_console
+    from ..diagnosis import diagnose
+    from ..outputs import write_text
+    from ..report import build, default_name, write
+    from ..reporters import html as html_reporter
+    from ..reporters import terminal
+
     diagnosis = diagnose(recording)
     default_path = default_name(name, recording, os.environ)  # with the host and node under a launcher
     path = output or default_path
@@ -172,9 +208,12 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         terminal.render(console, recording, diagnosis, path)
         if html:
             console.print(f"HTML report: {html}")
-    if update_baseline:
-        checks.write_baseline(baseline, checks.baseline_document(recording, diagnosis))
-        console.print(f"Baseline written: {baseline}")
+    if new_baseline is not None:
+        try:
+            checks.write_baseline(new_baseline, checks.baseline_document(recording, diagnosis))
+            console.print(f"Baseline written: {new_baseline}")
+        except UsageError as exc:
+            click.echo(f"gpumemdoctor: error: {exc}; the exit status is the target's", err=True)
     if policy.empty:
         return status
     results = checks.evaluate(recording, diagnosis, policy)

@@ -11,6 +11,7 @@ import time
 import click
 
 from ..errors import EXIT_WATCH_ALERT, UsageError
+from ._params import Seconds
 from ._params import rate as _rate
 from ._params import size as _size
 
@@ -44,9 +45,9 @@ def _wait(fd: int | None, seconds: float) -> bool:
 
 @click.command("watch")
 @click.option("--pid", type=int, required=True, help="The process to watch (any program).")
-@click.option("--interval", type=click.FloatRange(0.05, 3600), default=1.0, show_default=True,
+@click.option("--interval", type=Seconds(0.05, 3600), default=1.0, show_default=True,
               help="Seconds between samples.")
-@click.option("--duration", type=click.FloatRange(0.1), default=None,
+@click.option("--duration", type=Seconds(0.1), default=None,
               help="Stop after this many seconds and print a summary.")
 @click.option("--jsonl", type=click.Path(dir_okay=False), default=None,
               help="Append one JSON line per sample to this file, written as it is taken (tail -f follows it).")
@@ -76,7 +77,10 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     out = None
     if jsonl:
         try:
-            out = open(jsonl, "a", encoding="utf-8", buffering=1)  # line by line, for tail -f
+            # Line by line, for tail -f; a new file is its owner's only, as every file the tool writes.
+            fd = os.open(jsonl, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o600)
+            os.set_blocking(fd, True)  # O_NONBLOCK only so that a pipe with no reader fails at once
+            out = open(fd, "a", encoding="utf-8", buffering=1)
         except OSError as exc:
             raise UsageError(f"cannot write {jsonl}: {exc.strerror or exc}") from None
     raised: dict[str, list] = {}  # limit -> [its first alert, samples over it]: bounded over hours

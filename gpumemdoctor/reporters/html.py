@@ -41,7 +41,8 @@ def require_plotly() -> None:
     try:
         import plotly.offline  # noqa: F401
     except ImportError:
-        raise MissingExtraError('the HTML report needs plotly: pip install "gpumemdoctor[html]"') from None
+        raise MissingExtraError("the HTML report needs plotly: pip install plotly (from a checkout of "
+                                'gpumemdoctor, pip install ".[html]" does the same)') from None
 
 
 def render(recording: Recording, diagnosis: Diagnosis, source: str | None = None) -> str:
@@ -273,6 +274,13 @@ def _header(diagnosis: Diagnosis) -> str:
     return "\n".join(parts)
 
 
+def _utc(wall: float) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(wall))
+    except (OverflowError, OSError, ValueError):  # a time no clock gives (the report's own figure)
+        return f"{wall:g} s after 1970"
+
+
 def _target(recording: Recording, diagnosis: Diagnosis, with_host: bool = False) -> str:
     """The run: its command, process, time, GPUs (and, on a page of one report, the peaks)."""
     t = recording.target
@@ -280,7 +288,7 @@ def _target(recording: Recording, diagnosis: Diagnosis, with_host: bool = False)
     rows = [("Host", _e(recording.host or "not recorded"))] if with_host else []
     rows += [("Command", f"<code>python {_e(' '.join(t.get('argv') or []))}</code>"),
             ("Process", f"{_e(t.get('pid'))}, {_e(status)}, ran {recording.duration_s:.1f} s"),
-            ("Recorded", _e(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(recording.started_wall))))]
+            ("Recorded", _e(_utc(recording.started_wall)))]
     for d in recording.devices:
         rows.append((f"GPU {_e(d['index'])}", f"{_e(d.get('name') or '?')}, {_e(fb(d.get('total_bytes')))}"))
     peaks = peaks_text(diagnosis)

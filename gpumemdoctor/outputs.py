@@ -1,0 +1,157 @@
+"""The files the tool writes (reports, HTML pages, JUnit XML, baselines): checked before the work
+starts, never one over another or over an input, and written readable by their owner only.
+
+One rule for every file: a new file is created with mode 0600 (they hold the target's command line
+and working folder); an existing regular file that may be overwritten is replaced by a new one,
+written beside it first, so it is 0600 too and a failed write leaves the old file whole; an existing
+file that is not a regular file (/dev/stdout, /dev/null, a pipe being read) is written in place.
+A symbolic link is followed: the file it names is the one written.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+
+from .errors import UsageError
+
+# The option that names each kind of file, for the messages.
+OPTIONS = {"report": "-o", "snapshot": "--snapshot", "HTML page": "--html", "JUnit XML": "--junit",
+           "baseline": "--baseline"}
+
+
+def _exists_message(path: str, option: str) -> str:
+    return f"{path} exists: pass --force to overwrite it, or {option} to choose another name"
+
+
+def check_writable(path: str, force: bool, what: str = "report") -> None:
+    """Fail before the work starts when `path` could not be written once it is done: a folder; an
+    existing file without `force`; a folder that does not exist, is a file, or refuses a new file
+    there (a read-only disk, /proc)."""
+    option = OPTIONS[what]
+    if os.path.isdir(path):
+        raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
+    real = os.path.realpath(path)
+    if os.path.exists(real):
+        if not force:
+            raise UsageError(_exists_message(path, option))
+        if not stat.S_ISREG(os.stat(real).st_mode):
+            _probe_open(real, what, path)  # a device or a pipe is written in place
+            return
+    exists = os.path.exists(real)
+    check_folder_writable(os.path.dirname(real), what, option, probe=exists)  # a replacement is made there
+    if not exists:
+        # Create the very name and remove it again: a folder may take no new file at all (/proc) or
+        # refuse this name (too long), which its permissions do not tell.
+        try:
+            os.close(os.open(real, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+            os.unlink(real)
+        except FileExistsError:
+            pass  # made meanwhile: the write will say what it finds then
+        except OSError as exc:
+            raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
+
+
+def check_folder_writable(folder: str, what: str = "report", option: str = "-o", probe: bool = True) -> None:
+    """The folder a file will go to exists, is a folder, and (with `probe`, by making one) takes a new file."""
+    if not os.path.isdir(folder):
+        if os.path.exists(folder):
+            raise UsageError(f"cannot write the {what}: {folder} is a file, not a folder")
+        raise UsageError(f"cannot write the {what}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise UsageError(f"cannot write the {what}: folder {folder} is not writable; "
+                         f"pass {option} to write it elsewhere")
+    if not probe:
+        return
+    try:  # root passes os.access everywhere, also where no file can be made (/proc, a read-only disk)
+        fd, made = tempfile.mkstemp(dir=folder, prefix=".gpumemdoctor-probe-")
+        os.close(fd)
+        os.unlink(made)
+    except OSError as exc:
+        raise UsageError(f"cannot write the {what} in {folder}: {exc.strerror or exc}; "
+                         f"pass {option} to write it elsewhere") from None
+
+
+def _probe_open(real: str, what: str, path: str) -> None:
+    try:  # O_NONBLOCK: a pipe that nobody reads fails at once (ENXIO) instead of waiting
+        os.close(os.open(real, os.O_WRONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)))
+    except OSError as exc:
+        raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
+
+
+def write_text(text: str, path: str, force: bool, what: str = "report") -> None:
+    """Write `text` to `path` as the module's rule says; refuse to replace a file unless `force`.
+    A write that fails midway (a full disk) leaves no half file and the old file whole."""
+    option = OPTIONS[what]
+    if os.path.isdir(path):
+        raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
+    real = os.path.realpath(path)
+    try:
+        if os.path.exists(real):
+            if not force:
+                raise UsageError(_exists_message(path, option))
+            if stat.S_ISREG(os.stat(real).st_mode):
+                _replace(text, real)
+            else:
+                with open(real, "w", encoding="utf-8") as f:
+                    f.write(text)
+            return
+        try:
+            fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise UsageError(_exists_message(path, option)) from None
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+        except OSError:
+            _remove(real)
+            raise
+    except OSError as exc:
+        raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
+
+
+def _replace(text: str, real: str) -> None:
+    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(real), prefix=f".{os.path.basename(real)}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:  # mkstemp makes it 0600
+            f.write(text)
+        os.replace(temporary, real)
+    except BaseException:
+        _remove(temporary)
+        raise
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _identity(path: str) -> tuple:
+    """What tells two paths to one file apart: the file itself where it exists, else where it would be."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+        return ("file", st.st_dev, st.st_ino)
+    except OSError:
+        return ("path", real)
+
+
+def check_distinct(outputs: dict[str, str | None], inputs: dict[str, str | None]) -> None:
+    """Refuse an output that is one of the inputs (the script, a report being read, the baseline
+    compared with) or another output: each named by what the user gave (`-o r.json`)."""
+    seen: dict[tuple, str] = {}
+    for label, path in inputs.items():
+        if path is not None:
+            seen.setdefault(_identity(path), label)
+    outs: dict[tuple, str] = {}
+    for label, path in outputs.items():
+        if path is None:
+            continue
+        key = _identity(path)
+        if key in seen:
+            raise UsageError(f"{label} would write over {seen[key]}: give {label.split()[0]} another file name")
+        if key in outs:
+            raise UsageError(f"{outs[key]} and {label} name the same file: give each its own")
+        outs[key] = label
