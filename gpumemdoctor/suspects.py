@@ -31,6 +31,8 @@ def leak_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
     groups = [g for g in chosen["groups"] if _on(g, torch_index, True)]
     # A leak repeats: one-off allocations (this step's batch, gradients) are not suspects.
     repeated = [g for g in groups if g["count"] >= 2] or groups[:1]
+    # What something holds first: the leak is what the program keeps (unheld blocks stay, after).
+    repeated.sort(key=lambda g: (-sum(h["bytes"] for h in g["holders"]), -g["bytes"]))
     if chosen["trace"]:  # with stacks recorded, stackless blocks are PyTorch's own (gradients)...
         # ... or the same leak's, allocated after --trace auto's window closed: held the same way
         repeated = _with_later_allocations(repeated)

@@ -145,3 +145,26 @@ def test_trace_auto_records_stacks_for_a_start_up_window_by_time(agent_and_clock
     assert traces[1]["step"] == int(trace.STARTUP_WINDOW_S) and not agent.trace.on
     run_steps(agent, clock, 200, 0.1, lambda step, now: (1 << 30) + step * MiB)  # a leak: stacks again
     assert agent.trace.on and agent.trace.window == "growth"
+
+
+def test_growth_seen_over_time_before_any_step_leaves_the_steps_watched(agent_and_clock, tmp_path):
+    """A vision loop's model and first batches arrive before its first step: the time samples may
+    see growth then. The steps that follow are still watched, and a leak in them is searched for
+    during the run (seen on an H100: the search was otherwise left to the exit, after main() had
+    returned and let go of what it held)."""
+    agent, clock = agent_and_clock
+    gc.disable()  # as if the collector were far from its threshold: time samples are never put off
+    try:
+        for i in range(40):
+            clock.now += 0.05
+            agent.torch.set((1 << 30) + i * 8 * MiB, 8 << 30)
+            agent.sampler.sample("time")
+    finally:
+        gc.enable()
+    assert agent.watch.suspected and agent.watch.suspected_by == "time"
+    run_steps(agent, clock, 200, 0.05, lambda step, now: (1 << 30) + 320 * MiB + step * MiB)
+    assert agent.watch.suspected_by == "step"
+    agent.watch.wait_for_copy()
+    found = records(tmp_path, agent)
+    assert [s["by"] for s in found if s["type"] == "suspect"] == ["time", "step"]
+    assert [r["when"] for r in found if r["type"] == "investigation"] == ["growth"]

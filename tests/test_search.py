@@ -541,3 +541,24 @@ def test_the_search_runs_none_of_the_programs_code():
         assert Sneaky.calls == 0
     finally:
         del SNEAKY
+
+
+def test_a_snapshot_does_not_import_torch_inductor_into_the_program():
+    """PyTorch names a snapshot's Python frames after asking hasattr(torch, "_inductor"), which
+    imports torch._inductor (seconds, hundreds of modules) in a program that never did."""
+    import types
+
+    from gpumemdoctor._agent.blocks import no_inductor_import
+
+    imported = []
+    fake = types.ModuleType("faketorch")
+    fake.__getattr__ = lambda name: imported.append(name) or (_ for _ in ()).throw(AttributeError(name))
+    with no_inductor_import(fake):
+        inductor = getattr(fake, "_inductor")  # what PyTorch's C++ does, through hasattr
+        assert not hasattr(inductor, "codecache")
+    assert imported == [] and "_inductor" not in vars(fake)
+    real = object()
+    fake._inductor = real  # a program that imported it keeps its own
+    with no_inductor_import(fake):
+        assert fake._inductor is real
+    assert fake._inductor is real

@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import gc
 import os
+import sys
 import sysconfig
 
 # gpumemdoctor's own folder, not this package's: its frames are never the program's.
@@ -37,6 +38,10 @@ class Spans:
 
     def __len__(self) -> int:
         return len(self._spans)
+
+    def sizes(self) -> dict:
+        """key -> bytes of each span."""
+        return {key: end - start for start, end, key in self._spans}
 
     def find(self, address: int):
         i = bisect.bisect_right(self._starts, address) - 1
@@ -73,13 +78,46 @@ def storage_span(tensor):
         return None
 
 
+class no_inductor_import:
+    """While PyTorch names the Python frames of a snapshot it asks `hasattr(torch, "_inductor")`,
+    and torch answers by importing torch._inductor: 4-6 s and some 880 modules the program never
+    imported (measured on an H100 machine, torch 2.11), once per process. Where the program has
+    not imported it, torch is given, for the time of the call, an `_inductor` with no
+    `codecache`, so the frames are named without it (there are no compiled frames to name)."""
+
+    def __init__(self, torch):
+        self.torch = torch
+        self.stub = None
+
+    def __enter__(self):
+        attrs = getattr(self.torch, "__dict__", None)
+        if type(attrs) is dict and "_inductor" not in attrs and "torch._inductor" not in sys.modules:
+            self.stub = attrs["_inductor"] = _NoInductor()
+        return self
+
+    def __exit__(self, *exc):
+        attrs = self.torch.__dict__
+        if self.stub is not None and attrs.get("_inductor") is self.stub:
+            del attrs["_inductor"]
+        return False
+
+
+class _NoInductor:
+    __slots__ = ()
+
+
+def snapshot(torch) -> dict:
+    """PyTorch's allocator snapshot, without importing torch._inductor into the program."""
+    with no_inductor_import(torch):
+        return torch.cuda.memory._snapshot()
+
 
 def live_blocks(torch) -> list[dict]:
     """Every block the allocator has handed out and not got back, with its allocation stack
     where history was being recorded when it was allocated."""
-    snapshot = torch.cuda.memory._snapshot()
+    taken = snapshot(torch)
     blocks = []
-    for segment in snapshot.get("segments", []):
+    for segment in taken.get("segments", []):
         device = segment.get("device")
         pool = segment.get("segment_pool_id")
         if pool is not None and tuple(pool) != (0, 0):

@@ -131,7 +131,10 @@ def _collect_garbage(agent, torch) -> int:
 def _dump_snapshot(agent, torch) -> None:
     path = os.path.join(agent.run_dir, f"snapshot-{agent.pid}.pickle")
     try:
-        torch.cuda.memory._dump_snapshot(path)
+        from .blocks import no_inductor_import
+
+        with no_inductor_import(torch):
+            torch.cuda.memory._dump_snapshot(path)
         os.chmod(path, 0o600)
         agent.channel.write({"type": "snapshot", "t": time.monotonic(), "path": path, "trace": agent.trace.on})
     except Exception as exc:

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 
+from .blocks import snapshot
 from .events import program_stack
 from .neutral import quiet_gc
 
@@ -50,7 +51,7 @@ class OomObserver:
 def free_blocks(torch, device: int) -> tuple[int | None, int | None]:
     """(largest free block, all free blocks) inside the allocator's segments on one device."""
     try:
-        segments = torch.cuda.memory._snapshot()["segments"]
+        segments = snapshot(torch)["segments"]
     except Exception:
         return None, None
     largest = total = 0

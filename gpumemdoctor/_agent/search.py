@@ -35,6 +35,7 @@ SWEEP_SHARE = 0.3  # of the budget left after the anchors are found
 SWEEP_HEAP_FRACTION = 20
 SWEEP_MIN_OBJECTS = 20_000
 CLIMB_TOGETHER = 8  # anchors climbed from together: one heap scan per level serves them all
+FRUITLESS_CLIMBS = 3  # rounds in a row that reach no root before the climb stops
 GRAPH_SHARE = 0.5  # of the budget left after the tensors are reached, for reading autograd graphs
 CLAIM_SHARE = 0.2  # of the budget left, for each short sweep beside a placed anchor
 # Why a block has no path: nothing in Python refers to it; something does, but nothing reachable
@@ -144,42 +145,42 @@ class Finder:
         mark = time.monotonic()
         anchors, holders, heads = self._anchors()  # id -> object; id -> [(block key, suffix labels)]
         self.phases["anchors_s"] = time.monotonic() - mark
-        self._reach(anchors, holders)
+        for entries in holders.values():
+            for key, _ in entries:
+                self.why[key] = "not-reached"
+        mark = time.monotonic()
+        # The sweep also looks for the tensors that hold autograd graphs: what a graph saves is
+        # placed through its tensor's path, with no climb (graph_holders below).
+        head_labels = self._sweep(anchors, holders, {id(h[0]): h[0] for h in heads})
+        self.phases["sweep_s"] = time.monotonic() - mark
         # What no tensor reached holds may be saved in an autograd graph: a tensor that holds a
         # graph is its holder (read only now: a model's weights are saved in every graph too, and
-        # are the model's before they are any graph's).
+        # are the model's before they are any graph's). Reached graphs are read first.
         rest = len(self.spans) - len(self.placed)
         if heads and rest and not self.budget.over():
             mark = time.monotonic()
+            heads.sort(key=lambda h: id(h[0]) not in head_labels)
             found, self.graph_nodes, stopped = graphs.graph_holders(
                 heads, self._locate, self.placed, rest, self.budget.share(GRAPH_SHARE), TensorKind(self.torch))
             self.phases["graphs_s"] = time.monotonic() - mark
             if stopped:
                 self.stopped = f"graphs ({stopped})"
-            anchors, holders = {}, {}
             for key, candidates in found.items():
+                reached = [(head, labels) for head, labels in candidates if id(head) in head_labels]
+                if reached:
+                    head, labels = reached[0]
+                    self.placed[key] = head_labels[id(head)] + labels
+                    continue
                 for head, labels in candidates:
                     anchors[id(head)] = head
                     holders.setdefault(id(head), []).append((key, labels))
                 self.why[key] = "not-reached"
             del found
-            self._reach(anchors, holders)
-        for key in self.placed:
-            self.why.pop(key, None)
-
-    def _reach(self, anchors: dict, holders: dict) -> None:
-        for entries in holders.values():
-            for key, _ in entries:
-                if key not in self.placed:
-                    self.why[key] = "not-reached"
-        if not holders:
-            return
-        mark = time.monotonic()
-        self._sweep(anchors, holders)
-        self.phases["sweep_s"] = self.phases.get("sweep_s", 0.0) + time.monotonic() - mark
         mark = time.monotonic()
         self._climb(anchors, holders)
-        self.phases["climb_s"] = self.phases.get("climb_s", 0.0) + time.monotonic() - mark
+        self.phases["climb_s"] = time.monotonic() - mark
+        for key in self.placed:
+            self.why.pop(key, None)
 
     def _locate(self, tensor):
         span = storage_span(tensor)
@@ -250,30 +251,41 @@ class Finder:
         return anchors, holders, heads
 
     # -- 3. reaching them ------------------------------------------------------------
-    def _sweep(self, anchors: dict, holders: dict) -> None:
+    def _sweep(self, anchors: dict, holders: dict, heads: dict) -> dict:
+        """Place what the sweep reaches; return the labels of the paths to the graph-holding
+        tensors (`heads`, id -> tensor) it reached."""
         roots = self.roots
         start, labels = roots.sweep_start()
-        seen = roots.closed() | self.skip_ids | {id(anchors), id(holders)}
-        sweep = heap.Sweep(set(holders), seen, _allow, lambda cls: _user_class(cls, roots.user_modules),
-                           self.budget.share(SWEEP_SHARE),
+        seen = roots.closed() | self.skip_ids | self.mine | {id(anchors), id(holders), id(heads)}
+        sweep = heap.Sweep(set(holders) | set(heads), seen, _allow,
+                           lambda cls: _user_class(cls, roots.user_modules), self.budget.share(SWEEP_SHARE),
                            max_objects=max(SWEEP_MIN_OBJECTS, self.heap_objects // SWEEP_HEAP_FRACTION))
         sweep.run(start)
         del start
         self.phases["swept"] = sweep.reached
-        chains = heap.paths(sweep.levels, sweep.found, anchors, edges.named)
+        chains = heap.paths(sweep.levels, sweep.found, {**heads, **anchors}, edges.named)
         sweep.levels.clear()
+        head_labels = {}
         for target, depth in sorted(sweep.found.items(), key=lambda kv: kv[1]):
             chain = chains.pop(target, None)
-            if chain and self._open(target, holders):
-                self._place(target, holders, edges.labels(chain, labels[id(chain[0])]))
+            if not chain:
+                continue
+            path = edges.labels(chain, labels[id(chain[0])])
+            if target in heads:
+                head_labels[target] = path
+            if target in holders and self._open(target, holders):
+                self._place(target, holders, path)
+        return head_labels
 
     def _climb(self, anchors: dict, holders: dict) -> None:
-        pending = [i for i in holders if self._open(i, holders)]
+        sizes = self.spans.sizes()
+        pending = sorted((i for i in holders if self._open(i, holders)),
+                         key=lambda i: -max(sizes.get(k, 0) for k, _ in holders[i]))
         if not pending:
             return
         root_labels = self.roots.climb_roots()
         together = 1  # the first climb alone: what it places beside it often places the rest
-        scans = 0
+        scans = fruitless = 0
         while pending and not self.budget.over():
             starts = [anchors[i] for i in pending[:together]]
             together = CLIMB_TOGETHER
@@ -293,8 +305,14 @@ class Finder:
                             self.why[key] = "unreachable"
                             self.dead[key] = edges.short_type(type(climb.dead[id(s)]))
             tried = {id(s) for s in starts}
+            fruitless = 0 if climb.chains else fruitless + 1
             if climb.stopped == "time":
                 self.stopped = "climb (time)"
+                break
+            if fruitless >= FRUITLESS_CLIMBS:
+                # Rounds in a row whose every way up ended below any root: what is left is most
+                # likely held the same way (a dead cycle, C++), and the exit's collection tells.
+                self.stopped = f"climb ({FRUITLESS_CLIMBS} rounds in a row reached no root)"
                 break
             del climb, starts
             pending = [i for i in pending if i not in tried and self._open(i, holders)]

@@ -51,6 +51,7 @@ class GrowthWatch:
         self.floor_growth = None
         self.positive_checks = 0
         self.suspected = False
+        self.suspected_by = ""
         self.search_at: tuple | None = None  # (step, monotonic time): a growth search is due
         self.baseline: dict | None = None
         self.kind = None  # blocks.TensorKind, made when first needed
@@ -69,8 +70,8 @@ class GrowthWatch:
     def check(self, now: float, by: str) -> None:
         """Cheap online check of the allocated floor, after each sample; see growth.floor_growth
         (which makes no container while it finds no growth)."""
-        if self.suspected:
-            return
+        if self.suspected and (self.suspected_by == "step" or by == "time"):
+            return  # (growth seen over time before any step: the steps are watched all the same)
         agent = self.agent
         if (agent.trace.mode == "on" and self.baseline is None and by == "step"
                 and agent.steps >= WARMUP_STEPS):
@@ -105,6 +106,7 @@ class GrowthWatch:
     def _suspect(self, torch_index: int, by: str, fit) -> None:
         agent = self.agent
         self.suspected = True
+        self.suspected_by = by
         for series in (*self.floor_xs.values(), *self.floor_ys.values()):
             for points in series:
                 points.clear()

@@ -110,7 +110,7 @@ def make_agent(run_dir: str, interval_s: float = 0.02, trace: str = "auto", cont
 
     clock = FakeClock()
     _set_clock(SimpleNamespace(monotonic=clock, thread_time=time.thread_time, perf_counter=time.perf_counter,
-                               time=time.time))
+                               time=time.time, sleep=time.sleep))
     agent = Agent(run_dir, interval_s)
     agent.trace.mode = trace
     agent.torch = FakeTorch()

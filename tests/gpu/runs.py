@@ -4,11 +4,14 @@ scenarios and the corpus of real-library workloads.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,15 +19,57 @@ import pytest
 from tests.expect import expectations, extra_args, root_cause
 
 SKIP_EXIT = 77
+# The GPU suite may run in several pytest-xdist workers at once (`-n 4`): programs share the GPU,
+# but one that fills it (the out-of-memory scenarios) runs alone. A lock file all workers see.
+GPU_LOCK = Path(tempfile.gettempdir()) / "gpumemdoctor-gpu-tests.lock"
+
+
+@contextlib.contextmanager
+def gpu_turn(alone: bool):
+    """Shared with other programs, or the GPU to itself (waits for the others to end)."""
+    with open(GPU_LOCK, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def fills_the_gpu(path: Path) -> bool:
+    return path.stem.startswith("oom_")
+
+
+def cached_report(path: Path, cache: Path, run) -> dict:
+    """The report of `path`, run once for all the tests and workers that ask for it."""
+    cache.mkdir(parents=True, exist_ok=True)
+    saved = cache / f"{path.stem}.json"
+    with open(cache / f"{path.stem}.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if saved.exists():
+                data = json.loads(saved.read_text())
+                if data.get("_skip"):
+                    pytest.skip(data["_skip"])
+                return data
+            try:
+                data = run()
+            except pytest.skip.Exception as exc:
+                saved.write_text(json.dumps({"_skip": str(exc)}))
+                raise
+            saved.write_text(json.dumps(data))
+            return data
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def run_scenario(path: Path, tmp_path: Path, env: dict | None = None, args: tuple = (),
                  subdir: str = "", timeout: float = 300) -> dict:
     report = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "gpumemdoctor", "run", "-o", str(report),
-                           *extra_args(path), *args, str(path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    with gpu_turn(alone=fills_the_gpu(path)):
+        proc = subprocess.run([sys.executable, "-m", "gpumemdoctor", "run", "-o", str(report),
+                               *extra_args(path), *args, str(path)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **(env or {})})
     if proc.returncode == SKIP_EXIT:
         pytest.skip(proc.stderr.strip().splitlines()[0] if proc.stderr.strip() else "scenario skipped")
     assert report.exists(), proc.stderr

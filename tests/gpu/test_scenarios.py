@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.expect import exit_status, expectations, extra_args, header, root_cause, scenarios
-from tests.gpu.runs import SKIP_EXIT, check_suspect, run_scenario
+from tests.gpu.runs import SKIP_EXIT, cached_report, check_suspect, run_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = scenarios()
@@ -37,11 +37,14 @@ def probe(report: dict, phase: str) -> list:
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
+    """Each scenario's report, run once for every test and every xdist worker that asks for it."""
     cache: dict = {}
+    shared = tmp_path_factory.getbasetemp().parent / "scenario-reports"
 
     def get(path: Path) -> dict:
         if path.name not in cache:
-            cache[path.name] = run_scenario(path, tmp_path_factory.mktemp(path.stem))
+            cache[path.name] = cached_report(
+                path, shared, lambda: run_scenario(path, tmp_path_factory.mktemp(path.stem)))
         return cache[path.name]
     yield get
     for report in cache.values():  # never leave an orphan behind
