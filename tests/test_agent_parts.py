@@ -19,7 +19,8 @@ _spec.loader.exec_module(fake_cuda)
 from gpumemdoctor._agent import exit as exit_probes  # noqa: E402
 from gpumemdoctor._agent import parts  # noqa: E402
 from gpumemdoctor.combine import read_agent_file  # noqa: E402
-from gpumemdoctor.recording import AgentRecording  # noqa: E402
+from gpumemdoctor.diagnosis import diagnose  # noqa: E402
+from gpumemdoctor.recording import AgentRecording, Recording  # noqa: E402
 
 MiB = 1 << 20
 CONTEXT = 520 * MiB
@@ -105,11 +106,14 @@ def test_exit_record_carries_the_parts_and_the_probes_stay_as_they_were(agent_an
     assert [probes[p][1] for p in ("end", "gc", "sync", "empty_cache")] == [40 * MiB] * 4
     assert "exit_cublas_s" in done["cost"] and "exit_parts_s" in done["cost"]
 
-    # read back strictly and kept in the recording
+    # read back strictly, kept in the recording, and itemised in the breakdown
     agent_rec = read_agent_file(str(tmp_path / f"agent-{agent.pid}.jsonl"), 0.0)
     assert agent_rec.exit_info["parts"]["cublas_workspaces"] == [[0, 32 * MiB]]
     again = AgentRecording.from_json(json.loads(json.dumps(agent_rec.to_json())))
     assert again.exit_info == agent_rec.exit_info
+    b = diagnose(_recording(again)).breakdowns[0]
+    assert b.cublas_workspace_bytes == 32 * MiB and b.live_tensor_bytes == 40 * MiB
+    assert b.private_pool_bytes == 16 * MiB and b.nccl is False and b.cuda_module_loading == "LAZY"
 
 
 def test_a_failing_part_is_null_and_the_exit_record_is_still_written(agent_and_clock, tmp_path):
@@ -141,3 +145,8 @@ def test_an_exit_record_from_before_the_parts_still_loads():
     agent = AgentRecording.from_json(old)
     assert agent.exit_info["parts"] is None and agent.cupy_pool["total_bytes"] == 64 * MiB
 
+
+def _recording(agent: AgentRecording) -> Recording:
+    nvml = {(agent.pid, 0): [(s.t, s.readings[0].nvml_used_bytes) for s in agent.samples]}
+    return Recording(tool_version="test", target={"pid": agent.pid, "argv": []}, started_wall=0.0,
+                     duration_s=10.0, poll_interval_s=0.005, nvml_available=True, nvml=nvml, agents=[agent])
