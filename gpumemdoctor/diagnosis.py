@@ -11,13 +11,15 @@ held for unfinished stream work, `reserved - active` the cache, and NVML minus
 `reserved` minus the context what lives outside PyTorch's allocator. The
 context is the smallest `NVML - reserved` after the process's first allocation,
 normally the agent's reading right after it, before libraries load their kernels.
+What lies outside PyTorch is itemised, and judged for growth past warm-up, in outside.py.
 """
 from __future__ import annotations
 
-from . import children, faults, judgement, job, ranks, suspects
+from . import children, faults, judgement, job, outside, ranks, suspects
 from .findings import (FINDING_KINDS, INFORMATIVE, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, RankRow, choose_verdict)
 from .growth import MIN_POINTS, GrowthFit, floor_growth, steady_rise
+from .outside import LIBRARY_ALLOWANCE_BYTES
 from .recording import AgentRecording, Dist, Recording, TorchSample
 from .records import DeviceReading
 from .units import format_bytes as fb
@@ -25,18 +27,13 @@ from .units import format_bytes as fb
 # What a diagnosis is made of lives in findings.py; these names are this module's too, where the
 # rest of the package and the tests look for them.
 __all__ = ["FINDING_KINDS", "INFORMATIVE", "SPECIFICITY", "VERDICTS", "WARNINGS", "Breakdown", "Diagnosis",
-           "Finding", "Growth", "Job", "RankRow", "choose_verdict", "diagnose", "diagnose_job", "peaks"]
+           "Finding", "Growth", "Job", "LIBRARY_ALLOWANCE_BYTES", "RankRow", "choose_verdict", "diagnose",
+           "diagnose_job", "peaks"]
 
 MIB = 1 << 20
 SIGNIFICANT_BYTES = 64 * MIB  # retained memory below this is not worth a verdict
 MIN_LEAK_BYTES = 16 * MIB  # growth below this over the run is not called a leak
-# Kernels and library state (cuBLAS, cuDNN, NCCL) loaded after CUDA starts grow the
-# memory outside the allocator: by 64-138 MiB in a probe and 224 MiB in the clean
-# Adam scenario on an H200 (NOTES.md). Memory outside the allocator is called
-# non-torch when it keeps growing after warm-up, or when it is beyond this allowance.
-LIBRARY_ALLOWANCE_BYTES = 512 * MIB
 MIN_STEPS = 8
-DIP_BYTES = 64 * MIB  # a context reading this far below both neighbours is NVML's dip, not the context
 
 
 def diagnose(recording: Recording) -> Diagnosis:
@@ -150,11 +147,12 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     series, by = _steady_series(agent, torch_index)
     xs = [s.step if by == "step" else s.t for s, _ in series]
     allocated = floor_growth(xs, [r.allocated_bytes for _, r in series], MIN_LEAK_BYTES)
-    non_torch = None
-    if context is not None:
-        non_torch = floor_growth(xs, [r.nvml_used_bytes - r.reserved_bytes - context
-                                      if r.nvml_used_bytes and r.reserved_bytes is not None else None
-                                      for _, r in series], MIN_LEAK_BYTES)
+    outside_ys = [r.nvml_used_bytes - r.reserved_bytes - context
+                  if context is not None and r.nvml_used_bytes and r.reserved_bytes is not None else None
+                  for _, r in series]
+    after_warmup = outside.judge(xs, outside_ys, by) if context is not None else None
+    non_torch = after_warmup.fit if after_warmup is not None else None
+    outside.itemise(b, agent, torch_index, xs, outside_ys, after_warmup)
 
     growth = None
     # What the exit search found piled up: the judgement's rows 3 and 4, and below, what growth left.
@@ -190,7 +188,8 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                       "rate_bytes_per_s": g.rate_bytes_per_s, "points": allocated.points,
                       "rate_text": _rate(g)}
     evidence = _evidence(agent, torch_index, nvml_index, where, b, series, by, growth, held, unheld)
-    result.evidence.append(evidence.to_json())
+    result.evidence.append({**evidence.to_json(),
+                            "non_torch": after_warmup.to_json() if after_warmup is not None else None})
     for j in judgement.judge(evidence):
         if j.kind == "leak" and j.evidence["decided_by"] == "growth":
             j.suspects, j.evidence["root_cause"] = suspects.leak_suspects(agent.root, torch_index)
@@ -242,11 +241,13 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         g = _growth(agent, torch_index, nvml_index, "non_torch", by, non_torch, series)
         result.growth.append(g)
         retained = max(non_torch.grown_bytes, (b.non_torch_bytes or 0) - non_torch.start_floor_bytes)
-        result.findings.append(_non_torch_finding(agent, torch_index, nvml_index, where, retained,
-                                                  b.non_torch_bytes, f"and it kept growing, {_rate(g)}"))
+        result.findings.append(outside.finding(agent, torch_index, nvml_index, where, retained, b,
+                                               f"and it kept growing past warm-up, {_rate(g)}", after_warmup))
     elif b.non_torch_bytes and b.non_torch_bytes > LIBRARY_ALLOWANCE_BYTES:
-        result.findings.append(_non_torch_finding(agent, torch_index, nvml_index, where, b.non_torch_bytes,
-                                                  b.non_torch_bytes, "more than CUDA libraries take"))
+        result.findings.append(outside.finding(agent, torch_index, nvml_index, where, b.non_torch_bytes, b,
+                                               "more than CUDA libraries take", after_warmup))
+    elif outside.too_short(xs, outside_ys, after_warmup):
+        result.notes.append(outside.too_short_note(where, by, xs, after_warmup, b.non_torch_bytes))
 
 
 MIN_WATCHED_AFTER = 4  # samples at (nearly) the final level before growth over time may decide
@@ -363,27 +364,8 @@ def _context(during: list[tuple[TorchSample, DeviceReading]], end: DeviceReading
     gaps = [r.nvml_used_bytes - r.reserved_bytes
             for r in [r for _, r in during] + ([end] if end is not None else [])
             if r.reserved_bytes and r.nvml_used_bytes]
-    kept = [g for i, g in enumerate(gaps)
-            if not (0 < i < len(gaps) - 1 and g < gaps[i - 1] - DIP_BYTES and g < gaps[i + 1] - DIP_BYTES)]
-    return max(0, min(kept)) if kept else None
-
-
-def _non_torch_finding(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str,
-                       size: int, at_end: int | None, why: str) -> Finding:
-    remedy = ("Memory allocated outside PyTorch (CuPy, raw cudaMalloc, NCCL, other libraries) must be "
-              "freed by whoever allocated it: cudaFree for raw allocations, the library's own cleanup. "
-              "gpumemdoctor sees such memory only as a total; stacks of individual allocations need "
-              "CUDA-level tools (Nsight Systems with --cudabacktrace, compute-sanitizer --leak-check full).")
-    pool = agent.cupy_pool
-    if pool and pool.get("total_bytes"):
-        remedy += (" CuPy's pool holds " + fb(pool["total_bytes"]) + " (" + fb(pool.get("used_bytes"))
-                   + " in use): cupy.get_default_memory_pool().free_all_blocks() returns the rest.")
-    return Finding(
-        kind="non-torch", bytes=size, pid=agent.pid, device=nvml_index,
-        summary=f"{fb(at_end)} in {where} lies outside PyTorch's allocator, {why}.",
-        evidence={"non_torch_at_end_bytes": at_end, "library_allowance_bytes": LIBRARY_ALLOWANCE_BYTES,
-                  "cupy_pool": pool},
-        remedy=remedy, suspects=suspects.thread_suspects(agent.root, torch_index, "non_torch"))
+    least = outside.lowest(gaps)
+    return max(0, least) if least is not None else None
 
 
 def _steady_series(agent: AgentRecording, torch_index: int):

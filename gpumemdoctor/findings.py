@@ -50,6 +50,16 @@ class Breakdown:
     non_torch_bytes: int | None = None
     exit_probes: bool = False  # False when the process died before its exit hook ran
     host: str | None = None
+    # Within PyTorch's memory, measured at exit (None where not measured): cuBLAS workspaces, part
+    # of live_tensor_bytes; CUDA graphs' private pools, part of live tensors and cache.
+    cublas_workspace_bytes: int | None = None
+    private_pool_bytes: int | None = None
+    # non_torch_bytes itemised (outside.py): grown during warm-up, CuPy's pool, the rest.
+    non_torch_warmup_bytes: int | None = None
+    non_torch_cupy_bytes: int | None = None
+    non_torch_rest_bytes: int | None = None
+    nccl: bool | None = None  # NCCL in use at exit (its buffers are outside PyTorch); None: not known
+    cuda_module_loading: str | None = None  # CUDA_MODULE_LOADING as the process saw it; None: not set
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -7,6 +7,10 @@ and sawtooth peaks. Memory *kept growing* when the floors rise through the run,
 the last rise included, by more than a minimum amount. Growth that stops early
 (warm-up), and floors that fall back (a sawtooth, a cache that is cleared), are
 not growth.
+
+`lasting_growth` is the stricter rule for memory outside PyTorch, which grows by
+itself while kernels and libraries load: it judges only what comes after a
+warm-up, and says when too little came after it to tell.
 """
 from __future__ import annotations
 
@@ -123,3 +127,69 @@ def steady_rise(values: list, drop: float) -> bool:
         return False
     steps = steps[first:]
     return sum(1 for d in steps if d > RISE_MIN_BYTES) >= RISE_SHARE * len(steps)
+
+
+# -- growth that lasts past warm-up (memory outside PyTorch) ----------------------------
+
+WARMUP_SHARE = 0.25  # warm-up lasts at least this share of the series' span
+LASTING_WINDOWS = 3
+
+
+@dataclass(frozen=True)
+class AfterWarmup:
+    """What `lasting_growth` judged: the part of a series after warm-up, and its growth."""
+
+    warmup_end_x: float  # where warm-up ended
+    points: int  # points after warm-up
+    span_x: float  # from the end of warm-up to the last point
+    enough: bool  # enough points over a long enough span to judge
+    fit: GrowthFit | None  # the growth that lasted past warm-up, or None
+
+    def to_json(self) -> dict:
+        return {"warmup_end": self.warmup_end_x, "points_after_warmup": self.points,
+                "span_after_warmup": self.span_x, "enough_after_warmup": self.enough,
+                "growing": self.fit is not None}
+
+
+def lasting_growth(xs: list[float], ys: list[int | None], warmup_x: float, min_span_x: float,
+                   min_growth_bytes: int, tolerance_bytes: int = 1 << 20) -> AfterWarmup | None:
+    """The rise of a series' floor after warm-up, judged only where the growth lasts past it.
+
+    Memory outside PyTorch's allocator grows by itself in a program's first moments: kernels
+    load on first use (CUDA's lazy module loading) and libraries set up their state, and a
+    loop over new shapes keeps loading kernels for a while. So:
+
+    1. Warm-up is not judged: the points before x0 + max(warmup_x, WARMUP_SHARE of the span),
+       x0 being the first point.
+    2. Enough: at least MIN_POINTS points after warm-up, reaching at least `min_span_x` past
+       its end. Otherwise the growth cannot be told from warm-up (`enough` False, no fit).
+    3. Lasting: the points after warm-up are cut into three consecutive windows of equal count,
+       each window's lowest point its floor. The series kept growing when the floor rose from
+       the first window to the second and from the second to the last, each by more than
+       `tolerance_bytes`, and by at least `min_growth_bytes` in all: a rise that stops (the
+       last of the kernels loading) or that comes once late in the run (an evaluation's new
+       kernels) is not growth, and neither is a floor that falls back.
+
+    None for a series without points. Runs in the diagnosis only (never inside the program).
+    """
+    points = [(x, y) for x, y in zip(xs, ys) if y is not None]
+    if not points:
+        return None
+    first, last = points[0][0], points[-1][0]
+    end = first + max(warmup_x, WARMUP_SHARE * (last - first))
+    after = [(x, y) for x, y in points if x >= end]
+    span = last - end if after else 0.0
+    enough = len(after) >= MIN_POINTS and span >= min_span_x
+    fit = None
+    if enough:
+        size = len(after) // LASTING_WINDOWS
+        windows = [after[i * size:(i + 1) * size] for i in range(LASTING_WINDOWS - 1)]
+        windows.append(after[(LASTING_WINDOWS - 1) * size:])
+        floors = [min(window, key=lambda p: p[1]) for window in windows]
+        rises = [b[1] - a[1] for a, b in zip(floors, floors[1:])]
+        grown = floors[-1][1] - floors[0][1]
+        if all(rise > tolerance_bytes for rise in rises) and grown >= min_growth_bytes:
+            fit = GrowthFit(grown_bytes=int(grown), rate_bytes_per_x=_slope(floors), start_x=floors[0][0],
+                            start_floor_bytes=int(floors[0][1]), end_floor_bytes=int(floors[-1][1]),
+                            points=len(after))
+    return AfterWarmup(warmup_end_x=end, points=len(after), span_x=span, enough=enough, fit=fit)

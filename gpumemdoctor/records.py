@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import BadReportError
-from .strict import need_dict, need_int, need_list, need_num, need_str, opt_int, opt_size
+from .strict import need_dict, need_int, need_list, need_num, need_size, need_str, opt_int, opt_size
 
 SUSPECT_KINDS = ("allocation", "garbage", "thread")
 HOLDER_KINDS = ("global", "attribute", "frame-local", "kept-exception", "hook", "closure",
@@ -175,10 +175,17 @@ def _costs(v: Any, what: str) -> dict:
     return {need_str(k, what): need_num(x, what) for k, x in need_dict(v, what).items()}
 
 
+# What the exit probes measured of the parts PyTorch's totals do not name (_agent/parts.py), each
+# null where it could not be read: bytes per torch index freed by clearing the cuBLAS workspaces,
+# and reserved in private pools (CUDA graphs); the default process group's backend; the value of
+# CUDA_MODULE_LOADING. Recordings from before it have none.
+_PER_DEVICE = _opt(_list_of(_pair(_int, need_size)))  # [torch index, bytes]
+PARTS = _shape({"cublas_workspaces": _PER_DEVICE, "private_pools": _PER_DEVICE, "dist_backend": _opt(_str),
+                "module_loading": _opt(_str)})
 # What the agent wrote as the process ended.
 EXIT_INFO = _shape({"uncaught": _opt(UNCAUGHT), "samples": _opt(_int), "samples_skipped": _opt(_int),
                     "collections": _opt(COLLECTIONS_SUMMARY), "out_of_memory": _opt(_int),
-                    "cost": _opt(_costs)})
+                    "cost": _opt(_costs), "parts": _opt(PARTS)})
 SUSPECT = _shape({"kind": _one_of(*SUSPECT_KINDS), "bytes": _int, "count": _opt(_int),
                   "where": _opt(_frame), "stack": _list_of(_frame), "thread": _opt(_list_of(_str)),
                   "holders": _list_of(HOLDER), "unheld_bytes": _opt(_int), "summary": _str, "remedy": _str})

@@ -130,13 +130,20 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
     breakdowns = []
     for b in need_list(obj.get("breakdown"), "breakdown"):
         b = need_dict(b, "breakdown")
+        # The parts after non_torch_bytes are absent from reports made before they were measured.
         sizes = {k: opt_size(b.get(k), k) for k in (
             "nvml_bytes", "context_bytes", "live_tensor_bytes", "garbage_bytes",
-            "pending_stream_bytes", "cache_bytes", "non_torch_bytes")}
+            "pending_stream_bytes", "cache_bytes", "non_torch_bytes", "cublas_workspace_bytes",
+            "private_pool_bytes", "non_torch_warmup_bytes", "non_torch_cupy_bytes", "non_torch_rest_bytes")}
+        nccl = b.get("nccl")
+        if nccl is not None and not isinstance(nccl, bool):
+            raise BadReportError(f"breakdown nccl: expected true, false or null, found {nccl!r:.40}")
         breakdowns.append(Breakdown(pid=need_int(b.get("pid"), "pid"), device=opt_int(b.get("device"), "device"),
                                     torch_index=opt_int(b.get("torch_index"), "torch_index"),
                                     exit_probes=bool(b.get("exit_probes")),
-                                    host=opt_str(b.get("host"), "breakdown host"), **sizes))
+                                    host=opt_str(b.get("host"), "breakdown host"), nccl=nccl,
+                                    cuda_module_loading=opt_str(b.get("cuda_module_loading"),
+                                                                "breakdown cuda_module_loading"), **sizes))
     growth = []
     for g in need_list(obj.get("growth", []), "growth"):
         g = need_dict(g, "growth")

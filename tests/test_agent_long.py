@@ -27,12 +27,7 @@ HOUR = 3600
 
 @pytest.fixture
 def agent_and_clock(tmp_path):
-    agent, clock = fake_cuda.make_agent(str(tmp_path))
-    yield agent, clock
-    fake_cuda.restore_clock()
-    if agent.channel.fd is not None:
-        import os
-        os.close(agent.channel.fd)
+    yield from fake_cuda.agent_fixture(str(tmp_path))
 
 
 def records(tmp_path, agent) -> list[dict]:

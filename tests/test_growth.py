@@ -111,3 +111,58 @@ def test_missing_points_do_not_count():
     assert floor_growth(xs, ys, MIN_LEAK) is None
     assert floor_growth([], [], 0) is None
     assert floor_growth(xs, [None] * len(xs), 0) is None
+
+
+# -- lasting_growth: growth past warm-up (memory outside PyTorch) ------------------------
+
+from gpumemdoctor.growth import WARMUP_SHARE, lasting_growth  # noqa: E402
+
+
+def steps_of(until: float, every: float = 0.02) -> list[float]:
+    return [round(every * i, 6) for i in range(int(until / every) + 1)]
+
+
+def test_lasting_growth_leaves_warm_up_out_and_says_when_too_little_came_after_it():
+    # Synthetic: 0.3 s of a series that rises all the way (kernels loading at every new shape).
+    xs = steps_of(0.3)
+    ys = [int(x * 500) * MiB for x in xs]
+    assert floor_growth(xs, ys, MIN_LEAK) is not None  # the rule for allocated memory sees growth
+    judged = lasting_growth(xs, ys, 0.5, 0.5, MIN_LEAK)
+    assert judged.fit is None and not judged.enough and judged.points == 0
+    assert judged.warmup_end_x == pytest.approx(0.5)
+
+
+def test_lasting_growth_warm_up_is_at_least_a_share_of_the_span():
+    xs = steps_of(10.0, 0.1)
+    judged = lasting_growth(xs, [0] * len(xs), 0.5, 0.5, MIN_LEAK)
+    assert judged.warmup_end_x == pytest.approx(WARMUP_SHARE * 10.0)
+    assert judged.enough and judged.fit is None
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_lasting_growth_finds_a_steady_rise_with_its_rate(seed):
+    rng = random.Random(seed)
+    xs = steps_of(3.0)
+    ys = [int(64 * MiB + x * 40 * MiB + rng.uniform(0, 2) * MiB) for x in xs]
+    fit = lasting_growth(xs, ys, 0.5, 0.5, MIN_LEAK).fit
+    assert fit is not None
+    assert fit.rate_bytes_per_x == pytest.approx(40 * MiB, rel=0.1)
+    assert fit.start_x >= 0.75  # a quarter of the 3 s is warm-up
+
+
+@pytest.mark.parametrize("shape", ["stops", "late-once", "falls-back", "too-small"])
+def test_lasting_growth_is_not_a_rise_that_stops_comes_once_or_falls_back(shape):
+    xs = steps_of(4.0)
+    ys = {"stops": [int(min(x, 1.5) * 100) * MiB for x in xs],  # loading that ends after 1.5 s
+          "late-once": [(40 if x < 3.2 else 104) * MiB for x in xs],  # an evaluation's kernels
+          "falls-back": [int((x % 1.3) * 100) * MiB for x in xs],  # a sawtooth
+          "too-small": [int(x * 3) * MiB for x in xs]}[shape]  # 9 MiB after warm-up
+    judged = lasting_growth(xs, ys, 0.5, 0.5, MIN_LEAK)
+    assert judged.enough and judged.fit is None
+
+
+def test_lasting_growth_in_steps():
+    xs = list(range(1, 41))
+    assert lasting_growth(xs, [x * MiB for x in xs], 10, 8, MIN_LEAK).fit is not None
+    judged = lasting_growth(xs[:15], [x * MiB for x in xs[:15]], 10, 8, MIN_LEAK)
+    assert not judged.enough  # 4 step samples after 10 steps of warm-up

@@ -15,6 +15,7 @@ import pytest
 pytest.importorskip("plotly", reason="the HTML report needs the html extra (plotly)")
 
 from benchmarks.html_size import one_hour  # noqa: E402
+from gpumemdoctor.diagnosis import diagnose  # noqa: E402
 from gpumemdoctor.errors import MissingExtraError  # noqa: E402
 from gpumemdoctor.recording import Recording  # noqa: E402
 from gpumemdoctor.report import load, parse  # noqa: E402
@@ -148,6 +149,23 @@ def test_the_breakdown_bar_is_stacked_from_the_breakdown():
     assert drawn["allocator cache"] == b.cache_bytes
     assert drawn["outside PyTorch"] == b.non_torch_bytes
     assert drawn["NVML total"] == b.nvml_bytes
+
+
+def test_the_memory_outside_pytorch_is_drawn_in_its_parts():
+    """A fresh diagnosis of the threads recording itemises the memory outside PyTorch; the saved
+    report (made before the parts existed) draws it whole, as the test above checks."""
+    recording, _ = load(str(FIXTURES / "non_torch_threads.json"))
+    diagnosis = diagnose(recording)
+    page = html.render(recording, diagnosis, "non_torch_threads.json")
+    fig = figures_of(page)["breakdown"]
+    scale = fig["layout"]["meta"]["scale"]
+    drawn = {t["name"]: round(t["x"][0] * scale) for t in fig["data"]}
+    b = diagnosis.breakdowns[0]
+    assert "outside PyTorch" not in drawn
+    assert drawn["outside: in warm-up"] == b.non_torch_warmup_bytes
+    assert drawn["outside: the rest"] == b.non_torch_rest_bytes
+    assert "outside: CuPy's pool" not in drawn  # it held nothing
+    assert "in warm-up 220 MiB · CuPy's pool 0 B · the rest 192 MiB" in text_of(page)
 
 
 def test_the_header_says_what_decided():

@@ -72,3 +72,32 @@ def test_a_sparkline_of_fewer_values_than_columns_draws_each_value():
 
     assert sparkline([0, 1, 2, 3, 4, 5, 6, 7], 7) == "▁▂▃▄▅▆▇█"
     assert len(sparkline(list(range(100)), 99)) == 40
+
+
+def test_the_breakdown_draws_the_parts_it_was_given():
+    """A breakdown with every part measured (figures made up here, not recorded): each part on a line
+    of its own, indented under what it is part of, within 80 columns."""
+    from gpumemdoctor.diagnosis import Breakdown
+
+    MiB = 1 << 20
+    b = Breakdown(pid=7, device=0, torch_index=0, nvml_bytes=884 * MiB, context_bytes=520 * MiB,
+                  live_tensor_bytes=8 * MiB, garbage_bytes=0, pending_stream_bytes=0, cache_bytes=56 * MiB,
+                  non_torch_bytes=300 * MiB, exit_probes=True, cublas_workspace_bytes=8 * MiB,
+                  private_pool_bytes=48 * MiB, non_torch_warmup_bytes=44 * MiB, non_torch_cupy_bytes=256 * MiB,
+                  non_torch_rest_bytes=0, nccl=True)
+    out = io.StringIO()
+    terminal._breakdown(Console(file=out, width=80, no_color=True, color_system=None, highlight=False,
+                                emoji=False), b)
+    lines = [line.rstrip() for line in out.getvalue().splitlines() if line.strip()]
+    assert max(len(line) for line in lines) <= 80
+    names = [line[:20].rstrip() for line in lines[1:] if not line.startswith(" " * 20)]
+    assert names == ["CUDA context", "live tensors", "  cuBLAS workspaces", "garbage cycles", "pending stream",
+                     "allocator cache", "  CUDA graph pools", "outside PyTorch", "  in warm-up", "  CuPy's pool",
+                     "  the rest", "NVML total"]
+    assert any("kernels, libraries, NCCL: loaded on first use" in line for line in lines)
+    # without the parts (a report made before they were measured) the table is as it was
+    old = Breakdown(pid=7, device=0, torch_index=0, nvml_bytes=884 * MiB, context_bytes=520 * MiB,
+                    non_torch_bytes=300 * MiB, exit_probes=True)
+    out = io.StringIO()
+    terminal._breakdown(Console(file=out, width=80, no_color=True, color_system=None), old)
+    assert "in warm-up" not in out.getvalue() and "CuPy, cudaMalloc, NCCL, loaded kernels" in out.getvalue()

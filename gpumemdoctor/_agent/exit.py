@@ -1,9 +1,12 @@
 """The end of a process: the exit probes, each followed by a reading, then the exit record.
 
-In order: `end` (the memory as the program left it); the allocator snapshot (--snapshot);
+In order: `end` (the memory as the program left it, with the parts parts.py reads: CUDA graphs'
+private pools, NCCL, CUDA's module loading); the allocator snapshot (--snapshot);
 a holder search over all live memory (after growth or with --trace on, or when
 LIVE_SEARCH_MIN_BYTES of tensors are alive); `gc` (what gc.collect() freed, looked at first:
-garbage.py; not collected when that search found no memory only garbage could hold); `sync` (work finished on side streams); `empty_cache` (the cache given back).
+garbage.py; not collected when that search found no memory only garbage could hold); `sync` (work
+finished on side streams); `empty_cache` (the cache given back); then, after the last reading, the
+cuBLAS workspaces (what clearing them frees). The parts go into the exit record's `parts`.
 What each re-measure gives back says what held the memory. Automatic collection is held off
 until the garbage has been looked at.
 """
@@ -14,6 +17,7 @@ import os
 import sys
 import time
 
+from . import parts as parts_of
 from .events import uncaught
 from .startup import ENV_SNAPSHOT
 
@@ -27,13 +31,14 @@ def finish(agent) -> None:
     if agent.pid != os.getpid() or agent.finished:
         return
     agent.finished = True
+    parts: dict = {}
     if agent.collections is not None:
         agent.collections.paused = True  # the exit probes' own collections are not the program's
     try:
         agent.timer.stop()
         torch = agent.torch
         if torch is not None and agent.devices and torch.cuda.is_initialized():
-            _exit_probes(agent, torch)
+            _exit_probes(agent, torch, parts)
     except Exception as exc:
         agent.channel.write({"type": "error", "where": "exit probes", "message": repr(exc)[:500]})
     died_of = None
@@ -43,7 +48,7 @@ def finish(agent) -> None:
         pass
     sampler = agent.sampler
     agent.channel.write({"type": "exit", "t": time.monotonic(), "steps": agent.steps,
-                         "explicit_steps": agent.explicit_steps, "cupy": _cupy_pool(),
+                         "explicit_steps": agent.explicit_steps, "cupy": _cupy_pool(), "parts": parts or None,
                          "uncaught": died_of, "samples": sampler.samples, "samples_skipped": sampler.samples_skipped,
                          "collections": agent.collections.summary() if agent.collections is not None else None,
                          "out_of_memory": agent.oom.records,
@@ -52,7 +57,7 @@ def finish(agent) -> None:
         agent.server.close()
 
 
-def _exit_probes(agent, torch) -> None:
+def _exit_probes(agent, torch, parts: dict) -> None:
     # No automatic collection until the garbage has been looked at: the snapshot and the
     # search allocate, and a collection they set off would free the cycles unseen.
     collecting = gc.isenabled()
@@ -68,6 +73,10 @@ def _exit_probes(agent, torch) -> None:
     try:
         end = agent.sampler.read_devices()  # the memory as the program left it
         agent.channel.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
+        stats = agent.sampler.stats_fn or torch.cuda.memory_stats_as_nested_dict
+        touched = [row[0] for row in end]
+        parts.update(parts_of.measure_at_end(torch, stats, touched))
+        took("parts")
         agent.watch.wait_for_copy()  # a search still under way in a copy of the process
         if os.environ.get(ENV_SNAPSHOT) == "1" and agent.run_dir:
             _dump_snapshot(agent, torch)
@@ -81,6 +90,8 @@ def _exit_probes(agent, torch) -> None:
             searched = agent.watch.search("exit", budget="live")
         took("search")
         _probe(agent, torch, end, took, skip_gc=bool(searched and searched.get("complete")))
+        parts["cublas_workspaces"] = parts_of.cublas_workspaces(torch, stats, touched)
+        took("cublas")
     finally:
         if collecting:
             gc.enable()
@@ -142,11 +153,17 @@ def _dump_snapshot(agent, torch) -> None:
 
 
 def _cupy_pool():
+    """CuPy's default pool on CuPy's current device (the CUDA device number, as torch's index)."""
     cupy = sys.modules.get("cupy")
     if cupy is None:
         return None
     try:
         pool = cupy.get_default_memory_pool()
-        return {"used_bytes": int(pool.used_bytes()), "total_bytes": int(pool.total_bytes())}
+        found = {"used_bytes": int(pool.used_bytes()), "total_bytes": int(pool.total_bytes())}
     except Exception:
         return None
+    try:
+        found["device"] = int(cupy.cuda.runtime.getDevice())
+    except Exception:
+        found["device"] = None
+    return found

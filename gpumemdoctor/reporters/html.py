@@ -21,6 +21,7 @@ from ..errors import MissingExtraError
 from ..recording import Recording
 from ..units import format_bytes as fb
 from . import _html_page as page
+from ._html_parts import OUTSIDE_PARTS, PARTS, bar_part, within
 from .terminal import DECIDED_BY, VERDICT_MEANING, peaks_text
 
 # Envelope buckets for the whole page, shared among its series: a series keeps at most about twice
@@ -30,9 +31,6 @@ MIN_BUCKETS, MAX_BUCKETS = 150, 2000
 MIB, GIB = 1 << 20, 1 << 30
 COLOURS = {"NVML": "#333333", "reserved": "#4c78a8", "active": "#f58518", "allocated": "#e45756",
            "steps": "#9a9a9a"}
-PARTS = [("CUDA context", "context_bytes", "#9d9da1"), ("live tensors", "live_tensor_bytes", "#e45756"),
-         ("garbage cycles", "garbage_bytes", "#b279a2"), ("pending stream", "pending_stream_bytes", "#eeca3b"),
-         ("allocator cache", "cache_bytes", "#4c78a8"), ("outside PyTorch", "non_torch_bytes", "#72b7b2")]
 SERIES_NAMES = {"allocated": "allocated", "non_torch": "outside PyTorch", "nvml": "NVML"}
 
 
@@ -212,8 +210,8 @@ def _breakdown_figure(recordings: list[Recording], breakdowns: list[Breakdown]) 
     top = max([b.nvml_bytes or 0 for b in rows] + [sum(getattr(b, key) or 0 for _, key, _ in PARTS) for b in rows])
     scale, unit = _unit(top)
     traces = []
-    for name, key, colour in PARTS:
-        values = [getattr(b, key) for b in rows]
+    for name, key, colour in PARTS + OUTSIDE_PARTS:
+        values = [bar_part(b, key) for b in rows]
         if not any(values):
             continue
         traces.append({"type": "bar", "orientation": "h", "name": name, "y": labels,
@@ -334,12 +332,14 @@ def _breakdown_section(recordings: list[Recording], diagnosis: Diagnosis) -> str
     body = []
     for b in rows:
         when = "" if b.exit_probes else " <small>(when last sampled)</small>"
-        cells = "".join(f"<td>{_e(fb(getattr(b, key)))}</td>" for _, key, _ in PARTS)
+        cells = "".join(f"<td>{_e(fb(getattr(b, key)))}{within(b, key)}</td>" for _, key, _ in PARTS)
         body.append(f"<tr><th>{_e(_label(b, len(recordings) > 1))}{when}</th>"
                     f"{cells}<td><b>{_e(fb(b.nvml_bytes))}</b></td></tr>")
     return ('<section id="breakdown-section"><h2>Where the memory was at exit</h2>'
             '<p class="hint">NVML total = CUDA context + live tensors + garbage cycles + pending stream + '
-            'allocator cache + outside PyTorch. The black tick is NVML\'s total.</p>'
+            'allocator cache + outside PyTorch. The black tick is NVML\'s total. Outside PyTorch: what '
+            'grew in warm-up (kernels and libraries loaded on first use), CuPy\'s pool, and the rest '
+            '(what grew after warm-up: cudaMalloc, other libraries).</p>'
             '<div class="chart" id="breakdown"></div>'
             f'<table class="figures"><tr><th></th>{head}<th>NVML total</th></tr>{"".join(body)}</table>'
             '</section>')

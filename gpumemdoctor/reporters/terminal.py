@@ -144,13 +144,21 @@ def _breakdown(console: Console, b: Breakdown) -> None:
     table.add_column("part")
     table.add_column("bytes", justify="right")
     table.add_column("what it is", overflow="fold")
+    itemised = b.non_torch_warmup_bytes is not None
     rows = [
         ("CUDA context", b.context_bytes, "per-process overhead, read at the first allocation"),
         ("live tensors", b.live_tensor_bytes, "tensors your program still references"),
+        *([("  cuBLAS workspaces", b.cublas_workspace_bytes, "of the live tensors: kept by cuBLAS")]
+          if b.cublas_workspace_bytes else []),
         ("garbage cycles", b.garbage_bytes, "freed only by gc.collect()"),
         ("pending stream", b.pending_stream_bytes, "freed, held for unfinished stream work"),
         ("allocator cache", b.cache_bytes, "freed, kept by PyTorch for reuse"),
-        ("outside PyTorch", b.non_torch_bytes, "CuPy, cudaMalloc, NCCL, loaded kernels"),
+        *([("  CUDA graph pools", b.private_pool_bytes, "of PyTorch's memory: CUDA graphs' pools")]
+          if b.private_pool_bytes else []),
+        ("outside PyTorch", b.non_torch_bytes,
+         "not from PyTorch's allocator:" if itemised and b.non_torch_bytes
+         else "CuPy, cudaMalloc, NCCL, loaded kernels"),
+        *(_outside_rows(b) if itemised and b.non_torch_bytes else []),
     ]
     if b.torch_index is None:
         rows = [("first seen", b.context_bytes, "includes the CUDA context"),
@@ -160,6 +168,17 @@ def _breakdown(console: Console, b: Breakdown) -> None:
     table.add_row("NVML total", fb(b.nvml_bytes), "what nvidia-smi shows for the process")
     console.print()
     console.print(table)
+
+
+def _outside_rows(b: Breakdown) -> list[tuple[str, int | None, str]]:
+    """The memory outside PyTorch, itemised (see gpumemdoctor/outside.py)."""
+    eager = (b.cuda_module_loading or "").upper() == "EAGER"  # kernels then load with the context
+    what = ("libraries" if eager else "kernels, libraries") + (", NCCL" if b.nccl else "")
+    rows = [("  in warm-up", b.non_torch_warmup_bytes, f"{what}: loaded on first use")]
+    if b.non_torch_cupy_bytes is not None:
+        rows.append(("  CuPy's pool", b.non_torch_cupy_bytes, "CuPy's default memory pool"))
+    rows.append(("  the rest", b.non_torch_rest_bytes, "grew after warm-up: cudaMalloc, libraries"))
+    return rows
 
 
 def _peaks(console: Console, diagnosis: Diagnosis) -> None:

@@ -3,7 +3,10 @@ agent's sampling path reads, served from plain numbers, and a stand-in clock.
 
 `FakeTorch.cuda.memory_stats_as_nested_dict` builds a nested dict shaped like PyTorch's
 (39 small dicts, as the real one does) from `allocated` and `reserved`, which the caller
-moves; `_record_memory_history` only notes its calls. With `make_agent` a real
+moves; `_record_memory_history` only notes its calls. For the exit probes' parts: cuBLAS
+workspaces (`workspace_bytes`, in `allocated` until `torch._C._cuda_clearCublasWorkspaces()`),
+private pools (`private_pools`: PyTorch's statistic, or None for a PyTorch without it, whose
+`snapshot_segments` and `cuda.graphs.graph.default_capture_stream` then stand in). With `make_agent` a real
 `gpumemdoctor._agent.core.Agent` runs through hours of steps in seconds: the agent's own
 `time.monotonic` is replaced by a clock the caller advances (thread time and perf_counter
 stay real, so the agent's costs are real costs). Used by tests/test_agent_long.py and
@@ -32,18 +35,26 @@ class FakeClock:
 class _Memory:
     def __init__(self):
         self.history_calls: list[dict] = []
+        self.snapshot_segments: list[dict] = []
+        self.snapshots = 0
 
     def _record_memory_history(self, enabled="all", **kwargs):
         self.history_calls.append({"enabled": enabled, **kwargs})
 
     def _snapshot(self):
-        return {"segments": []}
+        self.snapshots += 1
+        return {"segments": self.snapshot_segments}
+
+
+class _Graph:
+    default_capture_stream = None  # set by torch.cuda.graph at its first capture
 
 
 class _Cuda:
     def __init__(self, owner: FakeTorch):
         self._owner = owner
         self.memory = _Memory()
+        self.graphs = SimpleNamespace(graph=type("graph", (_Graph,), {}))
 
     def is_initialized(self) -> bool:
         return True
@@ -65,7 +76,23 @@ class _Cuda:
                                 "allocated": 0, "freed": 0} for pool in _POOLS}
         out["num_alloc_retries"] = 0
         out["num_ooms"] = 0
+        if o.private_pools is not None:
+            out["reserved_bytes_by_private_pools"] = {
+                pool: {name: {"current": size, "peak": size, "allocated": size, "freed": 0} for name in _POOLS}
+                for pool, size in o.private_pools.items()}
         return out
+
+
+class _C:
+    def __init__(self, owner: FakeTorch):
+        self._owner = owner
+        self.cleared = 0
+
+    def _cuda_clearCublasWorkspaces(self) -> None:
+        o = self._owner
+        o.allocated -= o.workspace_bytes
+        o.workspace_bytes = 0
+        self.cleared += 1
 
 
 class FakeTorch:
@@ -80,7 +107,10 @@ class FakeTorch:
         self.allocated = 0
         self.reserved = 0
         self.peak = 0
+        self.workspace_bytes = 0  # of `allocated`: cuBLAS workspaces
+        self.private_pools: dict | None = {}  # pool id -> reserved bytes; None: a PyTorch without the statistic
         self.cuda = _Cuda(self)
+        self._C = _C(self)
 
     def empty(self, *size, device=None):
         return self.Tensor()
@@ -135,3 +165,14 @@ def make_agent(run_dir: str, interval_s: float = 0.02, trace: str = "auto", cont
 
 def restore_clock() -> None:
     _set_clock(time)
+
+
+def agent_fixture(run_dir: str, **kwargs):
+    """A pytest fixture's body: `make_agent`, then the real clock back and the record file closed."""
+    import os
+
+    agent, clock = make_agent(run_dir, **kwargs)
+    yield agent, clock
+    restore_clock()
+    if agent.channel.fd is not None:
+        os.close(agent.channel.fd)

@@ -1,0 +1,142 @@
+"""Memory outside PyTorch's allocator: itemised per process and GPU, and when it is called growing. Pure.
+
+nvidia-smi shows more for a process than PyTorch reserved. The breakdown names the difference:
+
+    NVML used - reserved = CUDA context + outside PyTorch
+    outside PyTorch      = grown in warm-up + CuPy's pool + the rest
+
+- **grown in warm-up**: what the memory outside PyTorch rose to in the program's first moments
+  and stayed at: kernels loaded on first use (CUDA's lazy module loading, `CUDA_MODULE_LOADING`)
+  and libraries' own state (cuBLAS, cuDNN), 64-224 MiB on an H100 or H200 (NOTES.md); NCCL's
+  buffers too where NCCL is in use (not measured apart). It is the lowest outside-PyTorch reading
+  from the end of warm-up to exit, less CuPy's pool;
+- **CuPy's pool**: CuPy's default pool on that GPU at exit, measured by the agent;
+- **the rest**: what came after warm-up besides CuPy's pool: raw `cudaMalloc`, other libraries.
+
+Within PyTorch's reserved memory the agent measures two parts at exit: the cuBLAS workspaces
+(allocated blocks no tensor holds: part of "live tensors") and CUDA graphs' private pools.
+
+The memory outside PyTorch is called *growing* only when the growth lasts past warm-up
+(growth.lasting_growth): warm-up is the first WARMUP_S seconds of the process's GPU work (from
+its first allocation), or its first WARMUP_STEPS steps when it marks steps, and at least a
+quarter of the run; after it, at least 8 samples over at least MIN_SPAN_S seconds (MIN_SPAN_STEPS
+steps) must show the floor rising through the run and into its last third, by 16 MiB or more.
+A run too short for that is not judged, and the report says so.
+"""
+from __future__ import annotations
+
+from .findings import Breakdown, Finding
+from .growth import AfterWarmup, floor_growth, lasting_growth
+from .recording import AgentRecording
+from .units import format_bytes as fb
+from . import suspects
+
+MIB = 1 << 20
+MIN_GROWTH_BYTES = 16 * MIB  # growth below this is not called growth (diagnosis.MIN_LEAK_BYTES)
+# Kernels and library state (cuBLAS, cuDNN, NCCL) loaded after CUDA starts grow the memory
+# outside the allocator: by 64-138 MiB in a probe and 224 MiB in the clean Adam scenario on an
+# H200 (NOTES.md). Memory outside the allocator is called non-torch when it keeps growing after
+# warm-up, or when it is beyond this allowance.
+LIBRARY_ALLOWANCE_BYTES = 512 * MIB
+WARMUP_S = 0.5
+WARMUP_STEPS = 10
+MIN_SPAN_S = 0.5
+MIN_SPAN_STEPS = 8
+DIP_BYTES = 64 * MIB  # a reading this far below both neighbours is NVML's dip, not a level
+
+
+def lowest(values: list[int]) -> int | None:
+    """The smallest value, leaving out a reading far below both its neighbours: NVML's figure for
+    a process can dip for one reading (seen once on an H100: 226 MiB between 640 and 730 MiB)."""
+    kept = [v for i, v in enumerate(values)
+            if not (0 < i < len(values) - 1 and v < values[i - 1] - DIP_BYTES and v < values[i + 1] - DIP_BYTES)]
+    return min(kept) if kept else None
+
+
+def judge(xs: list[float], ys: list[int | None], by: str) -> AfterWarmup | None:
+    """Whether the memory outside PyTorch grew past warm-up (see the module's docstring)."""
+    if by == "step":
+        return lasting_growth(xs, ys, WARMUP_STEPS, MIN_SPAN_STEPS, MIN_GROWTH_BYTES)
+    return lasting_growth(xs, ys, WARMUP_S, MIN_SPAN_S, MIN_GROWTH_BYTES)
+
+
+def too_short(xs: list[float], ys: list[int | None], judged: AfterWarmup | None) -> bool:
+    """The run ended before the growth could be told from warm-up, and the floor was still rising
+    by the looser rule that judges allocated memory: the shape of kernels that load on first use."""
+    return judged is not None and not judged.enough and floor_growth(xs, ys, MIN_GROWTH_BYTES) is not None
+
+
+def too_short_note(where: str, by: str, xs: list[float], judged: AfterWarmup, at_end: int | None) -> str:
+    unit, warmup, span = ("steps", WARMUP_STEPS, MIN_SPAN_STEPS) if by == "step" else ("s", WARMUP_S, MIN_SPAN_S)
+    ran = f"{xs[-1] - xs[0]:.0f} steps" if by == "step" else f"{xs[-1] - xs[0]:.1f} s"
+    return (f"memory outside PyTorch in {where} ({fb(at_end)} at exit) rose while the program ran, but "
+            f"its GPU work was too short to tell growth from warm-up ({ran} from its first allocation; "
+            f"{judged.points} samples after a warm-up of {warmup} {unit}, where judging needs 8 over "
+            f"{span} {unit}): kernels and libraries load on first use, so it was not called growing")
+
+
+def itemise(b: Breakdown, agent: AgentRecording, torch_index: int, xs: list[float], ys: list[int | None],
+            judged: AfterWarmup | None) -> None:
+    """Fill the breakdown's parts (see the module's docstring) from the series and the exit record."""
+    parts = (agent.exit_info or {}).get("parts")
+    if parts is not None:
+        b.cuda_module_loading = parts.get("module_loading")
+        backend = parts.get("dist_backend")
+        b.nccl = backend is not None and "nccl" in backend.lower()
+        cublas = _on(parts.get("cublas_workspaces"), torch_index)
+        if cublas is not None and b.live_tensor_bytes is not None:
+            b.cublas_workspace_bytes = min(cublas, b.live_tensor_bytes)
+        b.private_pool_bytes = _on(parts.get("private_pools"), torch_index)
+    outside = b.non_torch_bytes
+    if outside is None:
+        return
+    cupy = _cupy_bytes(agent, torch_index)
+    if cupy is not None:
+        b.non_torch_cupy_bytes = cupy = min(cupy, outside)
+    since = judged.warmup_end_x if judged is not None else None
+    after = [y for x, y in zip(xs, ys) if y is not None and since is not None and x >= since]
+    settled = max(0, lowest(after + [outside]))
+    b.non_torch_warmup_bytes = min(settled, outside - (cupy or 0))
+    b.non_torch_rest_bytes = outside - (cupy or 0) - b.non_torch_warmup_bytes
+
+
+def _on(per_device: list | None, torch_index: int) -> int | None:
+    for index, size in per_device or []:
+        if index == torch_index:
+            return size
+    return None
+
+
+def _cupy_bytes(agent: AgentRecording, torch_index: int) -> int | None:
+    """CuPy's pool on this device: the agent reads it on CuPy's current device (recordings from
+    before it named the device only count it for a process that used one GPU)."""
+    pool = agent.cupy_pool
+    if not pool or pool.get("total_bytes") is None:
+        return None
+    if "device" in pool:
+        return pool["total_bytes"] if pool["device"] == torch_index else None
+    used = {r.torch_index for s in [*agent.samples, *agent.probes.values()] for r in s.readings}
+    return pool["total_bytes"] if used == {torch_index} else None
+
+
+def finding(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str, size: int,
+            b: Breakdown, why: str, judged: AfterWarmup | None) -> Finding:
+    """The non-torch finding: `why` says whether it grew past warm-up or is over the allowance."""
+    remedy = ("Memory allocated outside PyTorch (CuPy, raw cudaMalloc, NCCL, other libraries) must be "
+              "freed by whoever allocated it: cudaFree for raw allocations, the library's own cleanup. "
+              "gpumemdoctor sees such memory only as a total; stacks of individual allocations need "
+              "CUDA-level tools (Nsight Systems with --cudabacktrace, compute-sanitizer --leak-check full).")
+    pool = agent.cupy_pool
+    if pool and pool.get("total_bytes"):
+        remedy += (" CuPy's pool holds " + fb(pool["total_bytes"]) + " (" + fb(pool.get("used_bytes"))
+                   + " in use): cupy.get_default_memory_pool().free_all_blocks() returns the rest.")
+    if b.nccl:
+        remedy += (" NCCL is in use in this process: its buffers lie outside PyTorch too, until "
+                   "torch.distributed.destroy_process_group() releases its communicators.")
+    return Finding(
+        kind="non-torch", bytes=size, pid=agent.pid, device=nvml_index,
+        summary=f"{fb(b.non_torch_bytes)} in {where} lies outside PyTorch's allocator, {why}.",
+        evidence={"non_torch_at_end_bytes": b.non_torch_bytes, "library_allowance_bytes": LIBRARY_ALLOWANCE_BYTES,
+                  "cupy_pool": pool, "warmup_bytes": b.non_torch_warmup_bytes, "rest_bytes": b.non_torch_rest_bytes,
+                  "nccl": b.nccl, "after_warmup": judged.to_json() if judged is not None else None},
+        remedy=remedy, suspects=suspects.thread_suspects(agent.root, torch_index, "non_torch"))
