@@ -304,7 +304,7 @@ class Recording:
             processes=[ProcessRecord.from_json(p) for p in need_list(obj.get("processes", []), "processes")],
             agents=[AgentRecording.from_json(a) for a in need_list(obj.get("agents", []), "agents")],
             notes=[need_str(n, "note") for n in need_list(obj.get("notes", []), "notes")],
-            tool_cost={need_str(k, "tool_cost"): opt_num(v, "tool_cost")
+            tool_cost={need_str(k, "tool_cost"): (opt_size if k.endswith("_bytes") else opt_num)(v, f"tool_cost {k}")
                        for k, v in need_dict(obj.get("tool_cost", {}), "tool_cost").items()},
             host_rss=[_host_point(p) for p in need_list(obj.get("host_rss", []), "host_rss")],
             nvml_failures=[_nvml_failure(f) for f in need_list(obj.get("nvml_failures", []), "nvml_failures")],

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .errors import BadReportError
-from .strict import need_dict, need_int, need_list, need_num, need_size, need_str, opt_int, opt_size
+from .strict import need_dict, need_int, need_list, need_num, need_size, need_str, opt_size
 
 SUSPECT_KINDS = ("allocation", "garbage", "thread")
 HOLDER_KINDS = ("global", "attribute", "frame-local", "kept-exception", "hook", "closure",

@@ -197,18 +197,18 @@ def unheld_remedy(why: list | None, at: str = "", graph_grads: int | None = None
     """What to do about blocks without a holder, by why the search found none."""
     reason = why[0][0] if why else None
     if reason == "not-reached":
-        return ("The search stopped at its budget before it reached these blocks (the report says how far "
-                f"it got){at}. Run again with --trace on for their allocating line.")
+        return ("The search stopped before it reached these blocks (the report says why and how far it "
+                f"got){at}. Run again with --trace on for their allocating line.")
+    if graph_grads:
+        return (f"No object the program reaches holds them, and the .grad of {graph_grads} "
+                f"tensor{'s' if graph_grads != 1 else ''} carries an autograd graph: backward(create_graph=True) "
+                "on a leaf makes a reference cycle leaf -> .grad -> its graph -> leaf that Python's gc cannot "
+                "see (PyTorch warns about it). Use torch.autograd.grad(..., create_graph=True) instead, or set "
+                f"the leaf's .grad to None when done{at}.")
     if reason == "unreachable":
         return ("The object that holds them is referred to by nothing the program's modules or live frames "
                 "reach: a reference cycle that gc.collect() frees (the garbage finding says so at exit), or "
                 f"a reference from C/C++ code (an extension, a CUDA graph, a C++ hook){at}.")
-    if graph_grads:
-        return (f"No Python object holds them, and the .grad of {graph_grads} tensor{'s' if graph_grads != 1 else ''} "
-                "carries an autograd graph: backward(create_graph=True) on a leaf makes a reference cycle "
-                "leaf -> .grad -> its graph -> leaf that Python's gc cannot see (PyTorch warns about it). Use "
-                "torch.autograd.grad(..., create_graph=True) instead, or set the leaf's .grad to None when "
-                f"done{at}.")
     return ("No Python object holds them: C/C++ code does, and the search cannot tell which (PyTorch's own "
             "buffers such as a cuBLAS workspace per stream, 32 MiB on an H100; an extension; a custom "
             f"autograd Function's C++ state){at}. With --trace on, their allocating line shows where they "

@@ -13,6 +13,6 @@ torch = need_cuda_torch()
 model = torch.nn.Linear(8192, 8192).cuda()
 outputs = []
 for step in range(10_000):
-    batch = torch.randn(16384, 8192, device="cuda")  # allocates
-    outputs.append(model(batch))  # 512 MiB a batch: the output, and the input its graph keeps
+    batch = torch.randn(16384, 8192, device="cuda")
+    outputs.append(model(batch))  # allocates 512 MiB a batch: the output, and the input its graph keeps
 print(f"{len(outputs)} batches")

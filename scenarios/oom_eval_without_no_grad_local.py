@@ -13,8 +13,8 @@ torch = need_cuda_torch()
 def evaluate(model):
     outputs = []
     for step in range(10_000):
-        batch = torch.randn(16384, 8192, device="cuda")  # allocates
-        outputs.append(model(batch))  # the output, and the input its graph keeps
+        batch = torch.randn(16384, 8192, device="cuda")
+        outputs.append(model(batch))  # allocates the output; its graph keeps the input
     return outputs
 
 

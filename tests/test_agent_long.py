@@ -77,7 +77,7 @@ def test_trace_auto_records_stacks_for_a_window_then_stops(agent_and_clock, tmp_
         return (1 << 30) + step // 10 * MiB + (step % 3) * 50 * MiB
 
     run_steps(agent, clock, 3000, 0.1, leak)  # 300 s
-    agent.watch.wait_for_copy()  # the search was made in a copy of the process
+    agent.watch.wait_for_copies()  # the search was made in a copy of the process
     calls = agent.torch.cuda.memory.history_calls
     assert [c["enabled"] for c in calls] == ["state", None]
     traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]
@@ -159,7 +159,7 @@ def test_growth_seen_over_time_before_any_step_leaves_the_steps_watched(agent_an
     assert agent.watch.suspected and agent.watch.suspected_by == "time"
     run_steps(agent, clock, 200, 0.05, lambda step, now: (1 << 30) + 320 * MiB + step * MiB)
     assert agent.watch.suspected_by == "step"
-    agent.watch.wait_for_copy()
+    agent.watch.wait_for_copies()
     found = records(tmp_path, agent)
     assert [s["by"] for s in found if s["type"] == "suspect"] == ["time", "step"]
     assert [r["when"] for r in found if r["type"] == "investigation"] == ["growth"]

@@ -239,14 +239,16 @@ def test_a_forged_root_cause_record_is_refused():
 
 
 def test_live_at_exit_names_what_a_clean_program_still_holds():
-    """Nothing grew, but 451 MiB was alive at exit: the finding says who holds it, and it is no verdict."""
+    """Nothing grew, but memory was alive at exit: the finding says who holds it, and it is no verdict."""
     _, recording = load("clean_adam")
     diagnosis = diagnose(recording)
     assert diagnosis.verdict == "clean"
     live = next(f for f in diagnosis.findings if f.kind == "live-at-exit")
-    assert live.evidence["root_cause"]["searched"] and not live.evidence["root_cause"]["allocation_stacks"]
+    # Stacks were recorded in the start-up window only: the weights have their line.
+    assert live.evidence["root_cause"]["searched"] and live.evidence["root_cause"]["allocation_stacks"]
     patterns = [s["holders"][0]["pattern"] for s in live.suspects if s["holders"]]
-    assert "__main__.model._modules[*]._parameters['weight']" in patterns
+    # The optimizer's groups reach each parameter in fewer references than the model's modules do.
+    assert "__main__.opt.param_groups[*]['params'][*]" in patterns
     assert "__main__.opt.state[<Parameter>]['exp_avg']" in patterns
     # What no tensor holds comes last, with what it usually is.
     assert live.suspects[-1]["holders"] == [] and "cuBLAS workspace" in live.suspects[-1]["remedy"]

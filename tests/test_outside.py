@@ -193,6 +193,9 @@ def test_cupy_pool_on_another_device_is_not_this_ones():
 
 def test_recordings_without_the_parts_get_the_outside_parts_only():
     report = json.loads((FIXTURES / "clean_adam.json").read_text())
+    for agent in report["recording"]["agents"]:  # as a recording made before the parts were measured
+        if agent.get("exit_info"):
+            agent["exit_info"].pop("parts", None)
     b = diagnose(Recording.from_json(report["recording"])).breakdowns[0]
     assert b.cublas_workspace_bytes is None and b.private_pool_bytes is None and b.nccl is None
     assert b.non_torch_warmup_bytes == b.non_torch_bytes and b.non_torch_rest_bytes == 0

@@ -200,9 +200,9 @@ class Agent:
                 sampler.sample("step")
             watch = self.watch
             trace = self.trace
-            if watch.copy is not None:
+            if watch.copies:
                 with quiet_gc():
-                    watch.poll_copy()
+                    watch.poll_copies()
             if watch.search_at is not None and self.steps >= watch.search_at[0]:
                 watch.search("growth")  # here, on the program's own thread, between steps
             elif trace.stop_at is not None and (now >= trace.stop_at or self.steps >= trace.stop_step) \

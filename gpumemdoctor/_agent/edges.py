@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import gc
 import os
 import types
 

@@ -77,7 +77,7 @@ def _exit_probes(agent, torch, parts: dict) -> None:
         touched = [row[0] for row in end]
         parts.update(parts_of.measure_at_end(torch, stats, touched))
         took("parts")
-        agent.watch.wait_for_copy()  # a search still under way in a copy of the process
+        agent.watch.wait_for_copies()  # a search still under way in a copy of the process
         if os.environ.get(ENV_SNAPSHOT) == "1" and agent.run_dir:
             _dump_snapshot(agent, torch)
             took("snapshot")

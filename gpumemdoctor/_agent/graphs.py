@@ -5,7 +5,6 @@ saved fields are looked up once per type, and a node whose saved tensors were fr
 is not descended from."""
 from __future__ import annotations
 
-import time
 
 MAX_NODES = 2_000_000
 MAX_HEADS = 4  # tensors whose graphs save one block, kept to choose from

@@ -17,13 +17,12 @@ import collections
 import gc
 import itertools
 import sys
-import threading
 import time
 import types
 
 from . import edges, graphs, heap
-from .blocks import PACKAGE_DIR, Spans, TensorKind, cuda_tensors, is_library_file, live_blocks, \
-    storage_span, thread_entry, user_frames
+from .blocks import Spans, TensorKind, cuda_tensors, live_blocks, storage_span, thread_entry, user_frames
+from .roots import Roots
 
 MAX_FRAMES = 8  # of the allocating stack kept per group
 MAX_GROUPS = 8
@@ -36,89 +35,12 @@ SWEEP_HEAP_FRACTION = 20
 SWEEP_MIN_OBJECTS = 20_000
 CLIMB_TOGETHER = 8  # anchors climbed from together: one heap scan per level serves them all
 FRUITLESS_CLIMBS = 3  # rounds in a row that reach no root before the climb stops
+PREPASS_REFERENCES = 20_000_000  # heap objects x anchors asked about in the one scan before the climb
 GRAPH_SHARE = 0.5  # of the budget left after the tensors are reached, for reading autograd graphs
 CLAIM_SHARE = 0.2  # of the budget left, for each short sweep beside a placed anchor
 # Why a block has no path: nothing in Python refers to it; something does, but nothing reachable
 # from the program's modules or frames holds that (C code or a dead cycle); the budget ran out.
 WHY = ("no-python-object", "unreachable", "not-reached")
-
-
-def _is_user_module(name: str, module) -> bool:
-    return name == "__main__" or not is_library_file(getattr(module, "__file__", None) or "")
-
-
-class Roots:
-    """Where paths start: the program's modules, and the locals of every live frame of every
-    thread but those in `skip_threads` (module-level frames are their module). Made where the
-    search is asked for: a copy of the process has only the thread that forked it."""
-
-    def __init__(self, skip_threads: set):
-        self.user_dicts: list = []
-        self.user_modules: set = set()
-        self.modules: list = []
-        for name, module in list(sys.modules.items()):
-            attrs = getattr(module, "__dict__", None) if type(module) is types.ModuleType else None
-            if type(attrs) is not dict:
-                continue
-            self.modules.append((name, module))
-            if name.startswith("gpumemdoctor"):
-                continue
-            if _is_user_module(name, module):
-                self.user_modules.add(name)
-                self.user_dicts.append((name, attrs))
-        self.user_dicts.sort(key=lambda r: r[0] != "__main__")
-        self.locals: list = []  # (thread label, where, name, value)
-        names = {t.ident: t.name for t in threading.enumerate()}
-        for ident, frame in sys._current_frames().items():
-            if ident in skip_threads:
-                continue
-            label = f"thread {names.get(ident, ident)!r}: "
-            while frame is not None:
-                if frame.f_code.co_filename.startswith(PACKAGE_DIR):
-                    frame = frame.f_back
-                    continue
-                try:
-                    local = frame.f_locals
-                except Exception:
-                    local = None
-                if local is not None and local is not frame.f_globals:
-                    where = edges.where(frame)
-                    items = dict.items(local) if type(local) is dict else local.items()
-                    self.locals += [(label, where, k, v) for k, v in items if gc.is_tracked(v)]
-                frame = frame.f_back
-
-    def closed(self) -> set:
-        """Ids the sweep never walks into: modules and their globals, the roads to the whole heap."""
-        out = {id(m) for _, m in self.modules}
-        out.update(id(m.__dict__) for _, m in self.modules)
-        return out
-
-    def sweep_start(self) -> tuple[list, dict]:
-        """Level 0 of the sweep (the program's module globals, then frame locals) and the labels
-        of each of its objects."""
-        objs, labels = [], {}
-        for name, attrs in self.user_dicts:
-            for k, v in list(dict.items(attrs)):
-                if gc.is_tracked(v) and id(v) not in labels:
-                    objs.append(v)
-                    labels[id(v)] = [name, edges.key_label(k)]
-        for label, where, k, v in self.locals:
-            if id(v) not in labels:
-                objs.append(v)
-                labels[id(v)] = [label, f"{where} local {k}"]
-        return objs, labels
-
-    def climb_roots(self) -> dict:
-        """id -> labels of every module global and every live frame's local."""
-        objs, labels = self.sweep_start()
-        del objs
-        for name, module in self.modules:
-            if name.startswith("gpumemdoctor"):
-                continue
-            for k, v in list(dict.items(module.__dict__)):
-                if type(v) is not types.ModuleType and id(v) not in labels:
-                    labels[id(v)] = [name, edges.key_label(k)]
-        return labels
 
 
 class Finder:
@@ -284,6 +206,7 @@ class Finder:
         if not pending:
             return
         root_labels = self.roots.climb_roots()
+        pending = self._referred(pending, anchors, holders, root_labels)
         together = 1  # the first climb alone: what it places beside it often places the rest
         scans = fruitless = 0
         while pending and not self.budget.over():
@@ -317,6 +240,31 @@ class Finder:
             del climb, starts
             pending = [i for i in pending if i not in tried and self._open(i, holders)]
         self.phases["climb_scans"] = scans
+
+    def _referred(self, pending: list, anchors: dict, holders: dict, roots: dict) -> list:
+        """One heap scan for many anchors at once: those nothing refers to (a tensor kept alive
+        from C++, as autograd keeps a leaf) are unreachable without a climb of their own. The
+        scan's cost grows with the anchors asked about, so fewer are asked in a bigger heap."""
+        if len(pending) <= CLIMB_TOGETHER:
+            return pending
+        many = max(16, min(256, PREPASS_REFERENCES // max(1, self.heap_objects)))
+        asked = tuple(anchors[i] for i in pending[:many])
+        wanted = {id(a) for a in asked}
+        ignore = self.mine | {id(anchors), id(holders), id(asked), id(pending)}
+        refs = gc.get_referrers(*asked)
+        referred = set()
+        for r in refs:
+            if id(r) not in ignore and id(r) != id(refs):
+                referred.update(wanted.intersection(map(id, gc.get_referents(r))))
+        del refs
+        dead = {i for i in wanted if i not in referred and i not in roots}
+        for i in dead:
+            for key, _ in holders[i]:
+                if key not in self.placed:
+                    self.why[key] = "unreachable"
+                    self.dead[key] = edges.short_type(type(anchors[i]))
+        self.phases["unreferred"] = len(dead)
+        return [i for i in pending if i not in dead]
 
     def _claim(self, chain: list, root: list, anchors: dict, holders: dict) -> None:
         """Anchors held beside one just placed: a short sweep down from each object on its path,
@@ -413,12 +361,18 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, roots:
     groups = _groups(blocks, finder, thread_names)
     fresh = [b for b in blocks if b["new"]]
     unreached = sum(1 for why in finder.why.values() if why == "not-reached")
+    if budget.over():
+        stop = f"stopped at its {budget_s:g} s budget"
+    elif finder.stopped:
+        stop = f"stopped early ({finder.stopped})"
+    else:
+        stop = "reached the end of what the sweep and the climb could reach"
     # Every block placed, or held by no Python object at all: then no garbage cycle holds any.
     complete = finder.stopped is None and all(why == "no-python-object" for why in finder.why.values())
     gave_up = None
     if unreached:
-        gave_up = (f"stopped at its {budget_s:g} s budget with {unreached} of {len(blocks)} allocations "
-                   f"not reached ({finder.heap_objects:,} objects in the heap)")
+        gave_up = (f"{stop} with {unreached} of {len(blocks)} allocations not reached "
+                   f"({finder.heap_objects:,} objects in the heap)")
     return {"source": source, "all_live": all_live, "candidate_bytes": sum(b["size"] for b in fresh),
             "candidate_count": len(fresh), "groups": groups, "visited": finder.heap_objects,
             "gave_up": gave_up, "elapsed_s": round(time.monotonic() - started, 3), "snapshot_s": snapshot_s,

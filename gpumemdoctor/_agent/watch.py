@@ -11,8 +11,8 @@ Then, once:
 - by time only: stacks are turned on, and the holders are looked for at exit.
 A search also runs at the first out-of-memory error (oom.py) and at exit (exit.py). During the
 run (growth, out of memory) a search is made in a copy of the process (forked.py): the program
-pauses only for the fork, and the copy writes its record itself; one copy at a time, polled at
-each step and waited for at exit. At exit the search runs in the process, with automatic
+pauses only for the fork, and the copy writes its record itself; one growth search at a time (an
+out-of-memory error's is made even while one runs), polled at each step and waited for at exit. At exit the search runs in the process, with automatic
 collection held off. Each stops at its budget (BUDGET_S); the search itself is search.py.
 """
 from __future__ import annotations
@@ -55,7 +55,7 @@ class GrowthWatch:
         self.search_at: tuple | None = None  # (step, monotonic time): a growth search is due
         self.baseline: dict | None = None
         self.kind = None  # blocks.TensorKind, made when first needed
-        self.copy: forked.Copy | None = None  # the copy of the process that is searching now
+        self.copies: list = []  # copies of the process that are searching now (forked.Copy)
 
     def prepare(self, devices: int) -> None:
         """The floor's series, made once at CUDA's start (the check then makes no container)."""
@@ -183,21 +183,22 @@ class GrowthWatch:
                     agent.channel.write({"type": "investigation", "when": when, "t": t, "step": step,
                                          "trace": trace, "forked": True, **result})
 
-                if self.copy is not None and not self.copy.poll():
-                    return None  # one copy at a time; the exit search covers what this one would have
+                self.poll_copies()
+                if when == "growth" and self.copies:
+                    return None  # one growth search at a time (an out-of-memory error's is always made)
                 copy = forked.start(in_copy, budget_s + COPY_SLACK_S)
                 del roots
             if isinstance(copy, str):
                 agent.channel.write({"type": "error", "where": f"investigation ({when})",
                                      "message": f"not made during the run: {copy}; the exit search covers it"})
                 return None
-            self.copy = copy
+            self.copies.append(copy)
             agent.cost["search_pauses"] = agent.cost.get("search_pauses", 0) + 1
             agent.cost["search_pause_s"] = agent.cost.get("search_pause_s", 0.0) + copy.pause_s
             agent.cost["search_pause_max_s"] = max(agent.cost.get("search_pause_max_s", 0.0), copy.pause_s)
             return None
         own.add(threading.get_ident())  # our frames at exit hold nothing of the program's
-        self.wait_for_copy()
+        self.wait_for_copies()
         collecting = gc.isenabled()
         gc.disable()  # the search allocates: a collection now would free the program's garbage
         try:
@@ -213,23 +214,21 @@ class GrowthWatch:
                              "trace": agent.trace.on or agent.trace.was_on, **result})
         return result
 
-    def poll_copy(self) -> None:
-        """Reap the searching copy once it is done (at a step boundary)."""
-        if self.copy is not None and self.copy.poll():
-            self._copy_done()
+    def poll_copies(self) -> None:
+        """Reap the searching copies that are done (at a step boundary)."""
+        for copy in [c for c in self.copies if c.poll()]:
+            self._copy_done(copy)
 
-    def wait_for_copy(self) -> None:
-        """At exit: the copy's record must be written before the process's last one."""
-        copy = self.copy
-        if copy is None:
-            return
-        while not copy.poll():
-            time.sleep(0.005)
-        self._copy_done()
+    def wait_for_copies(self) -> None:
+        """At exit: the copies' records must be written before the process's last one."""
+        for copy in list(self.copies):
+            while not copy.poll():
+                time.sleep(0.005)
+            self._copy_done(copy)
 
-    def _copy_done(self) -> None:
-        copy, self.copy = self.copy, None
-        if copy is not None and copy.status:
+    def _copy_done(self, copy) -> None:
+        self.copies.remove(copy)
+        if copy.status:
             what = "was killed at its deadline" if copy.status == -9 else f"ended with status {copy.status}"
             self.agent.channel.write({"type": "error", "where": "investigation (copy)",
                                       "message": f"the copy of the process searching for holders {what}"})

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.expect import exit_status, expectations, extra_args, header, root_cause, scenarios
-from tests.gpu.runs import SKIP_EXIT, cached_report, check_suspect, run_scenario
+from tests.expect import exit_status, expectations, header, root_cause, scenarios
+from tests.gpu.runs import cached_report, check_suspect, run_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = scenarios()
@@ -242,18 +241,19 @@ def test_trace_off_still_finds_the_holder_without_stacks(tmp_path):
     assert top["where"] is None and top["holders"][0]["pattern"] == "__main__.stats.history[*]", top
 
 
-def test_live_at_exit_names_the_holder_without_stacks_by_default(tmp_path):
-    """Without --trace on, a program in which nothing grew gets no stacks, but the exit search
-    still says who holds what it left alive."""
+def test_live_at_exit_names_the_holder_and_the_start_up_line_by_default(tmp_path):
+    """Without --trace on, a program in which nothing grew gets stacks only for its start-up
+    window: the exit search says who holds what it left alive, and where it came from."""
     path = next(p for p in SCENARIOS if p.stem == "live_model_at_exit")
     report = run_scenario(path, tmp_path, args=("--trace", "auto"))
     assert report["verdict"] == "clean", report["findings"]
     live = next(f for f in report["findings"] if f["kind"] == "live-at-exit")
     assert live["bytes"] >= 512 * MIB
     searched = live["evidence"]["root_cause"]
-    assert searched["searched"] and searched["allocation_stacks"] is False, searched
+    assert searched["searched"] and searched["allocation_stacks"] is True, searched
     top = live["suspects"][0]
-    assert top["where"] is None and top["holders"][0]["pattern"] == root_cause(path)["holder"], top
+    assert top["holders"][0]["pattern"] == root_cause(path)["holder"], top
+    assert top["where"] is not None and top["where"][1] == root_cause(path)["line"], top
     assert top["bytes"] == 512 * MIB and top["count"] == 8, top
 
 
