@@ -4,7 +4,9 @@
 
 For each workload of corpus/ it runs the script plainly and under the tool, alternating plain,
 tool, plain, tool, ... (--repeats pairs), and compares, median against median:
-  - the whole process's wall time (the tool's start-up, its exit probes and report included);
+  - the whole process's wall time (the tool's start-up, its exit probes and report included), and
+    that time split in three: launch to the first step, the loop, the last step to the end (the
+    split shows where an extra second comes from when imports make the whole noisy);
   - the median step time and the longest gap between two steps (each workload prints both:
     STEP_TIME_MS, STEP_GAP_MAX_MS), so a pause of the tool in the training loop shows;
   - from the tool's report: each holder search (when, in a copy or not, seconds against its
@@ -33,7 +35,7 @@ CORPUS = os.path.join(REPO_ROOT, "corpus")
 sys.path.insert(0, HERE)
 from overhead import RunFailed, _base_env, _cuda_info, _shell  # noqa: E402
 
-FIGURE = re.compile(r"^(STEPS|STEP_TIME_MS|STEP_GAP_MAX_MS)\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+FIGURE = re.compile(r"^(STEPS|STEP_TIME_MS|STEP_GAP_MAX_MS|LOOP_FIRST_EPOCH_S|LOOP_LAST_EPOCH_S)\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 SKIP_EXIT = 77
 TARGETS = {"whole_pct": 5.0, "whole_s": 1.0, "gap_ms": 100.0, "exit_search_s": 1.0, "budget_share": 1.1}
 
@@ -102,17 +104,23 @@ def main(argv: list[str] | None = None) -> int:
                 status = 1
                 continue
             results["workloads"][name] = {"runs": runs, "summary": _summary(runs)}
+            if args.json:  # after each workload, so a run cut short keeps what it measured
+                _write(args.json, results)
     _table(results["workloads"])
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(results, f, indent=1)
-            f.write("\n")
+        _write(args.json, results)
         print(f"raw numbers: {args.json}")
     if status:
         return status
     if args.check and any(not w["summary"]["within_targets"] for w in results["workloads"].values()):
         return 3
     return 0
+
+
+def _write(path: str, results: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
 
 
 class _Skip(Exception):
@@ -122,12 +130,12 @@ class _Skip(Exception):
 def _run(name, mode, cmd, env, cwd, timeout, report) -> dict | None:
     if report and os.path.exists(report):
         os.remove(report)
-    start = time.perf_counter()
+    start, launched = time.perf_counter(), time.time()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RunFailed(f"{name} ({mode}) ran past {timeout:g} s: {_shell(cmd)}")
-    wall = time.perf_counter() - start
+    wall, ended = time.perf_counter() - start, time.time()
     if proc.returncode == SKIP_EXIT:
         return None
     figures = dict(FIGURE.findall(proc.stdout))
@@ -136,6 +144,12 @@ def _run(name, mode, cmd, env, cwd, timeout, report) -> dict | None:
                         f"--- stdout ---\n{proc.stdout[-3000:]}--- stderr ---\n{proc.stderr[-3000:]}")
     run = {"mode": mode, "wall_s": round(wall, 4), "step_time_ms": float(figures["STEP_TIME_MS"]),
            "gap_max_ms": float(figures["STEP_GAP_MAX_MS"]), "steps": int(float(figures["STEPS"]))}
+    if "LOOP_FIRST_EPOCH_S" in figures:
+        # The wall time split: launch to the first step (imports, set-up, the tool's start-up), the
+        # loop, the last step to the process's end (the program's teardown, the tool's exit work).
+        first, last = float(figures["LOOP_FIRST_EPOCH_S"]), float(figures["LOOP_LAST_EPOCH_S"])
+        run.update(before_s=round(first - launched, 4), loop_s=round(last - first, 4),
+                   after_s=round(ended - last, 4))
     if report:
         run.update(_from_report(report))
     return run
@@ -185,6 +199,9 @@ def _summary(runs: list[dict]) -> dict:
            "copy_pause_max_s": max((r["copy_pause_max_s"] for r in tool if r["copy_pause_max_s"] is not None),
                                    default=None),
            "verdicts": sorted({r["verdict"] for r in tool}), "holders": sorted({str(r["holder"]) for r in tool})}
+    for part in ("before_s", "loop_s", "after_s"):
+        if all(part in r for r in runs):
+            out[f"{part[:-2]}_extra_s"] = med(r[part] for r in tool) - med(r[part] for r in plain)
     allowed = max(TARGETS["whole_pct"] / 100 * wall_plain, TARGETS["whole_s"])
     out["within_targets"] = bool(out["wall_extra_s"] <= allowed and out["gap_added_ms"] <= TARGETS["gap_ms"]
                                  and (out["exit_search_max_s"] or 0) <= TARGETS["exit_search_s"]
@@ -195,16 +212,22 @@ def _summary(runs: list[dict]) -> dict:
 def _table(workloads: dict) -> None:
     if not workloads:
         return
-    print(f"\n{'workload':24s} {'plain s':>8s} {'tool s':>8s} {'extra':>13s} {'gap+ ms':>8s} "
-          f"{'exit s':>7s} {'budget':>7s} {'pause ms':>9s}  verdict")
+    print(f"\n{'workload':24s} {'plain s':>8s} {'tool s':>8s} {'extra':>13s} {'before+':>8s} {'loop+':>6s} "
+          f"{'after+':>7s} {'gap+ ms':>8s} {'exit s':>7s} {'budget':>7s} {'pause ms':>9s}  verdict")
     for name, w in workloads.items():
         s = w["summary"]
         pause = f"{s['copy_pause_max_s'] * 1000:.1f}" if s["copy_pause_max_s"] is not None else "-"
         exit_s = f"{s['exit_search_max_s']:.2f}" if s["exit_search_max_s"] is not None else "-"
         share = f"{s['search_budget_share_max']:.0%}" if s["search_budget_share_max"] is not None else "-"
         print(f"{name:24s} {s['wall_plain_s']:8.2f} {s['wall_tool_s']:8.2f} "
-              f"{s['wall_extra_s']:+6.2f}/{s['wall_extra_pct']:+5.1f}% {s['gap_added_ms']:+8.1f} {exit_s:>7s} "
+              f"{s['wall_extra_s']:+6.2f}/{s['wall_extra_pct']:+5.1f}% {_part(s, 'before'):>8s} "
+              f"{_part(s, 'loop'):>6s} {_part(s, 'after'):>7s} {s['gap_added_ms']:+8.1f} {exit_s:>7s} "
               f"{share:>7s} {pause:>9s}  {','.join(s['verdicts'])}{'' if s['within_targets'] else '  MISSED'}")
+
+
+def _part(summary: dict, part: str) -> str:
+    extra = summary.get(f"{part}_extra_s")
+    return "-" if extra is None else f"{extra:+.2f}"
 
 
 if __name__ == "__main__":

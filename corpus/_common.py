@@ -6,6 +6,12 @@ Every workload prints, on standard output, three lines the benchmark and the GPU
     STEP_TIME_MS <median milliseconds between two step ends, after warm-up>
     STEP_GAP_MAX_MS <longest time between two step ends, after warm-up>
 
+and two more, the wall-clock times (seconds since the epoch) of the first and the last step's end,
+so the benchmark can split a process's wall time into before the loop, the loop and after it:
+
+    LOOP_FIRST_EPOCH_S <time.time() at the first step's end>
+    LOOP_LAST_EPOCH_S <time.time() at the last step's end>
+
 The longest gap is what a pause of the tool would show as (a frozen training loop).
 """
 import importlib
@@ -56,9 +62,14 @@ class StepClock:
 
     def __init__(self):
         self.ends = []
+        self.epochs = []
 
     def tick(self):
         self.ends.append(time.perf_counter())
+        if len(self.epochs) < 2:
+            self.epochs.append(time.time())
+        else:
+            self.epochs[-1] = time.time()
 
     def report(self):
         gaps = [b - a for a, b in zip(self.ends[WARMUP_STEPS:], self.ends[WARMUP_STEPS + 1:])]
@@ -66,4 +77,6 @@ class StepClock:
             return
         print(f"STEPS {len(gaps)}")
         print(f"STEP_TIME_MS {statistics.median(gaps) * 1000:.3f}")
-        print(f"STEP_GAP_MAX_MS {max(gaps) * 1000:.3f}", flush=True)
+        print(f"STEP_GAP_MAX_MS {max(gaps) * 1000:.3f}")
+        print(f"LOOP_FIRST_EPOCH_S {self.epochs[0]:.4f}")
+        print(f"LOOP_LAST_EPOCH_S {self.epochs[-1]:.4f}", flush=True)
