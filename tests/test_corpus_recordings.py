@@ -1,0 +1,89 @@
+"""The corpus's recordings (tests/fixtures/corpus: real-library workloads run on an H100, see its
+README), judged again here without a GPU: each gets its workload's verdict and names its holder,
+and every search in them kept to the limits of issue 18 (budget, exit search, copy pause)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpumemdoctor.diagnosis import diagnose
+from gpumemdoctor.recording import Recording
+from tests.expect import corpus, expectations, root_cause
+
+RECORDINGS = Path(__file__).parent / "fixtures" / "corpus"
+WORKLOADS = {p.stem: p for p in corpus()}
+REPORTS = sorted(RECORDINGS.glob("*.json"))
+CLEAN = ("clean", "allocator-cache")
+
+
+def load(path: Path) -> tuple[dict, Recording]:
+    report = json.loads(path.read_text())
+    return report, Recording.from_json(report["recording"])
+
+
+def searches(report: dict):
+    for agent in report["recording"]["agents"]:
+        for search in agent["root"]["investigations"]:
+            yield agent, search
+
+
+def test_every_workload_has_a_recording():
+    assert set(WORKLOADS) == {p.stem for p in REPORTS}
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=[p.stem for p in REPORTS])
+def test_recording_gets_the_workloads_verdict_and_holder(path):
+    report, recording = load(path)
+    workload = WORKLOADS[path.stem]
+    verdict, _ = expectations(workload)
+    diagnosis = diagnose(recording)
+    if verdict == "clean":
+        assert diagnosis.verdict in CLEAN
+        return
+    assert diagnosis.verdict == verdict
+    want = root_cause(workload)
+    finding = next(f for f in diagnosis.findings if f.kind == verdict)
+    holder = finding.suspects[0]["holders"][0]
+    assert holder["pattern"].startswith(want["holder"]), finding.suspects[0]
+    # The line that allocates is marked in the workload; the stacks of --trace auto name it.
+    top = finding.suspects[0]
+    if top["where"] is not None:
+        assert Path(top["where"][0]).name == workload.name and top["where"][1] == want["line"]
+
+
+@pytest.mark.parametrize("path", REPORTS, ids=[p.stem for p in REPORTS])
+def test_searches_kept_to_their_limits(path):
+    """Issue 18: no search more than 10% past its budget, the exit search at most 1 s, no copy of
+    the process that paused the program for more than 100 ms; and each search says what it saw."""
+    report, _ = load(path)
+    for agent, search in searches(report):
+        assert search["budget_s"] is not None
+        assert search["elapsed_s"] <= 1.1 * search["budget_s"], search
+        if search["when"] == "exit":
+            assert search["elapsed_s"] <= 1.0 and not search.get("forked")
+        else:
+            assert search["forked"], search  # an in-run search is made in a copy of the process
+        assert search["visited"] > 0 and search["tensors"] is not None
+        pause = ((agent.get("exit_info") or {}).get("cost") or {}).get("search_pause_max_s")
+        assert pause is None or pause <= 0.1
+
+
+def test_the_big_heap_is_a_million_objects_and_still_searched_in_time():
+    report, _ = load(RECORDINGS / "big_heap_lru_cache.json")
+    found = list(searches(report))
+    assert {s["when"] for _, s in found} == {"growth", "exit"}
+    for _, search in found:
+        assert search["visited"] >= 1_000_000
+        assert search["complete"] and search["gave_up"] is None
+
+
+def test_leaky_workloads_were_searched_during_the_run():
+    """A leak seen growing gets its in-run search (in a copy), not only the exit's."""
+    for path in REPORTS:
+        verdict, _ = expectations(WORKLOADS[path.stem])
+        if verdict == "clean":
+            continue
+        report, _ = load(path)
+        assert any(s["when"] == "growth" and s["forked"] for _, s in searches(report)), path.stem
