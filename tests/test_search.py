@@ -434,6 +434,43 @@ def test_a_librarys_global_is_reached_by_the_climb():
         del json._gpumemdoctor_probe
 
 
+def test_a_climb_starts_no_heap_scan_that_would_pass_the_budget():
+    """A scan of a big heap cannot be stopped midway: one expected to take longer than the budget
+    has left is not started (the search stays within its budget and says why it stopped)."""
+    from gpumemdoctor._agent import heap
+
+    held = [torch.ones(5)]
+    roots = {id(held)}
+    slow = heap.Climb(roots, set(), heap.Budget(0.5), scan_s=1.0)
+    slow.run([held[0]])
+    assert slow.scans == 0 and slow.stopped == "time" and not slow.chains
+    fast = heap.Climb(roots, set(), heap.Budget(0.5), scan_s=0.0)
+    fast.run([held[0]])
+    assert fast.scans == 1 and fast.chains[id(held[0])][0] is held
+    assert fast.scan_s > 0  # the scan was timed: the next climb expects as much
+
+
+def test_a_search_whose_next_scan_would_not_fit_stops_within_budget(monkeypatch):
+    import json
+
+    json._gpumemdoctor_probe = [torch.ones(5)]
+    real = search.Finder._sweep
+
+    def after_slow_anchors(self, *args):  # as if the heap were so big that the anchors took 0.4 s
+        self.phases["anchors_s"] = 0.4
+        return real(self, *args)
+
+    monkeypatch.setattr(search.Finder, "_sweep", after_slow_anchors)
+    try:
+        result = search_for(json._gpumemdoctor_probe[0], budget_s=0.3)
+        (group,) = result["groups"]
+        assert not group["holders"] and group["unheld_why"]
+        assert "would pass the budget" in result["gave_up"] and result["elapsed_s"] < 0.3
+        assert result["phases"]["climb_scans"] == 0
+    finally:
+        del json._gpumemdoctor_probe
+
+
 def test_one_climb_places_a_whole_list_beside_the_first():
     import json
 

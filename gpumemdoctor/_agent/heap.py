@@ -222,10 +222,14 @@ class Climb:
     garbage collector knows refers to it (held from C, or by nothing but a dead cycle).
     `ignore`: ids of the caller's own containers that hold any of these objects."""
 
-    def __init__(self, roots, ignore: set, budget: Budget, beam: int = 32, max_depth: int = 40):
+    def __init__(self, roots, ignore: set, budget: Budget, beam: int = 32, max_depth: int = 40,
+                 scan_s: float = 0.0):
         self.roots = roots
         self.ignore = ignore
         self.budget = budget
+        # What one heap scan is expected to cost (the last one's time): a scan is not started when
+        # less than that is left, so a big heap does not carry the search past its budget.
+        self.scan_s = scan_s
         self.beam = beam
         self.max_depth = max_depth
         self.chains: dict = {}
@@ -256,13 +260,15 @@ class Climb:
             if depth >= self.max_depth:
                 self.stopped = "depth"
                 break
-            if self.budget.over():
+            if self.budget.over() or self.budget.left() < self.scan_s:
                 self.stopped = "time"
                 break
             depth += 1
             ft = tuple(frontier)
             del frontier
+            mark = time.monotonic()
             refs = gc.get_referrers(*ft)
+            self.scan_s = time.monotonic() - mark
             self.scans += 1
             mine = {id(ft), id(keep), id(refs)}
             at = {id(o): o for o in ft}

@@ -61,6 +61,7 @@ class Finder:
         self.graph_nodes = 0
         self.graph_grads = 0  # tensors whose .grad carries an autograd graph (create_graph=True)
         self.stopped: str | None = None
+        self.scan_s = 0.0  # what one heap scan (gc.get_referrers) is expected to cost
         self.mine: set = set()  # ids of the search's own containers that hold the program's objects
 
     def run(self) -> None:
@@ -206,6 +207,8 @@ class Finder:
         if not pending:
             return
         root_labels = self.roots.climb_roots()
+        # One heap scan costs about what the pass that found the anchors did, until one is timed.
+        self.scan_s = self.phases.get("anchors_s", 0.0)
         pending = self._referred(pending, anchors, holders, root_labels)
         together = 1  # the first climb alone: what it places beside it often places the rest
         scans = fruitless = 0
@@ -213,8 +216,9 @@ class Finder:
             starts = [anchors[i] for i in pending[:together]]
             together = CLIMB_TOGETHER
             climb = heap.Climb(root_labels, self.mine | {id(anchors), id(holders), id(starts), id(pending)},
-                               self.budget)
+                               self.budget, scan_s=self.scan_s)
             climb.run(starts)
+            self.scan_s = climb.scan_s
             scans += climb.scans
             for s in starts:
                 chain = climb.chains.get(id(s))
@@ -230,7 +234,8 @@ class Finder:
             tried = {id(s) for s in starts}
             fruitless = 0 if climb.chains else fruitless + 1
             if climb.stopped == "time":
-                self.stopped = "climb (time)"
+                self.stopped = ("climb (time)" if self.budget.over() else
+                                f"climb (its next heap scan, about {self.scan_s:.2f} s, would pass the budget)")
                 break
             if fruitless >= FRUITLESS_CLIMBS:
                 # Rounds in a row whose every way up ended below any root: what is left is most
@@ -245,13 +250,15 @@ class Finder:
         """One heap scan for many anchors at once: those nothing refers to (a tensor kept alive
         from C++, as autograd keeps a leaf) are unreachable without a climb of their own. The
         scan's cost grows with the anchors asked about, so fewer are asked in a bigger heap."""
-        if len(pending) <= CLIMB_TOGETHER:
+        if len(pending) <= CLIMB_TOGETHER or self.budget.left() < self.scan_s:
             return pending
         many = max(16, min(256, PREPASS_REFERENCES // max(1, self.heap_objects)))
         asked = tuple(anchors[i] for i in pending[:many])
         wanted = {id(a) for a in asked}
         ignore = self.mine | {id(anchors), id(holders), id(asked), id(pending)}
+        mark = time.monotonic()
         refs = gc.get_referrers(*asked)
+        self.scan_s = time.monotonic() - mark
         referred = set()
         for r in refs:
             if id(r) not in ignore and id(r) != id(refs):
