@@ -235,7 +235,7 @@ class Finder:
             fruitless = 0 if climb.chains else fruitless + 1
             if climb.stopped == "time":
                 self.stopped = ("climb (time)" if self.budget.over() else
-                                f"climb (its next heap scan, about {self.scan_s:.2f} s, would pass the budget)")
+                                f"climb: its next heap scan, about {self.scan_s:.2f} s, would pass the budget")
                 break
             if fruitless >= FRUITLESS_CLIMBS:
                 # Rounds in a row whose every way up ended below any root: what is left is most
