@@ -157,14 +157,12 @@ def edge(parent, child, after) -> tuple:
         attr, what = _GENERATORS[t]
         frame = getattr(parent, attr, None)
         if frame is not None:
-            if child is frame and after is not None:
-                name = _local(frame, after)
-                return f" -> suspended {what} {parent.__qualname__}() at " \
-                       f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} local {name}", 2
-            name = _local(frame, child)
-            if name is not None:
+            via_frame = child is frame and after is not None
+            name = _local(frame, after if via_frame else child)
+            if via_frame or name is not None:
                 return (f" -> suspended {what} {parent.__qualname__}() at "
-                        f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} local {name}"), 1
+                        f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} local {name}"), \
+                    2 if via_frame else 1
     if t is types.FunctionType:
         if child is parent.__closure__ and after is not None:
             for name, cell in zip(parent.__code__.co_freevars, parent.__closure__):
