@@ -266,3 +266,19 @@ def test_informative_findings_cannot_fail_a_ci_check():
     from gpumemdoctor.checks import FAILABLE
 
     assert "live-at-exit" not in FAILABLE and "context" not in FAILABLE and "leak" in FAILABLE
+
+
+def test_the_allocating_line_is_named_in_nine_leaks_of_ten():
+    """Issue 19: stacks from CUDA's start (the start-up window of --trace auto) name the allocating
+    line in at least 90% of the leak scenarios' recordings, fast ones included."""
+    named, leaks = [], []
+    for path in sorted(SCENARIO_DIR.glob("*.py")):
+        if path.name.startswith("_") or expectations(path)[0] != "leak":
+            continue
+        _, recording = load(path.stem)
+        finding = next(f for f in diagnose(recording).findings if f.kind == "leak")
+        leaks.append(path.stem)
+        if finding.suspects and finding.suspects[0]["where"] is not None:
+            assert Path(finding.suspects[0]["where"][0]).name == path.name
+            named.append(path.stem)
+    assert len(leaks) >= 20 and len(named) >= 0.9 * len(leaks), sorted(set(leaks) - set(named))
