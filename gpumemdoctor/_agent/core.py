@@ -203,7 +203,7 @@ class Agent:
             if watch.copies:
                 with quiet_gc():
                     watch.poll_copies()
-            if watch.search_at is not None and self.steps >= watch.search_at[0]:
+            if watch.search_at is not None and self.steps >= watch.search_at:
                 watch.search("growth")  # here, on the program's own thread, between steps
             elif trace.stop_at is not None and (now >= trace.stop_at or self.steps >= trace.stop_step) \
                     and watch.search_at is None:

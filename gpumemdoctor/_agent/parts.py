@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .blocks import snapshot
+
 DEFAULT_POOL = (0, 0)  # the allocator's own pool; any other id is a private pool
 
 
@@ -44,7 +46,7 @@ def _pools_from_snapshot(torch, indexes: list[int]) -> list[list[int]] | None:
     if not _captured_a_graph(torch):
         return [[index, 0] for index in indexes]
     totals = dict.fromkeys(indexes, 0)
-    for segment in torch.cuda.memory._snapshot().get("segments", []):
+    for segment in snapshot(torch).get("segments", []):
         pool = segment.get("segment_pool_id")
         if pool is not None and tuple(pool) != DEFAULT_POOL and segment.get("device") in totals:
             totals[segment["device"]] += int(segment.get("total_size") or 0)

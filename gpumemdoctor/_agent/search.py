@@ -254,17 +254,10 @@ class Finder:
             return pending
         many = max(16, min(256, PREPASS_REFERENCES // max(1, self.heap_objects)))
         asked = tuple(anchors[i] for i in pending[:many])
-        wanted = {id(a) for a in asked}
-        ignore = self.mine | {id(anchors), id(holders), id(asked), id(pending)}
         mark = time.monotonic()
-        refs = gc.get_referrers(*asked)
+        referred = _referred_ids(asked, self.mine | {id(anchors), id(holders), id(asked), id(pending)})
         self.scan_s = time.monotonic() - mark
-        referred = set()
-        for r in refs:
-            if id(r) not in ignore and id(r) != id(refs):
-                referred.update(wanted.intersection(map(id, gc.get_referents(r))))
-        del refs
-        dead = {i for i in wanted if i not in referred and i not in roots}
+        dead = {id(a) for a in asked if id(a) not in referred and id(a) not in roots}
         for i in dead:
             for key, _ in holders[i]:
                 if key not in self.placed:
@@ -297,6 +290,18 @@ class Finder:
         for key, suffix in holders[anchor]:
             if key not in self.placed:
                 self.placed[key] = labels + suffix
+
+
+def _referred_ids(asked: tuple, ignore: set) -> set:
+    """The ids of those of `asked` that an object the garbage collector knows refers to (other
+    than the containers in `ignore`): one heap scan for all of them."""
+    wanted = {id(a) for a in asked}
+    refs = gc.get_referrers(*asked)
+    referred = set()
+    for r in refs:
+        if id(r) not in ignore and id(r) != id(refs):
+            referred.update(wanted.intersection(map(id, gc.get_referents(r))))
+    return referred
 
 
 class _Nothing:

@@ -32,7 +32,6 @@ SUSPECT_MIN_BYTES = 4 << 20
 CHECK_EVERY = 8
 MAX_FLOOR_POINTS = 512  # then every other point is dropped: a check stays about 0.1 ms, on the step path
 INVESTIGATE_AFTER_STEPS = 16
-INVESTIGATE_AFTER_S = 3.0
 WARMUP_STEPS = 10  # --trace on: what is alive after these many steps is not new
 # How long one holder search may take. The searches made in a copy of the process cost the
 # program nothing but the fork; the exit searches delay the end of the run by what they take.
@@ -52,7 +51,7 @@ class GrowthWatch:
         self.positive_checks = 0
         self.suspected = False
         self.suspected_by = ""
-        self.search_at: tuple | None = None  # (step, monotonic time): a growth search is due
+        self.search_at: int | None = None  # the step at which a growth search is due
         self.baseline: dict | None = None
         self.kind = None  # blocks.TensorKind, made when first needed
         self.copies: list = []  # copies of the process that are searching now (forked.Copy)
@@ -127,7 +126,7 @@ class GrowthWatch:
             self.take_baseline("growth")
         if trace.mode == "auto":
             trace.start("growth")
-        self.search_at = (agent.steps + INVESTIGATE_AFTER_STEPS, time.monotonic() + INVESTIGATE_AFTER_S)
+        self.search_at = agent.steps + INVESTIGATE_AFTER_STEPS
 
     # -- the searches -----------------------------------------------------------------
     def tensor_kind(self):
