@@ -451,3 +451,9 @@ def user_line(stack: list) -> list | None:
 
 def at(frame: list) -> str:
     return _at(frame)
+
+
+def gave_up_text(gave_up: str) -> str:
+    """A search's `gave_up` as the report says it: this version's say how they stopped ("stopped
+    at its 1 s budget ...", "reached the end of ..."); an older report's get "gave up" before."""
+    return gave_up if gave_up.startswith(("stopped", "reached")) else f"gave up {gave_up}"

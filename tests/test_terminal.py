@@ -101,3 +101,16 @@ def test_the_breakdown_draws_the_parts_it_was_given():
     out = io.StringIO()
     terminal._breakdown(Console(file=out, width=80, no_color=True, color_system=None), old)
     assert "in warm-up" not in out.getvalue() and "CuPy, cudaMalloc, NCCL, loaded kernels" in out.getvalue()
+
+
+@pytest.mark.parametrize("gave_up, shown", [
+    ("stopped at its 1 s budget with 3 of 5 allocations not reached (10 objects in the heap)",
+     "stopped at its 1 s budget with 3 of 5 allocations not reached (10 objects in the heap)"),
+    ("reached the end of what the sweep and the climb could reach with 1 of 2 allocations not reached",
+     "reached the end of what the sweep and the climb could reach with 1 of 2 allocations not reached"),
+    ("after 48,128 objects", "gave up after 48,128 objects"),  # an older report's words
+])
+def test_a_search_that_stopped_says_how_once(gave_up, shown):
+    from gpumemdoctor.suspects import gave_up_text
+
+    assert gave_up_text(gave_up) == shown

@@ -98,7 +98,9 @@ class Finder:
                     anchors[id(head)] = head
                     holders.setdefault(id(head), []).append((key, labels))
                 self.why[key] = "not-reached"
+            # The loop's lists refer to the heads: a climb from a head would find them first.
             del found
+            candidates = reached = None
         mark = time.monotonic()
         self._climb(anchors, holders)
         self.phases["climb_s"] = time.monotonic() - mark

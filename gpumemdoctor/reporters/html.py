@@ -19,6 +19,7 @@ from ..diagnosis import INFORMATIVE, Breakdown, Diagnosis, Finding
 from ..envelope import envelope
 from ..errors import MissingExtraError
 from ..recording import Recording
+from ..suspects import gave_up_text
 from ..units import format_bytes as fb
 from . import _html_page as page
 from ._html_parts import OUTSIDE_PARTS, PARTS, bar_part, within
@@ -387,7 +388,7 @@ def _suspects(f: Finding) -> str:
     if isinstance(searched, dict) and searched.get("searched"):
         when = "at exit" if searched.get("when") == "exit" else f"at step {searched.get('step')}"
         head += f" (searched {when}, {searched.get('elapsed_s', 0):.2f} s"
-        head += f"; gave up {searched['gave_up']})" if searched.get("gave_up") else ")"
+        head += f"; {gave_up_text(searched['gave_up'])})" if searched.get("gave_up") else ")"
     out.append(f'<h4>{_e(head)}</h4><div class="suspects">')
     for i, s in enumerate(f.suspects, 1):
         out.append(_suspect(i, s, f.remedy))

@@ -7,6 +7,7 @@ from rich.text import Text
 
 from ..diagnosis import INFORMATIVE, WARNINGS, Breakdown, Diagnosis
 from ..recording import Recording
+from ..suspects import gave_up_text
 from ..units import format_bytes as fb
 
 VERDICT_STYLE = {"clean": "bold green", "leak": "bold red", "out-of-memory": "bold red",
@@ -272,7 +273,7 @@ def _suspects(table: Table, f) -> None:
     if isinstance(searched, dict) and searched.get("searched"):
         when = "at exit" if searched.get("when") == "exit" else f"at step {searched.get('step')}"
         head += f" (searched {when}, {searched.get('elapsed_s', 0):.2f} s"
-        head += f"; gave up {searched['gave_up']})" if searched.get("gave_up") else ")"
+        head += f"; {gave_up_text(searched['gave_up'])})" if searched.get("gave_up") else ")"
     table.add_row("", Text(head + ":", style="bold"))
     for i, s in enumerate(f.suspects, 1):
         table.add_row("", f" {i}. {s['summary']}")
