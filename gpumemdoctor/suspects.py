@@ -232,7 +232,7 @@ def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[lis
     for g in (g for g in chosen["groups"] if _on(g, torch_index)):
         if g["frames"]:
             s = _allocation_suspect(g)
-            s["remedy"] = _live_remedy(g["holders"][0] if g["holders"] else None, s["where"])
+            s["remedy"] = _live_remedy(g["holders"][0] if g["holders"] else None, s["where"], g.get("unheld_why"))
             suspects.append(s)
             continue
         # No allocation stacks: one suspect per holder, which is what the user can act on.

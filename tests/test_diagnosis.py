@@ -282,3 +282,13 @@ def test_the_allocating_line_is_named_in_nine_leaks_of_ten():
             assert Path(finding.suspects[0]["where"][0]).name == path.name
             named.append(path.stem)
     assert len(leaks) >= 20 and len(named) >= 0.9 * len(leaks), sorted(set(leaks) - set(named))
+
+
+def test_a_live_suspect_without_a_holder_gets_the_remedy_of_its_reason():
+    """A block whose holder nothing reachable refers to is not told "no Python object holds it"."""
+    _, recording = load("garbage_closures")
+    live = next(f for f in diagnose(recording).findings if f.kind == "live-at-exit")
+    unreachable = [s for s in live.suspects if "nothing the program reach" in s["summary"]]
+    assert unreachable
+    for s in unreachable:
+        assert not s["remedy"].startswith("No Python object holds it"), s
