@@ -38,7 +38,10 @@ def probe(report: dict, phase: str) -> list:
 def reports(tmp_path_factory):
     """Each scenario's report, run once for every test and every xdist worker that asks for it."""
     cache: dict = {}
-    shared = tmp_path_factory.getbasetemp().parent / "scenario-reports"
+    # In xdist workers, the folder above a worker's own is the session's, which all workers share;
+    # without workers, the session's own folder (the one above it outlives the session).
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "scenario-reports"
 
     def get(path: Path) -> dict:
         if path.name not in cache:
