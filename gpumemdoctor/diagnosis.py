@@ -174,7 +174,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         if retained < needed:
             # Growth through the whole loop that was let go of only after it (the function that
             # held it returned, a cycle was collected): the loop's leak all the same.
-            released = _released(agent, torch_index, allocated, series, probes, b)
+            released = _released(agent, torch_index, allocated, series)
         if retained >= needed or released is not None:
             g = _growth(agent, torch_index, nvml_index, "allocated", by, allocated, series)
             result.growth.append(g)
@@ -255,8 +255,7 @@ RELEASED_SHARE = 0.5  # of the growth, gone after the last step, for a growth to
 FALL_SHARE = 0.1  # of the growth: the floor falling back by more (and by 4 MiB) is a sawtooth
 
 
-def _released(agent: AgentRecording, torch_index: int, fit: GrowthFit, series: list,
-              probes: dict, b: Breakdown) -> dict | None:
+def _released(agent: AgentRecording, torch_index: int, fit: GrowthFit, series: list) -> dict | None:
     """How a growth that went on to the loop's last step was let go of after it: when (the first
     reading after the last step sample that is below the top floor by RELEASED_SHARE of the
     growth) and how: `gc-at-exit` (only gc.collect() at exit freed it: reference cycles held it),

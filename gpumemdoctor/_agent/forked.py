@@ -10,6 +10,7 @@ the program's buffers, no destructors). Its output goes to /dev/null; it dies wi
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import math
@@ -68,18 +69,14 @@ class Copy:
             return True
         if pid == 0:
             if time.monotonic() > self.deadline:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                try:
+                with contextlib.suppress(ChildProcessError):
                     os.waitpid(self.pid, 0)
-                except ChildProcessError:
-                    pass
                 self.status = -signal.SIGKILL
                 return True
             return False
-        self.status = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else status
+        self.status = os.waitstatus_to_exitcode(status)
         return True
 
 
