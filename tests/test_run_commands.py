@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -155,7 +156,8 @@ def test_torch_distributed_run_under_run_records_the_launcher_and_each_rank(cli,
                  "--nproc-per-node", "2", "rank.py", cwd=tmp_path, timeout=180,
                  env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
-    ranks = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
+    # The two ranks write to one pipe: one's line may land in the middle of the other's.
+    ranks = sorted((json.loads(obj) for obj in re.findall(r"\{[^{}]*\}", result.stdout)),
                    key=lambda r: r["RANK"])
     recording = json.loads((tmp_path / "r.json").read_text())["recording"]
     launcher = recording["target"]["pid"]
