@@ -1,6 +1,6 @@
 """What `gpumemdoctor run` costs on programs built with real libraries (corpus/).
 
-    python benchmarks/corpus.py [--repeats 3] [--only NAME ...] [--samples N] [--json PATH]
+    python benchmarks/corpus.py [--repeats 3] [--only NAME ...] [--also ARGS ...] [--samples N] [--json PATH]
 
 For each workload of corpus/ it runs the script plainly and under the tool, alternating plain,
 tool, plain, tool, ... (--repeats pairs), and compares, median against median:
@@ -13,7 +13,9 @@ tool, plain, tool, ... (--repeats pairs), and compares, median against median:
     budget), the longest pause its copies cost the program, and the verdict.
 Targets (issue 18): whole process at most 5% or 1 s over plain, whichever is larger; at most
 100 ms added to the longest step gap; the exit search at most 1 s; no search over 110% of its
-budget. --samples sets the big-heap workloads' dataset size (CORPUS_SAMPLES; 2,500,000 makes ten
+budget. --also "ARGS" adds a third kind of run to each round, the tool with those options
+(`--also "--trace off"`), compared with plain the same way, to attribute a cost to one part of the
+tool. --samples sets the big-heap workloads' dataset size (CORPUS_SAMPLES; 2,500,000 makes ten
 million objects). --check exits 3 when a target is missed.
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -48,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--only", action="append", choices=workloads())
+    p.add_argument("--also", action="append", default=[], metavar="ARGS",
+                   help='a further tool run in each round, with these options (e.g. "--trace off")')
     p.add_argument("--samples", type=int, help="CORPUS_SAMPLES for the big-heap workloads")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--keep", metavar="DIR", help="keep the last tool run's report of each workload here")
@@ -77,12 +82,14 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.only or workloads():
             script = os.path.join(CORPUS, f"{name}.py")
             plain = [sys.executable, script]
-            tool = [sys.executable, "-m", "gpumemdoctor", "run", "-o", report, "--force", "-q", script]
+            tool = [sys.executable, "-m", "gpumemdoctor", "run", "-o", report, "--force", "-q"]
+            modes = [("plain", plain), ("tool", [*tool, script])]
+            modes += [(f"tool {extra}", [*tool, *shlex.split(extra), script]) for extra in args.also]
             runs = []
             try:
                 for pair in range(args.repeats):
-                    for mode, cmd in (("plain", plain), ("tool", tool)):
-                        run = _run(name, mode, cmd, env, tmp, args.timeout, report if mode == "tool" else None)
+                    for mode, cmd in modes:
+                        run = _run(name, mode, cmd, env, tmp, args.timeout, report if mode != "plain" else None)
                         if run is None:
                             raise _Skip()
                         run["pair"] = pair
@@ -90,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  {name:24s} {mode:5s} #{pair + 1}: wall {run['wall_s']:6.2f} s, step "
                               f"{run['step_time_ms']:8.3f} ms, longest gap {run['gap_max_ms']:8.1f} ms"
                               + (f", exit search {run['exit_search_s']} s, searches {run['searches']}, "
-                                 f"verdict {run['verdict']}" if mode == "tool" else ""), flush=True)
+                                 f"verdict {run['verdict']}" if mode != "plain" else ""), flush=True)
                     if args.keep and os.path.exists(report):
                         os.makedirs(args.keep, exist_ok=True)
                         with open(report, encoding="utf-8") as src, \
@@ -103,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"corpus: {exc}", file=sys.stderr)
                 status = 1
                 continue
-            results["workloads"][name] = {"runs": runs, "summary": _summary(runs)}
+            summary = _summary(runs)
+            if args.also:
+                summary["also"] = {extra: _summary(runs, f"tool {extra}") for extra in args.also}
+            results["workloads"][name] = {"runs": runs, "summary": summary}
             if args.json:  # after each workload, so a run cut short keeps what it measured
                 _write(args.json, results)
     _table(results["workloads"])
@@ -181,9 +191,9 @@ def _from_report(path: str) -> dict:
             "copy_pause_max_s": max(pauses) if pauses else None, "exit_costs": exit_costs}
 
 
-def _summary(runs: list[dict]) -> dict:
+def _summary(runs: list[dict], mode: str = "tool") -> dict:
     plain = [r for r in runs if r["mode"] == "plain"]
-    tool = [r for r in runs if r["mode"] == "tool"]
+    tool = [r for r in runs if r["mode"] == mode]
     med = statistics.median
     wall_plain, wall_tool = med(r["wall_s"] for r in plain), med(r["wall_s"] for r in tool)
     gap_plain, gap_tool = med(r["gap_max_ms"] for r in plain), med(r["gap_max_ms"] for r in tool)
@@ -212,10 +222,12 @@ def _summary(runs: list[dict]) -> dict:
 def _table(workloads: dict) -> None:
     if not workloads:
         return
+    rows = [(name, w["summary"]) for name, w in workloads.items()]
+    rows += [(f"{name} ({extra})", s) for name, w in workloads.items()
+             for extra, s in w["summary"].get("also", {}).items()]
     print(f"\n{'workload':24s} {'plain s':>8s} {'tool s':>8s} {'extra':>13s} {'before+':>8s} {'loop+':>6s} "
           f"{'after+':>7s} {'gap+ ms':>8s} {'exit s':>7s} {'budget':>7s} {'pause ms':>9s}  verdict")
-    for name, w in workloads.items():
-        s = w["summary"]
+    for name, s in rows:
         pause = f"{s['copy_pause_max_s'] * 1000:.1f}" if s["copy_pause_max_s"] is not None else "-"
         exit_s = f"{s['exit_search_max_s']:.2f}" if s["exit_search_max_s"] is not None else "-"
         share = f"{s['search_budget_share_max']:.0%}" if s["search_budget_share_max"] is not None else "-"
