@@ -12,7 +12,9 @@ so the benchmark can split a process's wall time into before the loop, the loop 
     LOOP_FIRST_EPOCH_S <time.time() at the first step's end>
     LOOP_LAST_EPOCH_S <time.time() at the last step's end>
 
-The longest gap is what a pause of the tool would show as (a frozen training loop).
+The longest gap is what a pause of the tool would show as (a frozen training loop). With
+CORPUS_STEP_TIMES=PATH, every step's time (milliseconds, after warm-up) is also written to PATH, one
+per line, to see where in the loop a cost falls.
 """
 import importlib
 import os
@@ -78,5 +80,8 @@ class StepClock:
         print(f"STEPS {len(gaps)}")
         print(f"STEP_TIME_MS {statistics.median(gaps) * 1000:.3f}")
         print(f"STEP_GAP_MAX_MS {max(gaps) * 1000:.3f}")
+        if os.environ.get("CORPUS_STEP_TIMES"):
+            with open(os.environ["CORPUS_STEP_TIMES"], "w", encoding="utf-8") as f:
+                f.writelines(f"{gap * 1000:.3f}\n" for gap in gaps)
         print(f"LOOP_FIRST_EPOCH_S {self.epochs[0]:.4f}")
         print(f"LOOP_LAST_EPOCH_S {self.epochs[-1]:.4f}", flush=True)

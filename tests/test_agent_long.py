@@ -139,7 +139,9 @@ def test_trace_auto_records_stacks_for_a_start_up_window_by_time(agent_and_clock
     traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]
     assert traces[1]["step"] == int(trace.STARTUP_WINDOW_S) and not agent.trace.on
     run_steps(agent, clock, 200, 0.1, lambda step, now: (1 << 30) + step * MiB)  # a leak: stacks again
-    assert agent.trace.on and agent.trace.window == "growth"
+    traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]
+    assert [t["why"] for t in traces[2:]] == ["growth", f"stopped after {trace.TRACE_WINDOW_S:.0f} s"]
+    assert agent.trace.window == "growth" and not agent.trace.on  # its own window, ended by now
 
 
 def test_growth_seen_over_time_before_any_step_leaves_the_steps_watched(agent_and_clock, tmp_path):

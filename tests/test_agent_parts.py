@@ -150,3 +150,38 @@ def _recording(agent: AgentRecording) -> Recording:
     nvml = {(agent.pid, 0): [(s.t, s.readings[0].nvml_used_bytes) for s in agent.samples]}
     return Recording(tool_version="test", target={"pid": agent.pid, "argv": []}, started_wall=0.0,
                      duration_s=10.0, poll_interval_s=0.005, nvml_available=True, nvml=nvml, agents=[agent])
+
+
+def test_a_sample_reads_pytorchs_stats_once_when_nothing_moves(agent_and_clock):
+    agent, _ = agent_and_clock
+    sampler = agent.sampler
+    agent.torch.set(100 * MiB, 128 * MiB)
+    calls = []
+    real = sampler.stats_fn
+    sampler.stats_fn = lambda index: calls.append(index) or real(index)
+    (row,) = sampler.read_devices()
+    assert len(calls) == 1  # the costly read (about 150 us on an H100 host) once; NVML twice
+    assert row[3] == 128 * MiB and row[5] == 128 * MiB + CONTEXT
+
+
+def test_a_sample_is_read_again_when_the_allocator_reserved_between_its_reads(agent_and_clock):
+    """The program reserves memory on another thread right after PyTorch's figures were read:
+    NVML's second figure differs from its first, so the pair would not describe one moment."""
+    agent, _ = agent_and_clock
+    sampler = agent.sampler
+    torch = agent.torch
+    torch.set(100 * MiB, 128 * MiB)
+    calls = []
+    real = sampler.stats_fn
+
+    def reserve_after_the_first_read(index):
+        stats = real(index)
+        calls.append(index)
+        if len(calls) == 1:
+            torch.set(200 * MiB, 256 * MiB)  # after the figures were taken, before NVML's second read
+        return stats
+
+    sampler.stats_fn = reserve_after_the_first_read
+    (row,) = sampler.read_devices()
+    assert len(calls) == 2
+    assert row[1] == 200 * MiB and row[3] == 256 * MiB and row[5] == 256 * MiB + CONTEXT

@@ -1,9 +1,10 @@
 """The neutral readings: PyTorch's allocator and NVML, read into rows made once, written as one line.
 
-What a sample costs: PyTorch's nested stats read twice per device (10-21 us each), the
-process's NVML figure once (about 7 us), one line of text; 53 us on an H200
-(benchmarks/agent_cost.py), at most once per interval (20 ms, doubled every 1000 samples up
-to 5 s), and at each of the first 100 steps. The reads go through `Neutral` (neutral.py), and
+What a sample costs: PyTorch's nested stats read once per device (10-21 us on an H200, about
+150 us on the lent H100's host), the process's NVML figure twice (about 7 us each), one line of
+text; at most once per interval (20 ms, doubled every 1000 samples up to 5 s), and at each of the
+first 100 steps. With the stats read twice, as before 2026-11-24, a sample cost 53 us on an H200
+(benchmarks/agent_cost.py) and 280-300 us on that H100 (benchmarks/overhead.py's agent cost). The reads go through `Neutral` (neutral.py), and
 nothing else on the way makes a container: the program's garbage collections come when they
 would have come. Each process's exit record keeps what its samples cost (`cost`).
 """
@@ -40,6 +41,7 @@ class Sampler:
         self.stats_fn = None  # torch index -> PyTorch's nested allocator stats
         self.rows: list[list] = []  # one reading per device, filled in place (see _read_rows)
         self.live: list[bool] = []  # which rows the last reading filled
+        self.nvml_before: list = []  # per device, NVML's figure before PyTorch's was read
         self.nvml_readers: list = []  # nvml.ProcessMemory per device, or None
         self.first_alloc_t: float | None = None
         self.samples_skipped = 0  # time samples put off because the collector was near its threshold
@@ -54,6 +56,7 @@ class Sampler:
             or torch.cuda.memory_stats_as_nested_dict
         self.rows = [[d["index"], None, None, None, None, None, None, None] for d in agent.devices]
         self.live = [False] * len(agent.devices)
+        self.nvml_before = [None] * len(agent.devices)
         self.nvml_readers = []
         for d in agent.devices:
             reader = None
@@ -95,19 +98,28 @@ class Sampler:
         return [list(self.rows[i]) for i in range(len(self.rows)) if self.live[i]]
 
     def _read_rows(self, room: bool):
-        """Fill self.rows in place: PyTorch's figures, then NVML's, then PyTorch's reserved again
-        (if the allocator moved meanwhile, the pair does not describe one moment: read again).
-        PyTorch is read inside Neutral.read; NVML outside it, because the foreign call lets
-        other threads run, and what the program allocates meanwhile must not be counted as
-        the agent's. NO_ROOM when `room` is asked and the collector is near its threshold."""
+        """Fill self.rows in place: NVML's figures, then PyTorch's, then NVML's again (if NVML
+        moved meanwhile, the allocator reserved or released memory between the reads, and the
+        pair does not describe one moment: read again). NVML is read twice and PyTorch once, not
+        the other way round: a stats read costs about 150 us on the H100, an NVML read about
+        7 us (NOTES.md). PyTorch is read inside Neutral.read; NVML outside it, because the
+        foreign call lets other threads run, and what the program allocates meanwhile must not
+        be counted as the agent's. NO_ROOM when `room` is asked and the collector is near its
+        threshold."""
         neutral = self.neutral
+        before = self.nvml_before
+        self._read_nvml()
         for _ in range(3):
+            rows = self.rows
+            for i in range(len(rows)):
+                before[i] = rows[i][5]
             if neutral.read(self._read_torch, None, room) is NO_ROOM:
                 return NO_ROOM
             self._read_nvml()
-            moved = neutral.read(self._reserved_moved, None, room)
-            if moved is NO_ROOM:
-                return NO_ROOM
+            moved = False
+            for i in range(len(rows)):
+                if rows[i][5] != before[i]:
+                    moved = True
             if not moved:
                 break
         rows = self.rows
@@ -136,14 +148,6 @@ class Sampler:
             row[4] = _stat(stats, "requested_bytes", "current")
             row[6] = _stat(stats, "allocated_bytes", "peak")
             row[7] = _stat(stats, "reserved_bytes", "peak")
-
-    def _reserved_moved(self, _) -> bool:
-        stats_fn = self.stats_fn
-        rows = self.rows
-        for i in range(len(rows)):
-            if _stat(stats_fn(rows[i][0]), "reserved_bytes", "current") != rows[i][3]:
-                return True
-        return False
 
     def _read_nvml(self) -> None:
         agent = self.agent
