@@ -6,7 +6,7 @@ End-to-end slowdowns of a short-step loop are within the run-to-run noise of
 the loop itself (see overhead.py), so this measures the agent's own work
 directly, in a CUDA process, with the agent's real code:
   - the optimizer step hook when no sample is due (every step pays this),
-  - one sample (allocator statistics read twice, the process's NVML figure,
+  - one sample (allocator statistics read once, the process's NVML figure twice,
     one JSON line written), paid once per sampling interval,
   - a real tiny optimizer.step() with and without the hook registered,
     interleaved blocks, medians.
