@@ -192,7 +192,8 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                             "non_torch": after_warmup.to_json() if after_warmup is not None else None})
     for j in judgement.judge(evidence):
         if j.kind == "leak" and j.evidence["decided_by"] == "growth":
-            j.suspects, j.evidence["root_cause"] = suspects.leak_suspects(agent.root, torch_index)
+            released = bool(j.evidence.get("released"))
+            j.suspects, j.evidence["root_cause"] = suspects.leak_suspects(agent.root, torch_index, released)
             j.remedy = j.suspects[0]["remedy"] if j.suspects and j.suspects[0]["holders"] else LEAK_REMEDY
         elif j.kind == "live-at-exit":
             j.suspects, j.evidence["root_cause"] = suspects.live_suspects(agent.root, torch_index)

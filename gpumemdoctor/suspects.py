@@ -19,8 +19,10 @@ def _on(group: dict, torch_index: int, new: bool | None = None) -> bool:
             and (new is None or (group["new"] is not False) is new))
 
 
-def leak_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
-    """Suspects of a leak on one device, and what the search was (or why there was none)."""
+def leak_suspects(root: dict, torch_index: int, released: bool = False) -> tuple[list[dict], dict]:
+    """Suspects of a leak on one device, and what the search was (or why there was none).
+    `released`: the growth was let go of after the loop (diagnosis._released), so a function
+    that held it has returned by now, and its remedy says what to do inside the loop."""
     found = [i for i in root["investigations"] if any(_on(g, torch_index, True) for g in i["groups"])]
     if not found:
         return [], {"searched": False, "why_not": _why_not(root, torch_index)}
@@ -38,6 +40,11 @@ def leak_suspects(root: dict, torch_index: int) -> tuple[list[dict], dict]:
         repeated = _with_later_allocations(repeated)
         repeated = [g for g in repeated if g["frames"]] or repeated
     suspects = [_allocation_suspect(g) for g in repeated]
+    if released:
+        for suspect in suspects:
+            holder = suspect["holders"][0] if suspect["holders"] else None
+            if holder is not None and holder["kind"] == "frame-local":
+                suspect["remedy"] = _released_local_remedy(holder, suspect["where"])
     meta = {"searched": True, "when": chosen["when"], "step": chosen["step"], "t": chosen["t"],
             "allocation_stacks": chosen["trace"], "source": chosen["source"],
             "new_bytes": chosen["candidate_bytes"], "new_allocations": chosen["candidate_count"],
@@ -173,6 +180,14 @@ def _remedy(holder: dict | None, where: list | None, threads: list | None, why: 
     if threads and any("(ended)" in t for t in threads):
         text += " The thread that allocated them has ended; the reference above is what keeps them."
     return text
+
+
+def _released_local_remedy(holder: dict, where: list | None) -> str:
+    """A local of a function kept the loop's tensors, and the function has returned since."""
+    at = f" (allocated at {where[0]}:{where[1]})" if where else ""
+    return (f"A local variable kept every step's tensors while the loop ran: {holder['path']}{at}; it "
+            f"let go of them only when its function returned. Keep a number (.item()) or a CPU copy "
+            f"(.detach().cpu()) instead, or bound it: a longer loop runs out of memory.")
 
 
 WHY_TEXT = {

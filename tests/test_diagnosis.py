@@ -292,3 +292,15 @@ def test_a_live_suspect_without_a_holder_gets_the_remedy_of_its_reason():
     assert unreachable
     for s in unreachable:
         assert not s["remedy"].startswith("No Python object holds it"), s
+
+
+@pytest.mark.parametrize("path", [FIXTURES / "leak_released_at_return.json",
+                                  FIXTURES.parent / "corpus" / "vision_dataloader_metric.json"])
+def test_a_released_leak_held_by_a_local_is_not_told_to_let_the_function_return(path):
+    """The growth was let go of when the function returned: the remedy is about the loop."""
+    recording = Recording.from_json(json.loads(path.read_text())["recording"])
+    leak = next(f for f in diagnose(recording).findings if f.kind == "leak")
+    assert leak.evidence["released"]["how"] == "after-the-loop"
+    assert leak.suspects[0]["holders"][0]["kind"] == "frame-local"
+    assert "still running" not in leak.remedy and "let the function return" not in leak.remedy
+    assert "while the loop ran" in leak.remedy and ".item()" in leak.remedy
