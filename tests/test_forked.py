@@ -46,6 +46,61 @@ def test_a_copy_past_its_deadline_is_killed():
     assert copy.status == -9
 
 
+def test_a_copy_made_on_a_thread_that_ends_goes_on_searching():
+    """An out-of-memory error on a worker thread makes its copy there; the thread may end first."""
+    import threading
+
+    r, w = os.pipe()
+    made = []
+
+    def search():
+        time.sleep(0.8)  # the thread that forked has ended by now
+        os.write(w, b"searched")
+
+    def on_a_worker_thread():
+        made.append(forked.start(search, 5.0))
+        time.sleep(0.3)  # then ends, while its copy searches
+
+    worker = threading.Thread(target=on_a_worker_thread)
+    worker.start()
+    worker.join()
+    (copy,) = made
+    assert isinstance(copy, forked.Copy), copy
+    while not copy.poll():
+        time.sleep(0.01)
+    os.close(w)
+    assert copy.status == 0 and os.read(r, 100) == b"searched"
+    os.close(r)
+
+
+def test_a_copy_ends_soon_after_its_program(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    code = textwrap.dedent("""
+        import os, time
+        from gpumemdoctor._agent import forked
+
+        def search():  # a long search, on the CPU
+            end = time.monotonic() + 30
+            while time.monotonic() < end:
+                pass
+
+        copy = forked.start(search, 60.0)
+        print(copy.pid, flush=True)
+        os._exit(0)  # the program ends without waiting for its copy
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    pid = int(proc.stdout.split()[0])
+    deadline = time.monotonic() + 5
+    alive = True
+    while alive and time.monotonic() < deadline:
+        try:
+            alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            alive = False
+        time.sleep(0.02)
+    assert not alive, "the copy went on searching after its program ended"
+
+
 def test_no_copy_when_the_fork_would_pause_the_program_too_long(monkeypatch):
     monkeypatch.setattr(forked, "private_bytes", lambda: 64 << 30)
     why = forked.start(lambda: None, 1.0)

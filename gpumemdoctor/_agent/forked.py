@@ -5,13 +5,14 @@ The program pauses only for the fork itself (its page tables are copied: about 1
 the process's own memory on an H100 machine); then each page either side writes is copied once.
 The copy never touches CUDA: it reads Python objects and the allocator's host-side bookkeeping,
 writes its one record to the agent's file, and leaves with os._exit (no atexit, no flushing of
-the program's buffers, no destructors). Its output goes to /dev/null; it dies with its parent
-(PR_SET_PDEATHSIG) and at its own deadline (SIGALRM), and the parent reaps it.
+the program's buffers, no destructors). Its output goes to /dev/null; it dies at its own deadline
+(SIGALRM) and soon after the program (it looks at its parent every ORPHAN_CHECK_S of its CPU time,
+SIGVTALRM), and the parent reaps it. Not PR_SET_PDEATHSIG: that follows the thread that forked,
+and a copy made on a worker thread (an out-of-memory error there) would die with that thread.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import math
 import os
@@ -20,7 +21,7 @@ import sys
 import time
 import warnings
 
-PR_SET_PDEATHSIG = 1
+ORPHAN_CHECK_S = 0.05  # of the copy's CPU time, between two looks at whether its program still runs
 MAX_PAUSE_S = 0.08  # a fork that would pause the program longer than this is not made
 PAUSE_S_PER_GIB = 0.011  # measured on the lent H100 machine (kernel 6.18): 21-23 ms at 1.5 GiB, 104-124 at 9.7
 _in_copy = False  # True in the copy: the agent's own after-fork hook must not start an agent there
@@ -92,6 +93,7 @@ def start(search, deadline_s: float) -> Copy | str:
                 f"pause it for about {pause * 1000:.0f} ms")
     t = time.monotonic()
     started = time.perf_counter()
+    program = os.getpid()
     _in_copy = True
     try:
         with warnings.catch_warnings():
@@ -103,22 +105,26 @@ def start(search, deadline_s: float) -> Copy | str:
         _in_copy = False
         return f"fork failed: {type(exc).__name__}: {exc}"
     if pid == 0:
-        _run_copy(search, deadline_s)  # never returns
+        _run_copy(search, deadline_s, program)  # never returns
     _in_copy = False
     pause_s = time.perf_counter() - started
     return Copy(pid, t, pause_s, time.monotonic() + deadline_s)
 
 
-def _run_copy(search, deadline_s: float) -> None:
+def _run_copy(search, deadline_s: float, program: int) -> None:
     try:
         gc.disable()
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        except Exception:
-            pass
         for sig in (signal.SIGALRM, signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         signal.alarm(max(1, math.ceil(deadline_s)))
+
+        def orphaned(*_):  # the program has ended: nobody waits for this search any more
+            if os.getppid() != program:
+                os._exit(0)
+
+        orphaned()
+        signal.signal(signal.SIGVTALRM, orphaned)
+        signal.setitimer(signal.ITIMER_VIRTUAL, ORPHAN_CHECK_S, ORPHAN_CHECK_S)
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(null, fd)
