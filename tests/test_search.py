@@ -625,3 +625,43 @@ def test_tensors_nothing_refers_to_are_unreachable_without_a_climb_each():
     finally:
         for i in ids:
             ctypes.pythonapi.Py_DecRef(ctypes.cast(i, ctypes.py_object))
+
+
+class CountingTensor(torch.Tensor):
+    """A tensor subclass whose autograd and storage accessors are the program's own code."""
+
+    calls = 0
+
+    @property
+    def requires_grad(self):
+        CountingTensor.calls += 1
+        return torch._C.TensorBase.requires_grad.__get__(self)
+
+    @property
+    def grad_fn(self):
+        CountingTensor.calls += 1
+        return torch._C.TensorBase.grad_fn.__get__(self)
+
+    @property
+    def grad(self):
+        CountingTensor.calls += 1
+        return torch._C.TensorBase.grad.__get__(self)
+
+    def untyped_storage(self):
+        CountingTensor.calls += 1
+        return torch._C.TensorBase.untyped_storage(self)
+
+
+def test_the_search_runs_no_accessor_of_a_tensor_subclass():
+    global COUNTED
+    leaf = torch.ones(4, requires_grad=True)
+    COUNTED = [(leaf * 2).as_subclass(CountingTensor), torch.ones(5).as_subclass(CountingTensor)]
+    block = block_of(COUNTED[1])
+    CountingTensor.calls = 0
+    try:
+        result = search_for(blocks=[block])
+        (group,) = result["groups"]
+        assert group["holders"][0]["path"] == f"{__name__}.COUNTED[1]"
+        assert CountingTensor.calls == 0
+    finally:
+        del COUNTED

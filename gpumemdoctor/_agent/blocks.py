@@ -69,10 +69,42 @@ class TensorKind:
         return known
 
 
+_base: list = []  # [PyTorch's C tensor type, or None], looked up once
+
+
+def _tensor_base():
+    if not _base:
+        c = getattr(sys.modules.get("torch"), "_C", None)
+        base = getattr(c, "TensorBase", None) or getattr(c, "_TensorBase", None)
+        _base.append(base if isinstance(base, type) else None)
+    return _base[0]
+
+
+_readers: dict = {}  # field name -> PyTorch's C accessor of it, bound once
+
+
+def tensor_field(tensor, name: str):
+    """tensor.<name> (requires_grad, grad_fn, grad, is_leaf, is_cuda, device) as PyTorch's C
+    accessor reads it: a subclass may define a property of that name, and that is the program's
+    code."""
+    base = _base[0] if _base else _tensor_base()
+    if base is not None and issubclass(type(tensor), base):
+        read = _readers.get(name)
+        if read is None:
+            read = _readers[name] = getattr(base, name).__get__
+        return read(tensor)
+    return getattr(tensor, name)
+
+
 def storage_span(tensor):
-    """(address, bytes) of the tensor's storage; None where it has no plain storage."""
+    """(address, bytes) of the tensor's storage; None where it has no plain storage. Read
+    through PyTorch's own method, never a subclass's override."""
     try:
-        storage = tensor.untyped_storage()
+        base = _tensor_base()
+        if base is not None and issubclass(type(tensor), base):
+            storage = base.untyped_storage(tensor)
+        else:
+            storage = tensor.untyped_storage()
         return storage.data_ptr(), storage.nbytes()
     except Exception:
         return None
@@ -137,7 +169,7 @@ def cuda_tensors(kind: TensorKind):
         if not kind(obj):
             continue
         try:
-            span = storage_span(obj) if obj.is_cuda else None
+            span = storage_span(obj) if tensor_field(obj, "is_cuda") else None
         except Exception:
             continue
         if span:

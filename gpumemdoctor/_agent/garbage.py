@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 import gc
 
-from .blocks import Spans, TensorKind, storage_span, user_frames
+from .blocks import Spans, TensorKind, storage_span, tensor_field, user_frames
 from .edges import pattern
 from .referents import ATOMIC, children
 from .search import MAX_FRAMES, MAX_GROUPS
@@ -53,7 +53,7 @@ def _describe_garbage(found: list, kind: TensorKind, frames_of: Spans | None,
             if not kind(child):
                 continue
             try:
-                if cuda_only and not child.is_cuda:
+                if cuda_only and not tensor_field(child, "is_cuda"):
                     continue
             except Exception:
                 continue
@@ -78,7 +78,7 @@ def _describe_garbage(found: list, kind: TensorKind, frames_of: Spans | None,
 
 def _is_cuda(tensor) -> bool:
     try:
-        return bool(tensor.is_cuda)
+        return bool(tensor_field(tensor, "is_cuda"))
     except Exception:
         return False
 

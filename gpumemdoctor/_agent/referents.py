@@ -10,7 +10,7 @@ import gc
 import os
 import types
 
-from .blocks import TensorKind
+from .blocks import TensorKind, tensor_field
 
 ATOMIC = (str, bytes, bytearray, int, float, complex, bool, type(None), types.CodeType,
           types.BuiltinFunctionType, types.ModuleType, memoryview, range)
@@ -105,13 +105,13 @@ def _attributes(obj):
 
 def _tensor_children(t):
     try:
-        fn = t.grad_fn
+        fn = tensor_field(t, "grad_fn")
     except Exception:
         fn = None
     if fn is not None:
         yield ".grad_fn", fn
     try:
-        grad = t.grad if t.is_leaf else None
+        grad = tensor_field(t, "grad") if tensor_field(t, "is_leaf") else None
     except Exception:
         grad = None
     if grad is not None:

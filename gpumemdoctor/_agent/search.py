@@ -21,7 +21,8 @@ import time
 import types
 
 from . import edges, graphs, heap
-from .blocks import Spans, TensorKind, cuda_tensors, live_blocks, storage_span, thread_entry, user_frames
+from .blocks import (Spans, TensorKind, cuda_tensors, live_blocks, storage_span, tensor_field, thread_entry,
+                     user_frames)
 from .roots import Roots
 
 MAX_FRAMES = 8  # of the allocating stack kept per group
@@ -136,6 +137,7 @@ class Finder:
             holders.setdefault(id(obj), []).append((key, suffix))
 
         locate = self._locate
+        field = tensor_field
         heads = []  # (tensor, labels up to its graph, the graph's first node)
         # A tensor subclass's __torch_function__ is the program's code: not run while reading.
         guard = getattr(getattr(self.torch, "_C", None), "DisableTorchFunctionSubclass", None)
@@ -145,22 +147,21 @@ class Finder:
                 if key is not None:
                     add(t, key, [])
                 try:
-                    if not t.requires_grad:
+                    if not field(t, "requires_grad"):
                         continue
-                    fn = t.grad_fn
-                    if fn is not None:
-                        heads.append((t, [".grad_fn"], fn))
-                        continue
-                    g = t.grad
+                    fn = field(t, "grad_fn")
+                    g = field(t, "grad") if fn is None else None
+                    grad_fn = field(g, "grad_fn") if g is not None else None
                 except Exception:
                     continue
-                if g is not None:
+                if fn is not None:
+                    heads.append((t, [".grad_fn"], fn))
+                elif g is not None:
                     key = locate(g)
                     if key is not None:
                         add(t, key, [".grad"])
-                    fn = getattr(g, "grad_fn", None)
-                    if fn is not None:  # backward(create_graph=True): the gradient keeps a graph
-                        heads.append((t, [".grad", ".grad_fn"], fn))
+                    if grad_fn is not None:  # backward(create_graph=True): the gradient keeps a graph
+                        heads.append((t, [".grad", ".grad_fn"], grad_fn))
                         self.graph_grads += 1
             for a in arrays:
                 try:
@@ -456,5 +457,6 @@ def _tensor_storages(kind: TensorKind) -> list[dict]:
     for tensor, address, size in cuda_tensors(kind):
         if address not in seen:
             seen.add(address)
-            out.append({"device": tensor.device.index, "address": address, "size": size, "frames": []})
+            out.append({"device": tensor_field(tensor, "device").index, "address": address, "size": size,
+                        "frames": []})
     return out
