@@ -4,9 +4,9 @@ What a sample costs: PyTorch's nested stats read once per device (10-21 us on an
 150 us on the lent H100's host), the process's NVML figure twice (about 7 us each), one line of
 text; at most once per interval (20 ms, doubled every 1000 samples up to 5 s), and at each of the
 first 100 steps. With the stats read twice, as before 2026-11-24, a sample cost 53 us on an H200
-(benchmarks/agent_cost.py) and 280-300 us on that H100 (benchmarks/overhead.py's agent cost). The reads go through `Neutral` (neutral.py), and
-nothing else on the way makes a container: the program's garbage collections come when they
-would have come. Each process's exit record keeps what its samples cost (`cost`).
+(benchmarks/agent_cost.py) and 280-300 us on that H100 (benchmarks/overhead.py's agent cost).
+The reads go through `Neutral` (neutral.py), and nothing else on the way makes a container: the
+program's garbage collections come when they would have come. Each process's exit record keeps what its samples cost (`cost`).
 """
 from __future__ import annotations
 
