@@ -39,12 +39,7 @@ def leak_suspects(root: dict, torch_index: int, released: bool = False) -> tuple
         # ... or the same leak's, allocated after --trace auto's window closed: held the same way
         repeated = _with_later_allocations(repeated)
         repeated = [g for g in repeated if g["frames"]] or repeated
-    suspects = [_allocation_suspect(g) for g in repeated]
-    if released:
-        for suspect in suspects:
-            holder = suspect["holders"][0] if suspect["holders"] else None
-            if holder is not None and holder["kind"] == "frame-local":
-                suspect["remedy"] = _released_local_remedy(holder, suspect["where"])
+    suspects = [_allocation_suspect(g, released) for g in repeated]
     meta = {"searched": True, "when": chosen["when"], "step": chosen["step"], "t": chosen["t"],
             "allocation_stacks": chosen["trace"], "source": chosen["source"],
             "new_bytes": chosen["candidate_bytes"], "new_allocations": chosen["candidate_count"],
@@ -104,7 +99,7 @@ def _why_not(root: dict, torch_index: int) -> str:
     return "the program ended before the holder search ran"
 
 
-def _allocation_suspect(g: dict) -> dict:
+def _allocation_suspect(g: dict, released: bool = False) -> dict:
     stack = g["frames"]
     where = _user_line(stack)
     holders = g["holders"]
@@ -124,7 +119,7 @@ def _allocation_suspect(g: dict) -> dict:
         summary += "; " + unheld_text(g.get("unheld_why")).replace("that ", "", 1)
     return {"kind": "allocation", "bytes": g["bytes"], "count": g["count"], "where": where, "stack": stack,
             "thread": threads, "holders": holders, "unheld_bytes": g["unheld_bytes"], "summary": summary,
-            "remedy": _remedy(holders[0] if holders else None, where, threads, g.get("unheld_why"))}
+            "remedy": _remedy(holders[0] if holders else None, where, threads, g.get("unheld_why"), released)}
 
 
 def _user_line(stack: list) -> list | None:
@@ -144,7 +139,10 @@ def _at(frame: list) -> str:
     return f"{os.path.basename(frame[0])}:{frame[1]} in {frame[2]}()"
 
 
-def _remedy(holder: dict | None, where: list | None, threads: list | None, why: list | None = None) -> str:
+def _remedy(holder: dict | None, where: list | None, threads: list | None, why: list | None = None,
+            released: bool = False) -> str:
+    """What to do about one holder kind. `released`: the memory was let go of after the loop (a
+    function that held it returned), so a local's remedy is about the loop, not the function."""
     at = f" (allocated at {where[0]}:{where[1]})" if where else ""
     if holder is None:
         return unheld_remedy(why, at)
@@ -154,7 +152,11 @@ def _remedy(holder: dict | None, where: list | None, threads: list | None, why: 
                   f"CPU copy (.detach().cpu()), or bound the container.",
         "attribute": f"The attribute {path.rsplit('.', 1)[-1]} reached as {holder['pattern']} keeps "
                      f"them{at}: clear or replace it when it is no longer needed.",
-        "frame-local": f"A local variable of a function that is still running keeps them: {path}{at}; "
+        "frame-local": f"A local variable kept every step's tensors while the loop ran: {path}{at}; it "
+                       f"let go of them only when its function returned. Keep a number (.item()) or a "
+                       f"CPU copy (.detach().cpu()) instead, or bound it: a longer loop runs out of memory."
+                       if released else
+                       f"A local variable of a function that is still running keeps them: {path}{at}; "
                        f"del it or let the function return.",
         "kept-exception": f"A stored exception keeps its traceback, and the traceback keeps every local "
                           f"of the failing frames: {path}{at}. Store str(exc), or call "
@@ -180,14 +182,6 @@ def _remedy(holder: dict | None, where: list | None, threads: list | None, why: 
     if threads and any("(ended)" in t for t in threads):
         text += " The thread that allocated them has ended; the reference above is what keeps them."
     return text
-
-
-def _released_local_remedy(holder: dict, where: list | None) -> str:
-    """A local of a function kept the loop's tensors, and the function has returned since."""
-    at = f" (allocated at {where[0]}:{where[1]})" if where else ""
-    return (f"A local variable kept every step's tensors while the loop ran: {holder['path']}{at}; it "
-            f"let go of them only when its function returned. Keep a number (.item()) or a CPU copy "
-            f"(.detach().cpu()) instead, or bound it: a longer loop runs out of memory.")
 
 
 WHY_TEXT = {

@@ -69,25 +69,25 @@ class TensorKind:
         return known
 
 
-_base: list = []  # [PyTorch's C tensor type, or None], looked up once
+_base: list = []  # [PyTorch's C tensor type], once torch is imported and it is found
+_readers: dict = {}  # field name -> PyTorch's C accessor of it, bound once
 
 
 def _tensor_base():
     if not _base:
         c = getattr(sys.modules.get("torch"), "_C", None)
         base = getattr(c, "TensorBase", None) or getattr(c, "_TensorBase", None)
-        _base.append(base if isinstance(base, type) else None)
+        if not isinstance(base, type):
+            return None  # no torch yet (or a stand-in): looked up again next time
+        _base.append(base)
     return _base[0]
-
-
-_readers: dict = {}  # field name -> PyTorch's C accessor of it, bound once
 
 
 def tensor_field(tensor, name: str):
     """tensor.<name> (requires_grad, grad_fn, grad, is_leaf, is_cuda, device) as PyTorch's C
     accessor reads it: a subclass may define a property of that name, and that is the program's
     code."""
-    base = _base[0] if _base else _tensor_base()
+    base = _tensor_base()
     if base is not None and issubclass(type(tensor), base):
         read = _readers.get(name)
         if read is None:

@@ -107,10 +107,10 @@ class Sampler:
         be counted as the agent's. NO_ROOM when `room` is asked and the collector is near its
         threshold."""
         neutral = self.neutral
-        before = self.nvml_before
+        rows = self.rows
+        before = self.nvml_before  # made once: a sample makes no container
         self._read_nvml()
         for _ in range(3):
-            rows = self.rows
             for i in range(len(rows)):
                 before[i] = rows[i][5]
             if neutral.read(self._read_torch, None, room) is NO_ROOM:
@@ -120,9 +120,9 @@ class Sampler:
             for i in range(len(rows)):
                 if rows[i][5] != before[i]:
                     moved = True
+                    break
             if not moved:
                 break
-        rows = self.rows
         for i in range(len(rows)):
             row = rows[i]
             reserved = row[3]
