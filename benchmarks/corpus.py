@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--samples", type=int, help="CORPUS_SAMPLES for the big-heap workloads")
     p.add_argument("--json", metavar="PATH")
     p.add_argument("--keep", metavar="DIR", help="keep the last tool run's report of each workload here")
+    p.add_argument("--step-times", metavar="DIR",
+                   help="write each run's step times here (WORKLOAD-MODE-ROUND.txt, milliseconds per line)")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--check", action="store_true")
     args = p.parse_args(argv)
@@ -89,7 +91,14 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for pair in range(args.repeats):
                     for mode, cmd in modes:
-                        run = _run(name, mode, cmd, env, tmp, args.timeout, report if mode != "plain" else None)
+                        run_env = env
+                        if args.step_times:
+                            os.makedirs(args.step_times, exist_ok=True)
+                            label = re.sub(r"[^A-Za-z0-9]+", "_", mode).strip("_")
+                            run_env = {**env, "CORPUS_STEP_TIMES": os.path.abspath(
+                                os.path.join(args.step_times, f"{name}-{label}-{pair + 1}.txt"))}
+                        run = _run(name, mode, cmd, run_env, tmp, args.timeout,
+                                   report if mode != "plain" else None)
                         if run is None:
                             raise _Skip()
                         run["pair"] = pair

@@ -7,6 +7,7 @@ the supervisor's own process, so polling costs the target nothing.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -57,6 +59,9 @@ class RunOptions:
     extra_env: dict[str, str] = field(default_factory=dict)
     trace: str = "auto"  # allocation stacks: "auto" (once growth is seen), "on", "off"
     snapshot_path: str | None = None  # where the target's allocator snapshot goes
+    # Modules the caller needs after the run (the report's): imported on a thread of their own
+    # once the target is started, so that their import is off the run's wall time.
+    prepare: tuple[str, ...] = ()
 
 
 def _host_figures(point: tuple) -> tuple:
@@ -317,6 +322,9 @@ def run(options: RunOptions) -> Recording:
         _write_run_file(run_dir, options, t0, started_wall, proc.pid, watch.members[proc.pid].create_time,
                         versions, devices)
         agents = AgentFiles(run_dir, t0, proc.pid)
+        if options.prepare:
+            threading.Thread(target=_import_quietly, args=(options.prepare,), name="gpumemdoctor-prepare",
+                             daemon=True).start()
         last_read = time.monotonic()
         while proc.poll() is None:
             try:
@@ -359,6 +367,16 @@ def run(options: RunOptions) -> Recording:
     cost["collect_s"] = round(time.monotonic() - t0 - duration - cost["orphan_wait_s"], 6)
     cost["supervisor_peak_rss_bytes"] = procs.peak_rss_of_self()
     return recording
+
+
+def _import_quietly(modules: tuple[str, ...]) -> None:
+    """Import these while the target runs; one that fails is imported again, and says why, when
+    it is needed."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
 
 
 def collect(options: RunOptions, watch: _TreeWatch, agents: AgentFiles, pid: int, returncode: int, *,

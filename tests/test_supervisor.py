@@ -84,3 +84,23 @@ def test_host_memory_is_read_on_its_own_clock(world):
         tick(0.05)
     assert 20 <= watch.host.seen <= 26  # every 0.2 s of 5 s
     assert watch.host.last[1:] == (GIB, GIB)
+
+
+def test_the_modules_to_prepare_are_imported_while_the_target_runs(tmp_path, monkeypatch):
+    """RunOptions.prepare: the report's modules are imported on a thread of the supervisor while the
+    target runs, so their import is not added to the run's wall time."""
+    import sys
+    import time
+
+    (tmp_path / "prepared_probe.py").write_text(
+        "import time\nIMPORTED_AT = time.time()\n", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "prepared_probe", raising=False)
+    script = tmp_path / "target.py"
+    ended = tmp_path / "ended"
+    script.write_text(f"import time\ntime.sleep(1.0)\nopen({str(ended)!r}, 'w').write(repr(time.time()))\n",
+                      encoding="utf-8")
+    recording = supervisor.run(supervisor.RunOptions(target_args=[str(script)], measure_gpu=False,
+                                                     prepare=("prepared_probe", "no_such_module_here")))
+    assert recording.target["exit_code"] == 0
+    assert sys.modules["prepared_probe"].IMPORTED_AT < float(ended.read_text(encoding="utf-8")) <= time.time()

@@ -85,7 +85,8 @@ class Finder:
             mark = time.monotonic()
             heads.sort(key=lambda h: id(h[0]) not in head_labels)
             found, self.graph_nodes, stopped = graphs.graph_holders(
-                heads, self._locate, self.placed, rest, self.budget.share(GRAPH_SHARE), TensorKind(self.torch))
+                heads, self.spans.of_tensor, self.placed, rest, self.budget.share(GRAPH_SHARE), TensorKind(self.torch),
+                reached=set(head_labels))
             self.phases["graphs_s"] = time.monotonic() - mark
             if stopped:
                 self.stopped = f"graphs ({stopped})"

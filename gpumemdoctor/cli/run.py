@@ -98,10 +98,9 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     SCRIPT may also be a Python command on PATH, such as torchrun.
     The exit status is the script's (128 + N if signal N killed it).
     """
-    from .. import checks, nvml
+    from .. import nvml
     from ..errors import NoGpuError
     from ..outputs import check_distinct, check_folder_writable, check_writable
-    from ..reporters import html as html_reporter
     from ..supervisor import RunOptions, exit_status, run
 
     target = ctx.meta.get("gpumemdoctor.target") or []
@@ -132,12 +131,18 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     if snapshot is not None:
         check_writable(snapshot, force, what="snapshot")
     if html is not None or html_next_to_json:
+        from ..reporters import html as html_reporter
+
         html_reporter.require_plotly()
         if html is not None:
             check_writable(html, force, what="HTML page")
     if update_baseline:
         check_writable(baseline, True, what="baseline")  # a baseline is rewritten each time
-    baseline_figures = checks.load_baseline(baseline) if baseline and not update_baseline else None
+    baseline_figures = None
+    if baseline and not update_baseline:
+        from .. import checks
+
+        baseline_figures = checks.load_baseline(baseline)
     policy = make_policy(max_peak, max_retained, fail_on, tolerance, nvml_tolerance, baseline_figures)
     if junit is not None:
         if policy.empty:
@@ -156,7 +161,8 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     recording = run(RunOptions(target_args=target, poll_interval_s=poll_interval,
                                agent_interval_s=interval, measure_gpu=measure_gpu,
                                trace=trace or ("on" if snapshot else "auto"),
-                               snapshot_path=os.path.abspath(snapshot) if snapshot else None))
+                               snapshot_path=os.path.abspath(snapshot) if snapshot else None,
+                               prepare=AFTER_RUN_MODULES))
     status = exit_status(recording)
     try:
         return _after_run(recording, status, name, output, force, quiet, html, html_next_to_json,
@@ -166,6 +172,11 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
             traceback.print_exc()
         click.echo(f"gpumemdoctor: error: {internal_error(exc)}; the exit status is the target's", err=True)
         return status
+
+
+# What _after_run imports: imported while the target runs (RunOptions.prepare), not after it.
+AFTER_RUN_MODULES = ("gpumemdoctor.checks", "gpumemdoctor.console", "gpumemdoctor.diagnosis",
+                     "gpumemdoctor.report", "gpumemdoctor.reporters.html", "gpumemdoctor.reporters.terminal")
 
 
 def _after_run(recording, status: int, name: str, output: str | None, force: bool, quiet: bool,
