@@ -2,8 +2,9 @@
 
 "on": from CUDA's start. "auto" (the default): from CUDA's start for a start-up window
 (STARTUP_WINDOW_S or STARTUP_STEPS, whichever ends first), so that a script that leaks in its
-first moments gets its allocating line; then again once growth is suspected (watch.py), for
-TRACE_WINDOW_S. "off": never. Holders are looked for in every mode.
+first moments gets its allocating line; then again once growth is suspected (watch.py): seen
+between steps, until the growth search has been made; seen over time, for TRACE_WINDOW_S.
+"off": never. Holders are looked for in every mode.
 """
 from __future__ import annotations
 
@@ -14,18 +15,20 @@ from .startup import ENV_SNAPSHOT, ENV_TRACE
 
 TRACE_MODES = ("auto", "on", "off")
 TRACE_MAX_ENTRIES = 100_000  # of PyTorch's allocation history (a ring: old entries drop off)
-# --trace auto records stacks for this long once growth is seen (and at least until the growth
-# search has run), then stops: the leak's line is known by then (its blocks keep their stacks), and
-# a long run neither pays the history's cost on every allocation nor builds a snapshot of every
-# leaked block at exit. That cost, measured on the H100 in one process (GPT-2 of corpus/, 400
-# steps in alternating blocks): 14.65 ms a step without stacks, 16.30 ms with them (+11%), so
-# 10 s of stacks cost such a loop about 1.1 s. It was 60 s, up to 6.6 s (NOTES.md).
+# --trace auto records stacks once growth is seen until the growth search has been made (growth
+# seen between steps: the search is INVESTIGATE_AFTER_STEPS later), or for TRACE_WINDOW_S (seen
+# over time, in a program without steps, whose holders are looked for at exit); then it stops. The
+# leak's line is known by then (its blocks keep their stacks, and its later blocks join them by
+# their holder), and a long run neither pays the history's cost on every allocation nor builds a
+# snapshot of every leaked block at exit. That cost, measured on the H100 in one process (GPT-2 of
+# corpus/, 400 steps in alternating blocks): 14.65 ms a step without stacks, 16.30 ms with them
+# (+11%). The window was 60 s (up to 6.6 s of such a loop), then 10 s (1.1 s); now 16 steps.
 TRACE_WINDOW_S = 10.0
-# The start-up window: stacks from CUDA's start for this long or this many steps. Recording a
-# Python stack per allocation costs about 8% of a 46 us step and nothing measurable on a 2 ms one
-# (NOTES.md): paid only at start-up, where a short script spends all its life.
+# The start-up window: stacks from CUDA's start for this long or this many steps. Growth between
+# steps is suspected at the second positive check, 16 samples in at the earliest, and then opens its
+# own window; a short script spends all its life in this one.
 STARTUP_WINDOW_S = 5.0
-STARTUP_STEPS = 100
+STARTUP_STEPS = 50
 
 
 class Trace:
@@ -41,8 +44,9 @@ class Trace:
         self.stop_step = 1 << 62  # ... or this step (the start-up window)
         self.window = ""  # which window is open: "start-up" or "growth"
 
-    def start(self, why: str) -> None:
-        """PyTorch's allocation history with Python stacks, from now on."""
+    def start(self, why: str, until_step: int | None = None) -> None:
+        """PyTorch's allocation history with Python stacks, from now on (--trace auto's growth
+        window: until `until_step` when given, else for TRACE_WINDOW_S)."""
         agent = self.agent
         error = None
         try:
@@ -54,7 +58,9 @@ class Trace:
             self.on = self.was_on = True
             if self.mode == "auto" and os.environ.get(ENV_SNAPSHOT) != "1" and why in ("growth", "start-up"):
                 self.window = why
-                if why == "growth":
+                if why == "growth" and until_step is not None:
+                    self.stop_at, self.stop_step = float("inf"), until_step
+                elif why == "growth":
                     self.stop_at, self.stop_step = time.monotonic() + TRACE_WINDOW_S, 1 << 62
                 else:
                     self.stop_at, self.stop_step = time.monotonic() + STARTUP_WINDOW_S, agent.steps + STARTUP_STEPS
@@ -67,9 +73,13 @@ class Trace:
         """The end of --trace auto's window: no more stacks for new allocations; the live
         blocks allocated meanwhile keep theirs."""
         agent = self.agent
+        if self.window != "growth":
+            why = f"start-up window ended ({STARTUP_WINDOW_S:g} s or {STARTUP_STEPS} steps)"
+        elif self.stop_at == float("inf"):
+            why = "stopped after the growth search"
+        else:
+            why = f"stopped after {TRACE_WINDOW_S:.0f} s"
         self.stop_at, self.stop_step = None, 1 << 62
-        why = (f"stopped after {TRACE_WINDOW_S:.0f} s" if self.window == "growth" else
-               f"start-up window ended ({STARTUP_WINDOW_S:g} s or {STARTUP_STEPS} steps)")
         try:
             agent.torch.cuda.memory._record_memory_history(enabled=None)
             self.on = False

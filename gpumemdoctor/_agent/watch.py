@@ -4,7 +4,7 @@ Every sample at a step boundary (or on the timer, in a program that marks no ste
 point to the allocated floor's series; every CHECK_EVERY points `growth.floor_growth` looks at
 it. Growth is suspected when the floor has risen by SUSPECT_MIN_BYTES at two checks in a row.
 Then, once:
-- by steps: allocation stacks are turned on (--trace auto, for trace.TRACE_WINDOW_S), a
+- by steps: allocation stacks are turned on (--trace auto, until the search), a
   baseline is taken (what is alive now is not new), and a search is due
   INVESTIGATE_AFTER_STEPS steps later, run at that step boundary on the program's own thread
   (core.Agent.on_step);
@@ -124,9 +124,9 @@ class GrowthWatch:
             return
         if self.baseline is None:
             self.take_baseline("growth")
-        if trace.mode == "auto":
-            trace.start("growth")
         self.search_at = agent.steps + INVESTIGATE_AFTER_STEPS
+        if trace.mode == "auto":
+            trace.start("growth", until_step=self.search_at)
 
     # -- the searches -----------------------------------------------------------------
     def tensor_kind(self):
