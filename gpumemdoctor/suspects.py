@@ -48,37 +48,56 @@ def leak_suspects(root: dict, torch_index: int, released: bool = False) -> tuple
     return suspects[:MAX_SUSPECTS], meta
 
 
-def _top_pattern(group: dict) -> str | None:
-    return group["holders"][0]["pattern"] if group["holders"] else None
-
-
 def _with_later_allocations(groups: list[dict]) -> list[dict]:
-    """Stackless groups held like a group with a stack (the same holder pattern) are the same
-    leak's later allocations, made once the allocation history had stopped: counted with it."""
-    framed = {}
+    """Blocks without a stack held like the blocks of a group with one (a holder pattern that
+    repeats there) are the same leak's later allocations, made once the allocation history had
+    stopped: counted with it. What else the stackless groups hold (this step's batch, gradients,
+    blocks nothing holds) stays theirs. Biggest held first again."""
+    framed: dict = {}  # holder pattern -> the first group with a stack that holds blocks that way
     for g in groups:
-        if g["frames"] and _top_pattern(g) is not None:
-            framed.setdefault(_top_pattern(g), g)
+        if g["frames"]:
+            for h in g["holders"]:
+                if h["count"] >= 2:
+                    framed.setdefault(h["pattern"], g)
+    if not framed:
+        return groups
     out, merged = [], {}
     for g in groups:
-        target = framed.get(_top_pattern(g)) if not g["frames"] else None
-        if target is None:
+        if g["frames"]:
             out.append(g)
             continue
-        into = merged.get(id(target))
-        if into is None:
-            into = merged[id(target)] = {**target, "holders": [dict(h) for h in target["holders"]]}
-        into["bytes"] += g["bytes"]
-        into["count"] += g["count"]
-        into["unheld_bytes"] += g["unheld_bytes"]
+        left = {**g, "holders": []}
         for h in g["holders"]:
-            same = next((x for x in into["holders"] if x["pattern"] == h["pattern"]), None)
-            if same is None:
-                into["holders"].append(dict(h))
-            else:
-                same["count"] += h["count"]
-                same["bytes"] += h["bytes"]
-    return [merged.get(id(g), g) for g in out]
+            target = framed.get(h["pattern"])
+            if target is None:
+                left["holders"].append(h)
+                continue
+            into = merged.get(id(target))
+            if into is None:
+                into = merged[id(target)] = {**target, "holders": [dict(x) for x in target["holders"]]}
+            into["bytes"] += h["bytes"]
+            into["count"] += h["count"]
+            left["bytes"] -= h["bytes"]
+            left["count"] -= h["count"]
+            same = next(x for x in into["holders"] if x["pattern"] == h["pattern"])
+            same["count"] += h["count"]
+            same["bytes"] += h["bytes"]
+            same["sizes"] = _add_sizes(same.get("sizes"), h.get("sizes"))
+        if left["count"] > 0:
+            out.append(left)
+    out = [merged.get(id(g), g) for g in out]
+    out.sort(key=lambda g: (-sum(h["bytes"] for h in g["holders"]), -g["bytes"]))
+    return out
+
+
+def _add_sizes(a: list | None, b: list | None) -> list | None:
+    """Two holders' most common block sizes, added: [[bytes, count], ...], most common first."""
+    if not a and not b:
+        return a
+    counts: dict = {}
+    for size, n in (a or []) + (b or []):
+        counts[size] = counts.get(size, 0) + n
+    return sorted(([size, n] for size, n in counts.items()), key=lambda p: -p[1])[:3]
 
 
 def _held_on(investigation: dict, torch_index: int) -> int:
@@ -378,8 +397,15 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
             # x[*] and the autograd graphs of x[*] are one accumulation: one container keeps both.
             root = h["pattern"].split(GRAPH_PART)[0]
             a = held.setdefault(root, {"pattern": root, "path": h["path"], "kind": h["kind"],
-                                       "count": 0, "bytes": 0, "sizes": {}, "where": where,
-                                       "thread": g["thread"], "parts": {}})
+                                       "count": 0, "bytes": 0, "sizes": {}, "where": None,
+                                       "thread": g["thread"], "parts": {}, "lines": {}})
+            if where is not None:
+                # The line of its blocks that have stacks (--trace auto records them for a window;
+                # the later blocks, held the same way, are the same leak's), the most bytes first.
+                line = a["lines"].setdefault(tuple(where), [where, 0])
+                line[1] += h["bytes"]
+                if a["thread"] is None:
+                    a["thread"] = g["thread"]
             if GRAPH_PART not in h["pattern"] and a["kind"] == "autograd-graph":
                 a["path"], a["kind"] = h["path"], h["kind"]  # named by the container, not its graphs
             a["count"] += h["count"]
@@ -403,6 +429,9 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
     for a in held.values():
         if a["count"] < MIN_ALIKE:
             continue
+        lines = a.pop("lines")
+        if lines:
+            a["where"] = max(lines.values(), key=lambda line: line[1])[0]
         a["sizes"] = sorted(([s, n] for s, n in a["sizes"].items()), key=lambda p: -p[1])[:3]
         a["parts"] = sorted(([p, n] for p, n in a["parts"].items()), key=lambda p: -p[1])
         out.append(a)

@@ -159,6 +159,34 @@ def test_graphs_kept_after_their_backward_are_not_walked():
     assert group["unheld_why"] == [["no-python-object", 1 << 20, 1, None]]
 
 
+def test_a_saved_weight_changed_in_place_does_not_stop_the_walk():
+    """A validation total that keeps its graphs (scenarios/leak_loss_graph.py): each graph saved the
+    last layer's weight, which the optimizer has since changed in place, so reading it raises; the
+    activation saved beside it is still there, and so is the graph below it: all of it is placed
+    through the graph (on the H100 a walk that read such a node as freed left 73 blocks unplaced)."""
+    global VAL
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    VAL = 0.0
+    kept = []
+    for _ in range(10):
+        model(torch.ones(8, 64)).square().mean().backward()
+        opt.step()
+        batch = torch.randn(64, 64)
+        hidden = model[1](model[0](batch))  # the first layer saves the batch, tanh its result
+        kept += [block_of(batch), block_of(hidden)]
+        VAL = VAL + model[2](hidden).abs().mean()
+        del batch, hidden
+    try:
+        result = search_for(blocks=kept)
+    finally:
+        del VAL
+    (group,) = result["groups"]
+    assert [(h["pattern"], h["count"]) for h in group["holders"]] == [
+        (f"{__name__}.VAL.grad_fn (autograd graph)", 20)]
+    assert group["unheld_count"] == 0
+
+
 def test_a_graph_node_read_from_a_reached_head_is_not_read_again():
     from gpumemdoctor._agent import graphs
 
@@ -422,6 +450,41 @@ def test_a_leaks_allocations_after_the_trace_window_count_with_its_line():
     assert suspect["where"] == line[0] and suspect["count"] == 200 and suspect["bytes"] == 200 * 1024
     assert suspect["holders"][0]["count"] == 200
     assert suspect["summary"].startswith("200 KiB in 200 allocations at train.py:12 in step(); held by __main__.kept[0]")
+
+
+def test_later_allocations_join_their_line_by_holder_not_by_group():
+    """Once --trace auto's window has closed, the stackless blocks of one exit group are the leak's
+    later ones and also this step's batch, a gradient and blocks nothing holds: only the blocks held
+    like the leak's join its line (scenarios/oom_accumulation.py on the H100: 41 stackless blocks,
+    40 of them the leak's, and 17 with the line)."""
+    from gpumemdoctor import records, suspects
+
+    leak, batch = "__main__.outputs[*]", "__main__.x"
+    stackless = {"device": 0, "new": True, "bytes": 44 * 1024, "count": 44, "frames": [], "thread": None,
+                 "holders": [{"path": "__main__.outputs[60]", "pattern": leak, "kind": "global", "count": 40,
+                              "bytes": 40 * 1024, "sizes": [[1024, 40]]},
+                             {"path": batch, "pattern": batch, "kind": "global", "count": 1, "bytes": 1024,
+                              "sizes": [[1024, 1]]}],
+                 "unheld_bytes": 3 * 1024, "unheld_count": 3, "unheld_sizes": [[1024, 3]],
+                 "unheld_why": [["no-python-object", 3 * 1024, 3, None]]}
+    line = [["/home/u/train.py", 25, "<module>"]]
+    framed = {"device": 0, "new": True, "bytes": 17 * 1024, "count": 17, "frames": line, "thread": None,
+              "holders": [{"path": "__main__.outputs[3]", "pattern": leak, "kind": "global", "count": 17,
+                           "bytes": 17 * 1024, "sizes": [[1024, 17]]}],
+              "unheld_bytes": 0, "unheld_count": 0, "unheld_sizes": [], "unheld_why": []}
+    root = records.empty_root()
+    records.apply_record(root, "investigation", {
+        "when": "exit", "t": 5.0, "step": 79, "trace": True, "source": "allocator", "all_live": True,
+        "candidate_bytes": 61 * 1024, "candidate_count": 61, "visited": 10, "gave_up": None, "elapsed_s": 0.1,
+        "groups": [stackless, framed]}, t0=0.0)
+    top = suspects.leak_suspects(root, 0)[0][0]
+    assert top["where"] == line[0] and top["count"] == 57 and top["bytes"] == 57 * 1024
+    assert [(h["pattern"], h["count"], h["sizes"]) for h in top["holders"]] == [(leak, 57, [[1024, 57]])]
+    assert top["unheld_bytes"] == 0
+    # The same search read as accumulations (the out-of-memory error's, the exit's): the line is
+    # the one its blocks with stacks were allocated at, though a stackless group came first.
+    (held,), _ = suspects.accumulations(root["investigations"][0], 0)
+    assert held["pattern"] == leak and held["count"] == 57 and held["where"] == line[0]
 
 
 # -- holders behind objects written in C, and what the climb reaches ---------------------------

@@ -1,11 +1,14 @@
 """Autograd graphs: which allocator blocks a graph keeps through its saved tensors, named from the
 tensor that holds the graph. The saved tensors are invisible to the garbage collector, so they are
-read from each node (`_saved_*`, a custom Function's saved_tensors); the names of a node type's
-saved fields are looked up once per type. A node whose saved tensors backward() has freed (reading
-any of them raises; its sizes and flags stay readable) is not descended from: backward() ran
-through everything below it that it needed, so a graph kept after its backward costs a node or
-two, not a walk of the whole graph (47,616 nodes and 0.46 s at the exit of corpus/
-hf_gpt2_kept_outputs.py on an H100, where such nodes were read as alive)."""
+read from each node (its `_saved_*` tensor fields, those with a `_raw_saved_*` twin; a custom
+Function's saved_tensors); the names of a node type's fields are looked up once per type, and its
+other saved fields (sizes, flags) are not read. A node whose saved tensors backward() has freed
+(reading one raises, and none gives a tensor) is not descended from: backward() ran through
+everything below it that it needed, so a graph kept after its backward costs a node or two, not a
+walk of the whole graph (47,616 nodes and 0.46 s at the exit of corpus/hf_gpt2_kept_outputs.py on
+an H100, when only a node all of whose saved fields raised counted as freed, and sizes never do).
+A saved weight that the optimizer has since changed in place raises too: the node's other tensors
+are still there, and the walk goes on below it."""
 from __future__ import annotations
 
 
@@ -23,8 +26,11 @@ class SavedNames:
         names = self._names.get(node_type)
         if names is None:
             try:
-                names = tuple(n for n in dir(node_type) if n.startswith("_saved_"))
-                if "saved_tensors" in dir(node_type):
+                every = dir(node_type)
+                names = tuple(n for n in every if n.startswith("_saved_"))
+                if any(n.startswith("_raw_saved_") for n in every):  # the tensor fields only
+                    names = tuple(n for n in names if f"_raw{n}" in every)
+                if "saved_tensors" in every:
                     names += ("saved_tensors",)
             except Exception:
                 names = ()
@@ -85,17 +91,21 @@ def graph_holders(heads: list, locate, placed_already: dict, wanted: int, budget
 
 def _read_saved(node, saved: tuple, locate, placed: dict, placed_already: dict, settled: set, head, head_labels,
                 hops, kind, from_reached: bool) -> bool:
-    """Place the blocks of the node's saved tensors; True when backward() has freed them."""
+    """Place the blocks of the node's saved tensors; True when backward() has freed them (one
+    raised and none was there: backward() frees them together, and an unsaved one reads None)."""
+    raised = present = False
     for name in saved:
         try:
             value = getattr(node, name)
         except Exception:
-            return True  # released by backward(): they are freed together
+            raised = True  # freed by backward(), or changed in place since it was saved
+            continue
         if value is None:
             continue
         for v in (value if type(value) in (tuple, list) else (value,)):
             if v is None or not kind(v):
                 continue
+            present = True
             key = locate(v)
             if key is None or key in placed_already or key in settled:
                 continue
@@ -107,4 +117,4 @@ def _read_saved(node, saved: tuple, locate, placed: dict, placed_already: dict, 
             found.append((head, [*head_labels, *[".next_functions[0]"] * hops, f".{name}"]))
             if from_reached or len(found) == MAX_HEADS:
                 settled.add(key)
-    return False
+    return raised and not present
