@@ -207,7 +207,7 @@ class Agent:
                 watch.search("growth")  # here, on the program's own thread, between steps
             elif trace.stop_at is not None and (now >= trace.stop_at or self.steps >= trace.stop_step) \
                     and watch.search_at is None:
-                trace.stop()
+                trace.stop(on_program_thread=True)
         except Exception:
             pass
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 
+from .neutral import quiet_gc
 from .startup import ENV_SNAPSHOT, ENV_TRACE
 
 TRACE_MODES = ("auto", "on", "off")
@@ -69,9 +70,19 @@ class Trace:
         agent.channel.write({"type": "trace", "t": time.monotonic(), "step": agent.steps, "why": why,
                              "ok": self.on, "error": error})
 
-    def stop(self) -> None:
+    def stop(self, on_program_thread: bool = False) -> None:
         """The end of --trace auto's window: no more stacks for new allocations; the live
-        blocks allocated meanwhile keep theirs."""
+        blocks allocated meanwhile keep theirs. On the program's thread (a step boundary) it
+        leaves the collector's count as it found it (see neutral.py): the window closes in the
+        middle of the program's loop, and a shifted count would move its later collections."""
+        sampler = self.agent.sampler
+        if on_program_thread and sampler.neutral is not None:
+            with sampler.lock, quiet_gc():  # the lock: the agent's thread reads through it too
+                sampler.neutral.read(self._stop, None)
+        else:
+            self._stop(None)
+
+    def _stop(self, _) -> None:
         agent = self.agent
         if self.window != "growth":
             why = f"start-up window ended ({STARTUP_WINDOW_S:g} s or {STARTUP_STEPS} steps)"
