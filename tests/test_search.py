@@ -700,12 +700,16 @@ def test_the_search_runs_none_of_the_programs_code():
         del SNEAKY
 
 
-def test_a_snapshot_does_not_import_torch_inductor_into_the_program():
+def test_a_snapshot_does_not_import_torch_inductor_into_the_program(monkeypatch):
     """PyTorch names a snapshot's Python frames after asking hasattr(torch, "_inductor"), which
     imports torch._inductor (seconds, hundreds of modules) in a program that never did."""
+    import sys
     import types
 
     from gpumemdoctor._agent.blocks import no_inductor_import
+
+    # a program that has not imported it (an earlier test's optimizer step may have, in this process)
+    monkeypatch.delitem(sys.modules, "torch._inductor", raising=False)
 
     imported = []
     fake = types.ModuleType("faketorch")
