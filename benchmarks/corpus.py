@@ -1,6 +1,7 @@
 """What `gpumemdoctor run` costs on programs built with real libraries (corpus/).
 
-    python benchmarks/corpus.py [--repeats 3] [--only NAME ...] [--also ARGS ...] [--samples N] [--json PATH]
+    python benchmarks/corpus.py [--repeats 3] [--only NAME ...] [--also ARGS ...] [--samples N]
+                                [--step-times DIR] [--json PATH]
 
 For each workload of corpus/ it runs the script plainly and under the tool, alternating plain,
 tool, plain, tool, ... (--repeats pairs), and compares, median against median:
@@ -15,7 +16,8 @@ Targets (issue 18): whole process at most 5% or 1 s over plain, whichever is lar
 100 ms added to the longest step gap; the exit search at most 1 s; no search over 110% of its
 budget. --also "ARGS" adds a third kind of run to each round, the tool with those options
 (`--also "--trace off"`), compared with plain the same way, to attribute a cost to one part of the
-tool. --samples sets the big-heap workloads' dataset size (CORPUS_SAMPLES; 2,500,000 makes ten
+tool. --step-times DIR keeps every run's step times (one file a run) to see where in the loop a cost
+falls. --samples sets the big-heap workloads' dataset size (CORPUS_SAMPLES; 2,500,000 makes ten
 million objects). --check exits 3 when a target is missed.
 """
 from __future__ import annotations
@@ -79,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
                         "targets": TARGETS, "argv": sys.argv},
                "workloads": {}}
     status = 0
+    if args.step_times:
+        os.makedirs(args.step_times, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="gpumemdoctor-corpus-") as tmp:
         report = os.path.join(tmp, "r.json")
         for name in args.only or workloads():
@@ -93,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
                     for mode, cmd in modes:
                         run_env = env
                         if args.step_times:
-                            os.makedirs(args.step_times, exist_ok=True)
                             label = re.sub(r"[^A-Za-z0-9]+", "_", mode).strip("_")
                             run_env = {**env, "CORPUS_STEP_TIMES": os.path.abspath(
                                 os.path.join(args.step_times, f"{name}-{label}-{pair + 1}.txt"))}

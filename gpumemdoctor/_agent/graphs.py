@@ -16,25 +16,20 @@ MAX_NODES = 2_000_000
 MAX_HEADS = 4  # tensors whose graphs save one block, kept to choose from
 
 
-class SavedNames:
-    """Node type -> names of its saved fields (dir() of the type, once per type)."""
+class SavedNames(dict):
+    """Node type -> names of its saved tensor fields (dir() of the type, once per type)."""
 
-    def __init__(self):
-        self._names: dict = {}
-
-    def __call__(self, node_type) -> tuple:
-        names = self._names.get(node_type)
-        if names is None:
-            try:
-                every = dir(node_type)
-                names = tuple(n for n in every if n.startswith("_saved_"))
-                if any(n.startswith("_raw_saved_") for n in every):  # the tensor fields only
-                    names = tuple(n for n in names if f"_raw{n}" in every)
-                if "saved_tensors" in every:
-                    names += ("saved_tensors",)
-            except Exception:
-                names = ()
-            self._names[node_type] = names
+    def __missing__(self, node_type) -> tuple:
+        try:
+            every = dir(node_type)
+            names = tuple(n for n in every if n.startswith("_saved_"))
+            if any(n.startswith("_raw_saved_") for n in every):  # the tensor fields only
+                names = tuple(n for n in names if f"_raw{n}" in every)
+            if "saved_tensors" in every:
+                names += ("saved_tensors",)
+        except Exception:
+            names = ()
+        self[node_type] = names
         return names
 
 
@@ -49,7 +44,6 @@ def graph_holders(heads: list, locate, placed_already: dict, wanted: int, budget
     read from one is not read again from a later head. All walks stop once every one of `wanted`
     blocks is settled that way."""
     names = SavedNames()
-    saved_of = names._names.get
     placed: dict = {}
     settled: set = set()  # blocks with a reached head or MAX_HEADS heads
     keep: list = []  # nodes stay referenced so that their ids are not reused
@@ -69,10 +63,7 @@ def graph_holders(heads: list, locate, placed_already: dict, wanted: int, budget
             visited += 1
             if visited % 256 == 0 and (budget.over() or visited >= MAX_NODES):
                 return placed, visited, "time" if budget.over() else "nodes"
-            node_type = type(node)
-            saved = saved_of(node_type)
-            if saved is None:
-                saved = names(node_type)
+            saved = names[type(node)]
             if saved and _read_saved(node, saved, locate, placed, placed_already, settled, head, head_labels,
                                      hops, kind, from_reached):
                 continue  # backward() has run through it: nothing below it is saved any more

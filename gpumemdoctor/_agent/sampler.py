@@ -1,12 +1,12 @@
 """The neutral readings: PyTorch's allocator and NVML, read into rows made once, written as one line.
 
-What a sample costs: PyTorch's nested stats read once per device (10-21 us on an H200, about
-150 us on the lent H100's host), the process's NVML figure twice (about 7 us each), one line of
-text; at most once per interval (20 ms, doubled every 1000 samples up to 5 s), and at each of the
-first 100 steps. With the stats read twice, as before 2026-11-24, a sample cost 53 us on an H200
-(benchmarks/agent_cost.py) and 280-300 us on that H100 (benchmarks/overhead.py's agent cost).
-The reads go through `Neutral` (neutral.py), and nothing else on the way makes a container: the
-program's garbage collections come when they would have come. Each process's exit record keeps what its samples cost (`cost`).
+What a sample costs: PyTorch's nested stats read once per device, the process's NVML figure
+twice, one line of text; at most once per interval (20 ms, doubled every 1000 samples up to 5 s),
+and at each of the first 100 steps. The reads' costs depend on the host (NOTES.md): stats 10-21 us
+and NVML about 7 us on an H200; stats about 150 us and NVML 7 us on one H100 host, 20 us and 38 us
+on another (benchmarks/sample_cost.py). The reads go through `Neutral` (neutral.py), and nothing
+else on the way makes a container: the program's garbage collections come when they would have
+come. Each process's exit record keeps what its samples cost (`cost`).
 """
 from __future__ import annotations
 
@@ -101,11 +101,11 @@ class Sampler:
         """Fill self.rows in place: NVML's figures, then PyTorch's, then NVML's again (if NVML
         moved meanwhile, the allocator reserved or released memory between the reads, and the
         pair does not describe one moment: read again). NVML is read twice and PyTorch once, not
-        the other way round: a stats read costs about 150 us on the H100, an NVML read about
-        7 us (NOTES.md). PyTorch is read inside Neutral.read; NVML outside it, because the
-        foreign call lets other threads run, and what the program allocates meanwhile must not
-        be counted as the agent's. NO_ROOM when `room` is asked and the collector is near its
-        threshold."""
+        the other way round: on the host where this was chosen a stats read cost about 150 us
+        and an NVML read 7 us (on another, 20 us and 38 us). PyTorch is read inside
+        Neutral.read; NVML outside it, because the foreign call lets other threads run, and what
+        the program allocates meanwhile must not be counted as the agent's. NO_ROOM when `room`
+        is asked and the collector is near its threshold."""
         neutral = self.neutral
         rows = self.rows
         before = self.nvml_before  # made once: a sample makes no container
