@@ -61,7 +61,7 @@ def main() -> int:
         if args.log_every and (i + 1) % args.log_every == 0:
             logged.append(loss.item())
 
-    time_steps(torch, train_step, args.steps, args.warmup)
+    time_steps(torch, train_step, args)
     return 0
 
 

@@ -46,7 +46,7 @@ def main() -> int:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    time_steps(torch, train_step, args.steps, args.warmup)
+    time_steps(torch, train_step, args)
     return 0
 
 

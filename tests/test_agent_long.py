@@ -197,3 +197,39 @@ def test_growth_seen_over_time_before_any_step_leaves_the_steps_watched(agent_an
     found = records(tmp_path, agent)
     assert [s["by"] for s in found if s["type"] == "suspect"] == ["time", "step"]
     assert [r["when"] for r in found if r["type"] == "investigation"] == ["growth"]
+
+
+def test_dear_samples_lengthen_the_interval_to_keep_their_share(agent_and_clock, tmp_path):
+    """A sample that costs 400 us (as between the steps of a launch-bound loop on an H100) is
+    taken every 40 ms, not every 20: at most 1% of the program's time. Cheap ones keep the base
+    interval, and the base still doubles with the samples' count."""
+    agent, clock = agent_and_clock
+    s = agent.sampler
+    for _ in range(50):
+        s._pace(400e-6)
+    assert s.interval_s == pytest.approx(0.04)
+    agent.torch.set(64 * MiB, 64 * MiB)
+    run_steps_spent(agent, clock, steps=sampler.EVERY_STEP_UNTIL, step_s=0.001)  # all sampled
+    before = s.samples
+    run_steps_spent(agent, clock, steps=1000, step_s=0.001)
+    assert 24 <= s.samples - before <= 26  # 1 s of 1 ms steps: a sample each 40 ms
+    for _ in range(50):
+        s._pace(20e-6)
+    assert s.interval_s == pytest.approx(0.02)
+    s.base_interval_s = 0.08  # the count's doublings win over a cheaper paced interval
+    s._pace(400e-6)
+    assert s.interval_s == 0.08
+    for _ in range(50):
+        s._pace(1.0)
+    assert s.interval_s == sampler.MAX_INTERVAL_S
+
+
+def run_steps_spent(agent, clock, steps: int, step_s: float) -> None:
+    """Steps whose samples each cost what the last _pace was told, whatever they really took."""
+    s = agent.sampler
+    mean = s.mean_cost_s
+    for _ in range(steps):
+        clock.now += step_s
+        agent.on_step(explicit=True)
+        s.mean_cost_s = mean
+        s._pace(mean)

@@ -267,7 +267,10 @@ def _agent_with_stand_in_torch(tmp_path):
     return agent
 
 
-def test_the_agents_samples_and_collection_callback_leave_the_collector_alone(tmp_path):
+def test_the_agents_samples_and_collection_callback_leave_the_collector_alone(tmp_path, monkeypatch):
+    from gpumemdoctor._agent import sampler
+
+    monkeypatch.setattr(sampler, "SAMPLE_SHARE", 1e9)  # paced all the same, but every step is sampled
     _cycles_program()  # unmeasured, as above
     plain = _cycles_program()
     agent = _agent_with_stand_in_torch(tmp_path)

@@ -79,7 +79,7 @@ def _after_fork_in_child() -> None:
         pass
     try:
         # CUDA cannot be used in a forked child; the child records that it exists.
-        child = Agent(parent.run_dir, parent.sampler.interval_s)
+        child = Agent(parent.run_dir, parent.sampler.base_interval_s)
         child.begin(forked_from=parent.pid)
         _agent = child
     except Exception:

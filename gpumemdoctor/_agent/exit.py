@@ -52,7 +52,8 @@ def finish(agent) -> None:
                          "uncaught": died_of, "samples": sampler.samples, "samples_skipped": sampler.samples_skipped,
                          "collections": agent.collections.summary() if agent.collections is not None else None,
                          "out_of_memory": agent.oom.records,
-                         "cost": {k: round(v, 6) for k, v in {**agent.cost, **sampler.cost.windows()}.items()}})
+                         "cost": {k: round(v, 6) for k, v in {**agent.cost, **sampler.cost.windows(),
+                                                              "interval_at_exit_s": sampler.interval_s}.items()}})
     if agent.server is not None:
         agent.server.close()
 

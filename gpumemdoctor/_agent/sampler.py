@@ -1,8 +1,9 @@
 """The neutral readings: PyTorch's allocator and NVML, read into rows made once, written as one line.
 
 What a sample costs: PyTorch's nested stats read once per device, the process's NVML figure
-twice, one line of text; at most once per interval (20 ms, doubled every 1000 samples up to 5 s),
-and at each of the first 100 steps. The reads' costs depend on the host (NOTES.md): stats 10-21 us
+twice, one line of text; at most once per interval (20 ms, doubled every 1000 samples up to 5 s,
+and lengthened so that the samples take at most 1% of the program's time: SAMPLE_SHARE), and at
+each of the first 100 steps. The reads' costs depend on the host (NOTES.md): stats 10-21 us
 and NVML about 7 us on an H200; stats about 150 us and NVML 7 us on one H100 host, 20 us and 38 us
 on another (benchmarks/sample_cost.py). The reads go through `Neutral` (neutral.py), and nothing
 else on the way makes a container: the program's garbage collections come when they would have
@@ -24,6 +25,12 @@ STARVED_S = 0.25  # a time sample put off this long (no room below the collector
 EVERY_STEP_UNTIL = 100  # the first steps are all sampled (about 50 us each): short runs need them
 COST_WINDOW_S = 60.0  # the samples' cost is also kept for the first and the last such window
 NAP_S = 0.05  # the sampling thread's longest sleep: how soon it sees the program ending
+# The samples' share of the program's time, at most: the interval is lengthened to the mean cost of
+# a sample over this share. A sample made between the steps of a launch-bound loop costs 200-400 us
+# on the lent H100s (benchmarks/sample_cost.py --busy), 1-2% of a 1 ms-step loop at 20 ms; a
+# GPU-bound loop hides it behind its queued kernels.
+SAMPLE_SHARE = 0.01
+COST_WEIGHT = 0.1  # of the newest sample in the running mean of the samples' cost
 
 
 class Sampler:
@@ -31,7 +38,9 @@ class Sampler:
 
     def __init__(self, agent, interval_s: float):
         self.agent = agent
-        self.interval_s = interval_s
+        self.base_interval_s = interval_s  # --interval, doubled every SAMPLES_PER_DOUBLING samples
+        self.interval_s = interval_s  # the one in force: the base, or longer for the samples' cost
+        self.mean_cost_s = 0.0  # a sample's cost (its thread's time), a running mean
         self.context: dict[int, int] = {}  # torch index -> smallest NVML - reserved after an allocation
         self.samples = 0
         self.last_sample_t = 0.0
@@ -229,15 +238,29 @@ class Sampler:
             if agent.run_dir and (by == "step" or by == "time"):
                 agent.watch.check(now, by)
             if self.samples % SAMPLES_PER_DOUBLING == 0:
-                self.interval_s = min(self.interval_s * 2, MAX_INTERVAL_S)
+                self.base_interval_s = min(self.base_interval_s * 2, MAX_INTERVAL_S)
         except Exception:
             pass
         finally:
             if collecting:
                 gc.enable()
-            self.cost.count(self.last_sample_t, time.thread_time() - started)
+            spent = time.thread_time() - started
+            self.cost.count(self.last_sample_t, spent)
+            self._pace(spent)
             lock.release()
         return True
+
+    def _pace(self, spent: float) -> None:
+        """The interval in force: the base, or the samples' mean cost over SAMPLE_SHARE if longer.
+        Floats only: nothing the collector counts."""
+        mean = self.mean_cost_s
+        mean = spent if mean == 0.0 else mean + (spent - mean) * COST_WEIGHT
+        self.mean_cost_s = mean
+        paced = mean / SAMPLE_SHARE
+        interval = self.base_interval_s
+        if paced > interval:
+            interval = paced if paced < MAX_INTERVAL_S else MAX_INTERVAL_S
+        self.interval_s = interval
 
 
 class SampleCost:
