@@ -1,7 +1,9 @@
 """What `gpumemdoctor run` costs a training loop, measured inside one process (A/B blocks).
 
-    python benchmarks/loop_ab.py [--only short|realistic] [--rounds 1] [--blocks 40]
-        [--short-steps 500] [--realistic-steps 200] [--json PATH] [--check]
+    python benchmarks/loop_ab.py [--only short|realistic] [--rounds 1] [--blocks 200]
+        [--short-steps 100] [--realistic-steps 100] [--parts all|agent|supervisor]
+        [--skip-plain] [--json PATH] [--check]
+    python benchmarks/loop_ab.py --summarise JSON [JSON ...]
 
 overhead.py compares separate processes, and on the lent machines a loop of 1 ms steps varies
 by up to a third between two plain processes (pairs from 0.81 to 1.19): no 5% bound can be read
@@ -10,14 +12,15 @@ untimed steps it times blocks of steps with everything the tool does switched of
 (benchmarks/_switch.py: the agent's step hook, its sampling thread and collector callback, and
 the supervisor, stopped with SIGSTOP), in the order on, off, off, on, ... The same workload
 also runs plainly with `--ab` (nothing to switch: an A/A run), whose "on" and "off" blocks differ
-by the method's own noise alone.
+by the method's own noise alone. `--parts` switches only the agent or only the supervisor.
 
-Per run: the median "on" block against the median "off" block (the slowdown), and each group of
-four blocks' own ratio (their spread says how well the run settles it). Targets as in
-overhead.py: the realistic loop at most 1% slower, the short-step loop at most 5%. --check exits
-3 when a tool run's slowdown is over its target, or when the A/A run's own difference is so large
-that the comparison says nothing (over half the target). Without torch or a GPU it says so and
-exits 0.
+Each group of four blocks gives one ratio (on / off - 1): neighbouring blocks share the machine's
+drift. The groups of all rounds are pooled, and the summary is their median with a 95% interval
+for it (order statistics; no assumption on the noise). Targets as in overhead.py: the realistic
+loop at most 1% slower, the short-step loop at most 5%; a target holds when the interval's top is
+under it, and the A/A interval should hold 0. --check exits 3 when a target is not shown or the
+A/A interval misses 0. --summarise pools the groups of earlier --json files (rounds made on
+several machines) and measures nothing. Without torch or a GPU it says so and exits 0.
 """
 from __future__ import annotations
 
@@ -41,6 +44,8 @@ AB_WORKLOADS = ("short", "realistic")
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    if args.summarise:
+        return summarise_files(args.summarise, args.only or AB_WORKLOADS)
     try:
         import importlib.util
         has_torch = importlib.util.find_spec("torch") is not None
@@ -133,6 +138,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=600.0, help="fail a run that takes longer [default: 600 s]")
     p.add_argument("--json", metavar="PATH", help="write every block's time here")
     p.add_argument("--check", action="store_true", help="exit 3 when a target is missed or not settled")
+    p.add_argument("--summarise", nargs="+", metavar="JSON",
+                   help="measure nothing: pool the groups of these --json files (runs on several machines)")
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
@@ -198,6 +205,32 @@ def _summarise(runs: list[dict], target: float) -> dict:
                      "high_pct": high}
     return {**out, "within_target": out["tool"]["high_pct"] <= target,
             "settled": out["plain"]["groups"] > 0 and out["plain"]["low_pct"] <= 0.0 <= out["plain"]["high_pct"]}
+
+
+def summarise_files(paths: list[str], names) -> int:
+    """The pooled summary of earlier --json files, per workload."""
+    pooled: dict = {}
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                workloads = json.load(f)["workloads"]
+            for name, w in workloads.items():
+                entry = pooled.setdefault(name, {"target_pct": float(w["target_pct"]), "runs": []})
+                entry["runs"] += [{"mode": r["mode"], "group_pct": [float(g) for g in r["group_pct"]]}
+                                  for r in w["runs"]]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"loop_ab: {path}: not a loop_ab --json file ({exc})", file=sys.stderr)
+            return 2
+    for name in names:
+        if name not in pooled:
+            continue
+        s = _summarise(pooled[name]["runs"], pooled[name]["target_pct"])
+        tool, plain = s["tool"], s["plain"]
+        print(f"{name:9s} tool {tool['median_pct']:+.2f}% [{tool['low_pct']:+.2f}%, {tool['high_pct']:+.2f}%] "
+              f"({tool['groups']} groups), plain A/A {plain['median_pct']:+.2f}% "
+              f"[{plain['low_pct']:+.2f}%, {plain['high_pct']:+.2f}%] ({plain['groups']} groups); "
+              f"target <= {pooled[name]['target_pct']:g}%: {'ok' if s['within_target'] else 'NOT SHOWN'}")
+    return 0
 
 
 def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:

@@ -99,3 +99,19 @@ def test_switch_without_the_tool_switches_nothing(loop_ab, monkeypatch):
     assert switch.agent is None and "A/A" in switch.describe()
     switch.off()
     switch.on()  # nothing to do, nothing raised
+
+
+def test_summarise_pools_the_groups_of_saved_runs(loop_ab, tmp_path, capsys):
+    def saved(name, tool, plain):
+        path = tmp_path / name
+        path.write_text(json.dumps({"workloads": {"short": {"target_pct": 5.0, "runs": [
+            {"mode": "plain", "group_pct": plain}, {"mode": "tool", "group_pct": tool}]}}}))
+        return str(path)
+
+    a = saved("a.json", [1.0] * 10, [0.0] * 10)
+    b = saved("b.json", [3.0] * 10, [0.5] * 10)
+    assert loop_ab.main(["--summarise", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "short     tool +2.00% [+1.00%, +3.00%] (20 groups)" in out and "target <= 5%: ok" in out
+    (tmp_path / "bad.json").write_text("{}")
+    assert loop_ab.main(["--summarise", str(tmp_path / "bad.json")]) == 2
