@@ -6,6 +6,8 @@ import statistics
 import sys
 import time
 
+from _switch import PARTS
+
 DEFAULT_WARMUP = 50
 AB_WARMUP = 300  # --ab: past the agent's every-step samples (100) and its start-up window of stacks (50)
 AB_SETTLE = 20  # --ab: untimed steps after each switch
@@ -26,7 +28,7 @@ def parser(doc: str, default_steps: int) -> argparse.ArgumentParser:
     p.add_argument("--ab", metavar="BLOCKSxSTEPS",
                    help="instead of one timed run, BLOCKS blocks of STEPS steps with gpumemdoctor's work "
                         "on and off by turns (on, off, off, on, ...; see _switch.py and loop_ab.py)")
-    p.add_argument("--ab-parts", choices=("all", "agent", "supervisor"), default="all",
+    p.add_argument("--ab-parts", choices=PARTS, default="all",
                    help="with --ab: switch only the agent or only the supervisor [default: all]")
     return p
 

@@ -25,8 +25,7 @@ import signal
 import sys
 import time
 
-
-PARTS = ("all", "agent", "supervisor")
+PARTS = ("all", "agent", "supervisor")  # what --ab-parts / loop_ab.py --parts may switch
 
 
 class ToolSwitch:

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 
+from _switch import PARTS
 from overhead import HERE, WORKLOADS, RunFailed, _agent_activity, _base_env, _cuda_info, _shell
 
 BLOCK_LINE = re.compile(r"^AB_BLOCK (on|off) ([0-9.eE+-]+)\s*$", re.MULTILINE)
@@ -132,7 +133,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--short-steps", type=int, default=100, help="steps per block of the short loop [default: 100]")
     p.add_argument("--realistic-steps", type=int, default=100,
                    help="steps per block of the realistic loop [default: 100]")
-    p.add_argument("--parts", choices=("all", "agent", "supervisor"), default="all",
+    p.add_argument("--parts", choices=PARTS, default="all",
                    help="switch only the agent or only the supervisor, to see where a cost comes from [default: all]")
     p.add_argument("--skip-plain", action="store_true", help="no A/A runs (then nothing is settled: no --check)")
     p.add_argument("--timeout", type=float, default=600.0, help="fail a run that takes longer [default: 600 s]")

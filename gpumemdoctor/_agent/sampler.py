@@ -22,7 +22,7 @@ MAX_INTERVAL_S = 5.0
 SAMPLES_PER_DOUBLING = 1000  # long runs sample more slowly so a recording stays small
 FIRST_ALLOCATION_WAIT_S = 10.0
 STARVED_S = 0.25  # a time sample put off this long (no room below the collector's threshold) is taken anyway
-EVERY_STEP_UNTIL = 100  # the first steps are all sampled (about 50 us each): short runs need them
+EVERY_STEP_UNTIL = 100  # the first steps are all sampled (50-400 us each): short runs need them
 COST_WINDOW_S = 60.0  # the samples' cost is also kept for the first and the last such window
 NAP_S = 0.05  # the sampling thread's longest sleep: how soon it sees the program ending
 # The samples' share of the program's time, at most: the interval is lengthened to the mean cost of
