@@ -25,6 +25,7 @@ several machines) and measures nothing. Without torch or a GPU it says so and ex
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -47,12 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.summarise:
         return summarise_files(args.summarise, args.only or AB_WORKLOADS)
-    try:
-        import importlib.util
-        has_torch = importlib.util.find_spec("torch") is not None
-    except ValueError:
-        has_torch = False
-    if not has_torch:
+    if importlib.util.find_spec("torch") is None:
         print(f"loop_ab: skipped: torch is not installed for {sys.executable}; nothing to measure")
         return 0
     info = _cuda_info()
@@ -64,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     env = _base_env()
     results = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "torch": info.get("torch"),
                         "device": info.get("device"), "python": sys.version.split()[0], "argv": sys.argv,
-                        "blocks": args.blocks, "rounds": args.rounds},
+                        "blocks": args.blocks, "rounds": args.rounds, "parts": args.parts},
                "workloads": {}}
     print(f"gpumemdoctor loop A/B: {info.get('device')}, torch {info.get('torch')}, "
           f"{args.blocks} blocks a run, {args.rounds} round(s) of plain (A/A) and tool (A/B)", flush=True)
@@ -102,14 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if done:
         print()
         for name, w in done.items():
-            s = w["summary"]
-            tool, plain = s["tool"], s["plain"]
-            print(f"{name:9s} tool {tool['median_pct']:+.2f}% [{tool['low_pct']:+.2f}%, {tool['high_pct']:+.2f}%] "
-                  f"({tool['groups']} groups; target <= {w['target_pct']:g}%: "
-                  f"{'ok' if s['within_target'] else 'NOT SHOWN'}); "
-                  + (f"plain A/A {plain['median_pct']:+.2f}% [{plain['low_pct']:+.2f}%, {plain['high_pct']:+.2f}%]"
-                     f"{'' if s['settled'] else ' (A/A interval misses 0: the method is off)'}"
-                     if plain["groups"] else "no A/A runs"))
+            print(summary_line(name, w["target_pct"], w["summary"]))
         print("(median of each group of four blocks' on/off - 1, pooled over rounds; [95% interval of "
               "that median]; the target holds when the interval's top is under it)")
     if args.json:
@@ -225,13 +214,22 @@ def summarise_files(paths: list[str], names) -> int:
     for name in names:
         if name not in pooled:
             continue
-        s = _summarise(pooled[name]["runs"], pooled[name]["target_pct"])
-        tool, plain = s["tool"], s["plain"]
-        print(f"{name:9s} tool {tool['median_pct']:+.2f}% [{tool['low_pct']:+.2f}%, {tool['high_pct']:+.2f}%] "
-              f"({tool['groups']} groups), plain A/A {plain['median_pct']:+.2f}% "
-              f"[{plain['low_pct']:+.2f}%, {plain['high_pct']:+.2f}%] ({plain['groups']} groups); "
-              f"target <= {pooled[name]['target_pct']:g}%: {'ok' if s['within_target'] else 'NOT SHOWN'}")
+        target = pooled[name]["target_pct"]
+        print(summary_line(name, target, _summarise(pooled[name]["runs"], target)))
     return 0
+
+
+def summary_line(name: str, target: float, s: dict) -> str:
+    """One workload's pooled result: the tool's median and interval, the A/A check, the target."""
+    tool, plain = s["tool"], s["plain"]
+    line = (f"{name:9s} tool {tool['median_pct']:+.2f}% [{tool['low_pct']:+.2f}%, {tool['high_pct']:+.2f}%] "
+            f"({tool['groups']} groups), ")
+    if plain["groups"]:
+        line += (f"plain A/A {plain['median_pct']:+.2f}% [{plain['low_pct']:+.2f}%, {plain['high_pct']:+.2f}%]"
+                 f" ({plain['groups']} groups){'' if s['settled'] else ', its interval misses 0: the method is off'}; ")
+    else:
+        line += "no A/A runs; "
+    return line + f"target <= {target:g}%: {'ok' if s['within_target'] else 'NOT SHOWN'}"
 
 
 def median_interval(values: list[float], confidence: float = 0.95) -> tuple[float, float]:
