@@ -142,8 +142,8 @@ def _rediagnosed(report_path: str) -> dict | None:
     """The recording judged again by the diagnosis installed now: a rule changed after a run
     shows here, beside what the run itself said (the recording is what was measured)."""
     try:
-        from gpumemdoctor.diagnosis import diagnose
-        from gpumemdoctor.report import load
+        from gpumemdoctor.diagnosis.diagnose import diagnose
+        from gpumemdoctor.reporters.json_report import load
     except ImportError:
         return None
     recording, _ = load(report_path)

@@ -152,7 +152,7 @@ def agent_phase(hours: float, run_dir: str) -> dict:
                           for k, w in windows.items()}}.items())},
         "samples": agent.sampler.samples, "sampling_interval_s_at_end": agent.sampler.interval_s,
         "file_bytes": os.path.getsize(path), "file_lines": lines,
-        "suspected_growth": agent.watch.suspected,
+        "suspected_growth": agent.growth_watch.suspected,
         "history_calls": [c["enabled"] for c in agent.torch.cuda.memory.history_calls],
         "window_costs_us": {k: round(v, 3) for k, v in agent.sampler.cost.windows().items()},
         "process_rss_bytes_by_hour": {str(k): v for k, v in rss.items()},
@@ -193,10 +193,11 @@ class _Feed:
 
 
 def supervisor_phase(hours: float, agent_file: str, poll_s: float) -> dict:
-    from gpumemdoctor import nvml, procs, supervisor
-    from gpumemdoctor.combine import AgentFiles
-    from gpumemdoctor.diagnosis import diagnose
-    from gpumemdoctor.report import build, write
+    from gpumemdoctor.system import nvml, procs
+    from gpumemdoctor.supervise import supervisor
+    from gpumemdoctor.recording.agent_files import AgentFiles
+    from gpumemdoctor.diagnosis.diagnose import diagnose
+    from gpumemdoctor.reporters.json_report import build, write
 
     rss_start = rss_of_self()
     clock = SimpleNamespace(now=T0)

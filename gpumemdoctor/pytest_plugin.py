@@ -214,7 +214,7 @@ class VramChecker:
         if self._nvml_devices is None:
             self._nvml_devices = {}
             try:
-                from . import nvml
+                from .system import nvml
                 nvml.init()
                 self._nvml = nvml
                 from ._agent.startup import device_ids

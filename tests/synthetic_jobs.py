@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpumemdoctor.recording import (AgentRecording, DeviceReading, Dist, ProcessRecord, Recording,
+from gpumemdoctor.recording.recording import (AgentRecording, DeviceReading, Dist, ProcessRecord, Recording,
                                     TorchDevice, TorchSample)
 
 MIB = 1 << 20

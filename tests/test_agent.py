@@ -104,7 +104,7 @@ def test_device_ids_spell_the_pci_bus_id_as_nvml_does():
 def test_many_short_lived_children_keep_the_recording_bounded(cli, script, tmp_path):
     """Forked workers leave through os._exit, without their agent's exit line: once gone, their
     files are complete. The recording keeps a bounded number of them and says how many more."""
-    from gpumemdoctor.combine import MAX_QUIET_AGENTS
+    from gpumemdoctor.recording.agent_files import MAX_QUIET_AGENTS
 
     script(tmp_path, "t.py", """
         import os

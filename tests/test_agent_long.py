@@ -20,7 +20,7 @@ _spec = importlib.util.spec_from_file_location("fake_cuda", Path(__file__).paren
 fake_cuda = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake_cuda)
 
-from gpumemdoctor._agent import sampler, trace, watch  # noqa: E402
+from gpumemdoctor._agent import sampler, trace, growth_watch as watch
 
 MiB = 1 << 20
 HOUR = 3600
@@ -59,9 +59,9 @@ def test_a_day_keeps_the_agents_memory_flat_and_its_file_to_a_bounded_rate(agent
         after, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert not agent.watch.suspected
+    assert not agent.growth_watch.suspected
     assert after - before < 64 * 1024  # nothing kept per step or per sample
-    floor_xs = agent.watch.floor_xs
+    floor_xs = agent.growth_watch.floor_xs
     assert all(len(xs) <= watch.MAX_FLOOR_POINTS + 1 for per_device in floor_xs.values() for xs in per_device)
     assert any(per_device[0] for per_device in floor_xs.values())  # the check ran
     assert agent.sampler.interval_s == sampler.MAX_INTERVAL_S
@@ -78,7 +78,7 @@ def test_trace_auto_records_stacks_for_a_window_then_stops(agent_and_clock, tmp_
         return (1 << 30) + step // 10 * MiB + (step % 3) * 50 * MiB
 
     run_steps(agent, clock, 3000, 0.1, leak)  # 300 s
-    agent.watch.wait_for_copies()  # the search was made in a copy of the process
+    agent.growth_watch.wait_for_copies()  # the search was made in a copy of the process
     calls = agent.torch.cuda.memory.history_calls
     assert [c["enabled"] for c in calls] == ["state", None]
     traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]
@@ -187,13 +187,13 @@ def test_growth_seen_over_time_before_any_step_leaves_the_steps_watched(agent_an
             agent.sampler.sample("time")
     finally:
         gc.enable()
-    assert agent.watch.suspected and agent.watch.suspected_by == "time"
+    assert agent.growth_watch.suspected and agent.growth_watch.suspected_by == "time"
     # growth over time: stacks for TRACE_WINDOW_S (no search during the run is due)
     (opened,) = [r for r in records(tmp_path, agent) if r["type"] == "trace" and r["why"] == "growth"]
     assert agent.trace.on and agent.trace.stop_at == pytest.approx(opened["t"] + trace.TRACE_WINDOW_S)
     run_steps(agent, clock, 200, 0.05, lambda step, now: (1 << 30) + 320 * MiB + step * MiB)
-    assert agent.watch.suspected_by == "step"
-    agent.watch.wait_for_copies()
+    assert agent.growth_watch.suspected_by == "step"
+    agent.growth_watch.wait_for_copies()
     found = records(tmp_path, agent)
     assert [s["by"] for s in found if s["type"] == "suspect"] == ["time", "step"]
     assert [r["when"] for r in found if r["type"] == "investigation"] == ["growth"]

@@ -18,9 +18,9 @@ _spec.loader.exec_module(fake_cuda)
 
 from gpumemdoctor._agent import exit as exit_probes  # noqa: E402
 from gpumemdoctor._agent import parts  # noqa: E402
-from gpumemdoctor.combine import read_agent_file  # noqa: E402
-from gpumemdoctor.diagnosis import diagnose  # noqa: E402
-from gpumemdoctor.recording import AgentRecording, Recording  # noqa: E402
+from gpumemdoctor.recording.agent_files import read_agent_file  # noqa: E402
+from gpumemdoctor.diagnosis.diagnose import diagnose  # noqa: E402
+from gpumemdoctor.recording.recording import AgentRecording, Recording  # noqa: E402
 
 MiB = 1 << 20
 CONTEXT = 520 * MiB
@@ -132,7 +132,7 @@ def test_a_failing_part_is_null_and_the_exit_record_is_still_written(agent_and_c
 
 def test_a_part_that_is_no_size_is_refused():
     from gpumemdoctor.errors import BadReportError
-    from gpumemdoctor.records import EXIT_INFO
+    from gpumemdoctor.recording.records import EXIT_INFO
 
     with pytest.raises(BadReportError, match="size in bytes"):
         EXIT_INFO({"parts": {"cublas_workspaces": [[0, -1]]}}, "exit")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumemdoctor import agent_socket
+from gpumemdoctor.system import agent_socket
 
 TARGET = """
 import os, sys, time

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from gpumemdoctor import checks
-from gpumemdoctor.diagnosis import diagnose
-from gpumemdoctor.recording import ProcessRecord, Recording
-from gpumemdoctor.report import build
+from gpumemdoctor.diagnosis import ci_checks as checks
+from gpumemdoctor.diagnosis.diagnose import diagnose
+from gpumemdoctor.recording.recording import ProcessRecord, Recording
+from gpumemdoctor.reporters.json_report import build
 
 from .conftest import cli_env, invoke
 from .test_report_parse import make_recording
@@ -170,7 +170,7 @@ def test_a_named_pipe_without_a_writer_does_not_hang(tmp_path):
 
 
 def test_a_report_larger_than_the_bound_is_refused_without_reading_it_all(tmp_path, monkeypatch):
-    from gpumemdoctor import report
+    from gpumemdoctor.reporters import json_report as report
     path = tmp_path / "big.json"
     path.write_text(json.dumps(leak_report()))
     monkeypatch.setattr(report, "MAX_REPORT_BYTES", 1000)
@@ -181,7 +181,7 @@ def test_a_report_larger_than_the_bound_is_refused_without_reading_it_all(tmp_pa
 
 def test_a_file_that_lies_about_its_size_is_still_bounded():
     """/proc's files say they are 0 bytes long: the bound counts what is read, not st_size."""
-    from gpumemdoctor import inputs
+    from gpumemdoctor.files import inputs
     from gpumemdoctor.errors import BadReportError
     assert os.stat("/proc/self/maps").st_size == 0
     with pytest.raises(BadReportError, match="larger than"):

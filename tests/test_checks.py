@@ -7,10 +7,10 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from gpumemdoctor import checks
+from gpumemdoctor.diagnosis import ci_checks as checks
 from gpumemdoctor.errors import BadReportError, UsageError
-from gpumemdoctor.report import load
-from gpumemdoctor.reporters.checks import junit_xml, markdown_summary
+from gpumemdoctor.reporters.json_report import load
+from gpumemdoctor.reporters.ci_checks import junit_xml, markdown_summary
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
 MIB = 1 << 20

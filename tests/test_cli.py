@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 import gpumemdoctor
-from gpumemdoctor import nvml
+from gpumemdoctor.system import nvml
 
 NVML_HERE = nvml.available()
 needs_no_nvml = pytest.mark.skipif(NVML_HERE, reason="NVML works here; this checks the no-GPU path")

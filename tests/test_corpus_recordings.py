@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumemdoctor.diagnosis import diagnose
-from gpumemdoctor.recording import Recording
+from gpumemdoctor.diagnosis.diagnose import diagnose
+from gpumemdoctor.recording.recording import Recording
 from tests.expect import corpus, expectations, root_cause
 
 RECORDINGS = Path(__file__).parent / "fixtures" / "corpus"

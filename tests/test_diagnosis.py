@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from gpumemdoctor.diagnosis import (LIBRARY_ALLOWANCE_BYTES, VERDICTS, Finding, choose_verdict,
+from gpumemdoctor.diagnosis.diagnose import (LIBRARY_ALLOWANCE_BYTES, VERDICTS, Finding, choose_verdict,
                                     diagnose)
-from gpumemdoctor.recording import Recording
+from gpumemdoctor.recording.recording import Recording
 from tests.expect import SCENARIO_DIR, expectations
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
@@ -263,7 +263,7 @@ def test_a_leak_is_not_also_reported_as_live_at_exit():
 
 
 def test_informative_findings_cannot_fail_a_ci_check():
-    from gpumemdoctor.checks import FAILABLE
+    from gpumemdoctor.diagnosis.ci_checks import FAILABLE
 
     assert "live-at-exit" not in FAILABLE and "context" not in FAILABLE and "leak" in FAILABLE
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from gpumemdoctor.envelope import envelope
+from gpumemdoctor.reporters.envelope import envelope
 
 
 def test_a_short_series_comes_back_whole():

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from gpumemdoctor import records
+from gpumemdoctor.recording import records
 from gpumemdoctor._agent import events
 from gpumemdoctor._agent.neutral import NO_ROOM, Neutral, quiet_gc
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpumemdoctor import faults
-from gpumemdoctor.recording import Recording
+from gpumemdoctor.diagnosis import machine_faults as faults
+from gpumemdoctor.recording.recording import Recording
 
 DOUBLES = str(Path(__file__).parent / "doubles")
 # The test double first, then the PYTHONPATH the tests run under (it may name the checkout).
@@ -316,7 +316,7 @@ def test_watch_jsonl_is_written_line_by_line_while_watching(popen_cli, tmp_path)
 
 def test_watch_memory_stays_bounded_over_a_long_watch(monkeypatch):
     """A day of 1-second samples through the real Watcher (NVML and psutil answered in-process)."""
-    from gpumemdoctor import watcher as w
+    from gpumemdoctor.live import watch as w
 
     fake_pid = 12345
     monkeypatch.setattr(w.procs, "info", lambda pid: w.procs.ProcessInfo(pid, 1, ["x"], 1.0, "u", "S", 10 * MIB))

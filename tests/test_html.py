@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("plotly", reason="the HTML report needs the html extra (plotly)")
 
 from benchmarks.html_size import one_hour  # noqa: E402
-from gpumemdoctor.diagnosis import diagnose  # noqa: E402
+from gpumemdoctor.diagnosis.diagnose import diagnose  # noqa: E402
 from gpumemdoctor.errors import MissingExtraError  # noqa: E402
-from gpumemdoctor.recording import Recording  # noqa: E402
-from gpumemdoctor.report import load, parse  # noqa: E402
+from gpumemdoctor.recording.recording import Recording  # noqa: E402
+from gpumemdoctor.reporters.json_report import load, parse  # noqa: E402
 from gpumemdoctor.reporters import html  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
@@ -350,7 +350,7 @@ def test_run_html_keeps_an_existing_page_unless_forced(cli, script, tmp_path):
 
 
 def test_every_verdict_has_a_colour_on_the_page():
-    from gpumemdoctor.diagnosis import VERDICTS
+    from gpumemdoctor.diagnosis.diagnose import VERDICTS
     from gpumemdoctor.reporters._html_page import STYLE
 
     for verdict in VERDICTS:

@@ -1,12 +1,12 @@
-"""The decision table (gpumemdoctor/judgement.py), row by row, on evidence built here.
+"""The decision table (gpumemdoctor/diagnosis/judgement.py), row by row, on evidence built here.
 
 These are unit tests of the rules; the recordings in tests/fixtures/reports (real GPU runs)
 check the same judgement end to end in tests/test_diagnosis.py.
 """
 from __future__ import annotations
 
-from gpumemdoctor import judgement
-from gpumemdoctor.diagnosis import Finding, choose_verdict
+from gpumemdoctor.diagnosis import judgement
+from gpumemdoctor.diagnosis.diagnose import Finding, choose_verdict
 
 MIB = 1 << 20
 

@@ -96,9 +96,9 @@ def test_no_module_imports_itself_back():
 def test_the_graph_reads_module_and_function_level_imports():
     graph = import_graph()
     assert "gpumemdoctor._agent.core" in graph["gpumemdoctor._agent"]  # from .core import Agent
-    assert "gpumemdoctor._agent.search" in graph["gpumemdoctor._agent.watch"]  # inside a method
+    assert "gpumemdoctor._agent.search" in graph["gpumemdoctor._agent.growth_watch"]  # inside a method
     assert "gpumemdoctor._agent" in graph["gpumemdoctor"]  # from . import _agent, inside step()
-    assert "gpumemdoctor.records" in graph["gpumemdoctor.recording"]  # from . import records
+    assert "gpumemdoctor.recording.records" in graph["gpumemdoctor.recording.recording"]  # from . import records
 
 
 def test_a_circle_is_found(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumemdoctor import nvml
+from gpumemdoctor.system import nvml
 
 DOUBLE = Path(__file__).parent / "doubles" / "pynvml" / "__init__.py"
 GIB = 1 << 30

@@ -1,4 +1,4 @@
-"""Memory outside PyTorch (gpumemdoctor/outside.py): the breakdown's parts and the rule for calling it
+"""Memory outside PyTorch (gpumemdoctor/diagnosis/non_torch.py): the breakdown's parts and the rule for calling it
 growing, on SYNTHETIC recordings built here (shapes after what was measured on an H100, NOTES.md
 and issue 19: not recordings of real programs) and on the recorded fixtures."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gpumemdoctor import outside
-from gpumemdoctor.diagnosis import diagnose
+from gpumemdoctor.diagnosis import non_torch as outside
+from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.growth import floor_growth, lasting_growth
-from gpumemdoctor.recording import AgentRecording, DeviceReading, Recording, TorchDevice, TorchSample
-from gpumemdoctor.report import build, parse
+from gpumemdoctor.recording.recording import AgentRecording, DeviceReading, Recording, TorchDevice, TorchSample
+from gpumemdoctor.reporters.json_report import build, parse
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
 MIB = 1 << 20

@@ -25,17 +25,17 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from gpumemdoctor import checks
-from gpumemdoctor.checks import FAILABLE, Tolerance, parse_kinds, parse_tolerance
-from gpumemdoctor.cli._checks import make_policy
+from gpumemdoctor.diagnosis import ci_checks as checks
+from gpumemdoctor.diagnosis.ci_checks import FAILABLE, Tolerance, parse_kinds, parse_tolerance
+from gpumemdoctor.cli._ci_checks import make_policy
 from gpumemdoctor.cli._params import Seconds
-from gpumemdoctor.diagnosis import diagnose
+from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.errors import EXIT_INTERNAL, BadReportError, DoctorError, UsageError
-from gpumemdoctor.inputs import loads_strict
-from gpumemdoctor.report import build, load, parse
-from gpumemdoctor.reporters import checks as checks_reporter
+from gpumemdoctor.files.inputs import loads_strict
+from gpumemdoctor.reporters.json_report import build, load, parse
+from gpumemdoctor.reporters import ci_checks as checks_reporter
 from gpumemdoctor.units import MAX_SIZE_BYTES, parse_size
-from gpumemdoctor.watcher import parse_rate
+from gpumemdoctor.live.watch import parse_rate
 
 from .conftest import invoke
 from .synthetic_jobs import Rank, job
@@ -325,7 +325,7 @@ T0 = 1000.0
 
 def _agent_lines(recording) -> list[dict]:
     """The lines an agent writes, for each agent of a recording (times on the agents' clock)."""
-    from gpumemdoctor import records
+    from gpumemdoctor.recording import records
 
     out = []
     for agent in recording.agents:
@@ -362,7 +362,7 @@ RUN_FOLDERS = Documents([{"run": _run_file(r), "lines": _agent_lines(r)}
 
 
 def test_the_run_folders_here_are_valid():
-    from gpumemdoctor.supervisor import RUN_SCHEMA
+    from gpumemdoctor.supervise.supervisor import RUN_SCHEMA
     assert RUN_FOLDERS.docs[0]["run"]["schema"] == RUN_SCHEMA
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpumemdoctor.survey import GpuMemory, Holder, busy_gpus, diagnose_holders
+from gpumemdoctor.live.ps import GpuMemory, Holder, busy_gpus, diagnose_holders
 
 DOUBLES = str(Path(__file__).parent / "doubles")
 # The test double first, then whatever PYTHONPATH the tests run under (it may name the

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpumemdoctor import checks, ranks
-from gpumemdoctor.diagnosis import FINDING_KINDS, VERDICTS, WARNINGS, diagnose, diagnose_job
+from gpumemdoctor.diagnosis import ci_checks as checks, ranks
+from gpumemdoctor.diagnosis.diagnose import FINDING_KINDS, VERDICTS, WARNINGS, diagnose, diagnose_job
 from gpumemdoctor.errors import BadReportError
-from gpumemdoctor.recording import AgentRecording, Dist, Recording
-from gpumemdoctor.report import build, default_name, parse
+from gpumemdoctor.recording.recording import AgentRecording, Dist, Recording
+from gpumemdoctor.reporters.json_report import build, default_name, parse
 from gpumemdoctor.reporters import terminal
 
 from .synthetic_jobs import CONTEXT, GIB, MIB, Rank, job
@@ -388,7 +388,7 @@ def test_baselines_compare_rank_by_rank(tmp_path):
     checks.write_baseline(str(path), doc)
     loaded = checks.load_baseline(str(path))
     assert loaded["ranks"][1]["peak_allocated_bytes"] == 2 * GIB
-    from gpumemdoctor.cli._checks import make_policy
+    from gpumemdoctor.cli._ci_checks import make_policy
     policy = make_policy(None, None, None, "5%", None, loaded)
     assert "ranks" not in policy.baseline and set(policy.baseline_ranks) == {0, 1}
     new_rec = job([Rank(0), Rank(1, leak_per_step=16 * MIB), Rank(2)], gpus=4)
@@ -497,7 +497,7 @@ def test_rank_words():
 # -- the combine step ---------------------------------------------------------------------------
 
 def test_the_combine_step_reads_the_rank_and_keeps_a_process_whose_rank_is_malformed(tmp_path):
-    from gpumemdoctor.combine import OTHER_SERIES, TARGET_SERIES, AgentFiles
+    from gpumemdoctor.recording.agent_files import OTHER_SERIES, TARGET_SERIES, AgentFiles
 
     lines = {
         11: {"type": "hello", "pid": 11, "ppid": 1, "t": 0.0, "argv": ["train.py"],
@@ -520,7 +520,7 @@ def test_the_combine_step_reads_the_rank_and_keeps_a_process_whose_rank_is_malfo
 
 
 def test_a_recovered_run_keeps_its_host(tmp_path):
-    from gpumemdoctor.recovery import RUN_FILE, RUN_SCHEMA, recover
+    from gpumemdoctor.supervise.recovery import RUN_FILE, RUN_SCHEMA, recover
 
     info = {"schema": RUN_SCHEMA, "t0": 0.0, "started_wall": 1.0e9, "target_args": ["train.py"], "pid": 2 ** 22 + 7,
             "create_time": None, "poll_interval_s": 0.005, "measure_gpu": False, "host": "node-c"}

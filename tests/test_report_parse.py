@@ -13,11 +13,11 @@ import stat
 
 import pytest
 
-from gpumemdoctor.diagnosis import diagnose
+from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.errors import BadReportError, UsageError
-from gpumemdoctor.recording import (AgentRecording, DeviceReading, ProcessRecord, Recording,
+from gpumemdoctor.recording.recording import (AgentRecording, DeviceReading, ProcessRecord, Recording,
                                     TorchDevice, TorchSample)
-from gpumemdoctor.report import SCHEMA, build, load, parse, write
+from gpumemdoctor.reporters.json_report import SCHEMA, build, load, parse, write
 
 MiB = 1 << 20
 PID = 4242

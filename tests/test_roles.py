@@ -1,7 +1,7 @@
-"""Who is who in a job (gpumemdoctor/roles.py), on plain facts: launchers, ranks, workers, groups."""
+"""Who is who in a job (gpumemdoctor/live/roles.py), on plain facts: launchers, ranks, workers, groups."""
 from __future__ import annotations
 
-from gpumemdoctor.roles import Identity, ProcessFacts, group, launcher_kind, place
+from gpumemdoctor.live.roles import Identity, ProcessFacts, group, launcher_kind, place
 
 MIB = 1 << 20
 GIB = 1 << 30

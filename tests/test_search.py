@@ -348,7 +348,8 @@ def test_investigate_groups_new_blocks_by_stack_and_names_the_holder(monkeypatch
     assert group["count"] == 4 and group["unheld_bytes"] == 0
     (holder,) = group["holders"]
     assert holder["pattern"] == f"{__name__}.HISTORY[*]" and holder["count"] == 4
-    from gpumemdoctor import records, suspects
+    from gpumemdoctor.recording import records
+    from gpumemdoctor.diagnosis import suspects
     root = records.empty_root()
     records.apply_record(root, "investigation", {"when": "exit", "t": 5.0, "step": 40, "trace": True,
                                                    **result}, t0=1.0)
@@ -386,7 +387,8 @@ def test_the_exit_search_covers_all_live_memory_new_and_old(monkeypatch):
     assert result["all_live"] is True and result["candidate_count"] == 4
     assert sorted((g["new"], g["count"]) for g in result["groups"]) == [(False, 3), (True, 4)]
     assert [(g["new"], g["count"]) for g in only_new["groups"]] == [(True, 4)]
-    from gpumemdoctor import records, suspects
+    from gpumemdoctor.recording import records
+    from gpumemdoctor.diagnosis import suspects
     root = records.empty_root()
     records.apply_record(root, "investigation", {"when": "exit", "t": 5.0, "step": None, "trace": False,
                                                    **result}, t0=0.0)
@@ -432,7 +434,8 @@ def test_the_exit_sequence_sees_the_cycle_when_gc_is_held_off(monkeypatch):
 def test_a_leaks_allocations_after_the_trace_window_count_with_its_line():
     """--trace auto stops recording stacks after its window: the same leak's later blocks have
     no stack but the same holder, and are counted with the group that has the line."""
-    from gpumemdoctor import records, suspects
+    from gpumemdoctor.recording import records
+    from gpumemdoctor.diagnosis import suspects
 
     def group(frames, count, pattern="__main__.kept[*]"):
         return {"device": 0, "new": True, "bytes": count * 1024, "count": count, "frames": frames,
@@ -457,7 +460,8 @@ def test_later_allocations_join_their_line_by_holder_not_by_group():
     later ones and also this step's batch, a gradient and blocks nothing holds: only the blocks held
     like the leak's join its line (scenarios/oom_accumulation.py on the H100: 41 stackless blocks,
     40 of them the leak's, and 17 with the line)."""
-    from gpumemdoctor import records, suspects
+    from gpumemdoctor.recording import records
+    from gpumemdoctor.diagnosis import suspects
 
     leak, batch = "__main__.outputs[*]", "__main__.x"
     stackless = {"device": 0, "new": True, "bytes": 44 * 1024, "count": 44, "frames": [], "thread": None,

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpumemdoctor.combine import TARGET_SERIES, AgentFiles, read_agent_file
-from gpumemdoctor.diagnosis import diagnose
-from gpumemdoctor.recording import ProcessRecord, Recording
-from gpumemdoctor.report import build
-from gpumemdoctor.series import Series
+from gpumemdoctor.recording.agent_files import TARGET_SERIES, AgentFiles, read_agent_file
+from gpumemdoctor.diagnosis.diagnose import diagnose
+from gpumemdoctor.recording.recording import ProcessRecord, Recording
+from gpumemdoctor.reporters.json_report import build
+from gpumemdoctor.recording.series import Series
 
 MiB = 1 << 20
 DAY_S = 24 * 3600
@@ -225,8 +225,8 @@ def test_the_real_cli_keeps_a_long_agent_file_bounded(cli, script, tmp_path):
 def test_a_seven_minute_slow_leak_on_the_h100_is_found_with_its_line():
     """A real recording (tests/fixtures/long/README.md): 1 MiB kept every 2 s for 7 minutes in a
     loop whose model is freed before the program ends."""
-    from gpumemdoctor.diagnosis import diagnose
-    from gpumemdoctor.report import load
+    from gpumemdoctor.diagnosis.diagnose import diagnose
+    from gpumemdoctor.reporters.json_report import load
 
     path = Path(__file__).parent / "fixtures" / "long" / "h100_slow_leak_7min.json"
     recording, _ = load(str(path))

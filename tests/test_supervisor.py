@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpumemdoctor import nvml, supervisor
+from gpumemdoctor.system import nvml
+from gpumemdoctor.supervise import supervisor
 
 GIB = 1 << 30
 TARGET = 100

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from gpumemdoctor.diagnosis import diagnose
-from gpumemdoctor.recording import Recording
-from gpumemdoctor.report import build, parse
+from gpumemdoctor.diagnosis.diagnose import diagnose
+from gpumemdoctor.recording.recording import Recording
+from gpumemdoctor.reporters.json_report import build, parse
 from gpumemdoctor.reporters import terminal
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -77,7 +77,7 @@ def test_a_sparkline_of_fewer_values_than_columns_draws_each_value():
 def test_the_breakdown_draws_the_parts_it_was_given():
     """A breakdown with every part measured (figures made up here, not recorded): each part on a line
     of its own, indented under what it is part of, within 80 columns."""
-    from gpumemdoctor.diagnosis import Breakdown
+    from gpumemdoctor.diagnosis.diagnose import Breakdown
 
     MiB = 1 << 20
     b = Breakdown(pid=7, device=0, torch_index=0, nvml_bytes=884 * MiB, context_bytes=520 * MiB,
@@ -111,6 +111,6 @@ def test_the_breakdown_draws_the_parts_it_was_given():
     ("after 48,128 objects", "gave up after 48,128 objects"),  # an older report's words
 ])
 def test_a_search_that_stopped_says_how_once(gave_up, shown):
-    from gpumemdoctor.suspects import gave_up_text
+    from gpumemdoctor.diagnosis.suspects import gave_up_text
 
     assert gave_up_text(gave_up) == shown

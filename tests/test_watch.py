@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpumemdoctor.watcher import WatchSample, alerts, judgement, parse_rate
+from gpumemdoctor.live.watch import WatchSample, alerts, judgement, parse_rate
 
 DOUBLES = str(Path(__file__).parent / "doubles")
 # The test double first, then whatever PYTHONPATH the tests run under (it may name the

@@ -31,7 +31,7 @@ from .oom import OomObserver
 from .sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
 from .threads import ThreadWatch
 from .trace import Trace
-from .watch import GrowthWatch
+from .growth_watch import GrowthWatch
 
 
 class Agent:
@@ -54,7 +54,7 @@ class Agent:
         self.cost = {"init_s": 0.0, "sample_s": 0.0}
         self.sampler = Sampler(self, interval_s)
         self.timer = SamplingThread(self)
-        self.watch = GrowthWatch(self)
+        self.growth_watch = GrowthWatch(self)
         self.trace = Trace(self, run_dir)
         self.oom = OomObserver(self)
         self.threads = ThreadWatch(self)
@@ -128,7 +128,7 @@ class Agent:
     def prepare_reading(self) -> None:
         """The sampler's rows and the growth watch's series, made once, on the program's thread."""
         self.sampler.prepare()
-        self.watch.prepare(len(self.devices))
+        self.growth_watch.prepare(len(self.devices))
 
     def attach_observers(self) -> None:
         """PyTorch's out-of-memory observer and the garbage collector's callback."""
@@ -155,7 +155,7 @@ class Agent:
         """Answer `gpumemdoctor watch` on a local socket (see agent_socket); once per process."""
         if self.server is not None or os.environ.get(startup.ENV_SOCKET) == "0":
             return
-        from gpumemdoctor.agent_socket import StatsServer
+        from gpumemdoctor.system.agent_socket import StatsServer
 
         server = StatsServer(self.stats)
         if server.open():
@@ -164,7 +164,7 @@ class Agent:
 
     def stats(self) -> dict:
         """What the socket answers: the latest figures, read now."""
-        from gpumemdoctor.agent_socket import STATS_SCHEMA
+        from gpumemdoctor.system.agent_socket import STATS_SCHEMA
 
         torch = self.torch
         rows = []
@@ -198,7 +198,7 @@ class Agent:
             if self.devices and (self.steps <= EVERY_STEP_UNTIL
                                  or now - sampler.last_step_sample_t >= sampler.interval_s):
                 sampler.sample("step")
-            watch = self.watch
+            watch = self.growth_watch
             trace = self.trace
             if watch.copies:
                 with quiet_gc():

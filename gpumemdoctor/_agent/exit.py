@@ -78,17 +78,17 @@ def _exit_probes(agent, torch, parts: dict) -> None:
         touched = [row[0] for row in end]
         parts.update(parts_of.measure_at_end(torch, stats, touched))
         took("parts")
-        agent.watch.wait_for_copies()  # a search still under way in a copy of the process
+        agent.growth_watch.wait_for_copies()  # a search still under way in a copy of the process
         if os.environ.get(ENV_SNAPSHOT) == "1" and agent.run_dir:
             _dump_snapshot(agent, torch)
             took("snapshot")
         # One search at exit covers every live block, those new since the baseline (a
         # leak's) and the rest (what a program that grew nothing still holds).
         searched = None
-        if agent.watch.suspected or agent.trace.mode == "on":
-            searched = agent.watch.search("exit")
+        if agent.growth_watch.suspected or agent.trace.mode == "on":
+            searched = agent.growth_watch.search("exit")
         elif agent.channel.fd is not None and any((row[1] or 0) >= LIVE_SEARCH_MIN_BYTES for row in end):
-            searched = agent.watch.search("exit", budget="live")
+            searched = agent.growth_watch.search("exit", budget="live")
         took("search")
         _probe(agent, torch, end, took, skip_gc=bool(searched and searched.get("complete")))
         parts["cublas_workspaces"] = parts_of.cublas_workspaces(torch, stats, touched)
@@ -132,7 +132,7 @@ def _collect_garbage(agent, torch) -> int:
         frames_of = None
         if agent.trace.on or agent.trace.was_on:
             frames_of = Spans((b["address"], b["size"], b["frames"]) for b in live_blocks(torch) if b["frames"])
-        report = collect_garbage(agent.watch.tensor_kind(), frames_of)
+        report = collect_garbage(agent.growth_watch.tensor_kind(), frames_of)
     except Exception as exc:
         agent.channel.write({"type": "error", "where": "garbage", "message": repr(exc)[:500]})
         return gc.collect()

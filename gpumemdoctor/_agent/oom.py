@@ -43,7 +43,7 @@ class OomObserver:
                 record["step"] = agent.steps
                 agent.channel.write(record)
                 if self.records == 1:
-                    agent.watch.search("oom")
+                    agent.growth_watch.search("oom")
         except Exception:
             pass
 

@@ -236,7 +236,7 @@ class Sampler:
             agent.channel.write_line(f'{{"type":"s","t":{now!r},"by":"{by}","step":{agent.steps},"d":[{text}]}}')
             self.samples += 1
             if agent.run_dir and (by == "step" or by == "time"):
-                agent.watch.check(now, by)
+                agent.growth_watch.check(now, by)
             if self.samples % SAMPLES_PER_DOUBLING == 0:
                 self.base_interval_s = min(self.base_interval_s * 2, MAX_INTERVAL_S)
         except Exception:

@@ -126,7 +126,7 @@ class _NotifyingLoader:
 def open_nvml():
     """gpumemdoctor's nvml module, initialised; None where NVML cannot be had."""
     try:
-        from gpumemdoctor import nvml
+        from gpumemdoctor.system import nvml
         nvml.init()
         return nvml
     except Exception:

@@ -22,7 +22,7 @@ def size(ctx: click.Context, param: click.Parameter, value: str | None) -> int |
 
 def rate(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
     """A click callback: '64MiB/min' -> bytes per minute; None stays None."""
-    from ..watcher import parse_rate
+    from ..live.watch import parse_rate
 
     if value is None:
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from ..errors import EXIT_CHECK_FAILED
-from ._checks import check_options, make_policy, publish
+from ._ci_checks import check_options, make_policy, publish
 
 
 @click.command("compare")
@@ -18,25 +18,25 @@ def compare_command(old: str, new: str, max_peak: int | None, max_retained: int 
 
     Exits 10 when a check fails, 0 otherwise; needs no GPU.
     """
-    from .. import checks
-    from ..console import make_console
-    from ..outputs import check_distinct, check_writable
-    from ..report import load
-    from ..reporters import checks as reporter
+    from ..diagnosis import ci_checks
+    from ..reporters.console import make_console
+    from ..files.outputs import check_distinct, check_writable
+    from ..reporters.json_report import load
+    from ..reporters import ci_checks as reporter
 
     check_distinct({f"--junit {junit}": junit}, {f"the report {old}": old, f"the report {new}": new})
     if junit is not None:
         check_writable(junit, True, what="JUnit XML")
     old_recording, old_diagnosis = load(old)
     new_recording, new_diagnosis = load(new)
-    old_figures = checks.figures(old_recording, old_diagnosis)
-    new_figures = checks.figures(new_recording, new_diagnosis)
-    old_ranks = checks.rank_figures(old_recording, old_diagnosis)
+    old_figures = ci_checks.figures(old_recording, old_diagnosis)
+    new_figures = ci_checks.figures(new_recording, new_diagnosis)
+    old_ranks = ci_checks.rank_figures(old_recording, old_diagnosis)
     baseline = {**old_figures, "ranks": old_ranks} if old_ranks else old_figures  # compared rank by rank
     policy = make_policy(max_peak, max_retained, fail_on, tolerance, nvml_tolerance, baseline)
-    results = checks.evaluate(new_recording, new_diagnosis, policy)
+    results = ci_checks.evaluate(new_recording, new_diagnosis, policy)
     console = make_console(stderr=False)
     reporter.render_comparison(console, old_diagnosis.verdict, new_diagnosis.verdict, old_figures,
-                               new_figures, old_ranks, checks.rank_figures(new_recording, new_diagnosis))
+                               new_figures, old_ranks, ci_checks.rank_figures(new_recording, new_diagnosis))
     publish(console, f"{old} -> {new}", new_diagnosis.verdict, new_figures, results, junit)
     return 0 if all(r.passed for r in results) else EXIT_CHECK_FAILED

@@ -37,8 +37,8 @@ def ps_command(as_json: bool, expect_free: int | None) -> int:
     other PID namespaces and memory no visible process accounts for. The processes of a
     torchrun or Slurm job are also shown together: launcher, ranks, workers, per-GPU totals.
     """
-    from ..console import make_console
-    from ..survey import busy_gpus, diagnose_holders, find_jobs, gather, gather_processes
+    from ..reporters.console import make_console
+    from ..live.ps import busy_gpus, diagnose_holders, find_jobs, gather, gather_processes
     from ..reporters import ps as reporter
     from ..units import format_bytes as fb
 

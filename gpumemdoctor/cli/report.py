@@ -29,8 +29,8 @@ def report_command(paths: tuple[str, ...], width: int | None, html: str | None, 
     """Render a saved JSON report in the terminal, or as an HTML page with --html (or recover
     one with --from-run-dir). Several reports of one distributed job (one per node) are shown
     as one job."""
-    from ..console import make_console
-    from ..outputs import check_distinct, check_writable
+    from ..reporters.console import make_console
+    from ..files.outputs import check_distinct, check_writable
 
     if (not paths) == (run_dir is None):
         raise UsageError("give a report file, or --from-run-dir DIR (not both)")
@@ -47,23 +47,23 @@ def report_command(paths: tuple[str, ...], width: int | None, html: str | None, 
         check_writable(output, force)
     if len(paths) > 1:
         return _job(paths, width, html, force)
-    from ..diagnosis import diagnose
+    from ..diagnosis.diagnose import diagnose
 
     if run_dir is not None:
-        from ..report import build, write
-        from ..recovery import recover
+        from ..reporters.json_report import build, write
+        from ..supervise.recovery import recover
 
         recording = recover(run_dir)
         diagnosis = diagnose(recording)
         if output is not None:
             write(build(recording, diagnosis), output, force)
     else:
-        from ..report import load
+        from ..reporters.json_report import load
 
         recording, diagnosis = load(path)
         diagnosis = _judged_now(path, recording, diagnosis, diagnose(recording), rejudge)
     if html is not None:
-        from ..outputs import write_text
+        from ..files.outputs import write_text
 
         text = html_reporter.render(recording, diagnosis, path or output)
         write_text(text, html, force, what="HTML page")
@@ -111,9 +111,9 @@ def _judged_now(path: str, recording, saved, current, rejudge: bool):
 def _job(paths: tuple[str, ...], width: int | None, html: str | None, force: bool) -> int:
     """Several reports of one job: each read strictly, the same run refused twice, then the
     recordings diagnosed together (diagnosis.diagnose_job)."""
-    from ..console import make_console
-    from ..diagnosis import diagnose_job
-    from ..report import load
+    from ..reporters.console import make_console
+    from ..diagnosis.diagnose import diagnose_job
+    from ..reporters.json_report import load
 
     seen: dict = {}
     recordings = []
@@ -131,7 +131,7 @@ def _job(paths: tuple[str, ...], width: int | None, html: str | None, force: boo
         recordings.append(recording)
     diagnosis = diagnose_job(recordings)
     if html is not None:
-        from ..outputs import write_text
+        from ..files.outputs import write_text
         from ..reporters import html as html_reporter
 
         text = html_reporter.render_job(recordings, diagnosis, list(paths))

@@ -11,7 +11,7 @@ import traceback
 import click
 
 from ..errors import EXIT_CHECK_FAILED, UsageError, internal_error
-from ._checks import check_options, make_policy, publish
+from ._ci_checks import check_options, make_policy, publish
 from ._params import Seconds
 
 _SCRIPT_PROBE_BYTES = 4096
@@ -98,10 +98,10 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     SCRIPT may also be a Python command on PATH, such as torchrun.
     The exit status is the script's (128 + N if signal N killed it).
     """
-    from .. import nvml
+    from ..system import nvml
     from ..errors import NoGpuError
-    from ..outputs import check_distinct, check_folder_writable, check_writable
-    from ..supervisor import RunOptions, exit_status, run
+    from ..files.outputs import check_distinct, check_folder_writable, check_writable
+    from ..supervise.supervisor import RunOptions, exit_status, run
 
     target = ctx.meta.get("gpumemdoctor.target") or []
     if not target:
@@ -140,9 +140,9 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         check_writable(baseline, True, what="baseline")  # a baseline is rewritten each time
     baseline_figures = None
     if baseline and not update_baseline:
-        from .. import checks
+        from ..diagnosis import ci_checks
 
-        baseline_figures = checks.load_baseline(baseline)
+        baseline_figures = ci_checks.load_baseline(baseline)
     policy = make_policy(max_peak, max_retained, fail_on, tolerance, nvml_tolerance, baseline_figures)
     if junit is not None:
         if policy.empty:
@@ -175,8 +175,8 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
 
 
 # What _after_run imports: imported while the target runs (RunOptions.prepare), not after it.
-AFTER_RUN_MODULES = ("gpumemdoctor.checks", "gpumemdoctor.console", "gpumemdoctor.diagnosis",
-                     "gpumemdoctor.report", "gpumemdoctor.reporters.html", "gpumemdoctor.reporters.terminal")
+AFTER_RUN_MODULES = ("gpumemdoctor.diagnosis.ci_checks", "gpumemdoctor.reporters.console", "gpumemdoctor.diagnosis.diagnose",
+                     "gpumemdoctor.reporters.json_report", "gpumemdoctor.reporters.html", "gpumemdoctor.reporters.terminal")
 
 
 def _after_run(recording, status: int, name: str, output: str | None, force: bool, quiet: bool,
@@ -184,11 +184,11 @@ def _after_run(recording, status: int, name: str, output: str | None, force: boo
                new_baseline: str | None) -> int:
     """Diagnose, write and draw the report, then the checks; the exit status is the target's, or 10
     when it succeeded and a check failed. A file that cannot be written now is said in one line."""
-    from .. import checks
-    from ..console import make_console
-    from ..diagnosis import diagnose
-    from ..outputs import write_text
-    from ..report import build, default_name, write
+    from ..diagnosis import ci_checks
+    from ..reporters.console import make_console
+    from ..diagnosis.diagnose import diagnose
+    from ..files.outputs import write_text
+    from ..reporters.json_report import build, default_name, write
     from ..reporters import html as html_reporter
     from ..reporters import terminal
 
@@ -221,15 +221,15 @@ def _after_run(recording, status: int, name: str, output: str | None, force: boo
             console.print(f"HTML report: {html}")
     if new_baseline is not None:
         try:
-            checks.write_baseline(new_baseline, checks.baseline_document(recording, diagnosis))
+            ci_checks.write_baseline(new_baseline, ci_checks.baseline_document(recording, diagnosis))
             console.print(f"Baseline written: {new_baseline}")
         except UsageError as exc:
             click.echo(f"gpumemdoctor: error: {exc}; the exit status is the target's", err=True)
     if policy.empty:
         return status
-    results = checks.evaluate(recording, diagnosis, policy)
+    results = ci_checks.evaluate(recording, diagnosis, policy)
     publish(console, " ".join(recording.target.get("argv") or []), diagnosis.verdict,
-            checks.figures(recording, diagnosis), results, junit, html)
+            ci_checks.figures(recording, diagnosis), results, junit, html)
     if status == 0 and not all(r.passed for r in results):
         return EXIT_CHECK_FAILED  # the target's own failure, if any, wins
     return status

@@ -63,10 +63,10 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
 
     q or Ctrl-C stops and prints a summary. Needs nothing installed in the process.
     """
-    from .. import nvml, procs
-    from ..console import make_console
+    from ..system import nvml, procs
+    from ..reporters.console import make_console
     from ..reporters import watch as reporter
-    from ..watcher import Watcher, alerts, judgement, limit_of
+    from ..live.watch import Watcher, alerts, judgement, limit_of
 
     if pid <= 0 or procs.info(pid) is None:
         raise UsageError(f"no process with PID {pid} here (it may have exited, or live in "

@@ -1,1 +1,6 @@
-"""Reporters draw a finished diagnosis; they compute nothing."""
+"""Drawing (layer 7): reporters draw a finished diagnosis; they compute nothing.
+
+`terminal`, `html` (with `_html_page`, `_html_parts` and `envelope`, which cuts long series for
+charts), `ps`, `watch` and `ci_checks` draw; `json_report` writes the JSON report and reads it back
+strictly; `console` is the one console wrapper (colour, width, which stream).
+"""

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import html
 
-from ..findings import Breakdown
+from ..diagnosis.findings import Breakdown
 from ..units import format_bytes as fb
 
 PARTS = [("CUDA context", "context_bytes", "#9d9da1"), ("live tensors", "live_tensor_bytes", "#e45756"),
          ("garbage cycles", "garbage_bytes", "#b279a2"), ("pending stream", "pending_stream_bytes", "#eeca3b"),
          ("allocator cache", "cache_bytes", "#4c78a8"), ("outside PyTorch", "non_torch_bytes", "#72b7b2")]
-# The memory outside PyTorch itemised (gpumemdoctor/outside.py): its bar is drawn in these parts
+# The memory outside PyTorch itemised (gpumemdoctor/diagnosis/non_torch.py): its bar is drawn in these parts
 # where the breakdown has them, as one where it has not (a process seen only through NVML).
 OUTSIDE_PARTS = [("outside: in warm-up", "non_torch_warmup_bytes", "#9fd4cf"),
                  ("outside: CuPy's pool", "non_torch_cupy_bytes", "#54a24b"),

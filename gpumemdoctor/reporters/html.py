@@ -15,11 +15,11 @@ import json
 import time
 
 from .. import __version__
-from ..diagnosis import INFORMATIVE, Breakdown, Diagnosis, Finding
-from ..envelope import envelope
+from ..diagnosis.diagnose import INFORMATIVE, Breakdown, Diagnosis, Finding
+from .envelope import envelope
 from ..errors import MissingExtraError
-from ..recording import Recording
-from ..suspects import gave_up_text
+from ..recording.recording import Recording
+from ..diagnosis.suspects import gave_up_text
 from ..units import format_bytes as fb
 from . import _html_page as page
 from ._html_parts import OUTSIDE_PARTS, PARTS, bar_part, within

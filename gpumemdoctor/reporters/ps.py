@@ -6,8 +6,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..survey import GpuMemory
-from ..roles import Job
+from ..live.ps import GpuMemory
+from ..live.roles import Job
 from ..units import format_bytes as fb
 
 

@@ -5,9 +5,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..diagnosis import INFORMATIVE, WARNINGS, Breakdown, Diagnosis
-from ..recording import Recording
-from ..suspects import gave_up_text
+from ..diagnosis.diagnose import INFORMATIVE, WARNINGS, Breakdown, Diagnosis
+from ..recording.recording import Recording
+from ..diagnosis.suspects import gave_up_text
 from ..units import format_bytes as fb
 
 VERDICT_STYLE = {"clean": "bold green", "leak": "bold red", "out-of-memory": "bold red",
@@ -172,7 +172,7 @@ def _breakdown(console: Console, b: Breakdown) -> None:
 
 
 def _outside_rows(b: Breakdown) -> list[tuple[str, int | None, str]]:
-    """The memory outside PyTorch, itemised (see gpumemdoctor/outside.py)."""
+    """The memory outside PyTorch, itemised (see gpumemdoctor/diagnosis/non_torch.py)."""
     eager = (b.cuda_module_loading or "").upper() == "EAGER"  # kernels then load with the context
     what = ("libraries" if eager else "kernels, libraries") + (", NCCL" if b.nccl else "")
     rows = [("  in warm-up", b.non_torch_warmup_bytes, f"{what}: loaded on first use")]

@@ -123,7 +123,7 @@ class FakeTorch:
 
 # The agent's modules whose clock is the agent's own bookkeeping (samples, the growth watch, the
 # trace window, the exit record); the holder search and the event helpers keep the real clock.
-_CLOCKED = ("core", "startup", "sampler", "watch", "trace", "threads", "exit")
+_CLOCKED = ("core", "startup", "sampler", "growth_watch", "trace", "threads", "exit")
 
 
 def _set_clock(clock) -> None:
@@ -148,7 +148,7 @@ def make_agent(run_dir: str, interval_s: float = 0.02, trace: str = "auto", cont
     if context_bytes is not None:
         fake = agent.torch
 
-        class ProcessMemory:  # the shape of gpumemdoctor.nvml.ProcessMemory: one reader per device
+        class ProcessMemory:  # the shape of gpumemdoctor.system.nvml.ProcessMemory: one reader per device
             def __init__(self, device, pid):
                 pass
 

@@ -20,14 +20,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from . import __version__, nvml, procs
-from ._agent.startup import ENV_INTERVAL, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE
-from .combine import AgentFiles
-from .recording import ProcessRecord, Recording
+from .. import __version__
+from ..system import nvml, procs
+from .._agent.startup import ENV_INTERVAL, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE
+from ..recording.agent_files import AgentFiles
+from ..recording.recording import ProcessRecord, Recording
 from .recovery import RUN_FILE, RUN_SCHEMA
-from .series import Series
+from ..recording.series import Series
 
-BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_bootstrap")
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpumemdoctor/
+BOOTSTRAP_DIR = os.path.join(PACKAGE_DIR, "_bootstrap")
 FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 TREE_REFRESH_S = 0.5
 ORPHAN_GRACE_S = 1.0
@@ -286,7 +288,7 @@ def run(options: RunOptions) -> Recording:
     env[ENV_TRACE] = options.trace
     if options.snapshot_path:
         env[ENV_SNAPSHOT] = "1"
-    env["GPUMEMDOCTOR_PACKAGE_PARENT"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["GPUMEMDOCTOR_PACKAGE_PARENT"] = os.path.dirname(PACKAGE_DIR)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
 
     argv = [sys.executable, *options.target_args]

@@ -8,8 +8,8 @@ from __future__ import annotations
 import signal
 
 from .judgement import Judged
-from .recording import Recording
-from .units import format_bytes as fb
+from ..recording.recording import Recording
+from ..units import format_bytes as fb
 
 MIB = 1 << 20
 HOST_RISE_BYTES = 64 * MIB  # the least rise of the target's RSS that counts as "rising"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from .units import format_bytes as fb
+from ..units import format_bytes as fb
 
 MIB = 1 << 20
 THREAD_MIN_BYTES = 1 * MIB  # a thread that changed memory by less is not named

@@ -18,16 +18,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import __version__
-from .diagnosis import FINDING_KINDS, INFORMATIVE, Diagnosis
-from .errors import BadReportError, UsageError
-from .inputs import read_json
-from .outputs import write_text
+from .. import __version__
+from .diagnose import FINDING_KINDS, INFORMATIVE, Diagnosis
+from ..errors import BadReportError, UsageError
+from ..files.inputs import read_json
+from ..files.outputs import write_text
 from .ranks import ranges
-from .recording import Recording
-from .strict import need_dict, need_int_key, need_str, opt_size
-from .units import format_bytes as fb
-from .units import parse_size
+from ..recording.recording import Recording
+from ..files.strict import need_dict, need_int_key, need_str, opt_size
+from ..units import format_bytes as fb
+from ..units import parse_size
 
 BASELINE_SCHEMA = "gpumemdoctor.baseline/1"
 FAILABLE = tuple(k for k in FINDING_KINDS if k not in INFORMATIVE)

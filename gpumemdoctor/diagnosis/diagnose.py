@@ -11,18 +11,18 @@ held for unfinished stream work, `reserved - active` the cache, and NVML minus
 `reserved` minus the context what lives outside PyTorch's allocator. The
 context is the smallest `NVML - reserved` after the process's first allocation,
 normally the agent's reading right after it, before libraries load their kernels.
-What lies outside PyTorch is itemised, and judged for growth past warm-up, in outside.py.
+What lies outside PyTorch is itemised, and judged for growth past warm-up, in non_torch.py.
 """
 from __future__ import annotations
 
-from . import children, faults, judgement, job, outside, ranks, suspects
+from . import child_processes, judgement, job, machine_faults, non_torch, ranks, suspects
 from .findings import (FINDING_KINDS, INFORMATIVE, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, RankRow, choose_verdict)
-from .growth import MIN_POINTS, GrowthFit, floor_growth, steady_rise
-from .outside import LIBRARY_ALLOWANCE_BYTES
-from .recording import AgentRecording, Dist, Recording, TorchSample
-from .records import DeviceReading
-from .units import format_bytes as fb
+from ..growth import MIN_POINTS, GrowthFit, floor_growth, steady_rise
+from .non_torch import LIBRARY_ALLOWANCE_BYTES
+from ..recording.recording import AgentRecording, Dist, Recording, TorchSample
+from ..recording.records import DeviceReading
+from ..units import format_bytes as fb
 
 # What a diagnosis is made of lives in findings.py; these names are this module's too, where the
 # rest of the package and the tests look for them.
@@ -54,9 +54,9 @@ def diagnose_job(recordings: list[Recording]) -> Diagnosis:
 def _diagnose_recording(recording: Recording) -> Diagnosis:
     """One recording's findings, breakdowns and rank rows; no verdict yet."""
     result = Diagnosis(verdict=None, peaks=peaks(recording), notes=list(recording.notes))
-    result.notes.extend(faults.nvml_notes(recording))
+    result.notes.extend(machine_faults.nvml_notes(recording))
     rank_of = ranks.rank_processes(recording)
-    host = faults.host_memory(recording)
+    host = machine_faults.host_memory(recording)
     if host is not None:
         result.findings.append(Finding(kind=host.kind, bytes=host.bytes, pid=recording.target_pid,
                                        summary=host.summary, evidence=host.evidence, remedy=host.remedy))
@@ -72,8 +72,8 @@ def _diagnose_recording(recording: Recording) -> Diagnosis:
     for (pid, device), points in sorted(recording.nvml.items()):
         if pid not in torch_pids and any(used for _, used in points):
             _diagnose_nvml_only(pid, device, points, result)
-    children.orphans(recording, result)
-    children.child_contexts(recording, result, set(rank_of))
+    child_processes.orphans(recording, result)
+    child_processes.child_contexts(recording, result, set(rank_of))
     job.stray_contexts(recording, rank_of, result)
     unseen = [a.pid for a in recording.agents if a.cuda_t is not None
               and not any(pid == a.pid for pid, _ in recording.nvml)]
@@ -150,9 +150,9 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     outside_ys = [r.nvml_used_bytes - r.reserved_bytes - context
                   if context is not None and r.nvml_used_bytes and r.reserved_bytes is not None else None
                   for _, r in series]
-    after_warmup = outside.judge(xs, outside_ys, by) if context is not None else None
-    non_torch = after_warmup.fit if after_warmup is not None else None
-    outside.itemise(b, agent, torch_index, xs, outside_ys, after_warmup)
+    after_warmup = non_torch.judge(xs, outside_ys, by) if context is not None else None
+    outside_fit = after_warmup.fit if after_warmup is not None else None
+    non_torch.itemise(b, agent, torch_index, xs, outside_ys, after_warmup)
 
     growth = None
     # What the exit search found piled up: the judgement's rows 3 and 4, and below, what growth left.
@@ -238,17 +238,17 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
             remedy="torch.cuda.empty_cache() returns it to the device (other processes can then use it); "
                    "within one process PyTorch reuses it anyway."))
 
-    if non_torch is not None:
-        g = _growth(agent, torch_index, nvml_index, "non_torch", by, non_torch, series)
+    if outside_fit is not None:
+        g = _growth(agent, torch_index, nvml_index, "non_torch", by, outside_fit, series)
         result.growth.append(g)
-        retained = max(non_torch.grown_bytes, (b.non_torch_bytes or 0) - non_torch.start_floor_bytes)
-        result.findings.append(outside.finding(agent, torch_index, nvml_index, where, retained, b,
+        retained = max(outside_fit.grown_bytes, (b.non_torch_bytes or 0) - outside_fit.start_floor_bytes)
+        result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, retained, b,
                                                f"and it kept growing past warm-up, {_rate(g)}", after_warmup))
     elif b.non_torch_bytes and b.non_torch_bytes > LIBRARY_ALLOWANCE_BYTES:
-        result.findings.append(outside.finding(agent, torch_index, nvml_index, where, b.non_torch_bytes, b,
+        result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, b.non_torch_bytes, b,
                                                "more than CUDA libraries take", after_warmup))
-    elif outside.too_short(xs, outside_ys, after_warmup):
-        result.notes.append(outside.too_short_note(where, by, xs, after_warmup, b.non_torch_bytes))
+    elif non_torch.too_short(xs, outside_ys, after_warmup):
+        result.notes.append(non_torch.too_short_note(where, by, xs, after_warmup, b.non_torch_bytes))
 
 
 MIN_WATCHED_AFTER = 4  # samples at (nearly) the final level before growth over time may decide
@@ -364,7 +364,7 @@ def _context(during: list[tuple[TorchSample, DeviceReading]], end: DeviceReading
     gaps = [r.nvml_used_bytes - r.reserved_bytes
             for r in [r for _, r in during] + ([end] if end is not None else [])
             if r.reserved_bytes and r.nvml_used_bytes]
-    least = outside.lowest(gaps)
+    least = non_torch.lowest(gaps)
     return max(0, least) if least is not None else None
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import BadReportError
-from .strict import need_dict, need_int, need_list, need_num, need_size, need_str, opt_size
+from ..errors import BadReportError
+from ..files.strict import need_dict, need_int, need_list, need_num, need_size, need_str, opt_size
 
 SUSPECT_KINDS = ("allocation", "garbage", "thread")
 HOLDER_KINDS = ("global", "attribute", "frame-local", "kept-exception", "hook", "closure",

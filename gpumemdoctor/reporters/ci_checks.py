@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..checks import RANK_FIGURES, CheckResult
+from ..diagnosis.ci_checks import RANK_FIGURES, CheckResult
 from ..units import format_bytes as fb
 
 

@@ -5,13 +5,13 @@ import json
 import re
 from typing import Any, Mapping
 
-from . import records
-from .diagnosis import FINDING_KINDS, VERDICTS, Breakdown, Diagnosis, Finding, Growth, Job, RankRow
-from .errors import BadReportError
-from .inputs import read_json
-from .outputs import write_text
-from .recording import Recording
-from .strict import (check_sizes, need_dict, need_int, need_list, need_num, need_pairs, need_size, need_str,
+from ..recording import records
+from ..diagnosis.diagnose import FINDING_KINDS, VERDICTS, Breakdown, Diagnosis, Finding, Growth, Job, RankRow
+from ..errors import BadReportError
+from ..files.inputs import read_json
+from ..files.outputs import write_text
+from ..recording.recording import Recording
+from ..files.strict import (check_sizes, need_dict, need_int, need_list, need_num, need_pairs, need_size, need_str,
                      opt_int, opt_num, opt_size, opt_str)
 
 SCHEMA = "gpumemdoctor.report/1"

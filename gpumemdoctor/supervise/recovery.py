@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 
-from . import __version__, procs
-from .combine import AgentFiles
-from .errors import BadReportError, UsageError
-from .inputs import loads_strict, read_json
-from .recording import ProcessRecord, Recording
-from .strict import check_sizes, need_dict, need_int, need_list, need_num, need_str, opt_num, opt_str
+from .. import __version__
+from ..system import procs
+from ..recording.agent_files import AgentFiles
+from ..errors import BadReportError, UsageError
+from ..files.inputs import loads_strict, read_json
+from ..recording.recording import ProcessRecord, Recording
+from ..files.strict import check_sizes, need_dict, need_int, need_list, need_num, need_str, opt_num, opt_str
 
 MAX_RUN_FILE_BYTES = 16 << 20  # a run file holds the target's arguments and the devices: a few KiB
 RUN_FILE = "run.json"  # in the run folder: what `report --from-run-dir` needs if the supervisor dies

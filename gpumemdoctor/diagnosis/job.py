@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from . import ranks
 from .findings import INFORMATIVE, Diagnosis, Finding, Job, RankRow, choose_verdict
-from .recording import Dist, Recording
+from ..recording.recording import Dist, Recording
 
 
 def stray_contexts(rec: Recording, rank_of: dict[int, Dist], result: Diagnosis) -> None:

@@ -13,7 +13,7 @@ import os
 import stat
 from typing import Any
 
-from .errors import BadReportError, UsageError
+from ..errors import BadReportError, UsageError
 
 _CHUNK = 1 << 20
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from . import suspects
 from .judgement import Judged
-from .recording import AgentRecording, Dist, Recording
-from .units import format_bytes as fb
+from ..recording.recording import AgentRecording, Dist, Recording
+from ..units import format_bytes as fb
 
 GIB = 1 << 30
 # rank-imbalance: the highest rank's peak reserved is above the median of the other ranks' peaks by

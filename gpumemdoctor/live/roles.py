@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from .units import format_bytes as fb
+from ..units import format_bytes as fb
 
 # What a launcher's command line runs: `python -m torch.distributed.run`, or the console script.
 LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torch.distributed.launch"}

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, at, unheld_suspect, user_line
-from .units import format_bytes as fb
+from ..units import format_bytes as fb
 
 MIB = 1 << 20
 SIGNIFICANT_BYTES = 64 * MIB

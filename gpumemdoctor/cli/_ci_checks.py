@@ -36,7 +36,7 @@ def check_options(fn: Callable) -> Callable:
 
 def make_policy(max_peak: int | None, max_retained: int | None, fail_on: str | None,
                 tolerance: str, nvml_tolerance: str | None, baseline: dict | None):
-    from ..checks import Policy, parse_kinds, parse_tolerance
+    from ..diagnosis.ci_checks import Policy, parse_kinds, parse_tolerance
 
     ranks = baseline.get("ranks") if baseline is not None else None  # a baseline's figures per rank
     return Policy(max_peak_bytes=max_peak, max_retained_bytes=max_retained,
@@ -50,9 +50,9 @@ def make_policy(max_peak: int | None, max_retained: int | None, fail_on: str | N
 def publish(console, title: str, verdict: str | None, figures: dict, results: list,
             junit: str | None, html: str | None = None) -> None:
     """Draw the checks, write JUnit XML if asked, and append to GitHub's step summary if set."""
-    from ..reporters import checks as reporter
+    from ..reporters import ci_checks as reporter
 
-    from ..outputs import write_text
+    from ..files.outputs import write_text
 
     reporter.render(console, results)
     if junit:

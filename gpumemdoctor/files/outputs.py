@@ -13,7 +13,7 @@ import os
 import stat
 import tempfile
 
-from .errors import UsageError
+from ..errors import UsageError
 
 # The option that names each kind of file, for the messages.
 OPTIONS = {"report": "-o", "snapshot": "--snapshot", "HTML page": "--html", "JUnit XML": "--junit",

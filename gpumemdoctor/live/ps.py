@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from . import procs, roles
-from ._agent.startup import ENV_RUN_DIR
-from .units import format_bytes as fb
+from ..system import procs
+from . import roles
+from .._agent.startup import ENV_RUN_DIR
+from ..units import format_bytes as fb
 
 MIB = 1 << 20
 # Memory used on a device beyond what its processes hold, below this, is not flagged:
@@ -56,7 +57,7 @@ class GpuMemory:
 
 def gather() -> list[GpuMemory]:
     """Read every GPU's memory and its processes (NVML), and what /proc says of each process."""
-    from . import nvml
+    from ..system import nvml
 
     gpus = []
     now = time.time()

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from . import suspects
 from .findings import Diagnosis, Finding
-from .recording import Recording
-from .units import format_bytes as fb
+from ..recording.recording import Recording
+from ..units import format_bytes as fb
 
 MIN_SIBLING_CONTEXTS = 2  # children of one process with contexts on its GPU before they are called avoidable
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from .errors import BadReportError
-from .units import MAX_SIZE_BYTES as MAX_BYTES
+from ..errors import BadReportError
+from ..units import MAX_SIZE_BYTES as MAX_BYTES
 
 # Bounds on numbers from files, so that nothing absurd reaches the arithmetic and the formatting
 # (10**400 bytes overflowed format_bytes). Every count, PID and step this tool writes fits in 64 bits;

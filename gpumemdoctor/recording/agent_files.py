@@ -21,12 +21,13 @@ from __future__ import annotations
 import json
 import os
 
-from . import procs, records
-from .errors import BadReportError
+from ..system import procs
+from . import records
+from ..errors import BadReportError
 from .recording import PROBE_PHASES, AgentRecording, Dist, TorchDevice, TorchSample
 from .records import DeviceReading
 from .series import Series
-from .strict import need_int, need_list, need_num, need_str, opt_int, opt_str
+from ..files.strict import need_int, need_list, need_num, need_str, opt_int, opt_str
 
 # The target's samples: about 1000 kept samples at most for a smooth series (a leak's),
 # a few more for a noisy one; a rank of a distributed job keeps as many. Other processes keep fewer.

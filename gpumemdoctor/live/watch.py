@@ -16,11 +16,12 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
-from . import agent_socket, nvml, procs, roles
-from .growth import floor_growth
-from .series import Series
-from .units import format_bytes as fb
-from .units import parse_size
+from ..system import agent_socket, nvml, procs
+from . import roles
+from ..growth import floor_growth
+from ..recording.series import Series
+from ..units import format_bytes as fb
+from ..units import parse_size
 
 HISTORY = 4096  # recent samples kept for the timeline
 MIN_GROWTH_BYTES = 16 << 20

@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import NoGpuError
+from ..errors import NoGpuError
 
 _lock = threading.Lock()
 _nv: Any = None  # the pynvml module once NVML is initialised

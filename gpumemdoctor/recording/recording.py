@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import records
-from .errors import BadReportError
+from ..errors import BadReportError
 from .records import DeviceReading
-from .strict import (need_dict, need_int, need_int_key, need_list, need_num, need_str, opt_int, opt_num, opt_size,
+from ..files.strict import (need_dict, need_int, need_int_key, need_list, need_num, need_str, opt_int, opt_num, opt_size,
                      opt_str)
 
 SCHEMA = "gpumemdoctor.recording/1"

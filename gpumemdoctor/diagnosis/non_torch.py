@@ -26,9 +26,9 @@ A run too short for that is not judged, and the report says so.
 from __future__ import annotations
 
 from .findings import Breakdown, Finding
-from .growth import AfterWarmup, floor_growth, lasting_growth
-from .recording import AgentRecording
-from .units import format_bytes as fb
+from ..growth import AfterWarmup, floor_growth, lasting_growth
+from ..recording.recording import AgentRecording
+from ..units import format_bytes as fb
 from . import suspects
 
 MIB = 1 << 20
