@@ -185,3 +185,21 @@ def test_a_sample_is_read_again_when_the_allocator_reserved_between_its_reads(ag
     (row,) = sampler.read_devices()
     assert len(calls) == 2
     assert row[1] == 200 * MiB and row[3] == 256 * MiB and row[5] == 256 * MiB + CONTEXT
+
+
+def test_the_exit_probes_allocate_only_where_the_program_reserved_memory(agent_and_clock):
+    """Issue 29: rank 1's stray context on GPU 0 (NVML's memory, nothing reserved) got a synchronize
+    and a one-element tensor from the exit probes, which then read PyTorch's 2 MiB there."""
+    agent, _ = agent_and_clock
+    torch = agent.torch
+    torch.set(40 * MiB, 64 * MiB)
+    touched = []
+    torch.cuda.synchronize = lambda index=None: touched.append(("synchronize", index))
+    torch.empty = lambda *size, device=None: touched.append(("empty", device))
+    # [torch index, allocated, active, reserved, requested, NVML, allocated peak, reserved peak]
+    stray = [0, 0, 0, 0, 0, 600 * MiB, 0, 0]
+    worked = [1, 40 * MiB, 40 * MiB, 64 * MiB, 40 * MiB, 64 * MiB + CONTEXT, 48 * MiB, 64 * MiB]
+    emptied = [2, 0, 0, 0, 0, CONTEXT, 8 * MiB, 16 * MiB]  # used, then given back before exit
+    assert exit_probes.program_devices([stray, worked, emptied]) == [1, 2]
+    exit_probes._probe(agent, torch, [stray, worked, emptied], lambda name: None, skip_gc=True)
+    assert touched == [("synchronize", 1), ("empty", "cuda:1"), ("synchronize", 2), ("empty", "cuda:2")]
