@@ -88,6 +88,7 @@ def test_nccl_is_read_only_from_a_torch_distributed_the_program_imported(monkeyp
 def test_exit_record_carries_the_parts_and_the_probes_stay_as_they_were(agent_and_clock, tmp_path, monkeypatch):
     agent, clock = agent_and_clock
     monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
+    monkeypatch.delitem(sys.modules, "torch.distributed.distributed_c10d", raising=False)  # a program without it
     agent.channel.write({"type": "hello", "pid": agent.pid})  # what Agent.begin writes first
     torch = agent.torch
     for step in range(30):
@@ -100,7 +101,7 @@ def test_exit_record_carries_the_parts_and_the_probes_stay_as_they_were(agent_an
     found = records(tmp_path, agent)
     (done,) = [r for r in found if r["type"] == "exit"]
     assert done["parts"] == {"private_pools": [[0, 16 * MiB]], "dist_backend": None, "module_loading": "LAZY",
-                             "cublas_workspaces": [[0, 32 * MiB]]}
+                             "cublas_workspaces": [[0, 32 * MiB]], "process_groups": None}
     probes = {r["phase"]: r["d"][0] for r in found if r["type"] == "p"}
     # every probe read the workspaces as allocated: they are cleared only after the last reading
     assert [probes[p][1] for p in ("end", "gc", "sync", "empty_cache")] == [40 * MiB] * 4

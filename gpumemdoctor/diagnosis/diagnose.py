@@ -152,7 +152,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                   for _, r in series]
     after_warmup = non_torch.judge(xs, outside_ys, by) if context is not None else None
     outside_fit = after_warmup.fit if after_warmup is not None else None
-    non_torch.itemise(b, agent, torch_index, xs, outside_ys, after_warmup)
+    non_torch.itemise(b, agent, torch_index, xs, outside_ys, after_warmup, [s.t for s, _ in series])
 
     growth = None
     # What the exit search found piled up: the judgement's rows 3 and 4, and below, what growth left.
@@ -244,7 +244,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         retained = max(outside_fit.grown_bytes, (b.non_torch_bytes or 0) - outside_fit.start_floor_bytes)
         result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, retained, b,
                                                f"and it kept growing past warm-up, {_rate(g)}", after_warmup))
-    elif b.non_torch_bytes and b.non_torch_bytes > LIBRARY_ALLOWANCE_BYTES:
+    elif non_torch.beyond_allowance(b):
         result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, b.non_torch_bytes, b,
                                                "more than CUDA libraries take", after_warmup))
     elif non_torch.too_short(xs, outside_ys, after_warmup):

@@ -180,8 +180,12 @@ def _costs(v: Any, what: str) -> dict:
 # and reserved in private pools (CUDA graphs); the default process group's backend; the value of
 # CUDA_MODULE_LOADING. Recordings from before it have none.
 _PER_DEVICE = _opt(_list_of(_pair(_int, need_size)))  # [torch index, bytes]
+# "process_groups": torch.distributed's groups alive at exit, and what their NCCL communicators said
+# they hold (NCCL-tracked GPU memory, null where PyTorch or NCCL cannot say); null without
+# torch.distributed.
+EXIT_GROUPS = _opt(_shape({"groups": _int, "nccl_bytes": _opt(need_size)}))
 PARTS = _shape({"cublas_workspaces": _PER_DEVICE, "private_pools": _PER_DEVICE, "dist_backend": _opt(_str),
-                "module_loading": _opt(_str)})
+                "module_loading": _opt(_str), "process_groups": EXIT_GROUPS})
 # What the agent wrote as the process ended.
 EXIT_INFO = _shape({"uncaught": _opt(UNCAUGHT), "samples": _opt(_int), "samples_skipped": _opt(_int),
                     "collections": _opt(COLLECTIONS_SUMMARY), "out_of_memory": _opt(_int),
@@ -190,17 +194,25 @@ SUSPECT = _shape({"kind": _one_of(*SUSPECT_KINDS), "bytes": _int, "count": _opt(
                   "where": _opt(_frame), "stack": _list_of(_frame), "thread": _opt(_list_of(_str)),
                   "holders": _list_of(HOLDER), "unheld_bytes": _opt(_int), "summary": _str, "remedy": _str})
 
+# torch.distributed's process groups changed in number (_agent/process_groups.py): the count, the
+# backends; the first record with groups also the world size, NCCL's version and the NCCL_* variables
+# that size its memory. Recordings from before issue 29 have none.
+GROUPS = _shape({"t": _num, "step": _opt(_int), "groups": _int, "backends": _list_of(_str),
+                 "world_size": _opt(_int), "nccl_version": _opt(_str),
+                 "nccl_env": _opt(lambda v, what: {need_str(k, what): need_str(x, what)
+                                                   for k, x in need_dict(v, what).items()})})
+
 # agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record
 RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
            "investigation": ("investigations", INVESTIGATION), "thread": ("threads", THREAD),
            "garbage": ("garbage", GARBAGE), "snapshot": ("snapshot", SNAPSHOT),
-           "collection": ("collections", COLLECTION), "oom": ("ooms", OOM)}
+           "collection": ("collections", COLLECTION), "oom": ("ooms", OOM), "groups": ("groups", GROUPS)}
 _SINGLE = ("garbage", "snapshot")
 
 
 def empty_root() -> dict:
     return {"suspicions": [], "traces": [], "baselines": [], "investigations": [], "threads": [],
-            "garbage": None, "snapshot": None, "collections": [], "ooms": []}
+            "garbage": None, "snapshot": None, "collections": [], "ooms": [], "groups": []}
 
 
 def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:

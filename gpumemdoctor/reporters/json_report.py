@@ -134,14 +134,19 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
         sizes = {k: opt_size(b.get(k), k) for k in (
             "nvml_bytes", "context_bytes", "live_tensor_bytes", "garbage_bytes",
             "pending_stream_bytes", "cache_bytes", "non_torch_bytes", "cublas_workspace_bytes",
-            "private_pool_bytes", "non_torch_warmup_bytes", "non_torch_cupy_bytes", "non_torch_rest_bytes")}
+            "private_pool_bytes", "non_torch_warmup_bytes", "non_torch_cupy_bytes", "non_torch_rest_bytes",
+            "non_torch_nccl_bytes")}
         nccl = b.get("nccl")
         if nccl is not None and not isinstance(nccl, bool):
             raise BadReportError(f"breakdown nccl: expected true, false or null, found {nccl!r:.40}")
+        nccl_env = b.get("nccl_env")
+        if nccl_env is not None:
+            nccl_env = {need_str(k, "breakdown nccl_env"): need_str(v, "breakdown nccl_env")
+                        for k, v in need_dict(nccl_env, "breakdown nccl_env").items()}
         breakdowns.append(Breakdown(pid=need_int(b.get("pid"), "pid"), device=opt_int(b.get("device"), "device"),
                                     torch_index=opt_int(b.get("torch_index"), "torch_index"),
                                     exit_probes=bool(b.get("exit_probes")),
-                                    host=opt_str(b.get("host"), "breakdown host"), nccl=nccl,
+                                    host=opt_str(b.get("host"), "breakdown host"), nccl=nccl, nccl_env=nccl_env,
                                     cuda_module_loading=opt_str(b.get("cuda_module_loading"),
                                                                 "breakdown cuda_module_loading"), **sizes))
     growth = []
