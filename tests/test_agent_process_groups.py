@@ -57,6 +57,7 @@ def test_a_record_when_the_groups_change_and_none_between(agent_and_clock, tmp_p
     agent, clock = agent_and_clock
     monkeypatch.setenv("NCCL_BUFFSIZE", "2097152")
     monkeypatch.setenv("NCCL_DEBUG", "WARN")
+    agent.channel.write({"type": "hello", "pid": agent.pid})  # what Agent.begin writes first
     agent.torch.set(40 * MiB, 64 * MiB)
     agent.on_step(explicit=True)  # torch.distributed imported, no group yet: nothing to say
     assert groups_records(tmp_path, agent) == []
@@ -79,6 +80,13 @@ def test_a_record_when_the_groups_change_and_none_between(agent_and_clock, tmp_p
     assert (second["groups"], second["step"]) == (2, 5) and "nccl_env" not in second
     assert (gone["groups"], gone["backends"], gone["step"]) == (0, [], 6)
     assert first["t"] < second["t"] < gone["t"]
+    # read back strictly, into the process's records, times from the run's start
+    from gpumemdoctor.recording.agent_files import read_agent_file
+
+    back = read_agent_file(str(tmp_path / f"agent-{agent.pid}.jsonl"), 1000.0).root["groups"]
+    assert [(r["groups"], r["step"], r["nccl_env"]) for r in back] == [(1, 2, {"NCCL_BUFFSIZE": "2097152"}),
+                                                                       (2, 5, None), (0, 6, None)]
+    assert back[0]["t"] == pytest.approx(first["t"] - 1000.0)
 
 
 class _OnlyLen(dict):
