@@ -32,7 +32,9 @@ def rank_and_device(torch):
 def init(torch, world: int, device, backend=None) -> None:
     import torch.distributed as dist
 
-    backend = backend or ("nccl" if torch.cuda.device_count() >= world else "gloo")
+    # NCCL where each rank of this node has a GPU of its own (LOCAL_WORLD_SIZE: one node's ranks)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    backend = backend or ("nccl" if torch.cuda.device_count() >= local else "gloo")
     dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
 
 
