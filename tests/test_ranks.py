@@ -28,7 +28,9 @@ FIXTURES = Path(__file__).parent / "fixtures" / "reports"
 # The scenarios' recordings and the multi-rank jobs' once recorded (tests/gpu/test_ranks.py keeps
 # them for tests/fixtures/ranks). Not tests/fixtures/long: its report said clean under a rule that
 # has changed since (its README says so).
-REPORTS = sorted([*FIXTURES.glob("*.json"), *(FIXTURES.parent / "ranks").glob("*.json")])
+# The two-GPU runs of issue 29 (tests/fixtures/ranks_two_gpus; its `ps --json` output is no report).
+REPORTS = sorted([*FIXTURES.glob("*.json"), *(FIXTURES.parent / "ranks").glob("*.json"),
+                  *(p for p in (FIXTURES.parent / "ranks_two_gpus").glob("*.json") if not p.name.startswith("ps_"))])
 
 
 def kinds(diagnosis) -> list[str]:
