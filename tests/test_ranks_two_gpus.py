@@ -32,36 +32,9 @@ def judged_now(name: str) -> dict:
     return json.loads(json.dumps(build(recording, diagnose(recording))))
 
 
-def test_a_clean_nccl_job():
-    two_gpus.nccl_clean(judged_now("ddp_nccl_clean.json"))
-
-
-def test_the_clean_ddp_job_on_nccl():
-    two_gpus.nccl_clean(judged_now("ddp_clean.json"))
-
-
-def test_a_new_group_every_step():
-    two_gpus.new_group_growth(judged_now("nccl_new_group_every_step.json"))
-
-
-def test_a_clean_fsdp_job():
-    two_gpus.clean_job(judged_now("fsdp_clean.json"))
-
-
-def test_an_fsdp_leak_on_rank_1():
-    two_gpus.leak_on_rank_1(judged_now("fsdp_leak_one_rank.json"), 800 * MIB)
-
-
-def test_a_ddp_leak_on_rank_1():
-    two_gpus.leak_on_rank_1(judged_now("ddp_leak_one_rank.json"), 1200 * MIB)
-
-
-def test_a_stray_context_made_by_a_cuda_call_before_set_device():
-    two_gpus.stray_on_gpu_0(judged_now("ddp_stray_context.json"), reserved_there=False)
-
-
-def test_a_stray_context_made_by_a_tensor_before_set_device():
-    two_gpus.stray_on_gpu_0(judged_now("ddp_tensor_before_set_device.json"), reserved_there=True)
+@pytest.mark.parametrize("name", list(two_gpus.RECORDED))
+def test_a_recorded_job_of_two_gpus(name):
+    two_gpus.RECORDED[name](judged_now(f"{name}.json"))
 
 
 def test_watch_flagged_the_stray_context():

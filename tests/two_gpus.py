@@ -28,8 +28,9 @@ def summaries(report: dict) -> list[str]:
     return [f"{f['kind']}: {f['summary']}" for f in report["findings"]]
 
 
-def nccl_clean(report: dict) -> None:
-    """A clean DDP job on NCCL, a GPU per rank: clean, NCCL's memory named on each rank's GPU."""
+def nccl_clean(report: dict, variables: dict | None = None) -> None:
+    """A clean DDP job on NCCL, a GPU per rank: clean, NCCL's memory named on each rank's GPU, with
+    the `variables` that size it among those recorded."""
     assert report["verdict"] == "clean", summaries(report)
     agents = rank_agents(report)
     assert sorted(agents) == [0, 1]
@@ -37,6 +38,7 @@ def nccl_clean(report: dict) -> None:
         groups = agent["root"]["groups"]
         assert groups and "nccl" in groups[0]["backends"][0], groups
         assert groups[0]["nccl_env"].get("NCCL_NVLS_ENABLE") == "0"
+        assert groups[0]["nccl_env"].items() >= (variables or {}).items(), groups[0]["nccl_env"]
         (b,) = [b for b in report["breakdown"] if b["pid"] == agent["pid"]]
         assert b["device"] == rank and b["nccl"] is True
         assert b["non_torch_nccl_bytes"] is not None and b["non_torch_nccl_bytes"] > 0, b
@@ -111,3 +113,17 @@ def two_nodes(diagnosis) -> None:
     assert diagnosis.job.missing_ranks == [] and diagnosis.job.world_size == 2
     assert diagnosis.verdict == "clean", [f.summary for f in diagnosis.findings]
     assert {r.device for r in diagnosis.ranks} == {0, 1}  # NVML's GPU of each node, though each saw cuda:0
+
+
+# The two-GPU jobs of scenarios/ranks and what each must show: run by tests/gpu/test_ranks.py,
+# judged again from their recordings by tests/test_ranks_two_gpus.py (with RECORDED's too).
+JOBS = {
+    "ddp_nccl_clean": lambda r: nccl_clean(r, variables={"NCCL_BUFFSIZE": str(2 << 20)}),
+    "nccl_new_group_every_step": new_group_growth,
+    "fsdp_clean": clean_job,
+    "fsdp_leak_one_rank": lambda r: leak_on_rank_1(r, 800 * MIB),  # 200 steps of 4 MiB
+    "ddp_tensor_before_set_device": lambda r: stray_on_gpu_0(r, reserved_there=True),
+}
+# Jobs that also run on one GPU, whose two-GPU recordings are judged the same way.
+RECORDED = {**JOBS, "ddp_clean": nccl_clean, "ddp_leak_one_rank": lambda r: leak_on_rank_1(r, 1200 * MIB),
+            "ddp_stray_context": lambda r: stray_on_gpu_0(r, reserved_there=False)}

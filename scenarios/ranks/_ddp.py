@@ -29,13 +29,14 @@ def rank_and_device(torch):
     return rank, local_rank, world, device
 
 
-def init(torch, world: int, device, backend=None) -> None:
+def init(torch, world: int, device, backend=None, eager: bool = True) -> None:
+    """NCCL where each rank of this node has a GPU of its own (LOCAL_WORLD_SIZE: one node's ranks),
+    else gloo; `eager`: NCCL's communicator made now (device_id), not at the first collective."""
     import torch.distributed as dist
 
-    # NCCL where each rank of this node has a GPU of its own (LOCAL_WORLD_SIZE: one node's ranks)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     backend = backend or ("nccl" if torch.cuda.device_count() >= local else "gloo")
-    dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
+    dist.init_process_group(backend, device_id=device if backend == "nccl" and eager else None)
 
 
 def model_and_optimizer(torch, device):
@@ -53,6 +54,13 @@ def step(torch, model, opt, device):
     loss.backward()
     opt.step()
     return loss
+
+
+def train(torch, rank: int, model, opt, device, steps: int = 300) -> None:
+    for i in range(steps):
+        loss = step(torch, model, opt, device)
+        if i % 100 == 0 and rank == 0:
+            print(f"step {i} loss {loss.item():.4f}")
 
 
 def finish(torch) -> None:

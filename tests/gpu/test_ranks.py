@@ -138,36 +138,15 @@ def test_cuda_visible_devices_maps_torch_device_0_to_nvml_gpu_1(tmp_path):
 
 # -- two GPUs: NCCL, FSDP, stray contexts (issue 29) --------------------------------------------
 
-def test_a_clean_nccl_job_is_clean_and_names_nccls_memory(tmp_path):
-    """On two H100s every clean NCCL job was `non-torch` (588 MiB outside PyTorch per rank)."""
+@pytest.mark.parametrize("name", list(two_gpus.JOBS))
+def test_a_job_of_two_gpus(name, tmp_path):
+    """On two H100s every clean NCCL job was `non-torch` (588 MiB outside PyTorch per rank), and no
+    stray context was found: the NCCL jobs, FSDP and a tensor made before set_device."""
     need_gpus(2)
-    report = run_job("ddp_nccl_clean", tmp_path)
-    assert report["_returncode"] == 0, report["_stderr"]
-    two_gpus.nccl_clean(report)
-
-
-def test_a_new_group_every_step_is_nccls_memory_growing(tmp_path):
-    need_gpus(2)
-    report = run_job("nccl_new_group_every_step", tmp_path)
-    assert expectations(RANKS / "nccl_new_group_every_step.py")[0] == "non-torch"
-    two_gpus.new_group_growth(report)
-
-
-def test_a_clean_fsdp_job_is_clean(tmp_path):
-    need_gpus(2)
-    report = run_job("fsdp_clean", tmp_path)
-    assert report["_returncode"] == 0, report["_stderr"]
-    two_gpus.clean_job(report)
-
-
-def test_an_fsdp_rank_keeping_its_outputs_leaks_on_that_rank_only(tmp_path):
-    need_gpus(2)
-    two_gpus.leak_on_rank_1(run_job("fsdp_leak_one_rank", tmp_path), 800 * MIB)  # 200 steps of 4 MiB
-
-
-def test_a_tensor_made_before_set_device_is_a_stray_context(tmp_path):
-    need_gpus(2)
-    two_gpus.stray_on_gpu_0(run_job("ddp_tensor_before_set_device", tmp_path), reserved_there=True)
+    report = run_job(name, tmp_path)
+    verdict, _ = expectations(RANKS / f"{name}.py")
+    assert report["verdict"] == verdict, (two_gpus.summaries(report), report["_stderr"])
+    two_gpus.JOBS[name](report)
 
 
 # A job left running for `watch` and `ps`, started plainly by torchrun (no gpumemdoctor in it): every
