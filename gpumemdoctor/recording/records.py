@@ -182,10 +182,14 @@ def _costs(v: Any, what: str) -> dict:
 _PER_DEVICE = _opt(_list_of(_pair(_int, need_size)))  # [torch index, bytes]
 PARTS = _shape({"cublas_workspaces": _PER_DEVICE, "private_pools": _PER_DEVICE, "dist_backend": _opt(_str),
                 "module_loading": _opt(_str)})
+# The garbage collector's state: enabled when the process ended, its first threshold, and the
+# samples that found it disabled (gc.disable() in effect). Recordings from before it have none.
+COLLECTOR = _shape({"enabled_at_exit": _opt(_bool), "threshold": _opt(_int), "off_samples": _opt(_int),
+                    "samples": _opt(_int)})
 # What the agent wrote as the process ended.
 EXIT_INFO = _shape({"uncaught": _opt(UNCAUGHT), "samples": _opt(_int), "samples_skipped": _opt(_int),
                     "collections": _opt(COLLECTIONS_SUMMARY), "out_of_memory": _opt(_int),
-                    "cost": _opt(_costs), "parts": _opt(PARTS)})
+                    "cost": _opt(_costs), "parts": _opt(PARTS), "collector": _opt(COLLECTOR)})
 SUSPECT = _shape({"kind": _one_of(*SUSPECT_KINDS), "bytes": _int, "count": _opt(_int),
                   "where": _opt(_frame), "stack": _list_of(_frame), "thread": _opt(_list_of(_str)),
                   "holders": _list_of(HOLDER), "unheld_bytes": _opt(_int), "summary": _str, "remedy": _str})
