@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 VERDICTS = ("clean", "leak", "out-of-memory", "allocator-cache", "pending-stream", "garbage-cycle", "non-torch",
-            "child-contexts", "stray-context")
+            "child-contexts", "stray-context", "unknown")
+# "unknown": memory was held and no evidence says by what or why, because the process ended before
+# its exit probes ran (os._exit, a signal): said with the reason, never replaced by a guess.
 # "context" and "live-at-exit" inform: they never make a verdict and never fail a CI check.
 INFORMATIVE = ("context", "live-at-exit")
 # "orphan-process", "host-memory" (the target killed by SIGKILL while its host memory rose) and
@@ -15,7 +17,7 @@ WARNINGS = ("orphan-process", "host-memory", "rank-imbalance")
 FINDING_KINDS = VERDICTS[1:] + WARNINGS + INFORMATIVE
 # When several causes apply at a similar size, the more specific one is named.
 SPECIFICITY = ("garbage-cycle", "pending-stream", "leak", "child-contexts", "stray-context", "non-torch",
-               "allocator-cache")
+               "unknown", "allocator-cache")
 
 
 @dataclass

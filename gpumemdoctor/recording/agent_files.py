@@ -170,6 +170,14 @@ class AgentFile:
                     agent.probes[sample.by] = sample
             else:
                 self.samples.add(sample)
+        elif kind == "hard-exit":  # os._exit(): its last reading; no exit probes ran
+            if t is None:
+                raise BadReportError("a hard exit without its time")
+            agent.hard_exit = {"t": t, "status": opt_int(rec.get("status"), "status")}
+            readings = [DeviceReading.from_json(r) for r in need_list(rec.get("d"), "d")]
+            if readings:
+                self.samples.add(TorchSample(t=t, by="hard-exit", step=opt_int(rec.get("steps"), "steps"),
+                                             readings=readings))
         elif kind == "exit":
             agent.exited_normally = True
             agent.steps = opt_int(rec.get("steps"), "steps")

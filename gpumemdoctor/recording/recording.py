@@ -129,6 +129,7 @@ class AgentRecording:
     cuda_origin: dict | None = None  # where CUDA started, and what kind of process this is
     exit_info: dict | None = None  # what the agent wrote as the process ended (records.EXIT_INFO)
     dist: Dist | None = None  # its rank in a distributed job, if its environment named one
+    hard_exit: dict | None = None  # it left through os._exit(): {"t", "status"}; its last reading is a sample
 
     def device(self, torch_index: int) -> TorchDevice | None:
         for d in self.devices:
@@ -146,7 +147,8 @@ class AgentRecording:
                 "steps": self.steps, "explicit_steps": self.explicit_steps,
                 "exited_normally": self.exited_normally, "cupy_pool": self.cupy_pool,
                 "errors": self.errors, "root": self.root, "cuda_origin": self.cuda_origin,
-                "exit_info": self.exit_info, "dist": None if self.dist is None else self.dist.to_json()}
+                "exit_info": self.exit_info, "dist": None if self.dist is None else self.dist.to_json(),
+                "hard_exit": self.hard_exit}
 
     @classmethod
     def from_json(cls, obj: Any) -> AgentRecording:
@@ -180,6 +182,7 @@ class AgentRecording:
             exit_info=None if obj.get("exit_info") is None else records.EXIT_INFO(
                 obj["exit_info"], "exit_info"),
             dist=None if obj.get("dist") is None else Dist.from_json(obj["dist"]),
+            hard_exit=None if obj.get("hard_exit") is None else _hard_exit(obj["hard_exit"]),
         )
 
 
@@ -312,6 +315,11 @@ class Recording:
                           for k, v in need_dict(obj.get("downsampling", {}), "downsampling").items()},
             host=opt_str(obj.get("host"), "host"),
         )
+
+
+def _hard_exit(obj: Any) -> dict:
+    obj = need_dict(obj, "hard_exit")
+    return {"t": need_num(obj.get("t"), "hard_exit t"), "status": opt_int(obj.get("status"), "hard_exit status")}
 
 
 def _host_point(point: Any) -> tuple[float, int | None, int | None]:
