@@ -316,3 +316,102 @@ def test_a_tensor_that_replaces_itself_gets_the_stack_of_its_latest_allocation()
                                 _search("exit", 9.0, [_group([])])]}
     (s,), _ = suspects.leak_suspects(other, 0)
     assert s["where"] is None  # another holder's stack is not borrowed
+
+
+# -- 3 and 4: other libraries' memory, judged over the whole run ----------------------------------
+
+def _outside_agent(outside: list[int], *, libraries: list | None = None, exit_libraries: list | None = None,
+                   arrays: list | None = None, context_extra: int = 0) -> AgentRecording:
+    """SYNTHETIC: one process, time samples 0.05 s apart from 1.0 s; NVML = context (+ what another
+    library held before the first reading) + reserved + `outside[i]`; a normal exit."""
+    def read(held: int) -> DeviceReading:
+        return DeviceReading(0, 8 * MiB, 8 * MiB, 64 * MiB, 8 * MiB, CONTEXT + context_extra + 64 * MiB + held)
+    samples = [TorchSample(t=1.0 + 0.05 * i, by="time", step=None, readings=[read(y)]) for i, y in enumerate(outside)]
+    end = read(outside[-1])
+    probes = {p: TorchSample(t=samples[-1].t + 0.1 * (i + 1), by=p, step=None, readings=[end])
+              for i, p in enumerate(("end", "gc", "sync", "empty_cache"))}
+    agent = _agent(samples, exited=True, probes=probes)
+    agent.root["libraries"] = libraries or []
+    agent.exit_info = {"uncaught": None, "samples": len(samples), "samples_skipped": 0, "collections": None,
+                       "out_of_memory": 0, "cost": {}, "parts": None, "collector": None,
+                       "libraries": exit_libraries or [], "foreign_arrays": arrays or []}
+    return agent
+
+
+def test_memory_outside_pytorch_that_rose_and_was_let_go_of_at_the_end_is_non_torch():
+    # SYNTHETIC, after issue 32's threads parking arrays: 1.35 GiB outside PyTorch, raised in steps
+    # after warm-up and let go of before exit. Before: `clean` (judged only at exit, and for a
+    # rise that lasts to the end).
+    outside = [0] * 40 + [k * 270 * MiB for k in range(1, 6) for _ in range(6)] + [1350 * MiB] * 20 + [0] * 10
+    agent = _outside_agent(outside, libraries=[{"t": 0.5, "name": "cupy"}],
+                           arrays=[["cupy._core.core.ndarray", 3, 96 * MiB]])
+    d = diagnose(recording_of(agent))
+    assert d.verdict == "non-torch"
+    (f,) = [f for f in d.findings if f.kind == "non-torch"]
+    assert f.evidence["decided_by"] == "peak" and f.bytes == 1350 * MiB
+    assert "let go of at the end still grew" in f.summary and "CuPy (imported at 0.5 s)" in f.summary
+    assert "3 ndarray of cupy (96.0 MiB)" in f.summary and "free_all_blocks" in f.remedy
+
+
+def test_a_rise_below_the_allowance_or_a_single_reading_is_not_non_torch():
+    small = [0] * 20 + [400 * MiB] * 30 + [0] * 10
+    spike = [0] * 40 + [2048 * MiB] * 3 + [0] * 20  # fewer readings than PEAK_READINGS in a row
+    for outside in (small, spike):
+        assert diagnose(recording_of(_outside_agent(outside))).verdict == "clean"
+
+
+def test_xlas_pool_set_aside_before_pytorch_is_not_the_context():
+    # SYNTHETIC, after issue 32's JAX program: XLA preallocated 59 GiB before PyTorch's first
+    # allocation. Before: "CUDA context 59.9 GiB".
+    pool = {"name": "jax", "device": 0, "bytes": 59 * GiB, "field": "pool_bytes", "in_use_bytes": 2 * MiB}
+    agent = _outside_agent([0] * 40, libraries=[{"t": 0.4, "name": "jax"}], exit_libraries=[pool],
+                           context_extra=59 * GiB)
+    d = diagnose(recording_of(agent))
+    b = d.breakdowns[0]
+    assert b.context_bytes == CONTEXT and b.non_torch_libraries == [["JAX/XLA", 59 * GiB]]
+    assert b.non_torch_bytes == 59 * GiB and b.non_torch_warmup_bytes == 0
+    assert d.verdict == "clean"  # a library's own pool informs; it is no growth and no leak
+    (f,) = [f for f in d.findings if f.kind == "library-memory"]
+    assert f.bytes == 59 * GiB and "XLA_PYTHON_CLIENT_PREALLOCATE=false" in f.remedy
+    assert "not counted as the context" in f.summary
+    again = parse(json.loads(json.dumps(build(recording_of(agent), d))))[1]
+    assert again.breakdowns[0].non_torch_libraries == [["JAX/XLA", 59 * GiB]]
+
+
+def test_a_library_imported_after_the_first_allocation_leaves_the_context_alone():
+    pool = {"name": "jax", "device": 0, "bytes": 12 * GiB, "field": "pool_bytes", "in_use_bytes": 0}
+    agent = _outside_agent([0] * 20 + [12 * GiB] * 20, libraries=[{"t": 1.5, "name": "jax"}],
+                           exit_libraries=[pool])
+    d = diagnose(recording_of(agent))
+    assert d.breakdowns[0].context_bytes == CONTEXT and d.verdict == "clean"
+    assert [f.kind for f in d.findings if f.kind in ("library-memory", "non-torch")] == ["library-memory"]
+
+
+def test_the_agent_sees_a_gpu_library_imported_without_changing_it(cli, script, tmp_path):
+    (tmp_path / "numba").mkdir()
+    (tmp_path / "numba" / "__init__.py").write_text("LOADED_BY = __loader__.__class__.__name__\n")
+    script(tmp_path, "t.py", """
+        import numba
+        print(numba.LOADED_BY, type(numba.__spec__.loader).__name__)
+    """)
+    result = cli("run", "--allow-no-gpu", "t.py", cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "Notifying" not in result.stdout  # the library sees its own loader
+    (path,) = tmp_path.glob("gpumemdoctor-*.json")
+    (agent,) = json.loads(path.read_text())["recording"]["agents"]
+    assert [x["name"] for x in agent["root"]["libraries"]] == ["numba"]
+    assert agent["exit_info"]["libraries"] == [] and agent["exit_info"]["foreign_arrays"] == []
+
+
+class _DeviceArray:  # the shape of a Numba or CuPy array, as its __cuda_array_interface__ tells it
+    __cuda_array_interface__ = property(lambda self: {"shape": (1024, 256), "typestr": "<f4", "data": (0, False),
+                                                      "version": 3})
+
+
+def test_other_libraries_arrays_are_found_by_their_interface():
+    from gpumemdoctor._agent.libraries import foreign_arrays
+
+    kept = [[_DeviceArray()] for _ in range(3)]  # in lists: instances are tracked through them
+    found = {name: (count, size) for name, count, size in foreign_arrays()}
+    assert found[f"{__name__}._DeviceArray"] == (3, 3 * 1024 * 256 * 4)
+    del kept

@@ -99,11 +99,23 @@ def finish(agent) -> None:
                          "explicit_steps": agent.explicit_steps, "cupy": _cupy_pool(), "parts": parts or None,
                          "uncaught": died_of, "samples": sampler.samples, "samples_skipped": sampler.samples_skipped,
                          "collections": agent.collections.summary() if agent.collections is not None else None,
-                         "out_of_memory": agent.oom.records, "collector": collector,
+                         "out_of_memory": agent.oom.records, "collector": collector, **_libraries(),
                          "cost": {k: round(v, 6) for k, v in {**agent.cost, **sampler.cost.windows(),
                                                               "interval_at_exit_s": sampler.interval_s}.items()}})
     if agent.server is not None:
         agent.server.close()
+
+
+def _libraries() -> dict:
+    """Other GPU libraries' pools and live arrays, where one of them was imported (libraries.py)."""
+    from .libraries import KNOWN, foreign_arrays, pools
+
+    if not any(name in sys.modules for name in KNOWN):
+        return {}
+    try:
+        return {"libraries": pools(), "foreign_arrays": foreign_arrays()}
+    except Exception:
+        return {}
 
 
 def _collector(agent) -> dict | None:

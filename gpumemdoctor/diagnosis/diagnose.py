@@ -15,7 +15,7 @@ What lies outside PyTorch is itemised, and judged for growth past warm-up, in no
 """
 from __future__ import annotations
 
-from . import child_processes, ends, judgement, job, machine_faults, non_torch, ranks, suspects
+from . import child_processes, ends, judgement, job, libraries, machine_faults, non_torch, ranks, suspects
 from .findings import (FINDING_KINDS, INFORMATIVE, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, RankRow, choose_verdict)
 from ..growth import MIN_POINTS, GrowthFit, floor_growth, steady_rise
@@ -124,7 +124,8 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     end = probes.get("end") or (during[-1][1] if during else None)
     if end is None:
         return
-    context = _context(during, probes.get("end"))
+    context, pooled = libraries.context_without_pools(_context(during, probes.get("end")), agent, torch_index,
+                                                      during[0][0].t if during else None)
     b = Breakdown(pid=agent.pid, device=nvml_index, torch_index=torch_index,
                   nvml_bytes=end.nvml_used_bytes, context_bytes=context,
                   exit_probes=probes.get("end") is not None)
@@ -159,6 +160,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     after_warmup = non_torch.judge(xs, outside_ys, by) if context is not None else None
     outside_fit = after_warmup.fit if after_warmup is not None else None
     non_torch.itemise(b, agent, torch_index, xs, outside_ys, after_warmup)
+    libraries.itemise(b, agent, torch_index)
 
     growth = None
     # What the exit search found piled up: the judgement's rows 3 and 4, and below, what growth left.
@@ -253,11 +255,20 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         retained = max(outside_fit.grown_bytes, (b.non_torch_bytes or 0) - outside_fit.start_floor_bytes)
         result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, retained, b,
                                                f"and it kept growing past warm-up, {_rate(g)}", after_warmup))
-    elif b.non_torch_bytes and b.non_torch_bytes > LIBRARY_ALLOWANCE_BYTES:
+    elif b.non_torch_bytes and b.non_torch_bytes - libraries.pooled_bytes(b) > LIBRARY_ALLOWANCE_BYTES:
         result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, b.non_torch_bytes, b,
                                                "more than CUDA libraries take", after_warmup))
+    elif (rose := judgement.outside_rise(peak := libraries.run_peak(xs, outside_ys, after_warmup),
+                                         LIBRARY_ALLOWANCE_BYTES + libraries.pooled_bytes(b))):
+        result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, peak["rise"], b, rose,
+                                                 after_warmup))
+        result.findings[-1].evidence.update({"decided_by": "peak", "peak": peak})
     elif non_torch.too_short(xs, outside_ys, after_warmup):
         result.notes.append(non_torch.too_short_note(where, by, xs, after_warmup, b.non_torch_bytes))
+    for f in result.findings[-1:]:
+        if f.kind == "non-torch" and f.pid == agent.pid:
+            libraries.name_holders(f, agent)
+    result.findings.extend(libraries.pool_findings(agent, torch_index, nvml_index, where, pooled))
 
 
 MIN_WATCHED_AFTER = 4  # samples at (nearly) the final level before growth over time may decide

@@ -27,6 +27,13 @@ and every finding says which evidence decided it:
 |   | MiB of tensors alive at its last reading, and no row above decided         |                              |                   |
 | 10| its agent saw CUDA start, and it ended hard before its first reading (no    | unknown, not non-torch       | `no-reading`      |
 |   | PyTorch figures at all): NVML's figure alone (`unread`)                    |                              |                   |
+| 11| memory outside PyTorch held a level past warm-up (4 readings in a row) more | non-torch, whatever was left | `peak`            |
+|   | than 512 MiB above its level when warm-up ended (`outside_rise`)            | at exit                      |                   |
+| 12| a preallocating library's pool (XLA), by its own statistics, >= 64 MiB:     | library-memory (informs);    | `library-         |
+|   | not the context, not held against the 512 MiB allowance (libraries.py)     | the context without it       | statistics`       |
+
+Rows 11 and 12 are about memory outside PyTorch; its other rules (growth past warm-up, more than
+the allowance at exit) are in non_torch.py.
 
 Rows 1-4 decide one leak finding (the first that applies). With enough samples,
 watching decides: an accumulation that did not grow while the program was
@@ -404,6 +411,15 @@ def unread(pid: int, device: int | None, nvml_bytes: int, ended: dict) -> Judged
         evidence={"decided_by": "no-reading", "ended": ended, "nvml_bytes": nvml_bytes},
         remedy="Let the program end normally (return from main, sys.exit) so that the exit probes run; "
                "os._exit() right after allocating leaves nothing to read.")
+
+
+def outside_rise(peak: dict | None, allowance: int) -> str | None:
+    """Row 11: what the non-torch finding says of a rise past warm-up that a window of readings
+    held, when it passes the allowance (and any preallocated pool, row 12); None when it does not."""
+    if peak is None or peak["rise"] <= allowance:
+        return None
+    return (f"at exit, and while the program ran it rose past warm-up by {fb(peak['rise'])}, to {fb(peak['peak'])} "
+            f"(held from {peak['at']:.1f}), whatever was left at exit: memory let go of at the end still grew")
 
 
 # -- words ---------------------------------------------------------------------------

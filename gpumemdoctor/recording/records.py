@@ -186,10 +186,25 @@ PARTS = _shape({"cublas_workspaces": _PER_DEVICE, "private_pools": _PER_DEVICE, 
 # samples that found it disabled (gc.disable() in effect). Recordings from before it have none.
 COLLECTOR = _shape({"enabled_at_exit": _opt(_bool), "threshold": _opt(_int), "off_samples": _opt(_int),
                     "samples": _opt(_int)})
+# Other GPU libraries (_agent/libraries.py): a preallocating library's pool on a device, from its own
+# statistics, and the live arrays of other libraries by type, [type, count, bytes].
+LIBRARY = _shape({"t": _num, "name": _str})  # a known GPU library imported, and when
+LIBRARY_POOL = _shape({"name": _str, "device": _int, "bytes": _int, "field": _str, "in_use_bytes": _opt(_int)})
+
+
+def _array_type(v: Any, what: str) -> list:
+    v = need_list(v, what)
+    if len(v) != 3:
+        raise BadReportError(f"{what}: expected [type, count, bytes]")
+    return [need_str(v[0], what), need_int(v[1], what), need_int(v[2], what)]
+
+
+FOREIGN_ARRAYS = _opt(_list_of(_array_type))
 # What the agent wrote as the process ended.
 EXIT_INFO = _shape({"uncaught": _opt(UNCAUGHT), "samples": _opt(_int), "samples_skipped": _opt(_int),
                     "collections": _opt(COLLECTIONS_SUMMARY), "out_of_memory": _opt(_int),
-                    "cost": _opt(_costs), "parts": _opt(PARTS), "collector": _opt(COLLECTOR)})
+                    "cost": _opt(_costs), "parts": _opt(PARTS), "collector": _opt(COLLECTOR),
+                    "libraries": _opt(_list_of(LIBRARY_POOL)), "foreign_arrays": FOREIGN_ARRAYS})
 SUSPECT = _shape({"kind": _one_of(*SUSPECT_KINDS), "bytes": _int, "count": _opt(_int),
                   "where": _opt(_frame), "stack": _list_of(_frame), "thread": _opt(_list_of(_str)),
                   "holders": _list_of(HOLDER), "unheld_bytes": _opt(_int), "summary": _str, "remedy": _str})
@@ -198,13 +213,13 @@ SUSPECT = _shape({"kind": _one_of(*SUSPECT_KINDS), "bytes": _int, "count": _opt(
 RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
            "investigation": ("investigations", INVESTIGATION), "thread": ("threads", THREAD),
            "garbage": ("garbage", GARBAGE), "snapshot": ("snapshot", SNAPSHOT),
-           "collection": ("collections", COLLECTION), "oom": ("ooms", OOM)}
+           "collection": ("collections", COLLECTION), "oom": ("ooms", OOM), "library": ("libraries", LIBRARY)}
 _SINGLE = ("garbage", "snapshot")
 
 
 def empty_root() -> dict:
     return {"suspicions": [], "traces": [], "baselines": [], "investigations": [], "threads": [],
-            "garbage": None, "snapshot": None, "collections": [], "ooms": []}
+            "garbage": None, "snapshot": None, "collections": [], "ooms": [], "libraries": []}
 
 
 def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:

@@ -143,7 +143,8 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
                                     exit_probes=bool(b.get("exit_probes")),
                                     host=opt_str(b.get("host"), "breakdown host"), nccl=nccl,
                                     cuda_module_loading=opt_str(b.get("cuda_module_loading"),
-                                                                "breakdown cuda_module_loading"), **sizes))
+                                                                "breakdown cuda_module_loading"),
+                                    non_torch_libraries=_pools(b.get("non_torch_libraries")), **sizes))
     growth = []
     for g in need_list(obj.get("growth", []), "growth"):
         g = need_dict(g, "growth")
@@ -169,6 +170,19 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
     return recording, Diagnosis(verdict=verdict, findings=findings, breakdowns=breakdowns,
                                 growth=growth, peaks=peaks, notes=notes, evidence=evidence, ranks=rows,
                                 job=job)
+
+
+def _pools(value: Any) -> list | None:
+    """A breakdown's other libraries' pools, [[library, bytes]]; absent before they were measured."""
+    if value is None:
+        return None
+    out = []
+    for item in need_list(value, "non_torch_libraries"):
+        item = need_list(item, "non_torch_libraries")
+        if len(item) != 2:
+            raise BadReportError("non_torch_libraries: expected [library, bytes]")
+        out.append([need_str(item[0], "non_torch_libraries"), opt_size(item[1], "non_torch_libraries")])
+    return out
 
 
 def _verdict_or_none(value: Any, what: str) -> str | None:

@@ -182,6 +182,8 @@ def _outside_rows(b: Breakdown) -> list[tuple[str, int | None, str]]:
     rows = [("  in warm-up", b.non_torch_warmup_bytes, f"{what}: loaded on first use")]
     if b.non_torch_cupy_bytes is not None:
         rows.append(("  CuPy's pool", b.non_torch_cupy_bytes, "CuPy's default memory pool"))
+    for library, size in b.non_torch_libraries or []:
+        rows.append((f"  {library}", size, "its own preallocated pool (library-memory)"))
     rows.append(("  the rest", b.non_torch_rest_bytes, "grew after warm-up: cudaMalloc, libraries"))
     return rows
 
