@@ -415,3 +415,63 @@ def test_other_libraries_arrays_are_found_by_their_interface():
     found = {name: (count, size) for name, count, size in foreign_arrays()}
     assert found[f"{__name__}._DeviceArray"] == (3, 3 * 1024 * 256 * 4)
     del kept
+
+
+# -- the GPU recordings of the scenarios of issue 32, rows 3-9 (skipped until recorded) ----------
+
+REPORTS = Path(__file__).parent / "fixtures" / "reports"
+
+
+def recorded(name: str):
+    path = REPORTS / f"{name}.json"
+    if not path.exists():
+        pytest.skip(f"{name}.json is not recorded yet (tests/fixtures/reports/PENDING.txt)")
+    report = json.loads(path.read_text())
+    rec = Recording.from_json(report["recording"])
+    return rec, diagnose(rec)
+
+
+def _target_findings(d, rec, kind):
+    return [f for f in d.findings if f.kind == kind and f.pid == rec.target_pid]
+
+
+def test_recorded_parked_arrays_grew_outside_pytorch_and_name_cupy():
+    rec, d = recorded("non_torch_parked_arrays")
+    (f,) = _target_findings(d, rec, "non-torch")
+    assert f.bytes >= 1024 * MiB and "CuPy" in f.summary
+
+
+def test_recorded_jax_pool_is_not_the_context():
+    rec, d = recorded("library_jax_preallocated")
+    b = next(b for b in d.breakdowns if b.pid == rec.target_pid)
+    assert b.context_bytes < 1200 * MiB and b.non_torch_libraries
+    (f,) = _target_findings(d, rec, "library-memory")
+    assert f.bytes >= 8 * GiB and "XLA_PYTHON_CLIENT_PREALLOCATE=false" in f.remedy
+
+
+@pytest.mark.parametrize("name", ["hard_exit_at_once", "hard_exit_after_a_second"])
+def test_recorded_hard_exits_say_the_end_was_not_seen(name):
+    rec, d = recorded(name)
+    assert rec.agent(rec.target_pid).hard_exit is not None
+    (f,) = _target_findings(d, rec, "unknown")
+    assert f.bytes >= 2 * GiB and "os._exit(0)" in f.summary
+    assert any("was not seen" in n for n in d.notes)
+
+
+def test_recorded_disabled_collector_is_the_cause():
+    rec, d = recorded("garbage_collector_disabled")
+    (f,) = _target_findings(d, rec, "garbage-cycle")
+    assert f.evidence["cause"] == "collector-disabled" and "gc.enable()" in f.remedy
+    assert not _target_findings(d, rec, "leak")
+
+
+@pytest.mark.parametrize("name, holder", [("leak_ema_deepcopy", "__main__.ema_history[*]"),
+                                          ("leak_cat_buffer", "__main__.buf")])
+def test_recorded_leak_names_the_programs_line(name, holder):
+    rec, d = recorded(name)
+    (f,) = _target_findings(d, rec, "leak")
+    top = f.suspects[0]
+    line = next(i for i, text in enumerate((Path(__file__).parents[1] / "scenarios" / f"{name}.py")
+                                           .read_text().splitlines(), 1) if "# allocates" in text)
+    assert top["holders"][0]["pattern"].startswith(holder)
+    assert top["where"] is not None and Path(top["where"][0]).name == f"{name}.py" and top["where"][1] == line

@@ -319,6 +319,11 @@ def _garbage(e: Evidence) -> Judged | None:
     if during >= SIGNIFICANT_BYTES and at_exit >= SIGNIFICANT_BYTES:
         summary += (f" Collections during the run also freed {fb(c.get('freed_bytes'))} "
                     f"(up to {fb(during)} at once).")
+    if collector_off(e.collector):  # row 8's cause, where no growth was let go of by it
+        return Judged(kind="garbage-cycle", bytes=max(at_exit, during), summary=f"{_collector_text(e)}: {summary}",
+                      evidence={"decided_by": decided, "cause": "collector-disabled", "collector": e.collector,
+                                "garbage_at_exit_bytes": e.garbage_bytes, "collections_during_run": e.collections},
+                      remedy=COLLECTOR_REMEDY)
     return Judged(kind="garbage-cycle", bytes=max(at_exit, during), summary=summary,
                   evidence={"decided_by": decided, "garbage_at_exit_bytes": e.garbage_bytes,
                             "collections_during_run": e.collections},
