@@ -13,7 +13,7 @@ import os
 from . import forked, threads
 from .core import Agent
 from .exit import install_hard_exit
-from .startup import ENV_RUN_DIR, interval_from_env
+from ..contract import ENV_RUN_DIR, interval_from_env
 
 _agent: Agent | None = None  # this process's agent
 
@@ -27,7 +27,7 @@ def start() -> None:
     if not run_dir:
         return
     try:
-        agent = Agent(run_dir, interval_from_env())
+        agent = Agent(run_dir, interval_from_env(os.environ))
         _begin(agent)
         _agent = agent
     except Exception:
@@ -39,7 +39,7 @@ def enable() -> None:
     global _agent
     try:
         if _agent is None or _agent.pid != os.getpid():
-            agent = Agent(os.environ.get(ENV_RUN_DIR), interval_from_env())
+            agent = Agent(os.environ.get(ENV_RUN_DIR), interval_from_env(os.environ))
             _begin(agent)
             _agent = agent
         _agent.start_server()

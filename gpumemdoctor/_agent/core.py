@@ -23,6 +23,7 @@ import threading
 import time
 
 from . import startup
+from ..contract import ENV_SOCKET
 from .channel import Channel
 from .events import Collections, cuda_origin
 from .exit import finish
@@ -159,7 +160,7 @@ class Agent:
 
     def start_server(self) -> None:
         """Answer `gpumemdoctor watch` on a local socket (see agent_socket); once per process."""
-        if self.server is not None or os.environ.get(startup.ENV_SOCKET) == "0":
+        if self.server is not None or os.environ.get(ENV_SOCKET) == "0":
             return
         from gpumemdoctor.system.agent_socket import StatsServer
 

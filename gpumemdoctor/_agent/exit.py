@@ -23,7 +23,7 @@ import time
 
 from . import parts as parts_of
 from .events import uncaught
-from .startup import ENV_SNAPSHOT
+from ..contract import ENV_SNAPSHOT
 
 # A run in which no growth was seen is searched at exit when its live tensors reach this: the
 # answer to "why does nvidia-smi still show the memory I freed?".

@@ -80,7 +80,7 @@ def _diagnose_recording(recording: Recording) -> Diagnosis:
                 _diagnose_nvml_only(pid, device, points, result)
     child_processes.orphans(recording, result)
     child_processes.child_contexts(recording, result, set(rank_of))
-    job.stray_contexts(recording, rank_of, result)
+    job.add_stray_context_findings(recording, rank_of, result)
     unseen = [a.pid for a in recording.agents if a.cuda_t is not None
               and not any(pid == a.pid for pid, _ in recording.nvml)]
     if unseen:
