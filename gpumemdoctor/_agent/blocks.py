@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import itertools
 import os
 import sys
 import sysconfig
@@ -207,17 +208,11 @@ def user_frames(frames: list) -> list:
     folder of the program's main file are its own, also where it lives among installed packages."""
     kept = [f for f in frames if not _is_torch_file(f[0]) and not f[0].startswith(PACKAGE_DIR)] or frames
     program = _program_dir()
-    out, run = [], None
-    for f in kept:
-        if is_library_file(f[0]) and not (program and os.path.abspath(f[0]).startswith(program)):
-            run = f  # the outermost library frame so far
-            continue
-        if run is not None:
-            out.append(run)
-            run = None
-        out.append(f)
-    if run is not None:
-        out.append(run)
+    out: list = []
+    for library, run in itertools.groupby(kept, key=lambda f: is_library_file(f[0]) and not (
+            program and os.path.abspath(f[0]).startswith(program))):
+        run = list(run)
+        out.extend(run[-1:] if library else run)  # a library run: its outermost frame
     return out
 
 
