@@ -67,7 +67,10 @@ class Breakdown:
     non_torch_libraries: list | None = None
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if out["non_torch_libraries"] is None:  # written only where measured: an older report reads back
+            del out["non_torch_libraries"]
+        return out
 
 
 @dataclass

@@ -128,9 +128,12 @@ class AgentRecording:
                 "probes": {k: v.to_json() for k, v in self.probes.items()},
                 "steps": self.steps, "explicit_steps": self.explicit_steps,
                 "exited_normally": self.exited_normally, "cupy_pool": self.cupy_pool,
-                "errors": self.errors, "root": self.root, "cuda_origin": self.cuda_origin,
+                "errors": self.errors,
+                "root": self.root if self.root.get("libraries") else {k: v for k, v in self.root.items()
+                                                                       if k != "libraries"}, "cuda_origin": self.cuda_origin,
                 "exit_info": self.exit_info, "dist": None if self.dist is None else self.dist.to_json(),
-                "hard_exit": self.hard_exit}
+                # written only where there is something (an older report reads back to itself)
+                **({"hard_exit": self.hard_exit} if self.hard_exit is not None else {})}
 
     @classmethod
     def from_json(cls, obj: Any, what: str = "agent") -> AgentRecording:

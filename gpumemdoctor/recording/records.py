@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..files.schema import (BOOL, INT, NUM, SIZE, STR, Shape, absent, dict_of, frame, list_of, one_of,
-                            null_as, opt, pair, row)
+                            may, null_as, opt, pair, row)
 
 SUSPECT_KINDS = ("allocation", "garbage", "thread")
 HOLDER_KINDS = ("global", "attribute", "frame-local", "kept-exception", "hook", "closure",
@@ -125,8 +125,9 @@ LIBRARY_POOL = Shape({"name": STR, "device": INT, "bytes": INT, "field": STR, "i
 # What the agent wrote as the process ended.
 EXIT_INFO = Shape({"uncaught": opt(UNCAUGHT), "samples": opt(INT), "samples_skipped": opt(INT),
                    "collections": opt(COLLECTIONS_SUMMARY), "out_of_memory": opt(INT),
-                   "cost": opt(_NUMBERS), "parts": opt(PARTS), "collector": opt(COLLECTOR),
-                   "libraries": opt(list_of(LIBRARY_POOL)), "foreign_arrays": opt(list_of(row(STR, INT, INT)))})
+                   "cost": opt(_NUMBERS), "parts": opt(PARTS), "collector": may(opt(COLLECTOR)),
+                   "libraries": may(opt(list_of(LIBRARY_POOL))),
+                   "foreign_arrays": may(opt(list_of(row(STR, INT, INT))))})
 SUSPECT = Shape({"kind": one_of(*SUSPECT_KINDS), "bytes": INT, "count": opt(INT),
                  "where": opt(frame), "stack": list_of(frame), "thread": opt(list_of(STR)),
                  "holders": list_of(HOLDER), "unheld_bytes": opt(INT), "summary": STR, "remedy": STR})
