@@ -12,6 +12,7 @@ import os
 
 from . import forked, threads
 from .core import Agent
+from .exit import install_hard_exit
 from ..contract import ENV_RUN_DIR, interval_from_env
 
 _agent: Agent | None = None  # this process's agent
@@ -62,6 +63,7 @@ def _begin(agent: Agent) -> None:
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_in_child)
     threads.install_hook(_current)
+    install_hard_exit(_current)
     agent.begin()
 
 

@@ -35,6 +35,7 @@ from .sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
 from .threads import ThreadWatch
 from .trace import Trace
 from .growth_watch import GrowthWatch
+from .libraries import KNOWN, LibraryWatcher, record as library_record
 
 
 class Agent:
@@ -68,6 +69,11 @@ class Agent:
         self.channel.write(startup.hello(self.pid, self.sampler.interval_s, forked_from))
         if forked_from is None:
             atexit.register(self.at_exit)
+        if forked_from is None:  # other GPU libraries: when each is imported (libraries.py)
+            for name in KNOWN:
+                if name in sys.modules:
+                    self.channel.write(library_record(name))
+            sys.meta_path.insert(0, LibraryWatcher(lambda name: self.channel.write(library_record(name))))
         torch = sys.modules.get("torch")
         if torch is not None and hasattr(torch, "cuda"):
             self.on_torch(torch)

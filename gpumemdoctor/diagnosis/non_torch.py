@@ -114,9 +114,11 @@ def itemise(b: Breakdown, agent: AgentRecording, torch_index: int, xs: list[floa
     b.non_torch_rest_bytes = avail - warmup - (b.non_torch_nccl_bytes or 0)
 
 
-def beyond_allowance(b: Breakdown) -> bool:
-    """More outside PyTorch than CUDA's libraries take, NCCL's communicators left out (nccl.py)."""
-    return bool(b.non_torch_bytes) and b.non_torch_bytes - (b.non_torch_nccl_bytes or 0) > LIBRARY_ALLOWANCE_BYTES
+def beyond_allowance(b: Breakdown, pooled: int = 0) -> bool:
+    """More outside PyTorch than CUDA's libraries take, NCCL's communicators (nccl.py) and other
+    libraries' preallocated pools (`pooled`, libraries.py) left out."""
+    return bool(b.non_torch_bytes) and (b.non_torch_bytes - (b.non_torch_nccl_bytes or 0) - pooled
+                                        > LIBRARY_ALLOWANCE_BYTES)
 
 
 def _on(per_device: list | None, torch_index: int) -> int | None:

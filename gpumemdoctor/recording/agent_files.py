@@ -172,6 +172,13 @@ class AgentFile:
                     agent.probes[sample.by] = sample
             else:
                 self.samples.add(sample)
+        elif kind == "hard-exit":  # os._exit(): its last reading, a sample; no exit probes ran
+            if t is None:
+                raise BadReportError("a hard exit without its time")
+            agent.hard_exit = {"t": t, "status": opt(INT)(rec.get("status"), "status")}
+            sample = SAMPLE({"t": t, "by": "hard-exit", "step": rec.get("steps"), "d": rec.get("d")}, "hard-exit")
+            if sample.readings:
+                self.samples.add(sample)
         elif kind == "exit":
             agent.exited_normally = True
             agent.steps = opt(INT)(rec.get("steps"), "steps")

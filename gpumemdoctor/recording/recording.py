@@ -87,6 +87,11 @@ class Dist:
         return DIST(obj, what)
 
 
+# Root records added since reports were first written: kept only where there are some, so that an
+# older report reads back to itself.
+NEW_ROOT_RECORDS = ("libraries", "groups")
+
+
 @dataclass
 class AgentRecording:
     """What the agent inside one Python process of the run wrote."""
@@ -111,6 +116,7 @@ class AgentRecording:
     cuda_origin: dict | None = None  # where CUDA started, and what kind of process this is
     exit_info: dict | None = None  # what the agent wrote as the process ended (records.EXIT_INFO)
     dist: Dist | None = None  # its rank in a distributed job, if its environment named one
+    hard_exit: dict | None = None  # it left through os._exit(): {"t", "status"}; its last reading is a sample
 
     def device(self, torch_index: int) -> TorchDevice | None:
         for d in self.devices:
@@ -127,8 +133,12 @@ class AgentRecording:
                 "probes": {k: v.to_json() for k, v in self.probes.items()},
                 "steps": self.steps, "explicit_steps": self.explicit_steps,
                 "exited_normally": self.exited_normally, "cupy_pool": self.cupy_pool,
-                "errors": self.errors, "root": self.root, "cuda_origin": self.cuda_origin,
-                "exit_info": self.exit_info, "dist": None if self.dist is None else self.dist.to_json()}
+                "errors": self.errors,
+                "root": {k: v for k, v in self.root.items() if k not in NEW_ROOT_RECORDS or v},
+                "cuda_origin": self.cuda_origin,
+                "exit_info": self.exit_info, "dist": None if self.dist is None else self.dist.to_json(),
+                # written only where there is something (an older report reads back to itself)
+                **({"hard_exit": self.hard_exit} if self.hard_exit is not None else {})}
 
     @classmethod
     def from_json(cls, obj: Any, what: str = "agent") -> AgentRecording:
@@ -239,7 +249,8 @@ AGENT = Shape({
     "explicit_steps": absent(BOOL, False), "exited_normally": absent(BOOL, False),
     "cupy_pool": opt(dict_of(STR, opt(INT))), "errors": absent(list_of(STR), []),
     "root": absent(records.parse_root, records.empty_root), "cuda_origin": opt(records.CUDA_ORIGIN),
-    "exit_info": opt(records.EXIT_INFO), "dist": opt(DIST)}).into(AgentRecording)
+    "exit_info": opt(records.EXIT_INFO), "dist": opt(DIST),
+    "hard_exit": opt(Shape({"t": NUM, "status": opt(INT)}))}).into(AgentRecording)
 PROCESS = Shape({
     "pid": INT, "ppid": opt(INT), "cmdline": opt(list_of(STR)), "create_time": opt(NUM),
     "is_target": absent(BOOL, False), "first_seen_t": NUM, "alive_after_exit": absent(BOOL, False),

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..files.schema import (BOOL, INT, NUM, SIZE, STR, Shape, absent, dict_of, frame, list_of, one_of,
-                            null_as, opt, pair, row)
+                            may, null_as, opt, pair, row)
 
 SUSPECT_KINDS = ("allocation", "garbage", "thread")
 HOLDER_KINDS = ("global", "attribute", "frame-local", "kept-exception", "hook", "closure",
@@ -117,11 +117,21 @@ _PER_DEVICE = opt(list_of(pair(INT, SIZE)))  # [torch index, bytes]
 # torch.distributed.
 EXIT_GROUPS = opt(Shape({"groups": INT, "nccl_bytes": opt(SIZE)}))
 PARTS = Shape({"cublas_workspaces": _PER_DEVICE, "private_pools": _PER_DEVICE, "dist_backend": opt(STR),
-               "module_loading": opt(STR), "process_groups": EXIT_GROUPS})
+               "module_loading": opt(STR), "process_groups": may(EXIT_GROUPS)})
+# The garbage collector's state: enabled when the process ended, its first threshold, and the
+# samples that found it disabled (gc.disable() in effect). Recordings from before it have none.
+COLLECTOR = Shape({"enabled_at_exit": opt(BOOL), "threshold": opt(INT), "off_samples": opt(INT),
+                   "samples": opt(INT)})
+# Other GPU libraries (_agent/libraries.py): one imported, and when; a preallocating library's pool on
+# a device, from its own statistics; the live arrays of other libraries by type, [type, count, bytes].
+LIBRARY = Shape({"t": NUM, "name": STR})
+LIBRARY_POOL = Shape({"name": STR, "device": INT, "bytes": INT, "field": STR, "in_use_bytes": opt(INT)})
 # What the agent wrote as the process ended.
 EXIT_INFO = Shape({"uncaught": opt(UNCAUGHT), "samples": opt(INT), "samples_skipped": opt(INT),
                    "collections": opt(COLLECTIONS_SUMMARY), "out_of_memory": opt(INT),
-                   "cost": opt(_NUMBERS), "parts": opt(PARTS)})
+                   "cost": opt(_NUMBERS), "parts": opt(PARTS), "collector": may(opt(COLLECTOR)),
+                   "libraries": may(opt(list_of(LIBRARY_POOL))),
+                   "foreign_arrays": may(opt(list_of(row(STR, INT, INT))))})
 SUSPECT = Shape({"kind": one_of(*SUSPECT_KINDS), "bytes": INT, "count": opt(INT),
                  "where": opt(frame), "stack": list_of(frame), "thread": opt(list_of(STR)),
                  "holders": list_of(HOLDER), "unheld_bytes": opt(INT), "summary": STR, "remedy": STR})
@@ -136,13 +146,14 @@ GROUPS = Shape({"t": NUM, "step": opt(INT), "groups": INT, "backends": list_of(S
 RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
            "investigation": ("investigations", INVESTIGATION), "thread": ("threads", THREAD),
            "garbage": ("garbage", GARBAGE), "snapshot": ("snapshot", SNAPSHOT),
-           "collection": ("collections", COLLECTION), "oom": ("ooms", OOM), "groups": ("groups", GROUPS)}
+           "collection": ("collections", COLLECTION), "oom": ("ooms", OOM), "library": ("libraries", LIBRARY),
+           "groups": ("groups", GROUPS)}
 _SINGLE = ("garbage", "snapshot")
 
 
 def empty_root() -> dict:
     return {"suspicions": [], "traces": [], "baselines": [], "investigations": [], "threads": [],
-            "garbage": None, "snapshot": None, "collections": [], "ooms": [], "groups": []}
+            "garbage": None, "snapshot": None, "collections": [], "ooms": [], "libraries": [], "groups": []}
 
 
 def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:
