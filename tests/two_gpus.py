@@ -35,7 +35,7 @@ def nccl_clean(report: dict, variables: dict | None = None) -> None:
     agents = rank_agents(report)
     assert sorted(agents) == [0, 1]
     for rank, agent in agents.items():
-        groups = agent["root"]["groups"]
+        groups = agent["root"].get("groups") or []
         assert groups and "nccl" in groups[0]["backends"][0], groups
         assert groups[0]["nccl_env"].get("NCCL_NVLS_ENABLE") == "0"
         assert groups[0]["nccl_env"].items() >= (variables or {}).items(), groups[0]["nccl_env"]
