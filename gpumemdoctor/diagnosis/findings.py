@@ -65,13 +65,16 @@ class Breakdown:
     nccl: bool | None = None  # NCCL in use (its buffers are outside PyTorch); None: not known
     non_torch_nccl_bytes: int | None = None
     nccl_env: dict | None = None  # the NCCL_* variables that size its memory, as the process had them
+    # True where NCCL's process group was already up when the context was read (no reading came
+    # before it): the context may hold NCCL's buffers made by then (init_process_group(device_id=...)).
+    context_after_nccl: bool | None = None
     cuda_module_loading: str | None = None  # CUDA_MODULE_LOADING as the process saw it; None: not set
     # Of non_torch_bytes: other libraries' preallocated pools, [[library, bytes]] (libraries.py); None: none
     non_torch_libraries: list | None = None
 
     def to_json(self) -> dict:
         out = asdict(self)
-        for key in ("non_torch_libraries", "non_torch_nccl_bytes", "nccl_env"):
+        for key in ("non_torch_libraries", "non_torch_nccl_bytes", "nccl_env", "context_after_nccl"):
             if out[key] is None:  # written only where measured: an older report reads back
                 del out[key]
         return out

@@ -108,6 +108,7 @@ def itemise(b: Breakdown, agent: AgentRecording, torch_index: int, xs: list[floa
     share = nccl.part(agent, times, ys, since_t, avail, warmup)
     if share is not None:
         b.non_torch_nccl_bytes = share["bytes"]
+        b.context_after_nccl = share["before_bytes"] is None
         # NCCL's part is out of the warm-up's level when it came during warm-up, else out of the rest
         warmup = max(0, min(warmup - share["bytes"] if share["in_warmup"] else warmup, avail - share["bytes"]))
     b.non_torch_warmup_bytes = warmup

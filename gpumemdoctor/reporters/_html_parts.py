@@ -28,6 +28,9 @@ def bar_part(b: Breakdown, key: str) -> int | None:
 
 def within(b: Breakdown, key: str) -> str:
     """The parts measured within a cell of the breakdown's table, in small print (HTML)."""
+    if key == "context_bytes" and b.context_after_nccl:
+        return _small("read when NCCL's group was already set up: it may hold NCCL's buffers, if "
+                      "init_process_group(device_id=...) or a collective made them by then")
     if key == "live_tensor_bytes" and b.cublas_workspace_bytes:
         return _small(f"cuBLAS workspaces {fb(b.cublas_workspace_bytes)}")
     if key == "cache_bytes" and b.private_pool_bytes:

@@ -143,7 +143,8 @@ BREAKDOWN = Shape({
                               "pending_stream_bytes", "cache_bytes", "non_torch_bytes", "cublas_workspace_bytes",
                               "private_pool_bytes", "non_torch_warmup_bytes", "non_torch_cupy_bytes",
                               "non_torch_rest_bytes", "non_torch_nccl_bytes")},
-    "nccl": opt(BOOL), "nccl_env": opt(dict_of(STR, STR)), "cuda_module_loading": opt(STR),
+    "nccl": opt(BOOL), "nccl_env": opt(dict_of(STR, STR)), "context_after_nccl": opt(BOOL),
+    "cuda_module_loading": opt(STR),
     "non_torch_libraries": opt(list_of(pair(STR, opt(SIZE))))}).into(Breakdown)
 GROWTH = Shape({"pid": INT, "device": opt(INT), "series": STR, "by": STR, "grown_bytes": SIZE,
                 "rate_bytes_per_step": opt(NUM), "rate_bytes_per_s": opt(NUM), "start_step": opt(INT),

@@ -40,6 +40,13 @@ BARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 40
 
 
+CONTEXT_WORDS = "per-process overhead, read at the first allocation"
+# Where NCCL's group was up before the first reading, its buffers of that moment may be in the context.
+CONTEXT_AFTER_NCCL = ("per-process overhead, read at the first allocation, when NCCL's group was already "
+                      "set up: it may hold NCCL's buffers, if init_process_group(device_id=...) or a "
+                      "collective made them by then")
+
+
 def render(console: Console, recording: Recording, diagnosis: Diagnosis,
            report_path: str | None = None) -> None:
     """Draw the whole report."""
@@ -151,7 +158,7 @@ def _breakdown(console: Console, b: Breakdown) -> None:
     table.add_column("what it is", overflow="fold")
     itemised = b.non_torch_warmup_bytes is not None
     rows = [
-        ("CUDA context", b.context_bytes, "per-process overhead, read at the first allocation"),
+        ("CUDA context", b.context_bytes, CONTEXT_AFTER_NCCL if b.context_after_nccl else CONTEXT_WORDS),
         ("live tensors", b.live_tensor_bytes, "tensors your program still references"),
         *([("  cuBLAS workspaces", b.cublas_workspace_bytes, "of the live tensors: kept by cuBLAS")]
           if b.cublas_workspace_bytes else []),
