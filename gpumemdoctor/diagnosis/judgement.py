@@ -12,6 +12,8 @@ and every finding says which evidence decided it:
 |   | at least half of the allocated memory at that moment                      |                              |                   |
 | 2 | the allocated floor kept growing over enough samples, to the loop's last   | leak                         | `growth`          |
 |   | step, and is still held, or was let go of only after that last step       |                              |                   |
+| 2b| at least 2 pauses in the steps each left >= 16 MiB behind (a staircase),   | leak                         | `phases`          |
+|   | still held at exit, and one accumulation at exit holds >= half of it      |                              |                   |
 | 3 | too few samples to judge growth, and >= 8 alike tensors held the same way   | leak                         | `structure`       |
 |   | (`x[*]`, kept tracebacks, a hook's closure, an autograd graph), >= 64 MiB   |                              |                   |
 | 4 | too few samples, and >= 8 alike allocations nothing in Python holds,        | leak                         | `unheld`          |
@@ -20,10 +22,21 @@ and every finding says which evidence decided it:
 | 6 | gc.collect() at exit freed >= 64 MiB of tensors, or one automatic          | garbage-cycle                | `gc-at-exit`,     |
 |   | collection while the program ran freed >= 64 MiB                           |                              | `gc-during-run`   |
 | 7 | >= 64 MiB of tensors still referenced at exit, and no leak                  | live-at-exit (informs)       | `exit`            |
+| 8 | pauses in the steps (an evaluation, a validation) that each rose by        | avoidable-peak (warns)       | `phases`          |
+|   | >= 256 MiB, above all the steps had reached, and let >= 3/4 of it go at    |                              |                   |
+|   | their end                                                                  |                              |                   |
+| 9 | the CUDA context could be measured                                         | context (informs)            | `context`         |
+| 10| >= 64 MiB held at exit for unfinished work on another stream               | pending-stream               | `exit`            |
+| 11| a program without steps ends with >= 64 MiB in PyTorch's cache             | allocator-cache              | `exit`            |
 
 Rows 1-4 decide one leak finding (the first that applies). With enough samples,
 watching decides: an accumulation that did not grow while the program was
 watched (a dataset loaded once) is not a leak, and is shown under live-at-exit.
+Row 2b reads the pauses in a loop's steps (phases.py): growth that comes in steps,
+one at each evaluation, has no steady slope for row 2. An accumulation that a pause
+lets go of at its end, reaching its height again at the next, is row 8: part of
+the peak, never a leak. Something filled once (a dataset, a ring) adds at most one
+step: not a staircase.
 
 An out-of-memory error's cause (row 5): `request-too-large` (the request alone is
 more than the device, or than the memory the program may use), `fragmentation`
@@ -35,6 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .phases import Pause
 from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, at, unheld_suspect, user_line
 from ..units import format_bytes as fb
 
@@ -44,6 +58,15 @@ MIN_LEAK_BYTES = 16 * MIB
 OOM_ACCUMULATION_SHARE = 0.5  # of the allocated memory at the error, held by one accumulation
 OTHER_PROCESSES_SHARE = 0.25  # of the device, held by other processes, to blame them
 OOM_CAUSES = ("accumulation", "request-too-large", "fragmentation", "other-processes", "full")
+# Row 2b, a staircase: pauses that each left at least STAIR_MIN_BYTES behind, at least MIN_STAIRS of
+# them, still held at exit, an accumulation at exit holding at least STAIR_HELD_SHARE of the steps.
+STAIR_MIN_BYTES = 16 * MIB
+MIN_STAIRS = 2
+STAIR_HELD_SHARE = 0.5
+# Row 8, a peak bound to a phase: a pause that rose by PEAK_MIN_BYTES and kept at most
+# BOUND_KEPT_SHARE of it (or MIN_LEAK_BYTES) after its end.
+PEAK_MIN_BYTES = 256 * MIB
+BOUND_KEPT_SHARE = 0.25
 
 
 @dataclass
@@ -72,6 +95,18 @@ class Evidence:
     uncaught: dict | None = None  # the exception the program died of
     exited_normally: bool = False  # its exit hook ran
     watched_after: int = 0  # samples from the first that saw (nearly) what is alive at exit, to the end
+    pauses: list[Pause] = field(default_factory=list)  # pauses in the steps (phases.py)
+    phase_accumulations: list[dict] = field(default_factory=list)  # at a pause's height, gone at exit
+    phase_search: dict = field(default_factory=dict)
+    context_bytes: int | None = None
+    cuda_t: float | None = None
+    pending_stream_bytes: int | None = None  # held for another stream's unfinished work at exit
+    pending_after_sync_bytes: int | None = None
+    active_bytes: int | None = None  # at exit (end probe)
+    allocated_bytes: int | None = None
+    cache_bytes: int | None = None  # PyTorch's cache at exit
+    reserved_bytes: int | None = None
+    after_empty_cache: tuple | None = None  # (reserved, NVML) after empty_cache()
 
     def to_json(self) -> dict:
         """What the report keeps of it: the facts, not the suspects (those are on the findings)."""
@@ -79,6 +114,7 @@ class Evidence:
                 "enough_samples_for_growth": self.enough_samples, "unseen_bytes": self.unseen_bytes,
                 "watched_after": self.watched_after,
                 "growth": self.growth, "live_at_exit_bytes": self.live_bytes,
+                "pauses": [p.to_json() for p in self.pauses],
                 "garbage_at_exit_bytes": self.garbage_bytes,
                 "accumulations": [_brief(a) for a in self.accumulations],
                 "unheld": [_brief(u) for u in self.unheld],
@@ -111,7 +147,7 @@ def judge(e: Evidence) -> list[Judged]:
                 and e.oom_accumulations[0]["bytes"] >= OOM_ACCUMULATION_SHARE * (oom["allocated_bytes"] or 0)
                 else None) or _leak_by_growth(e)
     else:
-        leak = _leak_by_growth(e) or _leak_by_structure(e) or _leak_unheld(e)
+        leak = _leak_by_growth(e) or _leak_by_phases(e) or _leak_by_structure(e) or _leak_unheld(e)
     if leak is not None:
         out.append(leak)
     if oom is not None:
@@ -122,6 +158,8 @@ def judge(e: Evidence) -> list[Judged]:
         out.append(garbage)  # (a leak that only the collector let go of says so itself)
     if leak is None and e.live_bytes and e.live_bytes >= SIGNIFICANT_BYTES:
         out.append(_live_at_exit(e))
+    out.extend(x for x in (_phase_bound_peak(e), _context(e), _pending_stream(e), _allocator_cache(e))
+               if x is not None)
     return out
 
 
@@ -203,6 +241,31 @@ def _leak_at_exit(e: Evidence, found: list[dict], decided_by: str, key: str, sus
                   evidence={"decided_by": decided_by, key: [_brief(x) for x in found],
                             "root_cause": e.exit_search, **_samples(e)},
                   remedy=suspects[0]["remedy"], suspects=suspects)
+
+
+def _leak_by_phases(e: Evidence) -> Judged | None:
+    """Row 2b: a staircase. Pauses in the steps that each left memory behind, still held at exit,
+    and an accumulation at exit that holds it: growth that comes one step per evaluation."""
+    stairs = [p for p in e.pauses if p.kept is not None and p.kept >= STAIR_MIN_BYTES]
+    if len(stairs) < MIN_STAIRS or not e.accumulations or e.live_bytes is None:
+        return None
+    kept = sum(p.kept for p in stairs)
+    if e.live_bytes < stairs[0].before + STAIR_HELD_SHARE * kept:
+        return None  # let go of before the end: not held
+    a = e.accumulations[0]
+    if a["bytes"] < STAIR_HELD_SHARE * kept:
+        return None  # the steps are not this accumulation's
+    suspects = [accumulation_suspect(x) for x in e.accumulations[:MAX_SUSPECTS]]
+    steps = ", ".join(fb(p.kept) for p in stairs)
+    return Judged(
+        kind="leak", bytes=a["bytes"],
+        summary=f"Live PyTorch tensors in {e.where} grew in steps, one at each of {len(stairs)} pauses in "
+                f"the loop's steps (an evaluation, a validation): +{steps}, all still held at the end, "
+                f"{alike_text(a)} held by {a['pattern']}. Each pause adds a step: a longer run, with more "
+                f"evaluations, runs out of memory.",
+        evidence={"decided_by": "phases", "stairs": [p.to_json() for p in stairs], "kept_bytes": kept,
+                  "accumulation": _brief(a), "root_cause": e.exit_search, **_samples(e)},
+        remedy=suspects[0]["remedy"], suspects=suspects)
 
 
 # -- out of memory, garbage, what is still held -------------------------------------------
@@ -314,6 +377,77 @@ def _live_at_exit(e: Evidence) -> Judged:
         evidence={"decided_by": "exit", "live_at_end_bytes": e.live_bytes, "root_cause": e.exit_search,
                   "accumulations": [_brief(a) for a in e.accumulations], **_samples(e)},
         remedy="")  # diagnosis.py gives it the suspects and their remedy
+
+
+def _phase_bound_peak(e: Evidence) -> Judged | None:
+    """Row 8: pauses whose memory rose and was let go of at their end. Not a leak; the peak."""
+    bound = [p for p in e.pauses if p.rise >= PEAK_MIN_BYTES and p.kept is not None
+             and p.kept <= max(MIN_LEAK_BYTES, BOUND_KEPT_SHARE * p.rise)
+             and (p.steps_peak is None or p.height > p.steps_peak)]
+    if not bound:
+        return None
+    top = max(bound, key=lambda p: p.rise)
+    heights = ", ".join(fb(p.rise) for p in bound[:6]) + (" ..." if len(bound) > 6 else "")
+    suspects = [accumulation_suspect(x, phase=True) for x in e.phase_accumulations[:MAX_SUSPECTS]]
+    held = ""
+    if e.phase_accumulations:
+        a = e.phase_accumulations[0]
+        held = f" At its height {alike_text(a)} were held by {a['pattern']}."
+    return Judged(
+        kind="avoidable-peak", bytes=top.rise,
+        summary=f"In {e.where}, memory rose during {len(bound)} pause{'s' if len(bound) > 1 else ''} in the "
+                f"loop's steps (an evaluation, a validation, the work after the last step) by up to "
+                f"{fb(top.rise)} ({heights}), above all that the steps had reached, and was let go of at "
+                f"each pause's end: not a leak, but what made the peak.{held}",
+        evidence={"decided_by": "phases", "pauses": [p.to_json() for p in bound],
+                  "highest_bytes": top.height, "root_cause": e.phase_search},
+        remedy=suspects[0]["remedy"] if suspects else PHASE_REMEDY, suspects=suspects)
+
+
+PHASE_REMEDY = ("No search was made at its height, so what held it is not known: what an evaluation "
+                "gathers, or the autograd graphs it builds, lives until it ends. Evaluate under "
+                "torch.no_grad() (model.eval() does not stop autograd), keep numbers (loss.item()) or CPU "
+                "copies of what you gather, or reduce as you go.")
+
+
+def _context(e: Evidence) -> Judged | None:
+    if not e.context_bytes:
+        return None
+    return Judged(kind="context", bytes=e.context_bytes,
+                  summary=f"{fb(e.context_bytes)} is the CUDA context of {e.where}: per-process overhead, "
+                          f"not a leak.",
+                  evidence={"context_bytes": e.context_bytes, "cuda_started_t": e.cuda_t},
+                  remedy="Nothing to do; each process that uses a GPU pays this once per device.")
+
+
+def _pending_stream(e: Evidence) -> Judged | None:
+    if not e.pending_stream_bytes or e.pending_stream_bytes < SIGNIFICANT_BYTES:
+        return None
+    return Judged(
+        kind="pending-stream", bytes=e.pending_stream_bytes,
+        summary=f"{fb(e.pending_stream_bytes)} in {e.where} was freed in Python but is held until "
+                f"unfinished work on another stream completes (record_stream).",
+        evidence={"active_at_end": e.active_bytes, "allocated_at_end": e.allocated_bytes,
+                  "pending_after_synchronize": e.pending_after_sync_bytes},
+        remedy="Synchronize the side stream (stream.synchronize() or torch.cuda.synchronize()) "
+               "before expecting the memory back, or avoid record_stream on large tensors.")
+
+
+def _allocator_cache(e: Evidence) -> Judged | None:
+    """In a loop (the program marked steps) the cache at exit is what every step reuses:
+    activations, and gradients that zero_grad freed after the last step. Only a program
+    without steps that ends with a cache is told about it."""
+    if e.by != "time" or not e.cache_bytes or e.cache_bytes < SIGNIFICANT_BYTES:
+        return None
+    reserved, nvml = e.after_empty_cache or (None, None)
+    return Judged(
+        kind="allocator-cache", bytes=e.cache_bytes,
+        summary=f"{fb(e.cache_bytes)} in {e.where} is PyTorch's allocator cache: memory of freed "
+                f"tensors kept for reuse. nvidia-smi counts it; it is not a leak.",
+        evidence={"reserved_at_end": e.reserved_bytes, "active_at_end": e.active_bytes,
+                  "reserved_after_empty_cache": reserved, "nvml_after_empty_cache": nvml},
+        remedy="torch.cuda.empty_cache() returns it to the device (other processes can then use it); "
+               "within one process PyTorch reuses it anyway.")
 
 
 # -- words ---------------------------------------------------------------------------

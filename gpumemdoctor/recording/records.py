@@ -132,7 +132,7 @@ GROUP = _shape({"device": _opt(_int), "new": _opt(_bool), "bytes": _int, "count"
                 "unheld_count": _opt(_int), "unheld_sizes": _SIZES, "unheld_why": _opt(_list_of(_why))})
 # "visited": the objects the garbage collector tracked when the search began (its heap); "forked":
 # made in a copy of the process; "phases": seconds (and counts) of its parts.
-INVESTIGATION = _shape({"when": _one_of("growth", "exit", "oom"), "t": _num, "step": _opt(_int), "trace": _bool,
+INVESTIGATION = _shape({"when": _one_of("growth", "exit", "oom", "phase"), "t": _num, "step": _opt(_int), "trace": _bool,
                         "source": _one_of("allocator", "tensors"), "all_live": _opt(_bool),
                         "candidate_bytes": _int,
                         "candidate_count": _int, "groups": _list_of(GROUP), "visited": _int,

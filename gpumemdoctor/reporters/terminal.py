@@ -31,6 +31,7 @@ DECIDED_BY = {
     "out-of-memory": "decided at the out-of-memory error",
     "gc-at-exit": "found by gc.collect() at exit",
     "gc-during-run": "found by the garbage collector's own runs",
+    "phases": "seen growing in steps, one at each pause in the loop (an evaluation, a validation)",
 }
 BARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 40
