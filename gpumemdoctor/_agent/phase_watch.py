@@ -1,0 +1,119 @@
+"""A holder search at a pause's height: what an evaluation gathers before it lets go of it.
+
+An evaluation without torch.no_grad() that sums its losses without .item() holds every batch's
+autograd graph until it returns: gigabytes for a fraction of a second, gone before any search at a
+step or at exit could see them. So while the steps pause (no step for a sampling interval, and for
+PAUSE_STEPS median steps: a slow step is no pause), each time sample on the agent's thread compares
+allocated memory with the steps': once it is PHASE_RISE_BYTES above their level at the last step
+sample and above everything the steps had reached (PyTorch's peak counter then), a search is
+asked for on the program's main thread (`Py_AddPendingCall`: it runs there at the next bytecode
+boundary, where a step boundary's search would run; no signal, no hook, nothing the program can
+see) and made there as a growth search is: in a copy of the process (growth_watch.search("phase")),
+over all live memory. The program pauses for the fork once, in its evaluation, not in its training
+steps; at most MAX_PHASE_SEARCHES per process, one per pause, never while a copy searches.
+
+Everything here on the sampling path is ints and floats kept in lists made once (`prepare`): it
+makes no container the program's collector would count, until a search is asked for.
+"""
+from __future__ import annotations
+
+import time
+
+PHASE_RISE_BYTES = 256 << 20  # as the judgement's row 8 (judgement.PEAK_MIN_BYTES)
+PAUSE_STEPS = 4  # as diagnosis/phases.py: a pause lasts this many median steps
+PAUSE_MIN_S = 0.05
+MAX_PHASE_SEARCHES = 2
+MIN_STEP_SAMPLES = 8  # step samples before a pause can be told from a slow step
+STEP_WEIGHT = 0.1  # of the newest step in the running mean of the seconds per step
+
+
+class PhaseWatch:
+    """The pause check on the time samples, and the search it asks the main thread for."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.level: list = []  # per device slot: allocated at the last step sample
+        self.steps_peak: list = []  # per device slot: PyTorch's allocated peak then
+        self.step_s = 0.0  # running mean of seconds per step, between step samples
+        self.step_samples = 0
+        self.last_step_n = 0  # the step count at the last step sample, and its time (no tuple: the
+        self.last_step_t = 0.0  # step path makes no container)
+        self.searched_step = -1  # the pause (its step count) already searched
+        self.searches = 0
+        self.asked = False  # a search was asked for and has not run yet
+        self.callback = None  # the C callback for Py_AddPendingCall, made once
+        self.add_pending = None
+
+    def prepare(self, devices: int) -> None:
+        """Made once at CUDA's start, on the program's thread."""
+        self.level = [0] * devices
+        self.steps_peak = [0] * devices
+        try:
+            import ctypes
+
+            self.callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(self._on_main_thread)
+            self.add_pending = ctypes.pythonapi.Py_AddPendingCall
+            self.add_pending.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            self.add_pending.restype = ctypes.c_int
+        except Exception:
+            self.callback = self.add_pending = None
+
+    def check(self, now: float, by: str) -> None:
+        """After each sample (the sampler's lock held)."""
+        agent = self.agent
+        rows = agent.sampler.rows
+        live = agent.sampler.live
+        if by == "step":
+            steps, t = self.last_step_n, self.last_step_t
+            if agent.steps > steps and t:
+                per_step = (now - t) / (agent.steps - steps)
+                self.step_s = per_step if self.step_s == 0.0 else self.step_s + (per_step - self.step_s) * STEP_WEIGHT
+            self.last_step_n = agent.steps
+            self.last_step_t = now
+            self.step_samples += 1
+            for i in range(len(rows)):
+                if live[i]:
+                    self.level[i] = rows[i][1] or 0
+                    self.steps_peak[i] = rows[i][6] or 0
+            return
+        if (by != "time" or self.step_samples < MIN_STEP_SAMPLES or self.asked or self.add_pending is None
+                or self.searches >= MAX_PHASE_SEARCHES or self.searched_step == agent.steps
+                or agent.growth_watch.copies):
+            return
+        least = PAUSE_STEPS * self.step_s
+        if now - agent.last_step_t < (least if least > PAUSE_MIN_S else PAUSE_MIN_S):
+            return  # a slow step, sampled over time: not a pause
+        for i in range(len(rows)):
+            allocated = rows[i][1]
+            if (live[i] and allocated is not None and allocated - self.level[i] >= PHASE_RISE_BYTES
+                    and allocated > self.steps_peak[i]):
+                self.ask()
+                return
+
+    def ask(self) -> None:
+        """Ask the main thread for the search, at its next bytecode boundary."""
+        self.asked = True
+        self.searched_step = self.agent.steps
+        try:
+            if self.add_pending(self.callback, None) != 0:
+                self.asked = False  # the queue of pending calls was full: a later sample asks again
+        except Exception:
+            self.asked = False
+
+    def _on_main_thread(self, _) -> int:
+        """Runs on the program's main thread, between two of its bytecodes. Never raises."""
+        started = time.perf_counter()
+        try:
+            self.asked = False
+            watch = self.agent.growth_watch
+            if watch.copies:
+                watch.poll_copies()
+            if not watch.copies and not self.agent.finished:
+                self.searches += 1
+                watch.search("phase")
+                cost = self.agent.cost  # what the program waited for: the roots and the fork
+                spent = time.perf_counter() - started
+                cost["phase_pause_s"] = max(cost.get("phase_pause_s", 0.0), spent)
+        except Exception:
+            pass
+        return 0
