@@ -61,11 +61,26 @@ def test_an_evaluation_above_the_steps_is_searched_at_its_height_in_a_copy(agent
     print(f"phase search: the program paused {agent.cost['phase_pause_s'] * 1000:.1f} ms")
 
 
+def test_stacks_are_recorded_from_the_pause_s_rise_to_its_next_step_then_it_is_searched(agent_and_clock, tmp_path):
+    agent, clock = agent_and_clock
+    steps(agent, clock, 150)
+    pause(agent, clock, [GiB + 300 * MiB] * 4)  # above the steps, but not rising: stacks only
+    assert [c["enabled"] for c in agent.torch.cuda.memory.history_calls] == ["state"]
+    assert agent.trace.on and agent.phase_watch.searches == 0
+    pause(agent, clock, [GiB + 400 * MiB])  # TRACED_BYTES more, allocated with stacks: searched
+    steps(agent, clock, 3)
+    searched, found = phase_searches(tmp_path, agent)
+    assert len(searched) == 1 and searched[0]["trace"] is True
+    traces = [(r["why"], r["step"]) for r in found if r["type"] == "trace"]
+    assert traces == [("phase", 150), ("stopped at the step after the pause", 151)]
+    assert not agent.trace.on and agent.trace.was_on
+
+
 def test_one_search_per_pause_and_at_most_two_in_a_run(agent_and_clock, tmp_path):
     agent, clock = agent_and_clock
     for i in range(4):
         steps(agent, clock, 150)
-        pause(agent, clock, [GiB + (400 + 400 * i) * MiB] * 6)  # each above the last: a new peak
+        pause(agent, clock, [GiB + (400 + 400 * i + 100 * k) * MiB for k in range(6)])  # each a new peak
         agent.growth_watch.wait_for_copies()
     searched, _ = phase_searches(tmp_path, agent)
     assert len(searched) == phase_watch.MAX_PHASE_SEARCHES == 2
@@ -90,7 +105,7 @@ def test_a_pause_below_the_steps_peak_or_a_small_rise_asks_for_nothing(agent_and
     searched, _ = phase_searches(tmp_path, agent)
     assert searched == []
     steps(agent, clock, 150, allocated=2 * GiB - 100 * MiB, activations=0)
-    pause(agent, clock, [2 * GiB + 300 * MiB] * 6)  # the same pause, 400 MiB above: searched
+    pause(agent, clock, [2 * GiB + (300 + 50 * k) * MiB for k in range(6)])  # 400 MiB above, rising: searched
     searched, _ = phase_searches(tmp_path, agent)
     assert len(searched) == 1
 

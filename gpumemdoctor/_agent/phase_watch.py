@@ -10,7 +10,10 @@ asked for on the program's main thread (`Py_AddPendingCall`: it runs there at th
 boundary, where a step boundary's search would run; no signal, no hook, nothing the program can
 see) and made there as a growth search is: in a copy of the process (growth_watch.search("phase")),
 over all live memory. The program pauses for the fork once, in its evaluation, not in its training
-steps; at most MAX_PHASE_SEARCHES per process, one per pause, never while a copy searches.
+steps; at most MAX_PHASE_SEARCHES per process, one per pause, never while a copy searches. With
+--trace auto and no stacks being recorded, the first such sample of a pause asks for the stacks
+instead (trace.start("phase"), until the next step), and a later one, TRACED_BYTES higher, for
+the search: the pause's allocating line is then known.
 
 Everything here on the sampling path is ints and floats kept in lists made once (`prepare`): it
 makes no container the program's collector would count, until a search is asked for.
@@ -24,6 +27,7 @@ PAUSE_STEPS = 4  # as diagnosis/phases.py: a pause lasts this many median steps
 PAUSE_MIN_S = 0.05
 MAX_PHASE_SEARCHES = 2
 MIN_STEP_SAMPLES = 8  # step samples before a pause can be told from a slow step
+TRACED_BYTES = 64 << 20  # allocated with stacks on, in the pause, before its search (--trace auto)
 STEP_WEIGHT = 0.1  # of the newest step in the running mean of the seconds per step
 
 
@@ -39,6 +43,9 @@ class PhaseWatch:
         self.last_step_n = 0  # the step count at the last step sample, and its time (no tuple: the
         self.last_step_t = 0.0  # step path makes no container)
         self.searched_step = -1  # the pause (its step count) already searched
+        self.traced_step = -1  # the pause whose stacks were asked for, and the reading then
+        self.traced_bytes = 0
+        self.action = "search"  # what the main thread is asked for: "trace" or "search"
         self.searches = 0
         self.asked = False  # a search was asked for and has not run yet
         self.callback = None  # the C callback for Py_AddPendingCall, made once
@@ -83,17 +90,25 @@ class PhaseWatch:
         least = PAUSE_STEPS * self.step_s
         if now - agent.last_step_t < (least if least > PAUSE_MIN_S else PAUSE_MIN_S):
             return  # a slow step, sampled over time: not a pause
+        trace = agent.trace
         for i in range(len(rows)):
             allocated = rows[i][1]
             if (live[i] and allocated is not None and allocated - self.level[i] >= PHASE_RISE_BYTES
                     and allocated > self.steps_peak[i]):
-                self.ask()
+                if trace.mode == "auto" and not trace.on and self.traced_step != agent.steps:
+                    self.traced_step = agent.steps
+                    self.traced_bytes = allocated
+                    self.ask("trace")
+                elif self.traced_step != agent.steps or allocated >= self.traced_bytes + TRACED_BYTES:
+                    self.ask("search")
                 return
 
-    def ask(self) -> None:
-        """Ask the main thread for the search, at its next bytecode boundary."""
+    def ask(self, action: str = "search") -> None:
+        """Ask the main thread for the search (or the stacks), at its next bytecode boundary."""
         self.asked = True
-        self.searched_step = self.agent.steps
+        self.action = action
+        if action == "search":
+            self.searched_step = self.agent.steps
         try:
             if self.add_pending(self.callback, None) != 0:
                 self.asked = False  # the queue of pending calls was full: a later sample asks again
@@ -105,7 +120,12 @@ class PhaseWatch:
         started = time.perf_counter()
         try:
             self.asked = False
-            watch = self.agent.growth_watch
+            agent = self.agent
+            if self.action == "trace":
+                if not agent.trace.on and not agent.finished:
+                    agent.trace.start("phase", until_step=agent.steps + 1)
+                return 0
+            watch = agent.growth_watch
             if watch.copies:
                 watch.poll_copies()
             if not watch.copies and not self.agent.finished:
