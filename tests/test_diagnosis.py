@@ -10,7 +10,7 @@ import pytest
 from gpumemdoctor.diagnosis.diagnose import (LIBRARY_ALLOWANCE_BYTES, VERDICTS, Finding, choose_verdict,
                                     diagnose)
 from gpumemdoctor.recording.recording import Recording
-from tests.expect import SCENARIO_DIR, expectations
+from tests.expect import AWAITING_RECORDING, SCENARIO_DIR, expectations
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
 REPORTS = sorted(FIXTURES.glob("*.json"))
@@ -27,8 +27,10 @@ def target_breakdown(diagnosis, recording):
 
 
 def test_every_scenario_has_a_recording():
+    """(Those awaiting their first GPU run may lack one: tests/expect.py, AWAITING_RECORDING.)"""
     scenarios = {p.stem for p in SCENARIO_DIR.glob("*.py") if not p.name.startswith("_")}
-    assert scenarios == {p.stem for p in REPORTS}
+    recorded = {p.stem for p in REPORTS}
+    assert recorded <= scenarios and scenarios - recorded <= AWAITING_RECORDING
 
 
 @pytest.mark.parametrize("path", REPORTS, ids=[p.stem for p in REPORTS])
@@ -171,7 +173,8 @@ def test_context_survives_a_first_reading_that_caught_an_allocation_in_flight():
 
 from tests.expect import root_cause  # noqa: E402
 
-ROOT_CAUSE = [p for p in sorted(SCENARIO_DIR.glob("*.py")) if not p.name.startswith("_") and root_cause(p)]
+ROOT_CAUSE = [p for p in sorted(SCENARIO_DIR.glob("*.py")) if not p.name.startswith("_") and root_cause(p)
+              and (FIXTURES / f"{p.stem}.json").exists()]
 
 
 @pytest.mark.parametrize("path", ROOT_CAUSE, ids=[p.stem for p in ROOT_CAUSE])
@@ -190,7 +193,7 @@ def test_recorded_suspects_name_the_line_and_the_holder(path):
     assert holder["bytes"] >= 0.9 * top["bytes"]
     if top["where"] is None:
         # A run too short for --trace auto to turn stacks on: the holder, without the line.
-        assert finding.evidence.get("decided_by") in ("structure", "out-of-memory", "growth")
+        assert finding.evidence.get("decided_by") in ("structure", "out-of-memory", "growth", "phases")
         assert finding.evidence["root_cause"]["allocation_stacks"] is False
         return
     assert Path(top["where"][0]).name == path.name and top["where"][1] == want["line"]
@@ -273,7 +276,7 @@ def test_the_allocating_line_is_named_in_nine_leaks_of_ten():
     line in at least 90% of the leak scenarios' recordings, fast ones included."""
     named, leaks = [], []
     for path in sorted(SCENARIO_DIR.glob("*.py")):
-        if path.name.startswith("_") or expectations(path)[0] != "leak":
+        if path.name.startswith("_") or expectations(path)[0] != "leak" or not (FIXTURES / f"{path.stem}.json").exists():
             continue
         _, recording = load(path.stem)
         finding = next(f for f in diagnose(recording).findings if f.kind == "leak")
