@@ -112,6 +112,16 @@ def test_a_staircase_without_an_accumulation_that_holds_it_is_no_leak():
     assert kinds(judged(readings, level, [])) == [("live-at-exit", "exit")]
 
 
+def test_the_staircase_is_named_by_its_accumulation_not_by_a_bigger_one_filled_once():
+    readings, level = staircase(validations=2, per_batch=2 * MIB)  # two steps of 40 MiB
+    dataset = held(count=64, size=16 * MIB, pattern="__main__.dataset[*]", kind="global")  # 1 GiB, at start-up
+    logs = held(count=40, size=2 * MIB, pattern="__main__.log_tensors[*]", kind="global")
+    found = judged(readings, level, [dataset, logs])
+    assert kinds(found) == [("leak", "phases")]
+    assert found[0].suspects[0]["holders"][0]["pattern"] == "__main__.log_tensors[*]"
+    assert kinds(judged(readings, level, [dataset])) == [("live-at-exit", "exit")]
+
+
 def test_a_staircase_let_go_of_before_the_end_is_no_leak():
     readings, level = staircase(validations=2)
     preds = held(count=40, size=32 * MIB, pattern="__main__.keep.preds[*]", kind="attribute")

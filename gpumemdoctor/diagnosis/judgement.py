@@ -13,7 +13,8 @@ and every finding says which evidence decided it:
 | 2 | the allocated floor kept growing over enough samples, to the loop's last   | leak                         | `growth`          |
 |   | step, and is still held, or was let go of only after that last step       |                              |                   |
 | 2b| at least 2 pauses in the steps each left >= 16 MiB behind (a staircase),   | leak                         | `phases`          |
-|   | still held at exit, and one accumulation at exit holds >= half of it      |                              |                   |
+|   | still held at exit, and one accumulation at exit holds >= half of it (and  |                              |                   |
+|   | at most twice it, + 64 MiB)                                                |                              |                   |
 | 3 | too few samples to judge growth, and >= 8 alike tensors held the same way   | leak                         | `structure`       |
 |   | (`x[*]`, kept tracebacks, a hook's closure, an autograd graph), >= 64 MiB   |                              |                   |
 | 4 | too few samples, and >= 8 alike allocations nothing in Python holds,        | leak                         | `unheld`          |
@@ -63,6 +64,7 @@ OOM_CAUSES = ("accumulation", "request-too-large", "fragmentation", "other-proce
 STAIR_MIN_BYTES = 16 * MIB
 MIN_STAIRS = 2
 STAIR_HELD_SHARE = 0.5
+STAIR_MAX_SHARE = 2  # an accumulation over twice what the steps kept (and 64 MiB) is not theirs
 # Row 8, a peak bound to a phase: a pause that rose by PEAK_MIN_BYTES and kept at most
 # BOUND_KEPT_SHARE of it (or MIN_LEAK_BYTES) after its end.
 PEAK_MIN_BYTES = 256 * MIB
@@ -247,15 +249,19 @@ def _leak_by_phases(e: Evidence) -> Judged | None:
     """Row 2b: a staircase. Pauses in the steps that each left memory behind, still held at exit,
     and an accumulation at exit that holds it: growth that comes one step per evaluation."""
     stairs = [p for p in e.pauses if p.kept is not None and p.kept >= STAIR_MIN_BYTES]
-    if len(stairs) < MIN_STAIRS or not e.accumulations or e.live_bytes is None:
+    if len(stairs) < MIN_STAIRS or e.live_bytes is None:
         return None
     kept = sum(p.kept for p in stairs)
     if e.live_bytes < stairs[0].before + STAIR_HELD_SHARE * kept:
         return None  # let go of before the end: not held
-    a = e.accumulations[0]
-    if a["bytes"] < STAIR_HELD_SHARE * kept:
-        return None  # the steps are not this accumulation's
-    suspects = [accumulation_suspect(x) for x in e.accumulations[:MAX_SUSPECTS]]
+    # The accumulation the steps are made of: at least half of them, and not one much bigger than
+    # all they kept (a dataset loaded before the first step is no step's).
+    held = [a for a in e.accumulations
+            if STAIR_HELD_SHARE * kept <= a["bytes"] <= STAIR_MAX_SHARE * kept + SIGNIFICANT_BYTES]
+    if not held:
+        return None
+    a = held[0]
+    suspects = [accumulation_suspect(x) for x in held[:MAX_SUSPECTS]]
     steps = ", ".join(fb(p.kept) for p in stairs)
     return Judged(
         kind="leak", bytes=a["bytes"],
