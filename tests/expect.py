@@ -84,12 +84,3 @@ def corpus() -> list[Path]:
     """The real-library workloads (corpus/): each says what it expects, as a scenario does."""
     return scenarios(CORPUS_DIR)
 
-
-# Scenarios and workloads written for issue 32 (accumulations over phases) whose GPU recordings are
-# not in tests/fixtures yet: the CPU tests that need a recording let them lack one, and
-# tests/test_accumulations.py judges them once they are recorded (see its docstring for the command).
-AWAITING_RECORDING = frozenset({
-    "leak_validation_staircase", "clean_validation_outputs_cleared", "clean_eval_sum_without_no_grad",
-    "leak_eval_sum_kept", "clean_validation_ring", "clean_dataset_on_gpu",
-    "lightning_validation_kept", "lightning_validation_cleared", "hf_eval_without_no_grad",
-})

@@ -6,10 +6,10 @@ the avoidable-peak warning with its holder, and what is filled once stays clean.
 Skipped until the recordings exist. The lead records them on one GPU, in one call:
 
     GPUMEMDOCTOR_FIXTURE_DIR=/tmp/fx python3 -m pytest -q -n 4 tests/gpu/test_scenarios.py \\
-        tests/gpu/test_corpus.py -k "<the names in tests/expect.py's AWAITING_RECORDING, joined by or>"
+        tests/gpu/test_corpus.py -k "<the names below, joined by or>"
 
 then copies /tmp/fx/NAME.json into tests/fixtures/reports/ and /tmp/fx/corpus/NAME.json into
-tests/fixtures/corpus/ (and drops the names from AWAITING_RECORDING)."""
+tests/fixtures/corpus/, and drops the names from the PENDING.txt beside them."""
 from __future__ import annotations
 
 import json
@@ -33,7 +33,7 @@ def recorded(name: str):
     folder, _, stem = name.rpartition("/")
     path = FIXTURES / (folder or "reports") / f"{stem}.json"
     if not path.exists():
-        pytest.skip(f"{stem} has no GPU recording yet (tests/expect.py, AWAITING_RECORDING)")
+        pytest.skip(f"{stem}: its GPU recording is pending (PENDING.txt)")
     report = json.loads(path.read_text())
     program = (CORPUS_DIR if folder else SCENARIO_DIR) / f"{stem}.py"
     return program, report, diagnose(Recording.from_json(report["recording"]))

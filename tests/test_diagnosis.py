@@ -10,7 +10,7 @@ import pytest
 from gpumemdoctor.diagnosis.diagnose import (LIBRARY_ALLOWANCE_BYTES, VERDICTS, Finding, choose_verdict,
                                     diagnose)
 from gpumemdoctor.recording.recording import Recording
-from tests.expect import AWAITING_RECORDING, SCENARIO_DIR, expectations
+from tests.expect import SCENARIO_DIR, expectations
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
 REPORTS = sorted(FIXTURES.glob("*.json"))
@@ -27,10 +27,12 @@ def target_breakdown(diagnosis, recording):
 
 
 def test_every_scenario_has_a_recording():
-    """(Those awaiting their first GPU run may lack one: tests/expect.py, AWAITING_RECORDING.)"""
+    # PENDING.txt names the scenarios written without a GPU, whose recordings are still to be made
+    # (one per line); a scenario is recorded or pending, never both.
     scenarios = {p.stem for p in SCENARIO_DIR.glob("*.py") if not p.name.startswith("_")}
-    recorded = {p.stem for p in REPORTS}
-    assert recorded <= scenarios and scenarios - recorded <= AWAITING_RECORDING
+    pending = set((FIXTURES / "PENDING.txt").read_text().split()) if (FIXTURES / "PENDING.txt").exists() else set()
+    assert scenarios == {p.stem for p in REPORTS} | pending
+    assert not pending & {p.stem for p in REPORTS}
 
 
 @pytest.mark.parametrize("path", REPORTS, ids=[p.stem for p in REPORTS])
@@ -173,13 +175,14 @@ def test_context_survives_a_first_reading_that_caught_an_allocation_in_flight():
 
 from tests.expect import root_cause  # noqa: E402
 
-ROOT_CAUSE = [p for p in sorted(SCENARIO_DIR.glob("*.py")) if not p.name.startswith("_") and root_cause(p)
-              and (FIXTURES / f"{p.stem}.json").exists()]
+ROOT_CAUSE = [p for p in sorted(SCENARIO_DIR.glob("*.py")) if not p.name.startswith("_") and root_cause(p)]
 
 
 @pytest.mark.parametrize("path", ROOT_CAUSE, ids=[p.stem for p in ROOT_CAUSE])
 def test_recorded_suspects_name_the_line_and_the_holder(path):
     """Re-diagnosed from the recording alone: the suspects come out of the agent's records."""
+    if not (FIXTURES / f"{path.stem}.json").exists():
+        pytest.skip(f"{path.stem}: its GPU recording is pending (PENDING.txt)")
     _, recording = load(path.stem)
     want = root_cause(path)
     verdict, _ = expectations(path)
@@ -276,7 +279,8 @@ def test_the_allocating_line_is_named_in_nine_leaks_of_ten():
     line in at least 90% of the leak scenarios' recordings, fast ones included."""
     named, leaks = [], []
     for path in sorted(SCENARIO_DIR.glob("*.py")):
-        if path.name.startswith("_") or expectations(path)[0] != "leak" or not (FIXTURES / f"{path.stem}.json").exists():
+        if path.name.startswith("_") or expectations(path)[0] != "leak" \
+                or not (FIXTURES / f"{path.stem}.json").exists():  # pending: PENDING.txt
             continue
         _, recording = load(path.stem)
         finding = next(f for f in diagnose(recording).findings if f.kind == "leak")

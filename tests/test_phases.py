@@ -1,5 +1,5 @@
 """Pauses in a loop's steps (gpumemdoctor/diagnosis/phases.py) and the rows of the decision table that
-read them (judgement rows 2b and 8), on synthetic series built here (no GPU recorded them): a
+read them (judgement rows 2b and 13), on synthetic series built here (no GPU recorded them): a
 staircase that each validation adds to, a ring filled once, an evaluation that lets go at its end.
 The GPU recordings of the scenarios that show each side are judged in tests/test_accumulations.py."""
 from __future__ import annotations
@@ -129,7 +129,7 @@ def test_a_staircase_let_go_of_before_the_end_is_no_leak():
     assert ("leak", "phases") not in kinds(found)
 
 
-# -- row 8: a peak bound to a phase -----------------------------------------------------------
+# -- row 13: a peak bound to a phase----------------------------------------------------------
 
 def test_an_evaluation_that_lets_go_at_its_end_is_the_avoidable_peak_never_a_leak():
     readings, level = staircase(validations=3, keep=False)

@@ -25,6 +25,7 @@ import threading
 import time
 
 from . import startup
+from ..contract import ENV_SOCKET
 from .channel import Channel
 from .events import Collections, cuda_origin
 from .exit import finish
@@ -35,6 +36,7 @@ from .threads import ThreadWatch
 from .trace import Trace
 from .growth_watch import GrowthWatch
 from .phase_watch import PhaseWatch
+from .libraries import KNOWN, LibraryWatcher, record as library_record
 
 
 class Agent:
@@ -68,6 +70,11 @@ class Agent:
         self.channel.write(startup.hello(self.pid, self.sampler.interval_s, forked_from))
         if forked_from is None:
             atexit.register(self.at_exit)
+        if forked_from is None:  # other GPU libraries: when each is imported (libraries.py)
+            for name in KNOWN:
+                if name in sys.modules:
+                    self.channel.write(library_record(name))
+            sys.meta_path.insert(0, LibraryWatcher(lambda name: self.channel.write(library_record(name))))
         torch = sys.modules.get("torch")
         if torch is not None and hasattr(torch, "cuda"):
             self.on_torch(torch)
@@ -158,7 +165,7 @@ class Agent:
 
     def start_server(self) -> None:
         """Answer `gpumemdoctor watch` on a local socket (see agent_socket); once per process."""
-        if self.server is not None or os.environ.get(startup.ENV_SOCKET) == "0":
+        if self.server is not None or os.environ.get(ENV_SOCKET) == "0":
             return
         from gpumemdoctor.system.agent_socket import StatsServer
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 
-PHASE_RISE_BYTES = 256 << 20  # as the judgement's row 8 (judgement.PEAK_MIN_BYTES)
+PHASE_RISE_BYTES = 256 << 20  # as the judgement's row 13 (judgement.PEAK_MIN_BYTES)
 PAUSE_STEPS = 4  # as diagnosis/phases.py: a pause lasts this many median steps
 PAUSE_MIN_S = 0.05
 MAX_PHASE_SEARCHES = 2

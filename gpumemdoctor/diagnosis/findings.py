@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 VERDICTS = ("clean", "leak", "out-of-memory", "allocator-cache", "pending-stream", "garbage-cycle", "non-torch",
-            "child-contexts", "stray-context")
-# "context" and "live-at-exit" inform: they never make a verdict and never fail a CI check.
-INFORMATIVE = ("context", "live-at-exit")
+            "child-contexts", "stray-context", "unknown")
+# "unknown": memory was held and no evidence says by what or why, because the process ended before
+# its exit probes ran (os._exit, a signal): said with the reason, never replaced by a guess.
+# "context", "live-at-exit" and "library-memory" (another library's preallocated pool) inform: they
+# never make a verdict and never fail a CI check.
+INFORMATIVE = ("context", "live-at-exit", "library-memory")
 # "orphan-process", "host-memory" (the target killed by SIGKILL while its host memory rose),
 # "rank-imbalance" (one rank's peak well above the others') and "avoidable-peak" (memory a pause in
 # the steps gathered and let go of at its end: an evaluation without no_grad, say) warn: they never
@@ -16,7 +19,7 @@ WARNINGS = ("orphan-process", "host-memory", "rank-imbalance", "avoidable-peak")
 FINDING_KINDS = VERDICTS[1:] + WARNINGS + INFORMATIVE
 # When several causes apply at a similar size, the more specific one is named.
 SPECIFICITY = ("garbage-cycle", "pending-stream", "leak", "child-contexts", "stray-context", "non-torch",
-               "allocator-cache")
+               "unknown", "allocator-cache")
 
 
 @dataclass
@@ -61,9 +64,14 @@ class Breakdown:
     non_torch_rest_bytes: int | None = None
     nccl: bool | None = None  # NCCL in use at exit (its buffers are outside PyTorch); None: not known
     cuda_module_loading: str | None = None  # CUDA_MODULE_LOADING as the process saw it; None: not set
+    # Of non_torch_bytes: other libraries' preallocated pools, [[library, bytes]] (libraries.py); None: none
+    non_torch_libraries: list | None = None
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if out["non_torch_libraries"] is None:  # written only where measured: an older report reads back
+            del out["non_torch_libraries"]
+        return out
 
 
 @dataclass

@@ -23,19 +23,33 @@ and every finding says which evidence decided it:
 | 6 | gc.collect() at exit freed >= 64 MiB of tensors, or one automatic          | garbage-cycle                | `gc-at-exit`,     |
 |   | collection while the program ran freed >= 64 MiB                           |                              | `gc-during-run`   |
 | 7 | >= 64 MiB of tensors still referenced at exit, and no leak                  | live-at-exit (informs)       | `exit`            |
-| 8 | pauses in the steps (an evaluation, a validation) that each rose by        | avoidable-peak (warns)       | `phases`          |
+| 8 | the garbage collector was disabled (gc.disable() or a threshold of 0, at    | garbage-cycle instead of the | `collector-       |
+|   | exit or in half the samples), and row 2's growth was let go of only by a   | leak of row 2 (cause         | disabled`         |
+|   | collection; row 6 names that cause too                                     | `collector-disabled`)        |                   |
+| 9 | the process ended before its exit probes ran (os._exit, a signal), >= 64   | unknown                      | `end-not-seen`    |
+|   | MiB of tensors alive at its last reading, and no row above decided         |                              |                   |
+| 10| its agent saw CUDA start, and it ended hard before its first reading (no    | unknown, not non-torch       | `no-reading`      |
+|   | PyTorch figures at all): NVML's figure alone (`unread`)                    |                              |                   |
+| 11| memory outside PyTorch held a level past warm-up (4 readings in a row) more | non-torch, whatever was left | `peak`            |
+|   | than 512 MiB above its level when warm-up ended (`outside_rise`)            | at exit                      |                   |
+| 12| a preallocating library's pool (XLA), by its own statistics, >= 64 MiB:     | library-memory (informs);    | `library-         |
+|   | not the context, not held against the 512 MiB allowance (libraries.py)     | the context without it       | statistics`       |
+| 13| pauses in the steps (an evaluation, a validation) that each rose by        | avoidable-peak (warns)       | `phases`          |
 |   | >= 256 MiB, above all the steps had reached, and let >= 3/4 of it go at    |                              |                   |
 |   | their end                                                                  |                              |                   |
-| 9 | the CUDA context could be measured                                         | context (informs)            | `context`         |
-| 10| >= 64 MiB held at exit for unfinished work on another stream               | pending-stream               | `exit`            |
-| 11| a program without steps ends with >= 64 MiB in PyTorch's cache             | allocator-cache              | `exit`            |
+| 14| the CUDA context could be measured                                         | context (informs)            |                   |
+| 15| >= 64 MiB held at exit for unfinished work on another stream               | pending-stream               |                   |
+| 16| a program without steps ends with >= 64 MiB in PyTorch's cache             | allocator-cache              |                   |
+
+Rows 11 and 12 are about memory outside PyTorch; its other rules (growth past warm-up, more than
+the allowance at exit) are in non_torch.py. The evidence, and the words the rows share: evidence.py.
 
 Rows 1-4 decide one leak finding (the first that applies). With enough samples,
 watching decides: an accumulation that did not grow while the program was
 watched (a dataset loaded once) is not a leak, and is shown under live-at-exit.
 Row 2b reads the pauses in a loop's steps (phases.py): growth that comes in steps,
 one at each evaluation, has no steady slope for row 2. An accumulation that a pause
-lets go of at its end, reaching its height again at the next, is row 8: part of
+lets go of at its end, reaching its height again at the next, is row 13: part of
 the peak, never a leak. Something filled once (a dataset, a ring) adds at most one
 step: not a staircase.
 
@@ -47,10 +61,8 @@ more than the device, or than the memory the program may use), `fragmentation`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from .phases import Pause
-from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, at, unheld_suspect, user_line
+from .evidence import Evidence, Judged, at_line, brief, oom_brief, samples_of, too_short
+from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
 from ..units import format_bytes as fb
 
 MIB = 1 << 20
@@ -65,77 +77,10 @@ STAIR_MIN_BYTES = 16 * MIB
 MIN_STAIRS = 2
 STAIR_HELD_SHARE = 0.5
 STAIR_MAX_SHARE = 2  # an accumulation over twice what the steps kept (and 64 MiB) is not theirs
-# Row 8, a peak bound to a phase: a pause that rose by PEAK_MIN_BYTES and kept at most
+# Row 13, a peak bound to a phase: a pause that rose by PEAK_MIN_BYTES and kept at most
 # BOUND_KEPT_SHARE of it (or MIN_LEAK_BYTES) after its end.
 PEAK_MIN_BYTES = 256 * MIB
 BOUND_KEPT_SHARE = 0.25
-
-
-@dataclass
-class Evidence:
-    """Everything observed about one process on one GPU that bears on the verdict."""
-
-    pid: int
-    device: int | None  # NVML index
-    torch_index: int
-    where: str  # "process 123 on GPU 0"
-    samples: int  # readings in the series that growth is judged on
-    by: str  # "step" or "time"
-    enough_samples: bool  # at least 8, they saw what is alive at exit, and for long enough after
-    unseen_bytes: int  # what was allocated after the last sample and is alive at exit
-    growth: dict | None  # the allocated floor's growth, when seen: grown, retained, rate text, figures
-    live_bytes: int | None  # tensors still referenced at exit (None without exit probes)
-    garbage_bytes: int | None  # freed by gc.collect() at exit
-    accumulations: list[dict] = field(default_factory=list)  # suspects.accumulations at exit
-    unheld: list[dict] = field(default_factory=list)
-    exit_search: dict = field(default_factory=dict)  # what the exit search was, or why there was none
-    collections: dict | None = None  # the garbage collector's callbacks: what collections freed
-    ooms: list[dict] = field(default_factory=list)  # out-of-memory errors on this device
-    oom_accumulations: list[dict] = field(default_factory=list)  # held at the first error
-    oom_suspects: list[dict] = field(default_factory=list)
-    oom_search: dict = field(default_factory=dict)
-    uncaught: dict | None = None  # the exception the program died of
-    exited_normally: bool = False  # its exit hook ran
-    watched_after: int = 0  # samples from the first that saw (nearly) what is alive at exit, to the end
-    pauses: list[Pause] = field(default_factory=list)  # pauses in the steps (phases.py)
-    phase_accumulations: list[dict] = field(default_factory=list)  # at a pause's height, gone at exit
-    phase_search: dict = field(default_factory=dict)
-    context_bytes: int | None = None
-    cuda_t: float | None = None
-    pending_stream_bytes: int | None = None  # held for another stream's unfinished work at exit
-    pending_after_sync_bytes: int | None = None
-    active_bytes: int | None = None  # at exit (end probe)
-    allocated_bytes: int | None = None
-    cache_bytes: int | None = None  # PyTorch's cache at exit
-    reserved_bytes: int | None = None
-    after_empty_cache: tuple | None = None  # (reserved, NVML) after empty_cache()
-
-    def to_json(self) -> dict:
-        """What the report keeps of it: the facts, not the suspects (those are on the findings)."""
-        return {"pid": self.pid, "device": self.device, "samples": self.samples, "by": self.by,
-                "enough_samples_for_growth": self.enough_samples, "unseen_bytes": self.unseen_bytes,
-                "watched_after": self.watched_after,
-                "growth": self.growth, "live_at_exit_bytes": self.live_bytes,
-                "pauses": [p.to_json() for p in self.pauses],
-                "garbage_at_exit_bytes": self.garbage_bytes,
-                "accumulations": [_brief(a) for a in self.accumulations],
-                "unheld": [_brief(u) for u in self.unheld],
-                "collections": self.collections,
-                "out_of_memory": [_oom_brief(o) for o in self.ooms],
-                "uncaught": None if self.uncaught is None else
-                {"exc_type": self.uncaught["exc_type"], "at": _line(self.uncaught["stack"])}}
-
-
-@dataclass
-class Judged:
-    """A finding of the judgement, before diagnosis.py makes it a Finding."""
-
-    kind: str
-    bytes: int
-    summary: str
-    evidence: dict
-    remedy: str
-    suspects: list[dict] = field(default_factory=list)
 
 
 def judge(e: Evidence) -> list[Judged]:
@@ -156,10 +101,17 @@ def judge(e: Evidence) -> list[Judged]:
         out.append(_out_of_memory(e, oom, cause))
     garbage = _garbage(e)
     released = (e.growth or {}).get("released") or {}
-    if garbage is not None and not (leak is not None and released.get("how", "").startswith("gc-")):
+    by_collector = leak is not None and released.get("how", "").startswith("gc-")
+    if by_collector and collector_off(e.collector):
+        out.remove(leak)  # row 8: cycles that a disabled collector never freed are garbage, not a leak
+        leak, garbage = None, _disabled_collector(e, garbage)
+        by_collector = False
+    if garbage is not None and not by_collector:
         out.append(garbage)  # (a leak that only the collector let go of says so itself)
     if leak is None and e.live_bytes and e.live_bytes >= SIGNIFICANT_BYTES:
         out.append(_live_at_exit(e))
+    if not out and e.ended is not None and (e.last_allocated_bytes or 0) >= SIGNIFICANT_BYTES:
+        out.append(_end_not_seen(e))  # row 9
     out.extend(x for x in (_phase_bound_peak(e), _context(e), _pending_stream(e), _allocator_cache(e))
                if x is not None)
     return out
@@ -172,12 +124,12 @@ def _leak_at_oom(e: Evidence, oom: dict) -> Judged | None:
     suspects = [accumulation_suspect(x) for x in e.oom_accumulations[:MAX_SUSPECTS]]
     return Judged(
         kind="leak", bytes=a["bytes"],
-        summary=f"{e.where} ran out of memory at {_at_line(oom)}, and {fb(a['bytes'])} of the "
+        summary=f"{e.where} ran out of memory at {at_line(oom)}, and {fb(a['bytes'])} of the "
                 f"{fb(oom['allocated_bytes'])} allocated then was {alike_text(a)} held by "
                 f"{a['pattern']}: an accumulation filled the GPU.",
-        evidence={"decided_by": "out-of-memory", "accumulation": _brief(a),
+        evidence={"decided_by": "out-of-memory", "accumulation": brief(a),
                   "allocated_at_error": oom["allocated_bytes"], "root_cause": e.oom_search,
-                  **_samples(e)},
+                  **samples_of(e)},
         remedy=suspects[0]["remedy"], suspects=suspects)
 
 
@@ -196,7 +148,7 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
     return Judged(
         kind="leak", bytes=g["retained_bytes"] if released is None else g["grown_bytes"],
         summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and {held}.",
-        evidence={"decided_by": "growth", **{k: v for k, v in g.items() if k != "rate_text"}, **_samples(e)},
+        evidence={"decided_by": "growth", **{k: v for k, v in g.items() if k != "rate_text"}, **samples_of(e)},
         remedy="")  # diagnosis.py gives it the suspects and their remedy
 
 
@@ -221,7 +173,7 @@ def _leak_by_structure(e: Evidence) -> Judged | None:
     return _leak_at_exit(
         e, e.accumulations, "structure", "accumulations", accumulation_suspect,
         lambda total, a: f"{fb(total)} of tensors in {e.where} had piled up: {alike_text(a)} "
-                         f"held by {a['pattern']}. {_too_short(e)} so this accumulation, which is how "
+                         f"held by {a['pattern']}. {too_short(e)} so this accumulation, which is how "
                          f"a leak looks, decided.")
 
 
@@ -229,7 +181,7 @@ def _leak_unheld(e: Evidence) -> Judged | None:
     return _leak_at_exit(
         e, e.unheld, "unheld", "unheld", unheld_suspect,
         lambda total, u: f"{fb(total)} in {e.where} is {alike_text(u)} that no Python object "
-                         f"holds, still allocated at exit. {_too_short(e)} so this decided: many alike "
+                         f"holds, still allocated at exit. {too_short(e)} so this decided: many alike "
                          f"allocations kept alive from C++, as a reference cycle through autograd does.")
 
 
@@ -240,8 +192,8 @@ def _leak_at_exit(e: Evidence, found: list[dict], decided_by: str, key: str, sus
         return None
     suspects = [suspect(x) for x in found[:MAX_SUSPECTS]]
     return Judged(kind="leak", bytes=total, summary=summary(total, found[0]),
-                  evidence={"decided_by": decided_by, key: [_brief(x) for x in found],
-                            "root_cause": e.exit_search, **_samples(e)},
+                  evidence={"decided_by": decided_by, key: [brief(x) for x in found],
+                            "root_cause": e.exit_search, **samples_of(e)},
                   remedy=suspects[0]["remedy"], suspects=suspects)
 
 
@@ -270,7 +222,7 @@ def _leak_by_phases(e: Evidence) -> Judged | None:
                 f"{alike_text(a)} held by {a['pattern']}. Each pause adds a step: a longer run, with more "
                 f"evaluations, runs out of memory.",
         evidence={"decided_by": "phases", "stairs": [p.to_json() for p in stairs], "kept_bytes": kept,
-                  "accumulation": _brief(a), "root_cause": e.exit_search, **_samples(e)},
+                  "accumulation": brief(a), "root_cause": e.exit_search, **samples_of(e)},
         remedy=suspects[0]["remedy"], suspects=suspects)
 
 
@@ -337,9 +289,9 @@ def _out_of_memory(e: Evidence, oom: dict, cause: str) -> Judged:
     suspects = e.oom_suspects if cause in ("full", "accumulation") else []
     return Judged(
         kind="out-of-memory", bytes=request,
-        summary=f"{e.where} ran out of GPU memory at {_at_line(oom)}: {why}.{caught}",
+        summary=f"{e.where} ran out of GPU memory at {at_line(oom)}: {why}.{caught}",
         evidence={"decided_by": "out-of-memory", "cause": cause, "figures": figures,
-                  "errors": len(e.ooms), "first": _oom_brief(oom), "root_cause": e.oom_search},
+                  "errors": len(e.ooms), "first": oom_brief(oom), "root_cause": e.oom_search},
         remedy=remedy, suspects=suspects)
 
 
@@ -362,6 +314,11 @@ def _garbage(e: Evidence) -> Judged | None:
     if during >= SIGNIFICANT_BYTES and at_exit >= SIGNIFICANT_BYTES:
         summary += (f" Collections during the run also freed {fb(c.get('freed_bytes'))} "
                     f"(up to {fb(during)} at once).")
+    if collector_off(e.collector):  # row 8's cause, where no growth was let go of by it
+        return Judged(kind="garbage-cycle", bytes=max(at_exit, during), summary=f"{_collector_text(e)}: {summary}",
+                      evidence={"decided_by": decided, "cause": "collector-disabled", "collector": e.collector,
+                                "garbage_at_exit_bytes": e.garbage_bytes, "collections_during_run": e.collections},
+                      remedy=COLLECTOR_REMEDY)
     return Judged(kind="garbage-cycle", bytes=max(at_exit, during), summary=summary,
                   evidence={"decided_by": decided, "garbage_at_exit_bytes": e.garbage_bytes,
                             "collections_during_run": e.collections},
@@ -374,19 +331,19 @@ def _live_at_exit(e: Evidence) -> Judged:
     if e.enough_samples:
         why = "They did not keep growing while the program was watched, so this is not a leak: it is"
     else:
-        why = (f"{_too_short(e)} and nothing else pointed to a leak, so this is taken as")
+        why = (f"{too_short(e)} and nothing else pointed to a leak, so this is taken as")
     return Judged(
         kind="live-at-exit", bytes=e.live_bytes,
         summary=f"{fb(e.live_bytes)} of tensors in {e.where} were still referenced when the program "
                 f"ended. {why} what the program still holds (a model, data, or a reference it forgot "
                 f"to drop), and nvidia-smi counts it until the process exits.",
         evidence={"decided_by": "exit", "live_at_end_bytes": e.live_bytes, "root_cause": e.exit_search,
-                  "accumulations": [_brief(a) for a in e.accumulations], **_samples(e)},
+                  "accumulations": [brief(a) for a in e.accumulations], **samples_of(e)},
         remedy="")  # diagnosis.py gives it the suspects and their remedy
 
 
 def _phase_bound_peak(e: Evidence) -> Judged | None:
-    """Row 8: pauses whose memory rose and was let go of at their end. Not a leak; the peak."""
+    """Row 13: pauses whose memory rose and was let go of at their end. Not a leak; the peak."""
     bound = [p for p in e.pauses if p.rise >= PEAK_MIN_BYTES and p.kept is not None
              and p.kept <= max(MIN_LEAK_BYTES, BOUND_KEPT_SHARE * p.rise)
              and (p.steps_peak is None or p.height > p.steps_peak)]
@@ -454,44 +411,81 @@ def _allocator_cache(e: Evidence) -> Judged | None:
                   "reserved_after_empty_cache": reserved, "nvml_after_empty_cache": nvml},
         remedy="torch.cuda.empty_cache() returns it to the device (other processes can then use it); "
                "within one process PyTorch reuses it anyway.")
+# -- the edges of the evidence: a disabled collector, an end not seen ----------------------------
+
+COLLECTOR_OFF_SHARE = 0.5  # of the samples that found the collector disabled, for it to count as off
 
 
-# -- words ---------------------------------------------------------------------------
-
-def _too_short(e: Evidence) -> str:
-    what = "step samples" if e.by == "step" else "samples"
-    if e.samples < 8:
-        return (f"The run was too short to see growth over time ({e.samples} {what}; judging growth "
-                f"needs 8),")
-    if e.unseen_bytes >= SIGNIFICANT_BYTES:
-        return (f"The samples did not see the memory build up ({fb(e.unseen_bytes)} of what was alive at "
-                f"exit came after the last of {e.samples} {what}),")
-    return (f"The samples saw what was alive at exit only at the very end (the last {e.watched_after} of "
-            f"{e.samples} {what}), too late to tell a leak from a program that ends at its peak,")
+def collector_off(c: dict | None) -> bool:
+    """The program ran with automatic collection off: disabled (or a threshold of 0) at exit, or
+    disabled at COLLECTOR_OFF_SHARE of the samples or more."""
+    if not c:
+        return False
+    if c.get("enabled_at_exit") is False or c.get("threshold") == 0:
+        return True
+    samples = c.get("samples") or 0
+    return samples > 0 and (c.get("off_samples") or 0) >= COLLECTOR_OFF_SHARE * samples
 
 
-def _samples(e: Evidence) -> dict:
-    return {"samples": e.samples, "by": e.by, "enough_samples_for_growth": e.enough_samples,
-            "unseen_bytes": e.unseen_bytes, "watched_after": e.watched_after}
+COLLECTOR_REMEDY = ("Automatic garbage collection is off (gc.disable(), or gc.set_threshold(0)), so reference "
+                    "cycles are never freed while the program runs. Turn it back on (gc.enable()), or call "
+                    "gc.collect() at regular points (each epoch, every N steps) while it is off; or break the "
+                    "cycles (weakref for back-references).")
 
 
-def _line(stack: list) -> str | None:
-    frame = user_line(stack)
-    return at(frame) if frame else None
+def _collector_text(e: Evidence) -> str:
+    c = e.collector or {}
+    when = "at exit" if c.get("enabled_at_exit") is False or c.get("threshold") == 0 else \
+        f"at {c.get('off_samples')} of its {c.get('samples')} samples"
+    return f"The garbage collector was disabled ({when}), so reference cycles were never freed while it ran"
 
 
-def _at_line(oom: dict) -> str:
-    line = _line(oom["stack"])
-    thread = f" in thread {oom['thread']}" if oom["thread"] != "MainThread" else ""
-    return (line or "an unknown line") + thread
+def _disabled_collector(e: Evidence, garbage: Judged | None) -> Judged:
+    """Row 8: growth that only a collection let go of, in a program that runs without automatic
+    collection: the cycles are the cause, the disabled collector the reason they piled up."""
+    g = e.growth
+    size = max(g["grown_bytes"], garbage.bytes if garbage is not None else 0)
+    summary = (f"{_collector_text(e)}: {fb(g['grown_bytes'])} of tensors in {e.where} piled up in reference "
+               f"cycles, {g['rate_text']}, and only gc.collect() freed them.")
+    evidence = {"decided_by": "collector-disabled", "cause": "collector-disabled", "collector": e.collector,
+                "growth": {k: v for k, v in g.items() if k != "rate_text"},
+                "garbage_at_exit_bytes": e.garbage_bytes, "collections_during_run": e.collections}
+    return Judged(kind="garbage-cycle", bytes=size, summary=summary, evidence=evidence,
+                  remedy=COLLECTOR_REMEDY)
 
 
-def _brief(a: dict) -> dict:
-    return {k: v for k, v in a.items() if k in ("pattern", "path", "kind", "count", "bytes", "sizes",
-                                                 "where", "thread", "same_line")}
+def _end_not_seen(e: Evidence) -> Judged:
+    """Row 9: memory was held, and the process ended before anything could say by what."""
+    ended = e.ended
+    last = (f"at its last reading ({e.last_t:.1f} s)" if e.last_t is not None else "at its last reading")
+    watched = ("" if e.enough_samples else f" {too_short(e)} so neither growth nor its holders can decide.")
+    return Judged(
+        kind="unknown", bytes=e.last_allocated_bytes,
+        summary=f"{fb(e.last_allocated_bytes)} of tensors were alive in {e.where} {last}, and the process "
+                f"{ended['text']}: its exit probes and the holder search never ran, so what held them, and "
+                f"whether they were a leak, is unknown.{watched}",
+        evidence={"decided_by": "end-not-seen", "ended": ended, "last_allocated_bytes": e.last_allocated_bytes,
+                  "last_t": e.last_t, **samples_of(e)},
+        remedy="Let the program end normally (return from main, sys.exit) so that the exit probes run; "
+               "os._exit() skips them. Or run it again with --trace on for allocation stacks.")
 
 
-def _oom_brief(o: dict) -> dict:
-    return {k: o[k] for k in ("t", "step", "device", "request_bytes", "limit_bytes", "device_free_bytes",
-                              "allocated_bytes", "reserved_bytes", "largest_free_block_bytes",
-                              "free_in_segments_bytes", "processes", "thread")} | {"at": _line(o["stack"])}
+def unread(pid: int, device: int | None, nvml_bytes: int, ended: dict) -> Judged:
+    """Row 10: a process whose agent saw CUDA start, seen only through NVML because it ended hard
+    before the agent's first reading of PyTorch's allocator."""
+    return Judged(
+        kind="unknown", bytes=nvml_bytes,
+        summary=f"Process {pid} on GPU {device} held {fb(nvml_bytes)} (NVML), and {ended['text']} before its "
+                f"agent's first reading of PyTorch's allocator: no evidence says what that memory was.",
+        evidence={"decided_by": "no-reading", "ended": ended, "nvml_bytes": nvml_bytes},
+        remedy="Let the program end normally (return from main, sys.exit) so that the exit probes run; "
+               "os._exit() right after allocating leaves nothing to read.")
+
+
+def outside_rise(peak: dict | None, allowance: int) -> str | None:
+    """Row 11: what the non-torch finding says of a rise past warm-up that a window of readings
+    held, when it passes the allowance (and any preallocated pool, row 12); None when it does not."""
+    if peak is None or peak["rise"] <= allowance:
+        return None
+    return (f"at exit, and while the program ran it rose past warm-up by {fb(peak['rise'])}, to {fb(peak['peak'])} "
+            f"(held from {peak['at']:.1f}), whatever was left at exit: memory let go of at the end still grew")

@@ -6,7 +6,7 @@ The situation says what the memory did:
 - `leak`: it grew with the run and is held (the default);
 - `released`: a local that held every step's tensors until its function returned;
 - `phase`: it was gathered during a pause in the steps (an evaluation) and let go of at its end:
-  not a leak, the peak (judgement row 8);
+  not a leak, the peak (judgement row 13);
 - `live`: still referenced at exit, nothing grew.
 
 A row for (kind, situation) wins over (kind, "*"); a holder path that matches a PATTERNS row (a

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..system import procs
 from . import roles
-from .._agent.startup import ENV_RUN_DIR
+from ..contract import ENV_RUN_DIR
 from ..units import format_bytes as fb
 
 MIB = 1 << 20

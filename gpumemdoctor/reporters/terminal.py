@@ -12,7 +12,8 @@ from ..units import format_bytes as fb
 
 VERDICT_STYLE = {"clean": "bold green", "leak": "bold red", "out-of-memory": "bold red",
                  "allocator-cache": "bold yellow", "pending-stream": "bold yellow", "garbage-cycle": "bold red",
-                 "non-torch": "bold red", "child-contexts": "bold yellow", "stray-context": "bold yellow"}
+                 "non-torch": "bold red", "child-contexts": "bold yellow", "stray-context": "bold yellow",
+                 "unknown": "bold magenta"}
 VERDICT_MEANING = {
     "clean": "nothing grew and nothing unexpected is held",
     "leak": "the program keeps adding tensors it never lets go",
@@ -23,6 +24,7 @@ VERDICT_MEANING = {
     "non-torch": "memory outside PyTorch's allocator grew or is held",
     "child-contexts": "child processes hold CUDA contexts they should not need",
     "stray-context": "a process holds a CUDA context on a GPU it does not work on",
+    "unknown": "memory was held, and the process ended before it could be told why",
 }
 DECIDED_BY = {
     "growth": "seen growing over the run",
@@ -31,6 +33,8 @@ DECIDED_BY = {
     "out-of-memory": "decided at the out-of-memory error",
     "gc-at-exit": "found by gc.collect() at exit",
     "gc-during-run": "found by the garbage collector's own runs",
+    "collector-disabled": "found by gc.collect() at exit, with the garbage collector disabled",
+    "end-not-seen": "the process ended before its exit probes ran",
     "phases": "seen growing in steps, one at each pause in the loop (an evaluation, a validation)",
 }
 BARS = "▁▂▃▄▅▆▇█"
@@ -179,6 +183,8 @@ def _outside_rows(b: Breakdown) -> list[tuple[str, int | None, str]]:
     rows = [("  in warm-up", b.non_torch_warmup_bytes, f"{what}: loaded on first use")]
     if b.non_torch_cupy_bytes is not None:
         rows.append(("  CuPy's pool", b.non_torch_cupy_bytes, "CuPy's default memory pool"))
+    for library, size in b.non_torch_libraries or []:
+        rows.append((f"  {library}", size, "its own preallocated pool (library-memory)"))
     rows.append(("  the rest", b.non_torch_rest_bytes, "grew after warm-up: cudaMalloc, libraries"))
     return rows
 
