@@ -9,7 +9,7 @@ them and clears the list. Two epochs, 100 validation batches of 8 MiB: each vali
 800 MiB and lets it go, reaching the same height each time. Not a leak (clean), but what made the
 run's peak: an avoidable-peak warning, with the list as its holder (the search at the
 validation's height names it). The other side of lightning_validation_kept.py."""
-from _common import StepClock, device, need, scaled
+from _common import device, lightning_fit, need, scaled
 
 torch = need("torch")
 pl = need("pytorch_lightning")
@@ -46,30 +46,7 @@ class Classifier(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-4)
 
 
-class Timing(pl.Callback):
-    def __init__(self, clock):
-        self.clock = clock
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        self.clock.tick()
-
-
-def loader(batches):
-    x = torch.randn(batches * 256, 1024)
-    y = torch.randint(0, CLASSES, (batches * 256,))
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=256)
-
-
 if __name__ == "__main__":
     torch.manual_seed(0)
-    steps, val_batches = scaled(150), scaled(100)
-    clock = StepClock()
     model = Classifier()
-    trainer = pl.Trainer(max_epochs=2, limit_train_batches=steps, limit_val_batches=val_batches,
-                         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[Timing(clock)])
-    trainer.fit(model, loader(steps), loader(val_batches))
-    clock.report()
+    lightning_fit(torch, pl, dev, model, scaled(150), scaled(100), CLASSES)

@@ -8,7 +8,7 @@ returns, 256 x 8192 floats: 8 MiB) to a list that nothing clears. Memory is flat
 trains and steps up at each validation (two epochs, 100 validation batches each, the sanity check's
 2 before training): a staircase, which the growth rule's steady slope does not see (issue 32: it
 was `clean` with 2.3 GiB live at exit). Each validation adds a step: a leak, held by the callback."""
-from _common import StepClock, device, need, scaled
+from _common import device, lightning_fit, need, scaled
 
 torch = need("torch")
 pl = need("pytorch_lightning")
@@ -49,31 +49,8 @@ class KeepPredictions(pl.Callback):
         self.preds.append(outputs)  # never cleared
 
 
-class Timing(pl.Callback):
-    def __init__(self, clock):
-        self.clock = clock
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        self.clock.tick()
-
-
-def loader(batches):
-    x = torch.randn(batches * 256, 1024)
-    y = torch.randint(0, CLASSES, (batches * 256,))
-    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=256)
-
-
 if __name__ == "__main__":
     torch.manual_seed(0)
-    steps, val_batches = scaled(150), scaled(100)
-    clock = StepClock()
     keep = KeepPredictions()
-    trainer = pl.Trainer(max_epochs=2, limit_train_batches=steps, limit_val_batches=val_batches,
-                         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                         callbacks=[keep, Timing(clock)])
-    trainer.fit(Classifier(), loader(steps), loader(val_batches))
+    lightning_fit(torch, pl, dev, Classifier(), scaled(150), scaled(100), CLASSES, callbacks=[keep])
     print(f"kept {len(keep.preds)} predictions")
-    clock.report()

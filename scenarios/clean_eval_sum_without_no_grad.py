@@ -11,7 +11,7 @@ an avoidable-peak warning whose holder is the running sum, found by the search m
 evaluation's height, and whose remedy is torch.no_grad() and loss.item()."""
 import time
 
-from _common import need_cuda_torch
+from _common import need_cuda_torch, train_steps
 
 torch = need_cuda_torch()
 model = torch.nn.Sequential(torch.nn.Linear(2048, 8192), torch.nn.ReLU(), torch.nn.Linear(8192, 1)).cuda()
@@ -30,11 +30,5 @@ def evaluate():
 
 
 for round_ in range(3):
-    for step in range(60):
-        x = torch.randn(512, 2048, device="cuda")
-        loss = model(x).square().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        torch.cuda.synchronize()
+    train_steps(torch, model, opt, 60, (512, 2048))
     print(f"evaluation {round_}: {evaluate():.4f}")

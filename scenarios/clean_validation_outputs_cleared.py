@@ -11,7 +11,7 @@ made the run's peak, reported as an avoidable-peak warning with the list as its 
 search made at the validation's height)."""
 import time
 
-from _common import need_cuda_torch
+from _common import need_cuda_torch, train_steps
 
 torch = need_cuda_torch()
 model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 2048)).cuda()
@@ -34,11 +34,5 @@ def validation_epoch():
 
 
 for epoch in range(3):
-    for step in range(80):
-        x = torch.randn(256, 1024, device="cuda")
-        loss = model(x).square().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        torch.cuda.synchronize()
+    train_steps(torch, model, opt, 80, (256, 1024))
     print(f"epoch {epoch}: {validation_epoch():.4f}")

@@ -9,7 +9,7 @@ grows with the run: a leak. The other side: clean_eval_sum_without_no_grad.py, w
 local that goes when the evaluation returns."""
 import time
 
-from _common import need_cuda_torch
+from _common import need_cuda_torch, train_steps
 
 torch = need_cuda_torch()
 model = torch.nn.Sequential(torch.nn.Linear(2048, 8192), torch.nn.ReLU(), torch.nn.Linear(8192, 1)).cuda()
@@ -29,12 +29,6 @@ def evaluate():
 
 
 for round_ in range(2):
-    for step in range(80):
-        x = torch.randn(512, 2048, device="cuda")
-        loss = model(x).square().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        torch.cuda.synchronize()
+    train_steps(torch, model, opt, 80, (512, 2048))
     evaluate()
 print(f"validation total {float(val_total):.3f}")

@@ -9,7 +9,7 @@ third epoch would add a third. The other side of the line: clean_validation_ring
 once) and clean_validation_outputs_cleared.py (cleared at each validation's end)."""
 import time
 
-from _common import need_cuda_torch
+from _common import need_cuda_torch, train_steps
 
 torch = need_cuda_torch()
 model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 8192)).cuda()
@@ -29,12 +29,6 @@ def validate():
 
 
 for epoch in range(2):
-    for step in range(80):
-        x = torch.randn(256, 1024, device="cuda")
-        loss = model(x).square().mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        torch.cuda.synchronize()
+    train_steps(torch, model, opt, 80, (256, 1024))
     validate()
 print(f"kept {len(kept_predictions)} predictions")
