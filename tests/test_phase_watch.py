@@ -36,7 +36,13 @@ def pause(agent, clock, levels, every_s=0.02):
     for level in levels:
         clock.now += every_s
         agent.torch.set(level, 8 * GiB)
-        agent.sampler._sample("time", True)  # as the agent's thread does while no step comes (never put off)
+        # As the agent's own thread does while no step comes (never put off here); a search it asks
+        # for runs on this, the main thread, while it runs the program's code (this loop).
+        sampling = threading.Thread(target=agent.sampler._sample, args=("time", True), name="gpumemdoctor-agent")
+        sampling.start()
+        sampling.join()
+        for _ in range(1000):
+            pass
 
 
 def phase_searches(tmp_path, agent):
@@ -152,3 +158,21 @@ def test_a_search_asked_from_the_agents_thread_runs_on_the_main_thread_between_b
     assert ran_on and ran_on[0][:2] == ("phase", threading.main_thread().ident)
     assert ran_on[0][2] < 1000  # at one of the loop's next bytecodes
     assert not agent.phase_watch.asked
+
+
+def test_a_search_asked_while_the_main_thread_is_in_the_agent_s_own_work_waits_for_a_later_sample(agent_and_clock):
+    agent, clock = agent_and_clock
+    steps(agent, clock, 150)
+    ran = []
+    agent.growth_watch.search = lambda when: ran.append(when)
+    watch = agent.phase_watch
+    watch.ask("search")
+    watch._on_main_thread(None)  # as if it ran between two bytecodes of the agent (this test's caller is not)
+    assert ran == ["phase"]
+    ran.clear()
+    watch.ask("search")
+    # Called from a frame of the agent's own package: it declines, and the pause may ask again.
+    from gpumemdoctor._agent import neutral
+    neutral_code = compile("watch._on_main_thread(None)", neutral.__file__, "exec")
+    exec(neutral_code, {"watch": watch})
+    assert ran == [] and not watch.asked and watch.searched_step == -1

@@ -20,7 +20,11 @@ makes no container the program's collector would count, until a search is asked 
 """
 from __future__ import annotations
 
+import os
+import sys
 import time
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PHASE_RISE_BYTES = 256 << 20  # as the judgement's row 13 (judgement.PEAK_MIN_BYTES)
 PAUSE_STEPS = 4  # as diagnosis/phases.py: a pause lasts this many median steps
@@ -120,6 +124,15 @@ class PhaseWatch:
         started = time.perf_counter()
         try:
             self.asked = False
+            frame = sys._getframe(1)
+            while frame is not None:  # never inside the agent's own work (a step sample, a search, exit)
+                if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+                    if self.action == "search":
+                        self.searched_step = -1  # a later sample of this pause asks again
+                    else:
+                        self.traced_step = -1
+                    return 0
+                frame = frame.f_back
             agent = self.agent
             if self.action == "trace":
                 if not agent.trace.on and not agent.finished:
