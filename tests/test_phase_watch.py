@@ -176,3 +176,14 @@ def test_a_search_asked_while_the_main_thread_is_in_the_agent_s_own_work_waits_f
     neutral_code = compile("watch._on_main_thread(None)", neutral.__file__, "exec")
     exec(neutral_code, {"watch": watch})
     assert ran == [] and not watch.asked and watch.searched_step == -1
+
+
+def test_a_later_evaluation_as_high_as_the_first_is_searched_when_the_first_was_not(agent_and_clock, tmp_path):
+    agent, clock = agent_and_clock
+    steps(agent, clock, 150)
+    pause(agent, clock, [GiB + 900 * MiB] * 4)  # not rising once stacks are on: its stacks only
+    steps(agent, clock, 150)
+    assert phase_searches(tmp_path, agent)[0] == []
+    pause(agent, clock, [GiB + (500 + 100 * k) * MiB for k in range(5)])  # to the same height
+    searched, _ = phase_searches(tmp_path, agent)
+    assert len(searched) == 1 and searched[0]["step"] == 300

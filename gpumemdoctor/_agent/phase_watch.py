@@ -5,7 +5,8 @@ autograd graph until it returns: gigabytes for a fraction of a second, gone befo
 step or at exit could see them. So while the steps pause (no step for a sampling interval, and for
 PAUSE_STEPS median steps: a slow step is no pause), each time sample on the agent's thread compares
 allocated memory with the steps': once it is PHASE_RISE_BYTES above their level at the last step
-sample and above everything the steps had reached (PyTorch's peak counter then), a search is
+sample and above everything the steps had reached before the first pause (PyTorch's peak counter
+then: each evaluation of a run may be searched, not only the first), a search is
 asked for on the program's main thread (`Py_AddPendingCall`: it runs there at the next bytecode
 boundary, where a step boundary's search would run; no signal, no hook, nothing the program can
 see) and made there as a growth search is: in a copy of the process (growth_watch.search("phase")),
@@ -41,7 +42,8 @@ class PhaseWatch:
     def __init__(self, agent):
         self.agent = agent
         self.level: list = []  # per device slot: allocated at the last step sample
-        self.steps_peak: list = []  # per device slot: PyTorch's allocated peak then
+        self.steps_peak: list = []  # per device slot: PyTorch's allocated peak then, until the first pause
+        self.paused = False  # a pause was seen: the steps' peak is kept as it was before it
         self.step_s = 0.0  # running mean of seconds per step, between step samples
         self.step_samples = 0
         self.last_step_n = 0  # the step count at the last step sample, and its time (no tuple: the
@@ -85,15 +87,18 @@ class PhaseWatch:
             for i in range(len(rows)):
                 if live[i]:
                     self.level[i] = rows[i][1] or 0
-                    self.steps_peak[i] = rows[i][6] or 0
+                    if not self.paused:  # (PyTorch's counter keeps the pauses' own heights after them)
+                        self.steps_peak[i] = rows[i][6] or 0
             return
-        if (by != "time" or self.step_samples < MIN_STEP_SAMPLES or self.asked or self.add_pending is None
-                or self.searches >= MAX_PHASE_SEARCHES or self.searched_step == agent.steps
-                or agent.growth_watch.copies):
+        if by != "time" or self.step_samples < MIN_STEP_SAMPLES:
             return
         least = PAUSE_STEPS * self.step_s
         if now - agent.last_step_t < (least if least > PAUSE_MIN_S else PAUSE_MIN_S):
             return  # a slow step, sampled over time: not a pause
+        self.paused = True
+        if (self.asked or self.add_pending is None or self.searches >= MAX_PHASE_SEARCHES
+                or self.searched_step == agent.steps or agent.growth_watch.copies):
+            return
         trace = agent.trace
         for i in range(len(rows)):
             allocated = rows[i][1]
