@@ -336,7 +336,7 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
             root = h["pattern"].split(GRAPH_PART)[0]
             a = held.setdefault(root, {"pattern": root, "path": h["path"], "kind": h["kind"],
                                        "count": 0, "bytes": 0, "sizes": {}, "where": None,
-                                       "thread": g["thread"], "parts": {}, "lines": {}})
+                                       "thread": g["thread"], "parts": {}, "lines": {}, "container": 0})
             if where is not None:
                 # The line of its blocks that have stacks (--trace auto records them for a window;
                 # the later blocks, held the same way, are the same leak's), the most bytes first.
@@ -344,8 +344,13 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
                 line[1] += h["bytes"]
                 if a["thread"] is None:
                     a["thread"] = g["thread"]
-            if GRAPH_PART not in h["pattern"] and a["kind"] == "autograd-graph":
-                a["path"], a["kind"] = h["path"], h["kind"]  # named by the container, not its graphs
+            if GRAPH_PART not in h["pattern"]:
+                a["container"] += h["count"]
+                if a["kind"] == "autograd-graph":  # named by the container, not its graphs...
+                    a["graph"] = (a["path"], a["kind"])
+                    a["path"], a["kind"] = h["path"], h["kind"]
+            elif a["container"] and "graph" not in a:
+                a["graph"] = (h["path"], h["kind"])
             a["count"] += h["count"]
             a["bytes"] += h["bytes"]
             a["parts"][h["pattern"]] = a["parts"].get(h["pattern"], 0) + h["bytes"]
@@ -368,6 +373,11 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
         if a["count"] < MIN_ALIKE:
             continue
         lines = a.pop("lines")
+        graph = a.pop("graph", None)
+        if a.pop("container") < 2 and graph is not None:
+            # ... but one tensor that holds a graph (a running sum without .item()) is no container:
+            # the chain its grad_fn keeps is the accumulation, named by its graph (a chain is a container).
+            a["path"], a["kind"] = graph
         if lines:
             a["where"] = max(lines.values(), key=lambda line: line[1])[0]
         a["sizes"] = sorted(([s, n] for s, n in a["sizes"].items()), key=lambda p: -p[1])[:3]
