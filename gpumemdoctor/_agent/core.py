@@ -6,7 +6,8 @@
    observer (oom.py) and the collector's callback (events.py) attached, the sampling thread
    started.
 3. Sampling (sampler.py): at each optimizer step or gpumemdoctor.step() (`on_step`), or on the
-   sampling thread's timer while no step comes. Each sample goes to the growth watch (watch.py).
+   sampling thread's timer while no step comes. Each sample goes to the growth watch (watch.py);
+   a change in torch.distributed's process groups is written then too (process_groups.py).
 4. Growth suspected: allocation stacks on (trace.py), and a holder search (search.py) due some
    steps later, made at that step boundary (`on_step`) in a copy of the process (forked.py).
    A pause in the steps that rises above all the steps reached (an evaluation): a search at its
@@ -31,6 +32,7 @@ from .events import Collections, cuda_origin
 from .exit import finish
 from .neutral import quiet_gc
 from .oom import OomObserver
+from .process_groups import ProcessGroups
 from .sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
 from .threads import ThreadWatch
 from .trace import Trace
@@ -64,6 +66,7 @@ class Agent:
         self.trace = Trace(self, run_dir)
         self.oom = OomObserver(self)
         self.threads = ThreadWatch(self)
+        self.process_groups = ProcessGroups(self)
 
     # -- start-up ------------------------------------------------------------
     def begin(self, forked_from: int | None = None) -> None:

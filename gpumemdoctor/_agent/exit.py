@@ -174,7 +174,7 @@ def _probe(agent, torch, end: list, took, skip_gc: bool = False) -> None:
     million objects on an H100 machine) would only delay the end for nothing."""
     write = agent.channel.write
     read = agent.sampler.read_devices
-    touched = [row[0] for row in end]  # never create a context on a device the program left alone
+    touched = program_devices(end)  # never allocate on a device the program left alone
     if skip_gc:
         write({"type": "p", "phase": "gc", "t": time.monotonic(), "collected": None, "d": read(),
                "skipped": "the exit search found no CUDA memory that only garbage could hold"})
@@ -190,6 +190,13 @@ def _probe(agent, torch, end: list, took, skip_gc: bool = False) -> None:
     torch.cuda.empty_cache()
     write({"type": "p", "phase": "empty_cache", "t": time.monotonic(), "d": read()})
     took("release")
+
+
+def program_devices(end: list) -> list[int]:
+    """The torch indexes of the `end` rows where the program's allocator reserved memory (now or at
+    its peak). A row with NVML's memory only is a context the program made there and never used (a
+    stray one): synchronizing and allocating on it would make the agent the program's user there."""
+    return [row[0] for row in end if row[3] or (len(row) > 7 and row[7])]
 
 
 def _collect_garbage(agent, torch) -> int:

@@ -238,6 +238,7 @@ class Sampler:
                 text = f"{text},{item}" if text else item
             agent.channel.write_line(f'{{"type":"s","t":{now!r},"by":"{by}","step":{agent.steps},"d":[{text}]}}')
             self.samples += 1
+            agent.process_groups.check(now)  # a record only when the count of process groups changed
             if agent.run_dir and (by == "step" or by == "time"):
                 agent.growth_watch.check(now, by)
                 agent.phase_watch.check(now, by)

@@ -152,7 +152,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                   for _, r in series]
     after_warmup = non_torch.judge(xs, outside_ys, by) if context is not None else None
     outside_fit = after_warmup.fit if after_warmup is not None else None
-    non_torch.itemise(b, agent, torch_index, xs, outside_ys, after_warmup)
+    non_torch.itemise(b, agent, torch_index, xs, outside_ys, after_warmup, [s.t for s, _ in series])
     libraries.itemise(b, agent, torch_index)
 
     growth = None
@@ -221,11 +221,12 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         retained = max(outside_fit.grown_bytes, (b.non_torch_bytes or 0) - outside_fit.start_floor_bytes)
         result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, retained, b,
                                                f"and it kept growing past warm-up, {_rate(g)}", after_warmup))
-    elif b.non_torch_bytes and b.non_torch_bytes - libraries.pooled_bytes(b) > LIBRARY_ALLOWANCE_BYTES:
+    elif non_torch.beyond_allowance(b, libraries.pooled_bytes(b)):
         result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, b.non_torch_bytes, b,
                                                "more than CUDA libraries take", after_warmup))
     elif (rose := judgement.outside_rise(peak := libraries.run_peak(xs, outside_ys, after_warmup),
-                                         LIBRARY_ALLOWANCE_BYTES + libraries.pooled_bytes(b))):
+                                         LIBRARY_ALLOWANCE_BYTES + libraries.pooled_bytes(b)
+                                         + (b.non_torch_nccl_bytes or 0))):
         result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, peak["rise"], b, rose,
                                                  after_warmup))
         result.findings[-1].evidence.update({"decided_by": "peak", "peak": peak})

@@ -58,19 +58,23 @@ class Breakdown:
     # of live_tensor_bytes; CUDA graphs' private pools, part of live tensors and cache.
     cublas_workspace_bytes: int | None = None
     private_pool_bytes: int | None = None
-    # non_torch_bytes itemised (outside.py): grown during warm-up, CuPy's pool, the rest.
+    # non_torch_bytes itemised (non_torch.py): grown during warm-up, CuPy's pool, the rest; and NCCL's
+    # part (nccl.py), where the process's process groups used NCCL.
     non_torch_warmup_bytes: int | None = None
     non_torch_cupy_bytes: int | None = None
     non_torch_rest_bytes: int | None = None
-    nccl: bool | None = None  # NCCL in use at exit (its buffers are outside PyTorch); None: not known
+    nccl: bool | None = None  # NCCL in use (its buffers are outside PyTorch); None: not known
+    non_torch_nccl_bytes: int | None = None
+    nccl_env: dict | None = None  # the NCCL_* variables that size its memory, as the process had them
     cuda_module_loading: str | None = None  # CUDA_MODULE_LOADING as the process saw it; None: not set
     # Of non_torch_bytes: other libraries' preallocated pools, [[library, bytes]] (libraries.py); None: none
     non_torch_libraries: list | None = None
 
     def to_json(self) -> dict:
         out = asdict(self)
-        if out["non_torch_libraries"] is None:  # written only where measured: an older report reads back
-            del out["non_torch_libraries"]
+        for key in ("non_torch_libraries", "non_torch_nccl_bytes", "nccl_env"):
+            if out[key] is None:  # written only where measured: an older report reads back
+                del out[key]
         return out
 
 

@@ -70,7 +70,7 @@ def itemise(b: Breakdown, agent: AgentRecording, torch_index: int) -> None:
     if not found or b.non_torch_bytes is None:
         return
     b.non_torch_libraries = []
-    left = b.non_torch_bytes - (b.non_torch_cupy_bytes or 0)
+    left = b.non_torch_bytes - (b.non_torch_cupy_bytes or 0) - (b.non_torch_nccl_bytes or 0)
     for p in found:
         size = min(p["bytes"], max(0, left))
         left -= size

@@ -87,6 +87,11 @@ class Dist:
         return DIST(obj, what)
 
 
+# Root records added since reports were first written: kept only where there are some, so that an
+# older report reads back to itself.
+NEW_ROOT_RECORDS = ("libraries", "groups")
+
+
 @dataclass
 class AgentRecording:
     """What the agent inside one Python process of the run wrote."""
@@ -129,8 +134,8 @@ class AgentRecording:
                 "steps": self.steps, "explicit_steps": self.explicit_steps,
                 "exited_normally": self.exited_normally, "cupy_pool": self.cupy_pool,
                 "errors": self.errors,
-                "root": self.root if self.root.get("libraries") else {k: v for k, v in self.root.items()
-                                                                       if k != "libraries"}, "cuda_origin": self.cuda_origin,
+                "root": {k: v for k, v in self.root.items() if k not in NEW_ROOT_RECORDS or v},
+                "cuda_origin": self.cuda_origin,
                 "exit_info": self.exit_info, "dist": None if self.dist is None else self.dist.to_json(),
                 # written only where there is something (an older report reads back to itself)
                 **({"hard_exit": self.hard_exit} if self.hard_exit is not None else {})}

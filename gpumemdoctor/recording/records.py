@@ -112,8 +112,12 @@ COLLECTIONS_SUMMARY = Shape({"measured": INT, "skipped": INT, "freeing": INT, "f
 # and reserved in private pools (CUDA graphs); the default process group's backend; the value of
 # CUDA_MODULE_LOADING. Recordings from before it have none.
 _PER_DEVICE = opt(list_of(pair(INT, SIZE)))  # [torch index, bytes]
+# "process_groups": torch.distributed's groups alive at exit, and what their NCCL communicators said
+# they hold (NCCL-tracked GPU memory, null where PyTorch or NCCL cannot say); null without
+# torch.distributed.
+EXIT_GROUPS = opt(Shape({"groups": INT, "nccl_bytes": opt(SIZE)}))
 PARTS = Shape({"cublas_workspaces": _PER_DEVICE, "private_pools": _PER_DEVICE, "dist_backend": opt(STR),
-               "module_loading": opt(STR)})
+               "module_loading": opt(STR), "process_groups": may(EXIT_GROUPS)})
 # The garbage collector's state: enabled when the process ended, its first threshold, and the
 # samples that found it disabled (gc.disable() in effect). Recordings from before it have none.
 COLLECTOR = Shape({"enabled_at_exit": opt(BOOL), "threshold": opt(INT), "off_samples": opt(INT),
@@ -132,17 +136,24 @@ SUSPECT = Shape({"kind": one_of(*SUSPECT_KINDS), "bytes": INT, "count": opt(INT)
                  "where": opt(frame), "stack": list_of(frame), "thread": opt(list_of(STR)),
                  "holders": list_of(HOLDER), "unheld_bytes": opt(INT), "summary": STR, "remedy": STR})
 
+# torch.distributed's process groups changed in number (_agent/process_groups.py): the count, the
+# backends; the first record with groups also the world size, NCCL's version and the NCCL_* variables
+# that size its memory. Recordings from before issue 29 have none.
+GROUPS = Shape({"t": NUM, "step": opt(INT), "groups": INT, "backends": list_of(STR), "world_size": opt(INT),
+                "nccl_version": opt(STR), "nccl_env": opt(dict_of(STR, STR))})
+
 # agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record
 RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
            "investigation": ("investigations", INVESTIGATION), "thread": ("threads", THREAD),
            "garbage": ("garbage", GARBAGE), "snapshot": ("snapshot", SNAPSHOT),
-           "collection": ("collections", COLLECTION), "oom": ("ooms", OOM), "library": ("libraries", LIBRARY)}
+           "collection": ("collections", COLLECTION), "oom": ("ooms", OOM), "library": ("libraries", LIBRARY),
+           "groups": ("groups", GROUPS)}
 _SINGLE = ("garbage", "snapshot")
 
 
 def empty_root() -> dict:
     return {"suspicions": [], "traces": [], "baselines": [], "investigations": [], "threads": [],
-            "garbage": None, "snapshot": None, "collections": [], "ooms": [], "libraries": []}
+            "garbage": None, "snapshot": None, "collections": [], "ooms": [], "libraries": [], "groups": []}
 
 
 def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:

@@ -11,8 +11,8 @@ from ..errors import BadReportError
 from ..files.inputs import read_json
 from ..files.outputs import write_text
 from ..recording.recording import Recording
-from ..files.schema import (ANY, BOOL, DICT, INT, NUM, SIZE, STR, Shape, absent, check_sizes, list_of, may,
-                            need_dict, null_as, one_of, opt, pair)
+from ..files.schema import (ANY, BOOL, DICT, INT, NUM, SIZE, STR, Shape, absent, check_sizes, dict_of, list_of,
+                            may, need_dict, null_as, one_of, opt, pair)
 
 SCHEMA = "gpumemdoctor.report/1"
 MAX_REPORT_BYTES = 512 << 20
@@ -142,8 +142,8 @@ BREAKDOWN = Shape({
     **{k: opt(SIZE) for k in ("nvml_bytes", "context_bytes", "live_tensor_bytes", "garbage_bytes",
                               "pending_stream_bytes", "cache_bytes", "non_torch_bytes", "cublas_workspace_bytes",
                               "private_pool_bytes", "non_torch_warmup_bytes", "non_torch_cupy_bytes",
-                              "non_torch_rest_bytes")},
-    "nccl": opt(BOOL), "cuda_module_loading": opt(STR),
+                              "non_torch_rest_bytes", "non_torch_nccl_bytes")},
+    "nccl": opt(BOOL), "nccl_env": opt(dict_of(STR, STR)), "cuda_module_loading": opt(STR),
     "non_torch_libraries": opt(list_of(pair(STR, opt(SIZE))))}).into(Breakdown)
 GROWTH = Shape({"pid": INT, "device": opt(INT), "series": STR, "by": STR, "grown_bytes": SIZE,
                 "rate_bytes_per_step": opt(NUM), "rate_bytes_per_s": opt(NUM), "start_step": opt(INT),
