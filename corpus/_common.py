@@ -85,3 +85,27 @@ class StepClock:
                 f.writelines(f"{gap * 1000:.3f}\n" for gap in gaps)
         print(f"LOOP_FIRST_EPOCH_S {self.epochs[0]:.4f}")
         print(f"LOOP_LAST_EPOCH_S {self.epochs[-1]:.4f}", flush=True)
+
+
+def lightning_fit(torch, pl, dev, module, steps, val_batches, classes, callbacks=()):
+    """Fit a LightningModule for two epochs of `steps` batches of 256 x 1024 features, each followed
+    by a validation of `val_batches` batches, with the step clock as a callback; print the clock."""
+    clock = StepClock()
+
+    class Timing(pl.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            clock.tick()
+
+    def loader(batches):
+        x = torch.randn(batches * 256, 1024)
+        y = torch.randint(0, classes, (batches * 256,))
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=256)
+
+    trainer = pl.Trainer(max_epochs=2, limit_train_batches=steps, limit_val_batches=val_batches,
+                         accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[*callbacks, Timing()])
+    trainer.fit(module, loader(steps), loader(val_batches))
+    clock.report()

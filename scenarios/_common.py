@@ -18,3 +18,15 @@ def need_cuda_torch(gpus: int = 1):
         print(f"skip: this scenario needs {gpus} CUDA device(s)", file=sys.stderr)
         sys.exit(SKIP_EXIT)
     return torch
+
+
+def train_steps(torch, model, opt, steps, shape):
+    """`steps` optimizer steps on random batches of `shape`, each synchronized: the training
+    between two evaluations of the validation scenarios."""
+    for _ in range(steps):
+        x = torch.randn(*shape, device="cuda")
+        loss = model(x).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        torch.cuda.synchronize()

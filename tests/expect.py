@@ -83,3 +83,4 @@ CORPUS_DIR = SCENARIO_DIR.parent / "corpus"
 def corpus() -> list[Path]:
     """The real-library workloads (corpus/): each says what it expects, as a scenario does."""
     return scenarios(CORPUS_DIR)
+

@@ -117,6 +117,19 @@ def test_summarise_pools_the_groups_of_saved_runs(loop_ab, tmp_path, capsys):
     assert loop_ab.main(["--summarise", str(tmp_path / "bad.json")]) == 2
 
 
+def test_the_phase_search_benchmark_measures_the_program_s_pause(tmp_path):
+    """benchmarks/phase_search.py over the torch double: the figures it reports come out of a real
+    search at a pause's height (its copy visited the heap), in a process of its own."""
+    import subprocess
+
+    out = tmp_path / "phase.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "phase_search.py"), "--objects", "3000", "--repeats", "1",
+                    "--json", str(out)], check=True, capture_output=True, timeout=120)
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run["objects_visited"] > 3000 and 0 < run["fork_ms"] <= run["pause_ms"] < 1000
+    assert 0 < run["check_us"] < 100 and 0 < run["check_step_us"] < 100
+
+
 def test_overhead_reads_the_ddp_loops_longest_step(monkeypatch):
     """benchmarks/overhead.py --only ddp (issue 29): workload_ddp.py's WORST_STEP_MS line is kept per
     run and summarised as the median longest step, plain against the tool."""

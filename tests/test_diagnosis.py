@@ -196,7 +196,7 @@ def test_recorded_suspects_name_the_line_and_the_holder(path):
     assert holder["bytes"] >= 0.9 * top["bytes"]
     if top["where"] is None:
         # A run too short for --trace auto to turn stacks on: the holder, without the line.
-        assert finding.evidence.get("decided_by") in ("structure", "out-of-memory", "growth")
+        assert finding.evidence.get("decided_by") in ("structure", "out-of-memory", "growth", "phases")
         assert finding.evidence["root_cause"]["allocation_stacks"] is False
         return
     assert Path(top["where"][0]).name == path.name and top["where"][1] == want["line"]

@@ -10,6 +10,8 @@
    a change in torch.distributed's process groups is written then too (process_groups.py).
 4. Growth suspected: allocation stacks on (trace.py), and a holder search (search.py) due some
    steps later, made at that step boundary (`on_step`) in a copy of the process (forked.py).
+   A pause in the steps that rises above all the steps reached (an evaluation): a search at its
+   height, asked of the main thread (phase_watch.py), also in a copy.
 5. An out-of-memory error: its record; the first one is searched too (oom.py).
 6. Exit (exit.py): the exit probes, then the exit record.
 Threads and forks: threads.py. Each part keeps a reference to the agent for what they share:
@@ -35,6 +37,7 @@ from .sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
 from .threads import ThreadWatch
 from .trace import Trace
 from .growth_watch import GrowthWatch
+from .phase_watch import PhaseWatch
 from .libraries import KNOWN, LibraryWatcher, record as library_record
 
 
@@ -59,6 +62,7 @@ class Agent:
         self.sampler = Sampler(self, interval_s)
         self.timer = SamplingThread(self)
         self.growth_watch = GrowthWatch(self)
+        self.phase_watch = PhaseWatch(self)
         self.trace = Trace(self, run_dir)
         self.oom = OomObserver(self)
         self.threads = ThreadWatch(self)
@@ -139,6 +143,7 @@ class Agent:
         """The sampler's rows and the growth watch's series, made once, on the program's thread."""
         self.sampler.prepare()
         self.growth_watch.prepare(len(self.devices))
+        self.phase_watch.prepare(len(self.devices))
 
     def attach_observers(self) -> None:
         """PyTorch's out-of-memory observer and the garbage collector's callback."""

@@ -9,7 +9,8 @@ Then, once:
   INVESTIGATE_AFTER_STEPS steps later, run at that step boundary on the program's own thread
   (core.Agent.on_step);
 - by time only: stacks are turned on, and the holders are looked for at exit.
-A search also runs at the first out-of-memory error (oom.py) and at exit (exit.py). During the
+A search also runs at the first out-of-memory error (oom.py), at a pause's height (phase_watch.py)
+and at exit (exit.py). During the
 run (growth, out of memory) a search is made in a copy of the process (forked.py): the program
 pauses only for the fork, and the copy writes its record itself; one growth search at a time (an
 out-of-memory error's is made even while one runs), polled at each step and waited for at exit. At exit the search runs in the process, with automatic
@@ -36,7 +37,7 @@ WARMUP_STEPS = 10  # --trace on: what is alive after these many steps is not new
 # How long one holder search may take. The searches made in a copy of the process cost the
 # program nothing but the fork; the exit searches delay the end of the run by what they take.
 # "live" is the exit search of a run in which no growth was seen (and no --trace on).
-BUDGET_S = {"growth": 5.0, "oom": 5.0, "exit": 1.0, "live": 1.0}
+BUDGET_S = {"growth": 5.0, "oom": 5.0, "phase": 5.0, "exit": 1.0, "live": 1.0}
 COPY_SLACK_S = 10.0  # a copy is killed this long after its budget: the snapshot, the record
 
 
@@ -151,7 +152,7 @@ class GrowthWatch:
         out-of-memory error: all that is alive, each group marked new or not), and find its
         holders: in a copy of the process during the run, in the process at exit."""
         agent = self.agent
-        if when != "oom":
+        if when in ("growth", "exit"):
             self.search_at = None
         if agent.torch is None or (self.baseline is None and when == "growth"):
             return None
@@ -174,7 +175,7 @@ class GrowthWatch:
                 def in_copy() -> None:
                     try:
                         result = investigate(agent.torch, self.tensor_kind(), baseline, budget_s, roots, names,
-                                             all_live=when == "oom")
+                                             all_live=when in ("oom", "phase"))
                     except Exception as exc:
                         agent.channel.write({"type": "error", "where": f"investigation ({when}, in a copy)",
                                              "message": repr(exc)[:500]})
@@ -183,7 +184,7 @@ class GrowthWatch:
                                          "trace": trace, "forked": True, **result})
 
                 self.poll_copies()
-                if when == "growth" and self.copies:
+                if when in ("growth", "phase") and self.copies:
                     return None  # one growth search at a time (an out-of-memory error's is always made)
                 copy = forked.start(in_copy, budget_s + COPY_SLACK_S)
                 del roots

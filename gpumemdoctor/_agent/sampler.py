@@ -241,6 +241,7 @@ class Sampler:
             agent.process_groups.check(now)  # a record only when the count of process groups changed
             if agent.run_dir and (by == "step" or by == "time"):
                 agent.growth_watch.check(now, by)
+                agent.phase_watch.check(now, by)
             if self.samples % SAMPLES_PER_DOUBLING == 0:
                 self.base_interval_s = min(self.base_interval_s * 2, MAX_INTERVAL_S)
         except Exception:

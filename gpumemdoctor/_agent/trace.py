@@ -3,7 +3,8 @@
 "on": from CUDA's start. "auto" (the default): from CUDA's start for a start-up window
 (STARTUP_WINDOW_S or STARTUP_STEPS, whichever ends first), so that a script that leaks in its
 first moments gets its allocating line; then again once growth is suspected (watch.py): seen
-between steps, until the growth search has been made; seen over time, for TRACE_WINDOW_S.
+between steps, until the growth search has been made; seen over time, for TRACE_WINDOW_S; and
+for a pause in the steps that rises above all the steps reached (phase_watch.py), until the next step.
 "off": never. Holders are looked for in every mode.
 """
 from __future__ import annotations
@@ -57,9 +58,9 @@ class Trace:
             agent.torch.cuda.memory._record_memory_history(
                 enabled=enabled, context="alloc", stacks="python", max_entries=TRACE_MAX_ENTRIES)
             self.on = self.was_on = True
-            if self.mode == "auto" and os.environ.get(ENV_SNAPSHOT) != "1" and why in ("growth", "start-up"):
+            if self.mode == "auto" and os.environ.get(ENV_SNAPSHOT) != "1" and why in ("growth", "start-up", "phase"):
                 self.window = why
-                if why == "growth" and until_step is not None:
+                if why in ("growth", "phase") and until_step is not None:
                     self.stop_at, self.stop_step = float("inf"), until_step
                 elif why == "growth":
                     self.stop_at, self.stop_step = time.monotonic() + TRACE_WINDOW_S, 1 << 62
@@ -84,7 +85,9 @@ class Trace:
 
     def _stop(self, _) -> None:
         agent = self.agent
-        if self.window != "growth":
+        if self.window == "phase":
+            why = "stopped at the step after the pause"
+        elif self.window != "growth":
             why = f"start-up window ended ({STARTUP_WINDOW_S:g} s or {STARTUP_STEPS} steps)"
         elif self.stop_at == float("inf"):
             why = "stopped after the growth search"

@@ -21,7 +21,7 @@ def check_options(fn: Callable) -> Callable:
         click.option("--fail-on", metavar="KINDS",
                      help="Fail on any of these findings, comma-separated: leak, out-of-memory, "
                           "allocator-cache, pending-stream, garbage-cycle, non-torch, child-contexts, stray-context, "
-                          "orphan-process, host-memory, rank-imbalance."),
+                          "orphan-process, host-memory, rank-imbalance, avoidable-peak."),
         click.option("--tolerance", default="5%", show_default=True, metavar="TOL",
                      help="How much a baseline figure may grow: 5% or 64MiB."),
         click.option("--nvml-tolerance", metavar="TOL",

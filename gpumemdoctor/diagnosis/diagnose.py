@@ -15,7 +15,7 @@ What lies outside PyTorch is itemised, and judged for growth past warm-up, in no
 """
 from __future__ import annotations
 
-from . import child_processes, ends, judgement, job, libraries, machine_faults, non_torch, ranks, suspects
+from . import child_processes, ends, judgement, job, libraries, machine_faults, non_torch, phases, ranks, suspects
 from .findings import (FINDING_KINDS, INFORMATIVE, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, RankRow, choose_verdict)
 from ..growth import MIN_POINTS, GrowthFit, floor_growth, steady_rise
@@ -144,13 +144,6 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     result.breakdowns.append(b)
     where = _where(agent, torch_index, nvml_index, dist)
 
-    if context:
-        result.findings.append(Finding(
-            kind="context", bytes=context, pid=agent.pid, device=nvml_index,
-            summary=f"{fb(context)} is the CUDA context of {where}: per-process overhead, not a leak.",
-            evidence={"context_bytes": context, "cuda_started_t": agent.cuda_t},
-            remedy="Nothing to do; each process that uses a GPU pays this once per device."))
-
     series, by = _steady_series(agent, torch_index)
     xs = [s.step if by == "step" else s.t for s, _ in series]
     allocated = floor_growth(xs, [r.allocated_bytes for _, r in series], MIN_LEAK_BYTES)
@@ -196,6 +189,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                       "rate_bytes_per_s": g.rate_bytes_per_s, "points": allocated.points,
                       "rate_text": _rate(g)}
     evidence = _evidence(agent, torch_index, nvml_index, where, b, series, by, growth, held, unheld)
+    _exit_state(evidence, b, probes, end, context, agent.cuda_t)
     evidence.ended, evidence.collector = ended, (agent.exit_info or {}).get("collector")
     if ended is not None:
         evidence.last_allocated_bytes, evidence.last_t = end.allocated_bytes, during[-1][0].t if during else None
@@ -221,34 +215,6 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                                        summary=j.summary, evidence=j.evidence, remedy=j.remedy,
                                        suspects=j.suspects))
 
-    if b.pending_stream_bytes and b.pending_stream_bytes >= SIGNIFICANT_BYTES:
-        after_sync = probes.get("sync")
-        result.findings.append(Finding(
-            kind="pending-stream", bytes=b.pending_stream_bytes, pid=agent.pid, device=nvml_index,
-            summary=f"{fb(b.pending_stream_bytes)} in {where} was freed in Python but is held until "
-                    f"unfinished work on another stream completes (record_stream).",
-            evidence={"active_at_end": end.active_bytes, "allocated_at_end": end.allocated_bytes,
-                      "pending_after_synchronize": (after_sync.active_bytes - after_sync.allocated_bytes)
-                      if after_sync and after_sync.active_bytes is not None
-                      and after_sync.allocated_bytes is not None else None},
-            remedy="Synchronize the side stream (stream.synchronize() or torch.cuda.synchronize()) "
-                   "before expecting the memory back, or avoid record_stream on large tensors."))
-
-    # In a loop (the program marked steps) the cache at exit is what every step reuses:
-    # activations, and gradients that zero_grad freed after the last step. Only a program
-    # without steps that ends with a cache is told about it.
-    if by == "time" and b.cache_bytes and b.cache_bytes >= SIGNIFICANT_BYTES:
-        after_empty = probes.get("empty_cache")
-        result.findings.append(Finding(
-            kind="allocator-cache", bytes=b.cache_bytes, pid=agent.pid, device=nvml_index,
-            summary=f"{fb(b.cache_bytes)} in {where} is PyTorch's allocator cache: memory of freed "
-                    f"tensors kept for reuse. nvidia-smi counts it; it is not a leak.",
-            evidence={"reserved_at_end": end.reserved_bytes, "active_at_end": end.active_bytes,
-                      "reserved_after_empty_cache": after_empty.reserved_bytes if after_empty else None,
-                      "nvml_after_empty_cache": after_empty.nvml_used_bytes if after_empty else None},
-            remedy="torch.cuda.empty_cache() returns it to the device (other processes can then use it); "
-                   "within one process PyTorch reuses it anyway."))
-
     if outside_fit is not None:
         g = _growth(agent, torch_index, nvml_index, "non_torch", by, outside_fit, series)
         result.growth.append(g)
@@ -270,6 +236,19 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         if f.kind == "non-torch" and f.pid == agent.pid:
             libraries.name_holders(f, agent)
     result.findings.extend(libraries.pool_findings(agent, torch_index, nvml_index, where, pooled))
+
+
+def _exit_state(e: judgement.Evidence, b: Breakdown, probes: dict, end: DeviceReading, context: int | None,
+                cuda_t: float | None) -> None:
+    """What the exit probes read, for the judgement's rows on the context, the stream and the cache."""
+    after_sync, after_empty = probes.get("sync"), probes.get("empty_cache")
+    e.context_bytes, e.cuda_t = context, cuda_t
+    e.pending_stream_bytes, e.cache_bytes = b.pending_stream_bytes, b.cache_bytes
+    e.active_bytes, e.allocated_bytes, e.reserved_bytes = end.active_bytes, end.allocated_bytes, end.reserved_bytes
+    if after_sync and after_sync.active_bytes is not None and after_sync.allocated_bytes is not None:
+        e.pending_after_sync_bytes = after_sync.active_bytes - after_sync.allocated_bytes
+    if after_empty is not None:
+        e.after_empty_cache = (after_empty.reserved_bytes, after_empty.nvml_used_bytes)
 
 
 MIN_WATCHED_AFTER = 4  # samples at (nearly) the final level before growth over time may decide
@@ -346,8 +325,12 @@ def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, w
         collections = dict(collections, records=len(freeing),
                            first_t=freeing[0]["t"] if freeing else None,
                            biggest_at=_biggest_collection(freeing, torch_index))
+    in_order = [(s.by, s.t, s.step, r.allocated_bytes, r.allocated_peak_bytes) for s, r in _readings(agent.samples, torch_index)]
+    phase_held, phase_meta = suspects.phase_accumulations(agent.root, torch_index, held)
     return judgement.Evidence(
         pid=agent.pid, device=nvml_index, torch_index=torch_index, where=where, samples=samples, by=by,
+        pauses=phases.pauses(in_order, b.live_tensor_bytes if b.exit_probes else None),
+        phase_accumulations=phase_held, phase_search=phase_meta,
         enough_samples=samples >= MIN_POINTS and unseen < near and watched_after >= MIN_WATCHED_AFTER,
         unseen_bytes=unseen, watched_after=watched_after, growth=growth,
         live_bytes=b.live_tensor_bytes if b.exit_probes else None, garbage_bytes=b.garbage_bytes,

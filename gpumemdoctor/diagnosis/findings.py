@@ -11,10 +11,11 @@ VERDICTS = ("clean", "leak", "out-of-memory", "allocator-cache", "pending-stream
 # "context", "live-at-exit" and "library-memory" (another library's preallocated pool) inform: they
 # never make a verdict and never fail a CI check.
 INFORMATIVE = ("context", "live-at-exit", "library-memory")
-# "orphan-process", "host-memory" (the target killed by SIGKILL while its host memory rose) and
-# "rank-imbalance" (one rank's peak well above the others') warn: they never make a verdict, and
-# --fail-on can fail on them.
-WARNINGS = ("orphan-process", "host-memory", "rank-imbalance")
+# "orphan-process", "host-memory" (the target killed by SIGKILL while its host memory rose),
+# "rank-imbalance" (one rank's peak well above the others') and "avoidable-peak" (memory a pause in
+# the steps gathered and let go of at its end: an evaluation without no_grad, say) warn: they never
+# make a verdict, and --fail-on can fail on them.
+WARNINGS = ("orphan-process", "host-memory", "rank-imbalance", "avoidable-peak")
 FINDING_KINDS = VERDICTS[1:] + WARNINGS + INFORMATIVE
 # When several causes apply at a similar size, the more specific one is named.
 SPECIFICITY = ("garbage-cycle", "pending-stream", "leak", "child-contexts", "stray-context", "non-torch",

@@ -12,6 +12,9 @@ and every finding says which evidence decided it:
 |   | at least half of the allocated memory at that moment                      |                              |                   |
 | 2 | the allocated floor kept growing over enough samples, to the loop's last   | leak                         | `growth`          |
 |   | step, and is still held, or was let go of only after that last step       |                              |                   |
+| 2b| at least 2 pauses in the steps each left >= 16 MiB behind (a staircase),   | leak                         | `phases`          |
+|   | still held at exit, and one accumulation at exit holds >= half of it (and  |                              |                   |
+|   | at most twice it, + 64 MiB)                                                |                              |                   |
 | 3 | too few samples to judge growth, and >= 8 alike tensors held the same way   | leak                         | `structure`       |
 |   | (`x[*]`, kept tracebacks, a hook's closure, an autograd graph), >= 64 MiB   |                              |                   |
 | 4 | too few samples, and >= 8 alike allocations nothing in Python holds,        | leak                         | `unheld`          |
@@ -31,13 +34,24 @@ and every finding says which evidence decided it:
 |   | than 512 MiB above its level when warm-up ended (`outside_rise`)            | at exit                      |                   |
 | 12| a preallocating library's pool (XLA), by its own statistics, >= 64 MiB:     | library-memory (informs);    | `library-         |
 |   | not the context, not held against the 512 MiB allowance (libraries.py)     | the context without it       | statistics`       |
+| 13| pauses in the steps (an evaluation, a validation) that each rose by        | avoidable-peak (warns)       | `phases`          |
+|   | >= 256 MiB, above all the steps had reached, and let >= 3/4 of it go at    |                              |                   |
+|   | their end                                                                  |                              |                   |
+| 14| the CUDA context could be measured                                         | context (informs)            |                   |
+| 15| >= 64 MiB held at exit for unfinished work on another stream               | pending-stream               |                   |
+| 16| a program without steps ends with >= 64 MiB in PyTorch's cache             | allocator-cache              |                   |
 
 Rows 11 and 12 are about memory outside PyTorch; its other rules (growth past warm-up, more than
-the allowance at exit) are in non_torch.py.
+the allowance at exit) are in non_torch.py. The evidence, and the words the rows share: evidence.py.
 
 Rows 1-4 decide one leak finding (the first that applies). With enough samples,
 watching decides: an accumulation that did not grow while the program was
 watched (a dataset loaded once) is not a leak, and is shown under live-at-exit.
+Row 2b reads the pauses in a loop's steps (phases.py): growth that comes in steps,
+one at each evaluation, has no steady slope for row 2. An accumulation that a pause
+lets go of at its end, reaching its height again at the next, is row 13: part of
+the peak, never a leak. Something filled once (a dataset, a ring) adds at most one
+step: not a staircase.
 
 An out-of-memory error's cause (row 5): `request-too-large` (the request alone is
 more than the device, or than the memory the program may use), `fragmentation`
@@ -47,9 +61,8 @@ more than the device, or than the memory the program may use), `fragmentation`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, at, unheld_suspect, user_line
+from .evidence import Evidence, Judged, at_line, brief, oom_brief, samples_of, too_short
+from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
 from ..units import format_bytes as fb
 
 MIB = 1 << 20
@@ -58,65 +71,16 @@ MIN_LEAK_BYTES = 16 * MIB
 OOM_ACCUMULATION_SHARE = 0.5  # of the allocated memory at the error, held by one accumulation
 OTHER_PROCESSES_SHARE = 0.25  # of the device, held by other processes, to blame them
 OOM_CAUSES = ("accumulation", "request-too-large", "fragmentation", "other-processes", "full")
-
-
-@dataclass
-class Evidence:
-    """Everything observed about one process on one GPU that bears on the verdict."""
-
-    pid: int
-    device: int | None  # NVML index
-    torch_index: int
-    where: str  # "process 123 on GPU 0"
-    samples: int  # readings in the series that growth is judged on
-    by: str  # "step" or "time"
-    enough_samples: bool  # at least 8, they saw what is alive at exit, and for long enough after
-    unseen_bytes: int  # what was allocated after the last sample and is alive at exit
-    growth: dict | None  # the allocated floor's growth, when seen: grown, retained, rate text, figures
-    live_bytes: int | None  # tensors still referenced at exit (None without exit probes)
-    garbage_bytes: int | None  # freed by gc.collect() at exit
-    accumulations: list[dict] = field(default_factory=list)  # suspects.accumulations at exit
-    unheld: list[dict] = field(default_factory=list)
-    exit_search: dict = field(default_factory=dict)  # what the exit search was, or why there was none
-    collections: dict | None = None  # the garbage collector's callbacks: what collections freed
-    ooms: list[dict] = field(default_factory=list)  # out-of-memory errors on this device
-    oom_accumulations: list[dict] = field(default_factory=list)  # held at the first error
-    oom_suspects: list[dict] = field(default_factory=list)
-    oom_search: dict = field(default_factory=dict)
-    uncaught: dict | None = None  # the exception the program died of
-    exited_normally: bool = False  # its exit hook ran
-    watched_after: int = 0  # samples from the first that saw (nearly) what is alive at exit, to the end
-    # How the process ended when its exit probes did not run (ends.how_ended): None when they ran.
-    ended: dict | None = None
-    last_allocated_bytes: int | None = None  # at its last reading (the end, or the last sample)
-    last_t: float | None = None
-    collector: dict | None = None  # the garbage collector's state (exit record): disabled, off samples
-
-    def to_json(self) -> dict:
-        """What the report keeps of it: the facts, not the suspects (those are on the findings)."""
-        return {"pid": self.pid, "device": self.device, "samples": self.samples, "by": self.by,
-                "enough_samples_for_growth": self.enough_samples, "unseen_bytes": self.unseen_bytes,
-                "watched_after": self.watched_after,
-                "growth": self.growth, "live_at_exit_bytes": self.live_bytes,
-                "garbage_at_exit_bytes": self.garbage_bytes,
-                "accumulations": [_brief(a) for a in self.accumulations],
-                "unheld": [_brief(u) for u in self.unheld],
-                "collections": self.collections,
-                "out_of_memory": [_oom_brief(o) for o in self.ooms],
-                "uncaught": None if self.uncaught is None else
-                {"exc_type": self.uncaught["exc_type"], "at": _line(self.uncaught["stack"])}}
-
-
-@dataclass
-class Judged:
-    """A finding of the judgement, before diagnosis.py makes it a Finding."""
-
-    kind: str
-    bytes: int
-    summary: str
-    evidence: dict
-    remedy: str
-    suspects: list[dict] = field(default_factory=list)
+# Row 2b, a staircase: pauses that each left at least STAIR_MIN_BYTES behind, at least MIN_STAIRS of
+# them, still held at exit, an accumulation at exit holding at least STAIR_HELD_SHARE of the steps.
+STAIR_MIN_BYTES = 16 * MIB
+MIN_STAIRS = 2
+STAIR_HELD_SHARE = 0.5
+STAIR_MAX_SHARE = 2  # an accumulation over twice what the steps kept (and 64 MiB) is not theirs
+# Row 13, a peak bound to a phase: a pause that rose by PEAK_MIN_BYTES and kept at most
+# BOUND_KEPT_SHARE of it (or MIN_LEAK_BYTES) after its end.
+PEAK_MIN_BYTES = 256 * MIB
+BOUND_KEPT_SHARE = 0.25
 
 
 def judge(e: Evidence) -> list[Judged]:
@@ -130,7 +94,7 @@ def judge(e: Evidence) -> list[Judged]:
                 and e.oom_accumulations[0]["bytes"] >= OOM_ACCUMULATION_SHARE * (oom["allocated_bytes"] or 0)
                 else None) or _leak_by_growth(e)
     else:
-        leak = _leak_by_growth(e) or _leak_by_structure(e) or _leak_unheld(e)
+        leak = _leak_by_growth(e) or _leak_by_phases(e) or _leak_by_structure(e) or _leak_unheld(e)
     if leak is not None:
         out.append(leak)
     if oom is not None:
@@ -148,6 +112,8 @@ def judge(e: Evidence) -> list[Judged]:
         out.append(_live_at_exit(e))
     if not out and e.ended is not None and (e.last_allocated_bytes or 0) >= SIGNIFICANT_BYTES:
         out.append(_end_not_seen(e))  # row 9
+    out.extend(x for x in (_phase_bound_peak(e), _context(e), _pending_stream(e), _allocator_cache(e))
+               if x is not None)
     return out
 
 
@@ -158,12 +124,12 @@ def _leak_at_oom(e: Evidence, oom: dict) -> Judged | None:
     suspects = [accumulation_suspect(x) for x in e.oom_accumulations[:MAX_SUSPECTS]]
     return Judged(
         kind="leak", bytes=a["bytes"],
-        summary=f"{e.where} ran out of memory at {_at_line(oom)}, and {fb(a['bytes'])} of the "
+        summary=f"{e.where} ran out of memory at {at_line(oom)}, and {fb(a['bytes'])} of the "
                 f"{fb(oom['allocated_bytes'])} allocated then was {alike_text(a)} held by "
                 f"{a['pattern']}: an accumulation filled the GPU.",
-        evidence={"decided_by": "out-of-memory", "accumulation": _brief(a),
+        evidence={"decided_by": "out-of-memory", "accumulation": brief(a),
                   "allocated_at_error": oom["allocated_bytes"], "root_cause": e.oom_search,
-                  **_samples(e)},
+                  **samples_of(e)},
         remedy=suspects[0]["remedy"], suspects=suspects)
 
 
@@ -182,7 +148,7 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
     return Judged(
         kind="leak", bytes=g["retained_bytes"] if released is None else g["grown_bytes"],
         summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and {held}.",
-        evidence={"decided_by": "growth", **{k: v for k, v in g.items() if k != "rate_text"}, **_samples(e)},
+        evidence={"decided_by": "growth", **{k: v for k, v in g.items() if k != "rate_text"}, **samples_of(e)},
         remedy="")  # diagnosis.py gives it the suspects and their remedy
 
 
@@ -207,7 +173,7 @@ def _leak_by_structure(e: Evidence) -> Judged | None:
     return _leak_at_exit(
         e, e.accumulations, "structure", "accumulations", accumulation_suspect,
         lambda total, a: f"{fb(total)} of tensors in {e.where} had piled up: {alike_text(a)} "
-                         f"held by {a['pattern']}. {_too_short(e)} so this accumulation, which is how "
+                         f"held by {a['pattern']}. {too_short(e)} so this accumulation, which is how "
                          f"a leak looks, decided.")
 
 
@@ -215,7 +181,7 @@ def _leak_unheld(e: Evidence) -> Judged | None:
     return _leak_at_exit(
         e, e.unheld, "unheld", "unheld", unheld_suspect,
         lambda total, u: f"{fb(total)} in {e.where} is {alike_text(u)} that no Python object "
-                         f"holds, still allocated at exit. {_too_short(e)} so this decided: many alike "
+                         f"holds, still allocated at exit. {too_short(e)} so this decided: many alike "
                          f"allocations kept alive from C++, as a reference cycle through autograd does.")
 
 
@@ -226,9 +192,38 @@ def _leak_at_exit(e: Evidence, found: list[dict], decided_by: str, key: str, sus
         return None
     suspects = [suspect(x) for x in found[:MAX_SUSPECTS]]
     return Judged(kind="leak", bytes=total, summary=summary(total, found[0]),
-                  evidence={"decided_by": decided_by, key: [_brief(x) for x in found],
-                            "root_cause": e.exit_search, **_samples(e)},
+                  evidence={"decided_by": decided_by, key: [brief(x) for x in found],
+                            "root_cause": e.exit_search, **samples_of(e)},
                   remedy=suspects[0]["remedy"], suspects=suspects)
+
+
+def _leak_by_phases(e: Evidence) -> Judged | None:
+    """Row 2b: a staircase. Pauses in the steps that each left memory behind, still held at exit,
+    and an accumulation at exit that holds it: growth that comes one step per evaluation."""
+    stairs = [p for p in e.pauses if p.kept is not None and p.kept >= STAIR_MIN_BYTES]
+    if len(stairs) < MIN_STAIRS or e.live_bytes is None:
+        return None
+    kept = sum(p.kept for p in stairs)
+    if e.live_bytes < stairs[0].before + STAIR_HELD_SHARE * kept:
+        return None  # let go of before the end: not held
+    # The accumulation the steps are made of: at least half of them, and not one much bigger than
+    # all they kept (a dataset loaded before the first step is no step's).
+    held = [a for a in e.accumulations
+            if STAIR_HELD_SHARE * kept <= a["bytes"] <= STAIR_MAX_SHARE * kept + SIGNIFICANT_BYTES]
+    if not held:
+        return None
+    a = held[0]
+    suspects = [accumulation_suspect(x) for x in held[:MAX_SUSPECTS]]
+    steps = ", ".join(fb(p.kept) for p in stairs)
+    return Judged(
+        kind="leak", bytes=a["bytes"],
+        summary=f"Live PyTorch tensors in {e.where} grew in steps, one at each of {len(stairs)} pauses in "
+                f"the loop's steps (an evaluation, a validation): +{steps}, all still held at the end, "
+                f"{alike_text(a)} held by {a['pattern']}. Each pause adds a step: a longer run, with more "
+                f"evaluations, runs out of memory.",
+        evidence={"decided_by": "phases", "stairs": [p.to_json() for p in stairs], "kept_bytes": kept,
+                  "accumulation": brief(a), "root_cause": e.exit_search, **samples_of(e)},
+        remedy=suspects[0]["remedy"], suspects=suspects)
 
 
 # -- out of memory, garbage, what is still held -------------------------------------------
@@ -294,9 +289,9 @@ def _out_of_memory(e: Evidence, oom: dict, cause: str) -> Judged:
     suspects = e.oom_suspects if cause in ("full", "accumulation") else []
     return Judged(
         kind="out-of-memory", bytes=request,
-        summary=f"{e.where} ran out of GPU memory at {_at_line(oom)}: {why}.{caught}",
+        summary=f"{e.where} ran out of GPU memory at {at_line(oom)}: {why}.{caught}",
         evidence={"decided_by": "out-of-memory", "cause": cause, "figures": figures,
-                  "errors": len(e.ooms), "first": _oom_brief(oom), "root_cause": e.oom_search},
+                  "errors": len(e.ooms), "first": oom_brief(oom), "root_cause": e.oom_search},
         remedy=remedy, suspects=suspects)
 
 
@@ -336,17 +331,86 @@ def _live_at_exit(e: Evidence) -> Judged:
     if e.enough_samples:
         why = "They did not keep growing while the program was watched, so this is not a leak: it is"
     else:
-        why = (f"{_too_short(e)} and nothing else pointed to a leak, so this is taken as")
+        why = (f"{too_short(e)} and nothing else pointed to a leak, so this is taken as")
     return Judged(
         kind="live-at-exit", bytes=e.live_bytes,
         summary=f"{fb(e.live_bytes)} of tensors in {e.where} were still referenced when the program "
                 f"ended. {why} what the program still holds (a model, data, or a reference it forgot "
                 f"to drop), and nvidia-smi counts it until the process exits.",
         evidence={"decided_by": "exit", "live_at_end_bytes": e.live_bytes, "root_cause": e.exit_search,
-                  "accumulations": [_brief(a) for a in e.accumulations], **_samples(e)},
+                  "accumulations": [brief(a) for a in e.accumulations], **samples_of(e)},
         remedy="")  # diagnosis.py gives it the suspects and their remedy
 
 
+def _phase_bound_peak(e: Evidence) -> Judged | None:
+    """Row 13: pauses whose memory rose and was let go of at their end. Not a leak; the peak."""
+    bound = [p for p in e.pauses if p.rise >= PEAK_MIN_BYTES and p.kept is not None
+             and p.kept <= max(MIN_LEAK_BYTES, BOUND_KEPT_SHARE * p.rise)
+             and (p.steps_peak is None or p.height > p.steps_peak)]
+    if not bound:
+        return None
+    top = max(bound, key=lambda p: p.rise)
+    heights = ", ".join(fb(p.rise) for p in bound[:6]) + (" ..." if len(bound) > 6 else "")
+    suspects = [accumulation_suspect(x, phase=True) for x in e.phase_accumulations[:MAX_SUSPECTS]]
+    held = ""
+    if e.phase_accumulations:
+        a = e.phase_accumulations[0]
+        held = f" At its height {alike_text(a)} were held by {a['pattern']}."
+    return Judged(
+        kind="avoidable-peak", bytes=top.rise,
+        summary=f"In {e.where}, memory rose during {len(bound)} pause{'s' if len(bound) > 1 else ''} in the "
+                f"loop's steps (an evaluation, a validation, the work after the last step) by up to "
+                f"{fb(top.rise)} ({heights}), above all that the steps had reached, and was let go of at "
+                f"each pause's end: not a leak, but what made the peak.{held}",
+        evidence={"decided_by": "phases", "pauses": [p.to_json() for p in bound],
+                  "highest_bytes": top.height, "root_cause": e.phase_search},
+        remedy=suspects[0]["remedy"] if suspects else PHASE_REMEDY, suspects=suspects)
+
+
+PHASE_REMEDY = ("No search was made at its height, so what held it is not known: what an evaluation "
+                "gathers, or the autograd graphs it builds, lives until it ends. Evaluate under "
+                "torch.no_grad() (model.eval() does not stop autograd), keep numbers (loss.item()) or CPU "
+                "copies of what you gather, or reduce as you go.")
+
+
+def _context(e: Evidence) -> Judged | None:
+    if not e.context_bytes:
+        return None
+    return Judged(kind="context", bytes=e.context_bytes,
+                  summary=f"{fb(e.context_bytes)} is the CUDA context of {e.where}: per-process overhead, "
+                          f"not a leak.",
+                  evidence={"context_bytes": e.context_bytes, "cuda_started_t": e.cuda_t},
+                  remedy="Nothing to do; each process that uses a GPU pays this once per device.")
+
+
+def _pending_stream(e: Evidence) -> Judged | None:
+    if not e.pending_stream_bytes or e.pending_stream_bytes < SIGNIFICANT_BYTES:
+        return None
+    return Judged(
+        kind="pending-stream", bytes=e.pending_stream_bytes,
+        summary=f"{fb(e.pending_stream_bytes)} in {e.where} was freed in Python but is held until "
+                f"unfinished work on another stream completes (record_stream).",
+        evidence={"active_at_end": e.active_bytes, "allocated_at_end": e.allocated_bytes,
+                  "pending_after_synchronize": e.pending_after_sync_bytes},
+        remedy="Synchronize the side stream (stream.synchronize() or torch.cuda.synchronize()) "
+               "before expecting the memory back, or avoid record_stream on large tensors.")
+
+
+def _allocator_cache(e: Evidence) -> Judged | None:
+    """In a loop (the program marked steps) the cache at exit is what every step reuses:
+    activations, and gradients that zero_grad freed after the last step. Only a program
+    without steps that ends with a cache is told about it."""
+    if e.by != "time" or not e.cache_bytes or e.cache_bytes < SIGNIFICANT_BYTES:
+        return None
+    reserved, nvml = e.after_empty_cache or (None, None)
+    return Judged(
+        kind="allocator-cache", bytes=e.cache_bytes,
+        summary=f"{fb(e.cache_bytes)} in {e.where} is PyTorch's allocator cache: memory of freed "
+                f"tensors kept for reuse. nvidia-smi counts it; it is not a leak.",
+        evidence={"reserved_at_end": e.reserved_bytes, "active_at_end": e.active_bytes,
+                  "reserved_after_empty_cache": reserved, "nvml_after_empty_cache": nvml},
+        remedy="torch.cuda.empty_cache() returns it to the device (other processes can then use it); "
+               "within one process PyTorch reuses it anyway.")
 # -- the edges of the evidence: a disabled collector, an end not seen ----------------------------
 
 COLLECTOR_OFF_SHARE = 0.5  # of the samples that found the collector disabled, for it to count as off
@@ -394,14 +458,14 @@ def _end_not_seen(e: Evidence) -> Judged:
     """Row 9: memory was held, and the process ended before anything could say by what."""
     ended = e.ended
     last = (f"at its last reading ({e.last_t:.1f} s)" if e.last_t is not None else "at its last reading")
-    watched = ("" if e.enough_samples else f" {_too_short(e)} so neither growth nor its holders can decide.")
+    watched = ("" if e.enough_samples else f" {too_short(e)} so neither growth nor its holders can decide.")
     return Judged(
         kind="unknown", bytes=e.last_allocated_bytes,
         summary=f"{fb(e.last_allocated_bytes)} of tensors were alive in {e.where} {last}, and the process "
                 f"{ended['text']}: its exit probes and the holder search never ran, so what held them, and "
                 f"whether they were a leak, is unknown.{watched}",
         evidence={"decided_by": "end-not-seen", "ended": ended, "last_allocated_bytes": e.last_allocated_bytes,
-                  "last_t": e.last_t, **_samples(e)},
+                  "last_t": e.last_t, **samples_of(e)},
         remedy="Let the program end normally (return from main, sys.exit) so that the exit probes run; "
                "os._exit() skips them. Or run it again with --trace on for allocation stacks.")
 
@@ -425,44 +489,3 @@ def outside_rise(peak: dict | None, allowance: int) -> str | None:
         return None
     return (f"at exit, and while the program ran it rose past warm-up by {fb(peak['rise'])}, to {fb(peak['peak'])} "
             f"(held from {peak['at']:.1f}), whatever was left at exit: memory let go of at the end still grew")
-
-
-# -- words ---------------------------------------------------------------------------
-
-def _too_short(e: Evidence) -> str:
-    what = "step samples" if e.by == "step" else "samples"
-    if e.samples < 8:
-        return (f"The run was too short to see growth over time ({e.samples} {what}; judging growth "
-                f"needs 8),")
-    if e.unseen_bytes >= SIGNIFICANT_BYTES:
-        return (f"The samples did not see the memory build up ({fb(e.unseen_bytes)} of what was alive at "
-                f"exit came after the last of {e.samples} {what}),")
-    return (f"The samples saw what was alive at exit only at the very end (the last {e.watched_after} of "
-            f"{e.samples} {what}), too late to tell a leak from a program that ends at its peak,")
-
-
-def _samples(e: Evidence) -> dict:
-    return {"samples": e.samples, "by": e.by, "enough_samples_for_growth": e.enough_samples,
-            "unseen_bytes": e.unseen_bytes, "watched_after": e.watched_after}
-
-
-def _line(stack: list) -> str | None:
-    frame = user_line(stack)
-    return at(frame) if frame else None
-
-
-def _at_line(oom: dict) -> str:
-    line = _line(oom["stack"])
-    thread = f" in thread {oom['thread']}" if oom["thread"] != "MainThread" else ""
-    return (line or "an unknown line") + thread
-
-
-def _brief(a: dict) -> dict:
-    return {k: v for k, v in a.items() if k in ("pattern", "path", "kind", "count", "bytes", "sizes",
-                                                 "where", "thread", "same_line")}
-
-
-def _oom_brief(o: dict) -> dict:
-    return {k: o[k] for k in ("t", "step", "device", "request_bytes", "limit_bytes", "device_free_bytes",
-                              "allocated_bytes", "reserved_bytes", "largest_free_block_bytes",
-                              "free_in_segments_bytes", "processes", "thread")} | {"at": _line(o["stack"])}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from . import stacks
+from . import remedies, stacks
 from ..units import format_bytes as fb
 
 MIB = 1 << 20
@@ -162,48 +162,13 @@ def _at(frame: list) -> str:
 
 
 def _remedy(holder: dict | None, where: list | None, threads: list | None, why: list | None = None,
-            released: bool = False) -> str:
-    """What to do about one holder kind. `released`: the memory was let go of after the loop (a
-    function that held it returned), so a local's remedy is about the loop, not the function."""
-    at = f" (allocated at {where[0]}:{where[1]})" if where else ""
+            released: bool = False, situation: str = "leak") -> str:
+    """The remedies table's row for one holder (remedies.py). `released`: the memory was let go of
+    after the loop (a function that held it returned), so a local's remedy is about the loop."""
     if holder is None:
-        return unheld_remedy(why, at)
-    path, kind = holder["path"], holder["kind"]
-    text = {
-        "global": f"{holder['pattern']} keeps every one of them{at}: store a number (.item()) or a "
-                  f"CPU copy (.detach().cpu()), or bound the container.",
-        "attribute": f"The attribute {path.rsplit('.', 1)[-1]} reached as {holder['pattern']} keeps "
-                     f"them{at}: clear or replace it when it is no longer needed.",
-        "frame-local": f"A local variable kept every step's tensors while the loop ran: {path}{at}; it "
-                       f"let go of them only when its function returned. Keep a number (.item()) or a "
-                       f"CPU copy (.detach().cpu()) instead, or bound it: a longer loop runs out of memory."
-                       if released else
-                       f"A local variable of a function that is still running keeps them: {path}{at}; "
-                       f"del it or let the function return.",
-        "kept-exception": f"A stored exception keeps its traceback, and the traceback keeps every local "
-                          f"of the failing frames: {path}{at}. Store str(exc), or call "
-                          f"traceback.clear_frames(exc.__traceback__) before keeping it.",
-        "hook": f"A hook's closure keeps them: {path}{at}. Remove the hook (handle.remove()) when done, "
-                f"or keep bounded .detach().cpu() copies.",
-        "closure": f"A closure keeps them: {path}{at}; do not capture tensors in long-lived functions.",
-        "autograd-graph": f"{path.split('.grad_fn')[0]} holds an autograd graph: it was built from "
-                          f"tensors that require grad (for example total_loss += loss) and keeps each "
-                          f"step's saved tensors{at}. Accumulate loss.item() or loss.detach() instead.",
-        "cycle": f"{path} is part of a reference cycle{at}: break it (weakref for back-references) "
-                 f"or call gc.collect().",
-        "generator": f"A suspended generator keeps its local variables until it runs to its end or is "
-                     f"closed: {path}{at}. Exhaust it, call its .close(), or drop it when done.",
-        "cache": f"{path.split(chr(39))[0]} is memoised with functools.lru_cache, which keeps every result it "
-                 f"returned, one per distinct argument{at}. Bound it (maxsize=...), call "
-                 f"{path.split(chr(39))[0].rsplit('.', 1)[-1]}.cache_clear() when done, or cache a CPU copy "
-                 f"or a number instead.",
-        "foreign": f"An object of another library holds the memory: {path}{at}. An array made from a "
-                   f"tensor (cupy.asarray, from_dlpack, __cuda_array_interface__) shares its memory and "
-                   f"keeps it alive as long as the array lives: drop the array, or copy what you need.",
-    }[kind]
-    if threads and any("(ended)" in t for t in threads):
-        text += " The thread that allocated them has ended; the reference above is what keeps them."
-    return text
+        return unheld_remedy(why, where)
+    return remedies.remedy(holder, where, "released" if released else situation,
+                           bool(threads and any("(ended)" in t for t in threads)))
 
 
 WHY_TEXT = {
@@ -224,26 +189,7 @@ def unheld_text(why: list | None) -> str:
     return text
 
 
-def unheld_remedy(why: list | None, at: str = "", graph_grads: int | None = None) -> str:
-    """What to do about blocks without a holder, by why the search found none."""
-    reason = why[0][0] if why else None
-    if reason == "not-reached":
-        return ("The search stopped before it reached these blocks (the report says why and how far it "
-                f"got){at}. Run again with --trace on for their allocating line.")
-    if graph_grads:
-        return (f"No object the program reaches holds them, and the .grad of {graph_grads} "
-                f"tensor{'s' if graph_grads != 1 else ''} carries an autograd graph: backward(create_graph=True) "
-                "on a leaf makes a reference cycle leaf -> .grad -> its graph -> leaf that Python's gc cannot "
-                "see (PyTorch warns about it). Use torch.autograd.grad(..., create_graph=True) instead, or set "
-                f"the leaf's .grad to None when done{at}.")
-    if reason == "unreachable":
-        return ("The object that holds them is referred to by nothing the program's modules or live frames "
-                "reach: a reference cycle that gc.collect() frees (the garbage finding says so at exit), or "
-                f"a reference from C/C++ code (an extension, a CUDA graph, a C++ hook){at}.")
-    return ("No Python object holds them: C/C++ code does, and the search cannot tell which (PyTorch's own "
-            "buffers such as a cuBLAS workspace per stream, 32 MiB on an H100; an extension; a custom "
-            f"autograd Function's C++ state){at}. With --trace on, their allocating line shows where they "
-            "came from.")
+unheld_remedy = remedies.unheld_remedy
 
 
 def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[list[dict], dict]:
@@ -295,20 +241,9 @@ def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[lis
 
 
 def _live_remedy(holder: dict | None, where: list | None, why: list | None = None) -> str:
-    if holder is not None and holder["kind"] in ("kept-exception", "hook", "autograd-graph", "cycle", "generator",
-                                                 "cache", "foreign"):
-        return _remedy(holder, where, None)  # these say how to let go of that kind of reference
-    at = f" (allocated at {where[0]}:{where[1]})" if where else ""
     if holder is None:
-        if why and why[0][0] != "no-python-object":
-            return unheld_remedy(why, at)
-        return ("No Python object holds it. PyTorch keeps some memory of its own among the allocated "
-                "blocks: a cuBLAS workspace per stream and thread that ran a matmul (32 MiB each on an "
-                "H100 or H200; torch._C._cuda_clearCublasWorkspaces() frees them). Otherwise C/C++ code "
-                f"holds it{at}.")
-    return (f"{holder['path']} still references it{at}. If the program no longer needs it, drop that "
-            f"reference (del it or set it to None; an optimizer holds its model's parameters too), "
-            f"then torch.cuda.empty_cache() gives the memory back to the device.")
+        return remedies.unheld_remedy(why, where, live=True)
+    return remedies.remedy(holder, where, "live")
 
 
 def garbage_suspects(root: dict) -> tuple[list[dict], dict]:
@@ -401,7 +336,7 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
             root = h["pattern"].split(GRAPH_PART)[0]
             a = held.setdefault(root, {"pattern": root, "path": h["path"], "kind": h["kind"],
                                        "count": 0, "bytes": 0, "sizes": {}, "where": None,
-                                       "thread": g["thread"], "parts": {}, "lines": {}})
+                                       "thread": g["thread"], "parts": {}, "lines": {}, "container": 0})
             if where is not None:
                 # The line of its blocks that have stacks (--trace auto records them for a window;
                 # the later blocks, held the same way, are the same leak's), the most bytes first.
@@ -409,8 +344,13 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
                 line[1] += h["bytes"]
                 if a["thread"] is None:
                     a["thread"] = g["thread"]
-            if GRAPH_PART not in h["pattern"] and a["kind"] == "autograd-graph":
-                a["path"], a["kind"] = h["path"], h["kind"]  # named by the container, not its graphs
+            if GRAPH_PART not in h["pattern"]:
+                a["container"] += h["count"]
+                if a["kind"] == "autograd-graph":  # named by the container, not its graphs...
+                    a["graph"] = (a["path"], a["kind"])
+                    a["path"], a["kind"] = h["path"], h["kind"]
+            elif a["container"] and "graph" not in a:
+                a["graph"] = (h["path"], h["kind"])
             a["count"] += h["count"]
             a["bytes"] += h["bytes"]
             a["parts"][h["pattern"]] = a["parts"].get(h["pattern"], 0) + h["bytes"]
@@ -433,6 +373,11 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
         if a["count"] < MIN_ALIKE:
             continue
         lines = a.pop("lines")
+        graph = a.pop("graph", None)
+        if a.pop("container") < 2 and graph is not None:
+            # ... but one tensor that holds a graph (a running sum without .item()) is no container:
+            # the chain its grad_fn keeps is the accumulation, named by its graph (a chain is a container).
+            a["path"], a["kind"] = graph
         if lines:
             a["where"] = max(lines.values(), key=lambda line: line[1])[0]
         a["sizes"] = sorted(([s, n] for s, n in a["sizes"].items()), key=lambda p: -p[1])[:3]
@@ -452,8 +397,8 @@ def alike_text(a: dict) -> str:
     return f"{a['count']} {what}"
 
 
-def accumulation_suspect(a: dict) -> dict:
-    """A suspect made of a held accumulation."""
+def accumulation_suspect(a: dict, phase: bool = False) -> dict:
+    """A suspect made of a held accumulation (`phase`: gathered during a pause, let go of at its end)."""
     holder = {"path": a["path"], "pattern": a["pattern"], "kind": a["kind"], "count": a["count"],
               "bytes": a["bytes"], "sizes": a["sizes"]}
     summary = f"{fb(a['bytes'])} in {alike_text(a)} held by {a['path']}"
@@ -465,7 +410,8 @@ def accumulation_suspect(a: dict) -> dict:
         summary += f" in thread {', '.join(a['thread'])}"
     return {"kind": "allocation", "bytes": a["bytes"], "count": a["count"], "where": a["where"],
             "stack": [a["where"]] if a["where"] else [], "thread": a["thread"], "holders": [holder],
-            "unheld_bytes": None, "summary": summary, "remedy": _remedy(holder, a["where"], a["thread"])}
+            "unheld_bytes": None, "summary": summary,
+            "remedy": _remedy(holder, a["where"], a["thread"], situation="phase" if phase else "leak")}
 
 
 def unheld_suspect(u: dict) -> dict:
@@ -473,11 +419,29 @@ def unheld_suspect(u: dict) -> dict:
     where = f" at {_at(u['where'])}" if u["where"] else ""
     why = u.get("why")
     summary = f"{fb(u['bytes'])} in {alike_text(u)}{where} {unheld_text(why) if why else 'that no Python object holds'}"
-    at = f" (allocated at {u['where'][0]}:{u['where'][1]})" if u["where"] else ""
-    remedy = unheld_remedy(why, at, u.get("graph_grads"))
+    remedy = unheld_remedy(why, u["where"], u.get("graph_grads"))
     return {"kind": "allocation", "bytes": u["bytes"], "count": u["count"], "where": u["where"],
             "stack": [u["where"]] if u["where"] else [], "thread": u["thread"], "holders": [],
             "unheld_bytes": u["bytes"], "summary": summary, "remedy": remedy}
+
+
+def phase_accumulations(root: dict, torch_index: int, at_exit: list[dict]) -> tuple[list[dict], dict]:
+    """The accumulations that a search at a pause's height found (when="phase", the biggest such
+    search) and the exit search no longer did: what the pause let go of at its end."""
+    found = [i for i in root["investigations"] if i["when"] == "phase"]
+    if not found:
+        return [], {"searched": False, "why_not": "no search was made at a pause's height"}
+    gone = {a["pattern"] for a in at_exit}
+    best, chosen = [], found[-1]
+    for i in found:
+        held = [a for a in accumulations(i, torch_index)[0] if a["pattern"] not in gone]
+        if sum(a["bytes"] for a in held) > sum(a["bytes"] for a in best):
+            best, chosen = held, i
+    meta = {"searched": True, "when": "phase", "step": chosen["step"], "t": chosen["t"],
+            "allocation_stacks": chosen["trace"], "source": chosen["source"],
+            "objects_visited": chosen["visited"], "gave_up": chosen["gave_up"],
+            "elapsed_s": chosen["elapsed_s"]}
+    return best, meta
 
 
 def search_of(root: dict, when: str) -> dict | None:

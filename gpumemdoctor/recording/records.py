@@ -72,7 +72,7 @@ GROUP = Shape({"device": opt(INT), "new": opt(BOOL), "bytes": INT, "count": INT,
                "unheld_count": opt(INT), "unheld_sizes": _SIZES, "unheld_why": opt(list_of(_WHY))})
 # "visited": the objects the garbage collector tracked when the search began (its heap); "forked":
 # made in a copy of the process; "phases": seconds (and counts) of its parts.
-INVESTIGATION = Shape({"when": one_of("growth", "exit", "oom"), "t": NUM, "step": opt(INT), "trace": BOOL,
+INVESTIGATION = Shape({"when": one_of("growth", "exit", "oom", "phase"), "t": NUM, "step": opt(INT), "trace": BOOL,
                        "source": one_of("allocator", "tensors"), "all_live": opt(BOOL),
                        "candidate_bytes": INT,
                        "candidate_count": INT, "groups": list_of(GROUP), "visited": INT,

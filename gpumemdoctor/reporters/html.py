@@ -267,7 +267,7 @@ def _header(diagnosis: Diagnosis) -> str:
             parts.append(f'<p class="decided">Decided by <b>{_e(decided)}</b>'
                          f'{": " + _e(DECIDED_BY[decided]) if decided in DECIDED_BY else ""}</p>')
     for f in diagnosis.findings:
-        if f.kind in ("orphan-process", "rank-imbalance"):
+        if f.kind in ("orphan-process", "rank-imbalance", "avoidable-peak"):
             parts.append(f'<p class="warning">Warning: {_e(f.summary)}</p>')
     parts.append("</div></header>")
     return "\n".join(parts)

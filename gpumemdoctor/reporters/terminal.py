@@ -35,6 +35,7 @@ DECIDED_BY = {
     "gc-during-run": "found by the garbage collector's own runs",
     "collector-disabled": "found by gc.collect() at exit, with the garbage collector disabled",
     "end-not-seen": "the process ended before its exit probes ran",
+    "phases": "seen growing in steps, one at each pause in the loop (an evaluation, a validation)",
 }
 BARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 40

@@ -294,7 +294,7 @@ def test_a_run_too_short_to_watch_is_judged_by_structure_and_says_so(name, repor
         assert leak["evidence"]["decided_by"] == "growth", leak["evidence"]
     else:
         assert leak["evidence"]["decided_by"] == "structure", leak["evidence"]
-        # the summary says why the samples could not decide (judgement._too_short)
+        # the summary says why the samples could not decide (evidence.too_short)
         assert any(why in leak["summary"] for why in (
             "too short to see growth", "did not see the memory build up", "only at the very end")), leak["summary"]
         assert evidence["accumulations"][0]["count"] >= 8

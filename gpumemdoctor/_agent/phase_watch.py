@@ -1,0 +1,157 @@
+"""A holder search at a pause's height: what an evaluation gathers before it lets go of it.
+
+An evaluation without torch.no_grad() that sums its losses without .item() holds every batch's
+autograd graph until it returns: gigabytes for a fraction of a second, gone before any search at a
+step or at exit could see them. So while the steps pause (no step for a sampling interval, and for
+PAUSE_STEPS median steps: a slow step is no pause), each time sample on the agent's thread compares
+allocated memory with the steps': once it is PHASE_RISE_BYTES above their level at the last step
+sample and above everything the steps had reached before the first pause (PyTorch's peak counter
+then: each evaluation of a run may be searched, not only the first), a search is
+asked for on the program's main thread (`Py_AddPendingCall`: it runs there at the next bytecode
+boundary, where a step boundary's search would run; no signal, no hook, nothing the program can
+see) and made there as a growth search is: in a copy of the process (growth_watch.search("phase")),
+over all live memory. The program pauses for the fork once, in its evaluation, not in its training
+steps; at most MAX_PHASE_SEARCHES per process, one per pause, never while a copy searches. With
+--trace auto and no stacks being recorded, the first such sample of a pause asks for the stacks
+instead (trace.start("phase"), until the next step), and a later one, TRACED_BYTES higher, for
+the search: the pause's allocating line is then known.
+
+Everything here on the sampling path is ints and floats kept in lists made once (`prepare`): it
+makes no container the program's collector would count, until a search is asked for.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PHASE_RISE_BYTES = 256 << 20  # as the judgement's row 13 (judgement.PEAK_MIN_BYTES)
+PAUSE_STEPS = 4  # as diagnosis/phases.py: a pause lasts this many median steps
+PAUSE_MIN_S = 0.05
+MAX_PHASE_SEARCHES = 2
+MIN_STEP_SAMPLES = 8  # step samples before a pause can be told from a slow step
+TRACED_BYTES = 64 << 20  # allocated with stacks on, in the pause, before its search (--trace auto)
+STEP_WEIGHT = 0.1  # of the newest step in the running mean of the seconds per step
+
+
+class PhaseWatch:
+    """The pause check on the time samples, and the search it asks the main thread for."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.level: list = []  # per device slot: allocated at the last step sample
+        self.steps_peak: list = []  # per device slot: PyTorch's allocated peak then, until the first pause
+        self.paused = False  # a pause was seen: the steps' peak is kept as it was before it
+        self.step_s = 0.0  # running mean of seconds per step, between step samples
+        self.step_samples = 0
+        self.last_step_n = 0  # the step count at the last step sample, and its time (no tuple: the
+        self.last_step_t = 0.0  # step path makes no container)
+        self.searched_step = -1  # the pause (its step count) already searched
+        self.traced_step = -1  # the pause whose stacks were asked for, and the reading then
+        self.traced_bytes = 0
+        self.action = "search"  # what the main thread is asked for: "trace" or "search"
+        self.searches = 0
+        self.asked = False  # a search was asked for and has not run yet
+        self.callback = None  # the C callback for Py_AddPendingCall, made once
+        self.add_pending = None
+
+    def prepare(self, devices: int) -> None:
+        """Made once at CUDA's start, on the program's thread."""
+        self.level = [0] * devices
+        self.steps_peak = [0] * devices
+        try:
+            import ctypes
+
+            self.callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(self._on_main_thread)
+            self.add_pending = ctypes.pythonapi.Py_AddPendingCall
+            self.add_pending.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            self.add_pending.restype = ctypes.c_int
+        except Exception:
+            self.callback = self.add_pending = None
+
+    def check(self, now: float, by: str) -> None:
+        """After each sample (the sampler's lock held)."""
+        agent = self.agent
+        rows = agent.sampler.rows
+        live = agent.sampler.live
+        if by == "step":
+            steps, t = self.last_step_n, self.last_step_t
+            if agent.steps > steps and t:
+                per_step = (now - t) / (agent.steps - steps)
+                self.step_s = per_step if self.step_s == 0.0 else self.step_s + (per_step - self.step_s) * STEP_WEIGHT
+            self.last_step_n = agent.steps
+            self.last_step_t = now
+            self.step_samples += 1
+            for i in range(len(rows)):
+                if live[i]:
+                    self.level[i] = rows[i][1] or 0
+                    if not self.paused:  # (PyTorch's counter keeps the pauses' own heights after them)
+                        self.steps_peak[i] = rows[i][6] or 0
+            return
+        if by != "time" or self.step_samples < MIN_STEP_SAMPLES:
+            return
+        least = PAUSE_STEPS * self.step_s
+        if now - agent.last_step_t < (least if least > PAUSE_MIN_S else PAUSE_MIN_S):
+            return  # a slow step, sampled over time: not a pause
+        self.paused = True
+        if (self.asked or self.add_pending is None or self.searches >= MAX_PHASE_SEARCHES
+                or self.searched_step == agent.steps or agent.growth_watch.copies):
+            return
+        trace = agent.trace
+        for i in range(len(rows)):
+            allocated = rows[i][1]
+            if (live[i] and allocated is not None and allocated - self.level[i] >= PHASE_RISE_BYTES
+                    and allocated > self.steps_peak[i]):
+                if trace.mode == "auto" and not trace.on and self.traced_step != agent.steps:
+                    self.traced_step = agent.steps
+                    self.traced_bytes = allocated
+                    self.ask("trace")
+                elif self.traced_step != agent.steps or allocated >= self.traced_bytes + TRACED_BYTES:
+                    self.ask("search")
+                return
+
+    def ask(self, action: str = "search") -> None:
+        """Ask the main thread for the search (or the stacks), at its next bytecode boundary."""
+        self.asked = True
+        self.action = action
+        if action == "search":
+            self.searched_step = self.agent.steps
+        try:
+            if self.add_pending(self.callback, None) != 0:
+                self.asked = False  # the queue of pending calls was full: a later sample asks again
+        except Exception:
+            self.asked = False
+
+    def _on_main_thread(self, _) -> int:
+        """Runs on the program's main thread, between two of its bytecodes. Never raises."""
+        started = time.perf_counter()
+        try:
+            self.asked = False
+            frame = sys._getframe(1)
+            while frame is not None:  # never inside the agent's own work (a step sample, a search, exit)
+                if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+                    if self.action == "search":
+                        self.searched_step = -1  # a later sample of this pause asks again
+                    else:
+                        self.traced_step = -1
+                    return 0
+                frame = frame.f_back
+            agent = self.agent
+            if self.action == "trace":
+                if not agent.trace.on and not agent.finished:
+                    agent.trace.start("phase", until_step=agent.steps + 1)
+                return 0
+            watch = agent.growth_watch
+            if watch.copies:
+                watch.poll_copies()
+            if not watch.copies and not self.agent.finished:
+                self.searches += 1
+                watch.search("phase")
+                cost = self.agent.cost  # what the program waited for: the roots and the fork
+                spent = time.perf_counter() - started
+                cost["phase_pause_s"] = max(cost.get("phase_pause_s", 0.0), spent)
+        except Exception:
+            pass
+        return 0

@@ -1,0 +1,124 @@
+"""The evidence about one process on one GPU that the judgement weighs (judgement.py), what a row
+finds (`Judged`), and the words the rows share. Pure."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .phases import Pause
+from .suspects import at, user_line
+from ..units import format_bytes as fb
+
+SIGNIFICANT_BYTES = 64 << 20
+
+
+@dataclass
+class Evidence:
+    """Everything observed about one process on one GPU that bears on the verdict."""
+
+    pid: int
+    device: int | None  # NVML index
+    torch_index: int
+    where: str  # "process 123 on GPU 0"
+    samples: int  # readings in the series that growth is judged on
+    by: str  # "step" or "time"
+    enough_samples: bool  # at least 8, they saw what is alive at exit, and for long enough after
+    unseen_bytes: int  # what was allocated after the last sample and is alive at exit
+    growth: dict | None  # the allocated floor's growth, when seen: grown, retained, rate text, figures
+    live_bytes: int | None  # tensors still referenced at exit (None without exit probes)
+    garbage_bytes: int | None  # freed by gc.collect() at exit
+    accumulations: list[dict] = field(default_factory=list)  # suspects.accumulations at exit
+    unheld: list[dict] = field(default_factory=list)
+    exit_search: dict = field(default_factory=dict)  # what the exit search was, or why there was none
+    collections: dict | None = None  # the garbage collector's callbacks: what collections freed
+    ooms: list[dict] = field(default_factory=list)  # out-of-memory errors on this device
+    oom_accumulations: list[dict] = field(default_factory=list)  # held at the first error
+    oom_suspects: list[dict] = field(default_factory=list)
+    oom_search: dict = field(default_factory=dict)
+    uncaught: dict | None = None  # the exception the program died of
+    exited_normally: bool = False  # its exit hook ran
+    watched_after: int = 0  # samples from the first that saw (nearly) what is alive at exit, to the end
+    pauses: list[Pause] = field(default_factory=list)  # pauses in the steps (phases.py)
+    phase_accumulations: list[dict] = field(default_factory=list)  # at a pause's height, gone at exit
+    phase_search: dict = field(default_factory=dict)
+    context_bytes: int | None = None
+    cuda_t: float | None = None
+    pending_stream_bytes: int | None = None  # held for another stream's unfinished work at exit
+    pending_after_sync_bytes: int | None = None
+    active_bytes: int | None = None  # at exit (end probe)
+    allocated_bytes: int | None = None
+    cache_bytes: int | None = None  # PyTorch's cache at exit
+    reserved_bytes: int | None = None
+    after_empty_cache: tuple | None = None  # (reserved, NVML) after empty_cache()
+    # How the process ended when its exit probes did not run (ends.how_ended): None when they ran.
+    ended: dict | None = None
+    last_allocated_bytes: int | None = None  # at its last reading (the end, or the last sample)
+    last_t: float | None = None
+    collector: dict | None = None  # the garbage collector's state (exit record): disabled, off samples
+
+    def to_json(self) -> dict:
+        """What the report keeps of it: the facts, not the suspects (those are on the findings)."""
+        return {"pid": self.pid, "device": self.device, "samples": self.samples, "by": self.by,
+                "enough_samples_for_growth": self.enough_samples, "unseen_bytes": self.unseen_bytes,
+                "watched_after": self.watched_after,
+                "growth": self.growth, "live_at_exit_bytes": self.live_bytes,
+                "pauses": [p.to_json() for p in self.pauses],
+                "garbage_at_exit_bytes": self.garbage_bytes,
+                "accumulations": [brief(a) for a in self.accumulations],
+                "unheld": [brief(u) for u in self.unheld],
+                "collections": self.collections,
+                "out_of_memory": [oom_brief(o) for o in self.ooms],
+                "uncaught": None if self.uncaught is None else
+                {"exc_type": self.uncaught["exc_type"], "at": line_of(self.uncaught["stack"])}}
+
+
+@dataclass
+class Judged:
+    """A finding of the judgement, before diagnosis.py makes it a Finding."""
+
+    kind: str
+    bytes: int
+    summary: str
+    evidence: dict
+    remedy: str
+    suspects: list[dict] = field(default_factory=list)
+
+
+# -- words ---------------------------------------------------------------------------
+
+def too_short(e: Evidence) -> str:
+    what = "step samples" if e.by == "step" else "samples"
+    if e.samples < 8:
+        return (f"The run was too short to see growth over time ({e.samples} {what}; judging growth "
+                f"needs 8),")
+    if e.unseen_bytes >= SIGNIFICANT_BYTES:
+        return (f"The samples did not see the memory build up ({fb(e.unseen_bytes)} of what was alive at "
+                f"exit came after the last of {e.samples} {what}),")
+    return (f"The samples saw what was alive at exit only at the very end (the last {e.watched_after} of "
+            f"{e.samples} {what}), too late to tell a leak from a program that ends at its peak,")
+
+
+def samples_of(e: Evidence) -> dict:
+    return {"samples": e.samples, "by": e.by, "enough_samples_for_growth": e.enough_samples,
+            "unseen_bytes": e.unseen_bytes, "watched_after": e.watched_after}
+
+
+def line_of(stack: list) -> str | None:
+    frame = user_line(stack)
+    return at(frame) if frame else None
+
+
+def at_line(oom: dict) -> str:
+    line = line_of(oom["stack"])
+    thread = f" in thread {oom['thread']}" if oom["thread"] != "MainThread" else ""
+    return (line or "an unknown line") + thread
+
+
+def brief(a: dict) -> dict:
+    return {k: v for k, v in a.items() if k in ("pattern", "path", "kind", "count", "bytes", "sizes",
+                                                 "where", "thread", "same_line")}
+
+
+def oom_brief(o: dict) -> dict:
+    return {k: o[k] for k in ("t", "step", "device", "request_bytes", "limit_bytes", "device_free_bytes",
+                              "allocated_bytes", "reserved_bytes", "largest_free_block_bytes",
+                              "free_in_segments_bytes", "processes", "thread")} | {"at": line_of(o["stack"])}

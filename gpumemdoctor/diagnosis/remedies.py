@@ -1,0 +1,161 @@
+"""Remedies in the user's words: one table, a row per holder kind and situation. Pure.
+
+Each remedy is two sentences: what keeps the memory, and what to change, in PyTorch's own idiom.
+The situation says what the memory did:
+
+- `leak`: it grew with the run and is held (the default);
+- `released`: a local that held every step's tensors until its function returned;
+- `phase`: it was gathered during a pause in the steps (an evaluation) and let go of at its end:
+  not a leak, the peak (judgement row 13);
+- `live`: still referenced at exit, nothing grew.
+
+A row for (kind, situation) wins over (kind, "*"); a holder path that matches a PATTERNS row (a
+model copied every step) wins over both. Placeholders: {path} the holder's path, {owner} the
+object the path starts from (`__main__.val_total` of `__main__.val_total.grad_fn ...`), {name}
+its container pattern, {attr} the attribute's name, {fn} the cached function, {at} where it was
+allocated (" (allocated at f.py:12)", or nothing).
+"""
+from __future__ import annotations
+
+import re
+
+# (holder kind, situation): (what keeps the memory, what to change)
+REMEDIES: dict[tuple[str, str], tuple[str, str]] = {
+    ("global", "leak"): (
+        "{name} keeps every one of them{at}.",
+        "Store a number (loss.item()) or a CPU copy (x.detach().cpu()), or bound the container "
+        "(collections.deque(maxlen=...))."),
+    ("attribute", "leak"): (
+        "The attribute {attr} of {owner} keeps them{at}.",
+        "Keep numbers (.item()) or CPU copies (.detach().cpu()) there, and clear or replace it when the "
+        "epoch that needs it ends."),
+    ("frame-local", "leak"): (
+        "A local variable of a function that is still running keeps them: {path}{at}.",
+        "del it or let the function return, and keep numbers or CPU copies in it."),
+    ("frame-local", "released"): (
+        "A local variable kept every step's tensors while the loop ran: {path}{at}; it let go of them "
+        "only when its function returned.",
+        "Keep a number (.item()) or a CPU copy (.detach().cpu()) instead, or bound it: a longer loop runs "
+        "out of memory."),
+    ("autograd-graph", "*"): (
+        "{owner} holds an autograd graph{at}: it was summed from tensors that require grad (total_loss "
+        "+= loss), and its grad_fn chain keeps every step's saved tensors.",
+        "Accumulate loss.item() or loss.detach() instead."),
+    ("autograd-graph", "phase"): (
+        "{owner} keeps every batch's autograd graph until the evaluation returns{at}: model.eval() does "
+        "not stop autograd, and a sum without .item() keeps each graph through its grad_fn chain.",
+        "Evaluate under torch.no_grad() (or torch.inference_mode()), and add loss.item() to the total."),
+    ("global", "phase"): (
+        "{name} gathers every batch's tensors on the GPU until the evaluation ends{at}; then they are let "
+        "go of.",
+        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak; "
+        "under torch.no_grad() they keep no autograd graph either."),
+    ("attribute", "phase"): (
+        "The attribute {attr} of {owner} gathers every batch's tensors on the GPU until the evaluation "
+        "ends{at}, as Lightning's validation_step_outputs does.",
+        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak; "
+        "under torch.no_grad() they keep no autograd graph either."),
+    ("frame-local", "phase"): (
+        "{path} gathers every batch's tensors on the GPU until its function returns{at}.",
+        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak; "
+        "under torch.no_grad() they keep no autograd graph either."),
+    ("kept-exception", "*"): (
+        "A stored exception keeps its traceback, and the traceback keeps every local of the failing "
+        "frames: {path}{at}.",
+        "Store str(exc), or call traceback.clear_frames(exc.__traceback__) before keeping it."),
+    ("hook", "*"): (
+        "A hook's closure keeps them: {path}{at}.",
+        "Remove the hook (handle.remove()) when done, or keep bounded .detach().cpu() copies."),
+    ("closure", "*"): (
+        "A closure keeps them: {path}{at}.",
+        "Do not capture tensors in long-lived functions; pass them as arguments."),
+    ("cycle", "*"): (
+        "{path} is part of a reference cycle{at}, which only the garbage collector frees.",
+        "Break it (a weakref for back-references) or call gc.collect() after dropping it."),
+    ("generator", "*"): (
+        "A suspended generator keeps its local variables until it runs to its end or is closed: "
+        "{path}{at}.",
+        "Exhaust it, call its .close(), or drop it when done."),
+    ("cache", "*"): (
+        "{fn} is memoised with functools.lru_cache, which keeps every result it returned, one per distinct "
+        "argument{at}.",
+        "Bound it (maxsize=...), call {short}.cache_clear() when done, or cache a CPU copy or a number "
+        "instead."),
+    ("foreign", "*"): (
+        "An object of another library holds the memory: {path}{at}. An array made from a tensor "
+        "(cupy.asarray, from_dlpack, __cuda_array_interface__) shares its memory and keeps it alive as "
+        "long as the array lives.",
+        "Drop the array, or copy what you need."),
+    ("*", "live"): (
+        "{path} still references it{at}.",
+        "If the program no longer needs it, drop that reference (del it or set it to None; an optimizer "
+        "holds its model's parameters too), then torch.cuda.empty_cache() gives the memory back to the "
+        "device."),
+}
+
+# Holder paths that say more than their kind: (regular expression, situation or "*", the two sentences).
+PATTERNS: list[tuple[str, str, tuple[str, str]]] = [
+    (r"(?<!_modules)\[\*\]\.(_modules|_parameters|_buffers)\[", "*", (
+        "{name} keeps a whole copy of a model's weights each time{at}: a deep copy per step keeps every "
+        "copy.",
+        "Keep one copy and update it in place (an exponential average: "
+        "ema.mul_(d).add_(p.detach(), alpha=1 - d), or torch.optim.swa_utils.AveragedModel), or save "
+        "copies to disk (state_dict on the CPU).")),
+]
+
+# Blocks without a holder, by why the search found none (search.WHY).
+UNHELD: dict[str, str] = {
+    "not-reached": "The search stopped before it reached these blocks (the report says why and how far it "
+                   "got){at}. Run again with --trace on for their allocating line.",
+    "unreachable": "The object that holds them is referred to by nothing the program's modules or live frames "
+                   "reach: a reference cycle that gc.collect() frees (the garbage finding says so at exit), or "
+                   "a reference from C/C++ code (an extension, a CUDA graph, a C++ hook){at}.",
+    "create-graph": "No object the program reaches holds them, and the .grad of {grads} carries an autograd "
+                    "graph: backward(create_graph=True) on a leaf makes a reference cycle leaf -> .grad -> its "
+                    "graph -> leaf that Python's gc cannot see (PyTorch warns about it). Use "
+                    "torch.autograd.grad(..., create_graph=True) instead, or set the leaf's .grad to None when "
+                    "done{at}.",
+    "no-python-object": "No Python object holds them: C/C++ code does, and the search cannot tell which "
+                        "(PyTorch's own buffers such as a cuBLAS workspace per stream, 32 MiB on an H100; an "
+                        "extension; a custom autograd Function's C++ state){at}. With --trace on, their "
+                        "allocating line shows where they came from.",
+    "live": "No Python object holds it. PyTorch keeps some memory of its own among the allocated blocks: a "
+            "cuBLAS workspace per stream and thread that ran a matmul (32 MiB each on an H100 or H200; "
+            "torch._C._cuda_clearCublasWorkspaces() frees them). Otherwise C/C++ code holds it{at}.",
+}
+ENDED_THREAD = " The thread that allocated them has ended; the reference above is what keeps them."
+
+
+def remedy(holder: dict, where: list | None, situation: str = "leak", ended_thread: bool = False) -> str:
+    """The two sentences for one holder: what keeps the memory, what to change."""
+    path, kind = holder["path"], holder["kind"]
+    keeps, change = next((text for pattern, when, text in PATTERNS
+                          if when in ("*", situation) and re.search(pattern, holder["pattern"])), (None, None))
+    if keeps is None:
+        keeps, change = (REMEDIES.get((kind, situation)) or REMEDIES.get((kind, "*"))
+                         or REMEDIES.get(("*", situation)) or REMEDIES[(kind, "leak")])
+    fn = path.split("'")[0]
+    pattern = holder["pattern"]
+    fields = {"path": path, "owner": path.split(".grad_fn")[0] if kind == "autograd-graph"
+              else pattern.rsplit(".", 1)[0],
+              "name": pattern, "attr": pattern.rsplit(".", 1)[-1].split("[")[0], "fn": fn,
+              "short": fn.rsplit(".", 1)[-1], "at": at_text(where)}
+    text = f"{keeps.format(**fields)} {change.format(**fields)}"
+    return text + ENDED_THREAD if ended_thread else text
+
+
+def unheld_remedy(why: list | None, where: list | None = None, graph_grads: int | None = None,
+                  live: bool = False) -> str:
+    """What to do about blocks without a holder, by why the search found none."""
+    reason = why[0][0] if why else None
+    if reason != "not-reached" and graph_grads:
+        reason = "create-graph"
+    elif live and reason in (None, "no-python-object"):
+        reason = "live"
+    grads = f"{graph_grads} tensor{'s' if graph_grads != 1 else ''}" if graph_grads else ""
+    return UNHELD.get(reason or "no-python-object", UNHELD["no-python-object"]).format(at=at_text(where),
+                                                                                   grads=grads)
+
+
+def at_text(where: list | None) -> str:
+    return f" (allocated at {where[0]}:{where[1]})" if where else ""
