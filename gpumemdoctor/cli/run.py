@@ -7,6 +7,7 @@ import re
 import shutil
 import sys
 import traceback
+from dataclasses import dataclass
 
 import click
 
@@ -15,6 +16,20 @@ from ._ci_checks import check_options, make_policy, publish
 from ._params import Seconds
 
 _SCRIPT_PROBE_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    """What `run` writes and draws once its target has ended; every file checked before it started."""
+
+    name: str  # the target's name, for the report's default file name
+    report: str | None  # -o; None: the default name, known once the target's PID is
+    force: bool
+    quiet: bool
+    html: str | None
+    html_next_to_json: bool
+    junit: str | None
+    new_baseline: str | None  # the file --update-baseline writes; None without it
 
 
 class _RunCommand(click.Command):
@@ -165,8 +180,10 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
                                prepare=AFTER_RUN_MODULES))
     status = exit_status(recording)
     try:
-        return _after_run(recording, status, name, output, force, quiet, html, html_next_to_json,
-                          policy, junit, baseline if update_baseline else None)
+        outputs = RunOutputs(name=name, report=output, force=force, quiet=quiet, html=html,
+                             html_next_to_json=html_next_to_json, junit=junit,
+                             new_baseline=baseline if update_baseline else None)
+        return _after_run(recording, status, outputs, policy)
     except Exception as exc:  # a bug of gpumemdoctor's own, after the target ran: its status stays
         if ctx.find_root().params.get("debug"):
             traceback.print_exc()
@@ -179,9 +196,7 @@ AFTER_RUN_MODULES = ("gpumemdoctor.diagnosis.ci_checks", "gpumemdoctor.reporters
                      "gpumemdoctor.reporters.json_report", "gpumemdoctor.reporters.html", "gpumemdoctor.reporters.terminal")
 
 
-def _after_run(recording, status: int, name: str, output: str | None, force: bool, quiet: bool,
-               html: str | None, html_next_to_json: bool, policy, junit: str | None,
-               new_baseline: str | None) -> int:
+def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:
     """Diagnose, write and draw the report, then the checks; the exit status is the target's, or 10
     when it succeeded and a check failed. A file that cannot be written now is said in one line."""
     from ..diagnosis import ci_checks
@@ -193,24 +208,25 @@ def _after_run(recording, status: int, name: str, output: str | None, force: boo
     from ..reporters import terminal
 
     diagnosis = diagnose(recording)
-    default_path = default_name(name, recording, os.environ)  # with the host and node under a launcher
-    path = output or default_path
+    default_path = default_name(outputs.name, recording, os.environ)  # with the host and node under a launcher
+    path = outputs.report or default_path
+    html = outputs.html
     console = make_console()
     try:
-        write(build(recording, diagnosis), path, force)
+        write(build(recording, diagnosis), path, outputs.force)
     except UsageError as exc:  # the run happened: its verdict and exit status still come
         click.echo(f"gpumemdoctor: error: {exc}; the verdict follows, the exit status is the target's",
                    err=True)
         path = None
-    if html_next_to_json and html is None:
-        html = _next_to(output or default_path)
+    if outputs.html_next_to_json and html is None:
+        html = _next_to(outputs.report or default_path)
     if html is not None:
         try:
-            write_text(html_reporter.render(recording, diagnosis, path), html, force, what="HTML page")
+            write_text(html_reporter.render(recording, diagnosis, path), html, outputs.force, what="HTML page")
         except UsageError as exc:
             click.echo(f"gpumemdoctor: error: {exc}", err=True)
             html = None
-    if quiet:
+    if outputs.quiet:
         verdict = diagnosis.verdict or "none (no GPU measured)"
         console.print(f"gpumemdoctor verdict: {verdict}" + (f"  report: {path}" if path else "")
                       + (f"  html: {html}" if html else ""))
@@ -219,17 +235,17 @@ def _after_run(recording, status: int, name: str, output: str | None, force: boo
         terminal.render(console, recording, diagnosis, path)
         if html:
             console.print(f"HTML report: {html}")
-    if new_baseline is not None:
+    if outputs.new_baseline is not None:
         try:
-            ci_checks.write_baseline(new_baseline, ci_checks.baseline_document(recording, diagnosis))
-            console.print(f"Baseline written: {new_baseline}")
+            ci_checks.write_baseline(outputs.new_baseline, ci_checks.baseline_document(recording, diagnosis))
+            console.print(f"Baseline written: {outputs.new_baseline}")
         except UsageError as exc:
             click.echo(f"gpumemdoctor: error: {exc}; the exit status is the target's", err=True)
     if policy.empty:
         return status
     results = ci_checks.evaluate(recording, diagnosis, policy)
     publish(console, " ".join(recording.target.get("argv") or []), diagnosis.verdict,
-            ci_checks.figures(recording, diagnosis), results, junit, html)
+            ci_checks.figures(recording, diagnosis), results, outputs.junit, html)
     if status == 0 and not all(r.passed for r in results):
         return EXIT_CHECK_FAILED  # the target's own failure, if any, wins
     return status
