@@ -256,6 +256,17 @@ def _findings(console: Console, diagnosis: Diagnosis, with_host: bool = False) -
     console.print(table)
 
 
+def suspects_heading(searched) -> str:
+    """The heading over a finding's suspects, with when the search ran and how it ended ("Suspects
+    (searched at exit, 0.07 s)"); `searched` is the finding's `root_cause` evidence. The HTML report's too."""
+    head = "Suspects"
+    if isinstance(searched, dict) and searched.get("searched"):
+        when = "at exit" if searched.get("when") == "exit" else f"at step {searched.get('step')}"
+        head += f" (searched {when}, {searched.get('elapsed_s', 0):.2f} s"
+        head += f"; {gave_up_text(searched['gave_up'])})" if searched.get("gave_up") else ")"
+    return head
+
+
 def _suspects(table: Table, f) -> None:
     """Where the memory was allocated and who holds it, biggest first."""
     searched = f.evidence.get("root_cause")
@@ -269,11 +280,6 @@ def _suspects(table: Table, f) -> None:
                           f"cycles: {types}")
     if not f.suspects:
         return
-    head = "Suspects"
-    if isinstance(searched, dict) and searched.get("searched"):
-        when = "at exit" if searched.get("when") == "exit" else f"at step {searched.get('step')}"
-        head += f" (searched {when}, {searched.get('elapsed_s', 0):.2f} s"
-        head += f"; {gave_up_text(searched['gave_up'])})" if searched.get("gave_up") else ")"
-    table.add_row("", Text(head + ":", style="bold"))
+    table.add_row("", Text(suspects_heading(searched) + ":", style="bold"))
     for i, s in enumerate(f.suspects, 1):
         table.add_row("", f" {i}. {s['summary']}")
