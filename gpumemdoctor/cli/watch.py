@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import sys
@@ -66,7 +65,7 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     from ..system import nvml, procs
     from ..reporters.console import make_console
     from ..reporters import watch as reporter
-    from ..live.watch import Watcher, alerts, judgement, limit_of
+    from ..live.watch import Watcher, alerts, judgement
 
     if pid <= 0 or procs.info(pid) is None:
         raise UsageError(f"no process with PID {pid} here (it may have exited, or live in "
@@ -83,7 +82,7 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
             out = open(fd, "a", encoding="utf-8", buffering=1)
         except OSError as exc:
             raise UsageError(f"cannot write {jsonl}: {exc.strerror or exc}") from None
-    raised: dict[str, list] = {}  # limit -> [its first alert, samples over it]: bounded over hours
+    raised: dict[str, list] = {}  # limit -> [its first Alert, samples over it]: bounded over hours
     ended = "stopped"
     status = 0
     try:
@@ -93,11 +92,10 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
                 rate = watcher.floor_rate_per_min()
                 now = alerts(s, rate, max_vram, max_growth)
                 for a in now:
-                    raised.setdefault(limit_of(a), [a, 0])[1] += 1
+                    raised.setdefault(a.limit, [a, 0])[1] += 1
                 if out is not None:
                     try:
-                        out.write(json.dumps(s.to_json() | {"floor_rate_bytes_per_min": rate,
-                                                             "alerts": now}) + "\n")
+                        out.write(reporter.jsonl_line(s, rate, now))
                         out.flush()
                     except OSError as exc:  # disk full, file gone: say it once, keep watching
                         click.echo(f"gpumemdoctor: warning: stopped writing {jsonl}: "
@@ -130,5 +128,5 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
             except OSError:
                 pass
     reporter.summary(console, watcher, ended, judgement(watcher.floor_rate_per_min()),
-                     [a if n == 1 else f"{a} (over the limit at {n} samples)" for a, n in raised.values()])
+                     [(a, n) for a, n in raised.values()])
     return status
