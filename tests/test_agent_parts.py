@@ -185,3 +185,20 @@ def test_a_sample_is_read_again_when_the_allocator_reserved_between_its_reads(ag
     (row,) = sampler.read_devices()
     assert len(calls) == 2
     assert row[1] == 200 * MiB and row[3] == 256 * MiB and row[5] == 256 * MiB + CONTEXT
+
+
+def test_an_interrupt_during_the_exit_probes_ends_them_quietly(agent_and_clock):
+    """A second Ctrl-C while the program ends (issue 28, row 10) stops the probes; it is not raised
+    into the interpreter's exit, which would print "Exception ignored in atexit callback"."""
+    agent, _ = agent_and_clock
+    agent.torch.set(8 * MiB, 20 * MiB)
+
+    def interrupted(record):
+        raise KeyboardInterrupt
+
+    agent.channel.write = interrupted
+    try:
+        agent.at_exit()
+    except KeyboardInterrupt:  # caught here, or it would stop the test session
+        pytest.fail("the interrupt came out of Agent.at_exit")
+    assert agent.finished
