@@ -42,6 +42,18 @@ def _wait(fd: int | None, seconds: float) -> bool:
     return bool(ready) and os.read(fd, 16).lower().startswith(b"q")
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 @click.command("watch")
 @click.option("--pid", type=int, required=True, help="The process to watch (any program).")
 @click.option("--interval", type=Seconds(0.05, 3600), default=1.0, show_default=True,
@@ -73,13 +85,12 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     watcher = Watcher(pid, nvml.devices())
     console = make_console(stderr=False)
     tui = not no_tui and sys.stdout.isatty() and sys.stdin.isatty()
-    out = None
+    out = None  # the log's file descriptor
     if jsonl:
         try:
             # Line by line, for tail -f; a new file is its owner's only, as every file the tool writes.
-            fd = os.open(jsonl, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o600)
-            os.set_blocking(fd, True)  # O_NONBLOCK only so that a pipe with no reader fails at once
-            out = open(fd, "a", encoding="utf-8", buffering=1)
+            out = os.open(jsonl, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o600)
+            os.set_blocking(out, True)  # O_NONBLOCK only so that a pipe with no reader fails at once
         except OSError as exc:
             raise UsageError(f"cannot write {jsonl}: {exc.strerror or exc}") from None
     raised: dict[str, list] = {}  # limit -> [its first Alert, samples over it]: bounded over hours
@@ -94,13 +105,12 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
                 for a in now:
                     raised.setdefault(a.limit, [a, 0])[1] += 1
                 if out is not None:
-                    try:
-                        out.write(reporter.jsonl_line(s, rate, now))
-                        out.flush()
-                    except OSError as exc:  # disk full, file gone: say it once, keep watching
+                    try:  # unbuffered: nothing is left over to fail again when the file is closed
+                        _write_all(out, reporter.jsonl_line(s, rate, now).encode())
+                    except OSError as exc:  # disk full, reader gone: say it once, keep watching
                         click.echo(f"gpumemdoctor: warning: stopped writing {jsonl}: "
                                    f"{exc.strerror or exc}", err=True)
-                        out.close()
+                        _close(out)
                         out = None
                 show(watcher, s, judgement(rate), now)
                 if not s.alive:
@@ -123,10 +133,7 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
         pass
     finally:
         if out is not None:
-            try:
-                out.close()
-            except OSError:
-                pass
+            _close(out)
     reporter.summary(console, watcher, ended, judgement(watcher.floor_rate_per_min()),
                      [(a, n) for a, n in raised.values()])
     return status
