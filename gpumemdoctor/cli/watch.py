@@ -42,18 +42,6 @@ def _wait(fd: int | None, seconds: float) -> bool:
     return bool(ready) and os.read(fd, 16).lower().startswith(b"q")
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
-
-
 @click.command("watch")
 @click.option("--pid", type=int, required=True, help="The process to watch (any program).")
 @click.option("--interval", type=Seconds(0.05, 3600), default=1.0, show_default=True,
@@ -75,6 +63,7 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     q or Ctrl-C stops and prints a summary. Needs nothing installed in the process.
     """
     from ..system import nvml, procs
+    from ..files.outputs import open_log
     from ..reporters.console import make_console
     from ..reporters import watch as reporter
     from ..live.watch import Watcher, alerts, judgement
@@ -85,14 +74,7 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     watcher = Watcher(pid, nvml.devices())
     console = make_console(stderr=False)
     tui = not no_tui and sys.stdout.isatty() and sys.stdin.isatty()
-    out = None  # the log's file descriptor
-    if jsonl:
-        try:
-            # Line by line, for tail -f; a new file is its owner's only, as every file the tool writes.
-            out = os.open(jsonl, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o600)
-            os.set_blocking(out, True)  # O_NONBLOCK only so that a pipe with no reader fails at once
-        except OSError as exc:
-            raise UsageError(f"cannot write {jsonl}: {exc.strerror or exc}") from None
+    log = open_log(jsonl) if jsonl else None
     raised: dict[str, list] = {}  # limit -> [its first Alert, samples over it]: bounded over hours
     ended = "stopped"
     status = 0
@@ -104,14 +86,11 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
                 now = alerts(s, rate, max_vram, max_growth)
                 for a in now:
                     raised.setdefault(a.limit, [a, 0])[1] += 1
-                if out is not None:
-                    try:  # unbuffered: nothing is left over to fail again when the file is closed
-                        _write_all(out, reporter.jsonl_line(s, rate, now).encode())
-                    except OSError as exc:  # disk full, reader gone: say it once, keep watching
-                        click.echo(f"gpumemdoctor: warning: stopped writing {jsonl}: "
-                                   f"{exc.strerror or exc}", err=True)
-                        _close(out)
-                        out = None
+                if log is not None:
+                    failed = log.write(reporter.jsonl_line(s, rate, now))
+                    if failed:  # a full disk, a reader gone: said once, and watching goes on
+                        click.echo(f"gpumemdoctor: warning: {failed}", err=True)
+                        log = None
                 show(watcher, s, judgement(rate), now)
                 if not s.alive:
                     ended = "exited"
@@ -132,8 +111,8 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     except KeyboardInterrupt:
         pass
     finally:
-        if out is not None:
-            _close(out)
+        if log is not None:
+            log.close()
     reporter.summary(console, watcher, ended, judgement(watcher.floor_rate_per_min()),
                      [(a, n) for a, n in raised.values()])
     return status

@@ -1,5 +1,5 @@
-"""The files the tool writes (reports, HTML pages, JUnit XML, baselines): checked before the work
-starts, never one over another or over an input, and written readable by their owner only.
+"""The files the tool writes (reports, HTML pages, JUnit XML, baselines, watch's log): checked before
+the work starts, never one over another or over an input, and written readable by their owner only.
 
 One rule for every file: a new file is created with mode 0600 (they hold the target's command line
 and working folder); an existing regular file that may be overwritten is replaced by a new one,
@@ -155,3 +155,49 @@ def check_distinct(outputs: dict[str, str | None], inputs: dict[str, str | None]
         if key in outs:
             raise UsageError(f"{outs[key]} and {label} name the same file: give each its own")
         outs[key] = label
+
+
+class LineLog:
+    """A file the tool appends to a line at a time as it goes (`watch --jsonl`, for tail -f). Unbuffered:
+    a line is in the file once written, and nothing is left over to fail again when it is closed. The
+    first write that fails ends the log."""
+
+    def __init__(self, path: str, fd: int):
+        self.path = path
+        self._fd: int | None = fd
+
+    def write(self, line: str) -> str | None:
+        """Append `line`; None, or once, on the write that fails (a full disk, a reader gone), why."""
+        if self._fd is None:
+            return None
+        data = line.encode()
+        try:
+            while data:
+                data = data[os.write(self._fd, data):]
+        except OSError as exc:
+            self.close()
+            return f"stopped writing {self.path}: {exc.strerror or exc}"
+        return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            _close_quietly(self._fd)
+            self._fd = None
+
+
+def open_log(path: str) -> LineLog:
+    """Open `path` to append lines to: a new file is its owner's only (0600), an existing one keeps its
+    mode; a pipe with no reader fails at once instead of waiting for one."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    os.set_blocking(fd, True)  # O_NONBLOCK was for the open alone
+    return LineLog(path, fd)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
