@@ -50,12 +50,14 @@ def _wait(fd: int | None, seconds: float) -> bool:
               help="Stop after this many seconds and print a summary.")
 @click.option("--jsonl", type=click.Path(dir_okay=False), default=None,
               help="Append one JSON line per sample to this file, written as it is taken (tail -f follows it).")
+@click.option("--force", is_flag=True,
+              help="Write over a --jsonl file that is not a log of watch (a log of watch is appended to).")
 @click.option("--max-vram", callback=_size, metavar="SIZE", help="Alert when the VRAM total passes SIZE.")
 @click.option("--max-growth", callback=_rate, metavar="RATE",
               help="Alert when the VRAM floor grows faster than RATE (64MiB/min, 1MiB/s).")
 @click.option("--exit-on-alert", is_flag=True, help="Exit 12 at the first alert.")
 @click.option("--no-tui", is_flag=True, help="Plain lines, one per sample (the default when not a terminal).")
-def watch_command(pid: int, interval: float, duration: float | None, jsonl: str | None,
+def watch_command(pid: int, interval: float, duration: float | None, jsonl: str | None, force: bool,
                   max_vram: int | None, max_growth: float | None, exit_on_alert: bool,
                   no_tui: bool) -> int:
     """Watch the GPU memory of process PID and its children, live, with a leak judgement.
@@ -63,18 +65,19 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     q or Ctrl-C stops and prints a summary. Needs nothing installed in the process.
     """
     from ..system import nvml, procs
-    from ..files.outputs import open_log
+    from ..files.outputs import check_log, open_log
     from ..reporters.console import make_console
     from ..reporters import watch as reporter
-    from ..live.watch import Watcher, alerts, judgement
+    from ..live.watch import Watcher, alerts, is_watch_log, judgement
 
     if pid <= 0 or procs.info(pid) is None:
         raise UsageError(f"no process with PID {pid} here (it may have exited, or live in "
                          "another PID namespace)")
+    replace = check_log(jsonl, force, is_watch_log) if jsonl is not None else False
     watcher = Watcher(pid, nvml.devices())
     console = make_console(stderr=False)
     tui = not no_tui and sys.stdout.isatty() and sys.stdin.isatty()
-    log = open_log(jsonl) if jsonl else None
+    log = open_log(jsonl, replace) if jsonl else None
     raised: dict[str, list] = {}  # limit -> [its first Alert, samples over it]: bounded over hours
     ended = "stopped"
     status = 0

@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from typing import Callable
 
 from ..errors import UsageError
 
 # The option that names each kind of file, for the messages.
 OPTIONS = {"report": "-o", "snapshot": "--snapshot", "HTML page": "--html", "JUnit XML": "--junit",
-           "baseline": "--baseline"}
+           "baseline": "--baseline", "watch log": "--jsonl"}
+MAX_FIRST_LINE_BYTES = 1 << 20  # of a log appended to: enough for a sample of a large job
 
 
 def _exists_message(path: str, option: str) -> str:
@@ -185,10 +187,40 @@ class LineLog:
             self._fd = None
 
 
-def open_log(path: str) -> LineLog:
-    """Open `path` to append lines to: a new file is its owner's only (0600), an existing one keeps its
-    mode; a pipe with no reader fails at once instead of waiting for one."""
+def check_log(path: str, force: bool, is_log: Callable[[str], bool], what: str = "watch log") -> bool:
+    """Before the work starts: refuse a log path that is a folder, or in a folder that does not exist,
+    and an existing regular file that is not such a log (`is_log` of its first line says; an empty
+    file is one), unless `force`. True when that file is to be replaced rather than appended to."""
+    option = OPTIONS[what]
+    if os.path.isdir(path):
+        raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
+    real = os.path.realpath(path)
+    if not os.path.exists(real):
+        check_folder_writable(os.path.dirname(real), what, option, probe=False)
+        return False
+    if not stat.S_ISREG(os.stat(real).st_mode) or is_log(_first_line(real)):
+        return False  # a pipe or a device is written in place; the tool's own log is appended to
+    if not force:
+        raise UsageError(f"{path} exists and is not a log of gpumemdoctor watch: pass --force to write "
+                         f"over it, or {option} to choose another name")
+    return True
+
+
+def _first_line(path: str) -> str:
     try:
+        with open(path, "rb") as f:
+            return f.read(MAX_FIRST_LINE_BYTES).split(b"\n", 1)[0].decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def open_log(path: str, replace: bool = False) -> LineLog:
+    """Open `path` to append lines to: a new file is its owner's only (0600), an existing one keeps its
+    mode, unless `replace` (check_log's answer), which puts a new empty 0600 file in its place; a pipe
+    with no reader fails at once instead of waiting for one."""
+    try:
+        if replace:
+            _replace("", os.path.realpath(path))
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o600)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None

@@ -11,6 +11,7 @@ the floor is judged on the whole watch's shape, kept by a series.Series.
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import deque
@@ -49,6 +50,18 @@ class WatchSample:
 
     def to_json(self) -> dict:
         return asdict(self) | {"total_bytes": self.total_bytes}
+
+
+def is_watch_log(first_line: str) -> bool:
+    """Whether a file whose first line this is was written by `watch --jsonl` (or is empty), so that a
+    watch may append to it."""
+    if not first_line.strip():
+        return True
+    try:
+        sample = json.loads(first_line)
+    except ValueError:
+        return False
+    return isinstance(sample, dict) and {"t", "gpu_bytes", "total_bytes", "alive"} <= sample.keys()
 
 
 def parse_rate(text: str) -> float:
