@@ -13,7 +13,7 @@ import click
 
 from ..errors import EXIT_CHECK_FAILED, UsageError, internal_error
 from ._ci_checks import check_options, make_policy, publish
-from ._params import Seconds
+from ._params import FileName, Seconds
 
 _SCRIPT_PROBE_BYTES = 4096
 
@@ -73,7 +73,7 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
 @click.command("run", cls=_RunCommand, context_settings={"ignore_unknown_options": False})
 @click.option("-m", "--module", "module", metavar="MODULE", default=None, expose_value=False,
               help="Run a module, like python -m; everything after it is the module's own.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+@click.option("-o", "--output", type=FileName(), default=None,
               help="Where to write the JSON report [default: gpumemdoctor-<script>.<pid>.json; under a "
                    "multi-node launcher gpumemdoctor-<script>.<host>.node<N>.rank<R>.<pid>.json].")
 @click.option("--force", is_flag=True, help="Overwrite the report (and --html) file if it exists.")
@@ -88,15 +88,15 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
               help="Record allocation stacks (PyTorch's memory history): from the start (on), only "
                    "once memory is seen growing (auto), or never (off). [default: auto; on with "
                    "--snapshot]")
-@click.option("--snapshot", type=click.Path(dir_okay=False), metavar="PATH", default=None,
+@click.option("--snapshot", type=FileName(), metavar="PATH", default=None,
               help="Write PyTorch's allocator snapshot (a pickle for pytorch.org/memory_viz) here at exit.")
-@click.option("--html", "html", type=click.Path(dir_okay=False), metavar="PATH", default=None,
+@click.option("--html", "html", type=FileName(), metavar="PATH", default=None,
               help='Also write the report as one self-contained HTML page, with charts '
                    '(needs plotly: pip install plotly).')
 @click.option("--html-next-to-json", is_flag=True,
               help="Write the HTML page next to the JSON report, named like it with .html.")
 @check_options
-@click.option("--baseline", type=click.Path(dir_okay=False), metavar="FILE",
+@click.option("--baseline", type=FileName(), metavar="FILE",
               help="Compare the run's figures with this baseline and fail past --tolerance.")
 @click.option("--update-baseline", is_flag=True,
               help="Write the run's figures to --baseline FILE instead of comparing.")

@@ -10,7 +10,7 @@ import time
 import click
 
 from ..errors import EXIT_WATCH_ALERT, UsageError
-from ._params import Seconds
+from ._params import FileName, Seconds
 from ._params import rate as _rate
 from ._params import size as _size
 
@@ -48,7 +48,7 @@ def _wait(fd: int | None, seconds: float) -> bool:
               help="Seconds between samples.")
 @click.option("--duration", type=Seconds(0.1), default=None,
               help="Stop after this many seconds and print a summary.")
-@click.option("--jsonl", type=click.Path(dir_okay=False), default=None,
+@click.option("--jsonl", type=FileName(), default=None,
               help="Append one JSON line per sample to this file, written as it is taken (tail -f follows it).")
 @click.option("--force", is_flag=True,
               help="Write over a --jsonl file that is not a log of watch (a log of watch is appended to).")
