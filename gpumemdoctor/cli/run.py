@@ -130,6 +130,10 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         raise UsageError("give --html PATH or --html-next-to-json, not both")
     if update_baseline and not baseline:
         raise UsageError("--update-baseline needs --baseline FILE to write to")
+    for option in ("tolerance", "nvml_tolerance"):  # as --junit without a check: asked for, never used
+        if not baseline and ctx.get_parameter_source(option) is not click.core.ParameterSource.DEFAULT:
+            raise UsageError(f"--{option.replace('_', '-')} says how much a figure may grow over its baseline, "
+                             "and no --baseline FILE is given: add one, or leave it out")
     if html is None and html_next_to_json and output is not None:
         html = _next_to(output)
     # Every file this run will write, checked before the target starts: none over the script, the
