@@ -411,7 +411,7 @@ def test_expect_free_says_a_size_is_not_negative():
         code, _, err = invoke("ps", *args)
         assert code == 2, err
         line = one_line(err)
-        assert "cannot be negative" in line and "No such option" not in line
+        assert "must not be negative" in line and "No such option" not in line
 
 
 def test_an_output_folder_that_is_a_file_is_named_so(tmp_path, target):

@@ -13,8 +13,6 @@ def size(ctx: click.Context, param: click.Parameter, value: str | None) -> int |
     """A click callback: '512MiB' -> bytes; None stays None."""
     if value is None:
         return None
-    if value.strip().startswith("-"):
-        raise click.BadParameter(f"{value!r:.40}: a size cannot be negative; give 0 or more, like 512MiB")
     try:
         return parse_size(value)
     except ValueError as exc:

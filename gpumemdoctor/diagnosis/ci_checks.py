@@ -50,6 +50,8 @@ class Tolerance:
 
 def parse_tolerance(text: str) -> Tolerance:
     """'5%' or '64MiB'. A bare number is refused: 5 would be 5 bytes, which nobody means."""
+    if text.strip().startswith("-"):
+        raise UsageError(f"tolerance {text!r:.40} must not be negative: give a percentage (5%) or a size (64MiB)")
     m = re.fullmatch(r"\s*(\d{1,6}(?:\.\d{1,6})?)\s*%\s*", text)
     if m:
         return Tolerance(fraction=float(m.group(1)) / 100)

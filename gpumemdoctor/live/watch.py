@@ -66,6 +66,8 @@ def is_watch_log(first_line: str) -> bool:
 
 def parse_rate(text: str) -> float:
     """'64MiB/min' or '1MiB/s' -> bytes per minute."""
+    if text.strip().startswith("-"):
+        raise ValueError(f"{text!r:.60}: a rate must not be negative; write it like 64MiB/min or 1MiB/s")
     m = re.fullmatch(r"\s*(.+?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*", text)
     if not m:
         raise ValueError(f"{text!r} is not a rate; write it like 64MiB/min or 1MiB/s")
