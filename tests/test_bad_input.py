@@ -267,8 +267,6 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_target_runs(tmp_
 @pytest.mark.parametrize("target_code, args, expected", [
     (3, ["--max-peak", "1GiB", "--junit", "out/j.xml"], 3),  # the target's status wins
     (0, ["--max-peak", "1GiB", "--junit", "out/j.xml"], 10),  # the failed check's 10 stays
-    (0, ["--update-baseline", "--baseline", "out/b.json"], 0),
-    (5, ["--update-baseline", "--baseline", "out/b.json"], 5),
 ])
 def test_an_output_that_fails_after_the_run_keeps_the_exit_status(tmp_path, target_code, args, expected):
     """The target removes the folder its outputs were to go to: the write fails after the run."""
@@ -278,6 +276,24 @@ def test_an_output_that_fails_after_the_run_keeps_the_exit_status(tmp_path, targ
     assert result.returncode == expected, result.stderr
     assert "gpumemdoctor: error: cannot write" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def after_run(tmp_path: Path, status: int, **outputs) -> int:
+    """What `run` does once its target has ended, on a recording that measured every figure (the hand-built
+    leak's): a run without a GPU measures none, and a baseline is then not written at all."""
+    from gpumemdoctor.cli.run import RunOutputs, _after_run
+
+    given = {"name": "t", "report": str(tmp_path / "r.json"), "force": True, "quiet": True, "html": None,
+             "html_next_to_json": False, "junit": None, "new_baseline": None, **outputs}
+    return _after_run(make_recording(), status, RunOutputs(**given), checks.Policy())
+
+
+@pytest.mark.parametrize("status", [0, 5])
+def test_a_baseline_that_fails_to_be_written_after_the_run_keeps_the_exit_status(tmp_path, capsys, status):
+    """Its folder was removed while the target ran: said in one line, and the status stays the target's."""
+    assert after_run(tmp_path, status, new_baseline=str(tmp_path / "gone" / "b.json")) == status
+    err = capsys.readouterr().err
+    assert "gpumemdoctor: error: cannot write" in err and "Traceback" not in err
 
 
 def test_a_baseline_with_a_figure_missing_is_not_a_valid_baseline(tmp_path, target):
@@ -427,8 +443,9 @@ def test_every_file_written_is_private_to_its_owner(tmp_path):
         (tmp_path / name).write_text("old\n")
         os.chmod(tmp_path / name, 0o644)
     result = run_cli("run", "--allow-no-gpu", "-q", "-o", "r.json", "--force", "--junit", "j.xml",
-                     "--update-baseline", "--baseline", "b.json", "--max-peak", "1GiB", "t.py", cwd=tmp_path)
+                     "--max-peak", "1GiB", "t.py", cwd=tmp_path)
     assert result.returncode == 10, result.stderr
+    assert after_run(tmp_path, 0, report=str(tmp_path / "r2.json"), new_baseline=str(tmp_path / "b.json")) == 0
     code, _, err = invoke("report", str(tmp_path / "r.json"), "--html", str(tmp_path / "p.html"), "--force")
     assert code == 0, err
     (tmp_path / "c.xml").unlink(missing_ok=True)

@@ -175,6 +175,9 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         if not allow_no_gpu:
             raise NoGpuError(f"{exc}, or pass --allow-no-gpu to run the target without GPU "
                              "measurement") from None
+        if update_baseline:
+            raise UsageError(f"--update-baseline: nothing can be measured here ({exc}), and a baseline "
+                             "without figures fails every later check: make it where a GPU is") from None
         measure_gpu = False
 
     recording = run(RunOptions(target_args=target, poll_interval_s=poll_interval,
@@ -239,20 +242,34 @@ def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:
         terminal.render(console, recording, diagnosis, path)
         if html:
             console.print(f"HTML report: {html}")
-    if outputs.new_baseline is not None:
-        try:
-            ci_checks.write_baseline(outputs.new_baseline, ci_checks.baseline_document(recording, diagnosis))
-            console.print(f"Baseline written: {outputs.new_baseline}")
-        except UsageError as exc:
-            click.echo(f"gpumemdoctor: error: {exc}; the exit status is the target's", err=True)
-    if policy.empty:
-        return status
-    results = ci_checks.evaluate(recording, diagnosis, policy)
-    publish(console, " ".join(recording.target.get("argv") or []), diagnosis.verdict,
-            ci_checks.figures(recording, diagnosis), results, outputs.junit, html)
-    if status == 0 and not all(r.passed for r in results):
-        return EXIT_CHECK_FAILED  # the target's own failure, if any, wins
-    return status
+    failed = outputs.new_baseline is not None and not _write_baseline(console, recording, diagnosis,
+                                                                       outputs.new_baseline)
+    if not policy.empty:
+        results = ci_checks.evaluate(recording, diagnosis, policy)
+        publish(console, " ".join(recording.target.get("argv") or []), diagnosis.verdict,
+                ci_checks.figures(recording, diagnosis), results, outputs.junit, html)
+        failed = failed or not all(r.passed for r in results)
+    return EXIT_CHECK_FAILED if status == 0 and failed else status  # the target's own failure wins
+
+
+def _write_baseline(console, recording, diagnosis, path: str) -> bool:
+    """Write the run's figures as the baseline; False when the run measured too little to make one (a
+    baseline of nulls would fail every later check). A write that fails is said, and is no failure of
+    the run's: the exit status stays."""
+    from ..diagnosis import ci_checks
+
+    document = ci_checks.baseline_document(recording, diagnosis)
+    missing = ci_checks.unmeasured(document["figures"])
+    if missing:
+        click.echo(f"gpumemdoctor: error: --update-baseline: the run did not measure {' or '.join(missing)} "
+                   f"(did the target use PyTorch on a GPU?), so the baseline {path} is not written", err=True)
+        return False
+    try:
+        ci_checks.write_baseline(path, document)
+        console.print(f"Baseline written: {path}", soft_wrap=True)
+    except UsageError as exc:
+        click.echo(f"gpumemdoctor: error: {exc}; the exit status is the target's", err=True)
+    return True
 
 
 def _next_to(json_path: str) -> str:

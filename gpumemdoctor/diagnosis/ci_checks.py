@@ -164,6 +164,11 @@ COMPARED = {"peak_allocated_bytes": "peak of PyTorch's allocated memory",
             "live_tensor_bytes": "live tensors at exit"}
 
 
+def unmeasured(figs: dict[str, int | None]) -> list[str]:
+    """The compared figures that a run did not measure (a baseline without them fails every check)."""
+    return [key for key in COMPARED if figs.get(key) is None]
+
+
 def evaluate(recording: Recording, diagnosis: Diagnosis, policy: Policy) -> list[CheckResult]:
     """Apply the policy; one result per check asked for."""
     results = []
