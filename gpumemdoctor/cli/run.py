@@ -236,12 +236,12 @@ def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:
     if outputs.quiet:
         verdict = diagnosis.verdict or "none (no GPU measured)"
         console.print(f"gpumemdoctor verdict: {verdict}" + (f"  report: {path}" if path else "")
-                      + (f"  html: {html}" if html else ""))
+                      + (f"  html: {html}" if html else ""), soft_wrap=True)  # one line, for scripts
     else:
         console.print()
         terminal.render(console, recording, diagnosis, path)
         if html:
-            console.print(f"HTML report: {html}")
+            console.print(f"HTML report: {html}", soft_wrap=True)
     failed = outputs.new_baseline is not None and not _write_baseline(console, recording, diagnosis,
                                                                        outputs.new_baseline)
     if not policy.empty:

@@ -50,7 +50,7 @@ def render(console: Console, recording: Recording, diagnosis: Diagnosis,
     for note in diagnosis.notes:
         console.print(f"note: {note}")
     if report_path:
-        console.print(f"\nReport: {report_path}")
+        console.print(f"\nReport: {report_path}", soft_wrap=True)  # a path is copied whole, never wrapped
 
 
 def render_job(console: Console, recordings: list[Recording], diagnosis: Diagnosis,
@@ -66,7 +66,7 @@ def render_job(console: Console, recordings: list[Recording], diagnosis: Diagnos
     _findings(console, diagnosis, with_host=len({r.host for r in recordings}) > 1)
     for note in diagnosis.notes:
         console.print(f"note: {note}")
-    console.print(f"\nReports: {', '.join(report_paths)}")
+    console.print(f"\nReports: {', '.join(report_paths)}", soft_wrap=True)
 
 
 def _verdict(console: Console, diagnosis: Diagnosis) -> None:
@@ -99,11 +99,11 @@ def _target(console: Console, recording: Recording, host: bool = False) -> None:
               else f"exit {target.get('exit_code')}" if target.get("exit_code") is not None
               else "exit status not known")
     argv = " ".join(target.get("argv") or [])
-    if host:
+    if host:  # the command line holds paths: never wrapped
         console.print(f"\nHost     {recording.host or 'not recorded'}")
-        console.print(f"         python {argv}")
+        console.print(f"         python {argv}", soft_wrap=True)
     else:
-        console.print(f"\nTarget   python {argv}")
+        console.print(f"\nTarget   python {argv}", soft_wrap=True)
     console.print(f"         pid {target.get('pid')}, {status}, ran {recording.duration_s:.1f} s")
     for d in recording.devices:
         console.print(f"GPU {d['index']}    {d.get('name') or '?'}, {fb(d.get('total_bytes'))}")
