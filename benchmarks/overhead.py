@@ -19,7 +19,9 @@ Workloads (benchmarks/):
                          about 1.0 ms a step on an H200, bound by kernel launches
   workload_ddp.py        the realistic MLP under DistributedDataParallel, two ranks started
                          by torch.distributed.run (NCCL with a GPU per rank, gloo when
-                         they share one); the tool wraps the launcher
+                         they share one); the tool wraps the launcher. It also prints its
+                         longest single step (host-timed), summarised beside the medians
+                         (issue 29: `--only ddp --repeats 3` on two GPUs)
 
 Targets (median step time with the tool against without it):
   realistic loop:   slowdown at most 1%
@@ -58,6 +60,7 @@ WORKLOADS = {
 # and its agent reaches every rank through the environment.
 LAUNCHED = {"ddp": ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]}
 STEP_LINE = re.compile(r"^STEP_TIME_MS\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+WORST_LINE = re.compile(r"^WORST_STEP_MS\s+([0-9.eE+-]+)\s*$", re.MULTILINE)  # workload_ddp.py's
 PHASE_LINE = re.compile(r"^PHASE (\w+) ([0-9.]+)\s*$", re.MULTILINE)
 
 _CUDA_CHECK = """\
@@ -133,8 +136,10 @@ def main(argv: list[str] | None = None) -> int:
                                      f"steps seen {run['agent_steps']}, "
                                      f"exit probes {run['exit_probes_s']} s "
                                      f"(holder search {run['exit_search_s']} s)")
+                        worst = (f", longest step {run['worst_step_ms']:.2f} ms"
+                                 if "worst_step_ms" in run else "")
                         print(f"  {name:9s} {mode:5s} #{pair + 1}: "
-                              f"{run['step_time_ms']:.4f} ms/step, wall {run['wall_s']:.2f} s"
+                              f"{run['step_time_ms']:.4f} ms/step{worst}, wall {run['wall_s']:.2f} s"
                               f"{extra}{tag}", flush=True)
             except RunFailed as exc:
                 print(f"overhead: {exc}", file=sys.stderr)
@@ -246,6 +251,9 @@ def _run_once(name: str, mode: str, cmd: list[str], env: dict, cwd: str, timeout
                         f"--- stdout ---\n{proc.stdout}--- stderr ---\n{proc.stderr}")
     run = {"mode": mode, "step_time_ms": float(found[-1]), "wall_s": round(wall, 6),
            "returncode": proc.returncode}
+    worst = WORST_LINE.findall(proc.stdout)
+    if worst:
+        run["worst_step_ms"] = float(worst[-1])
     # Where the wall time went: before the script's first line (interpreter, imports, and under
     # the tool its own start-up), the script itself (import torch, CUDA, the loop), and after its
     # last line (exit hooks, which hold the agent's exit probes; teardown; the tool's report).
@@ -329,7 +337,12 @@ def _summarise(runs: list[dict], target: float) -> dict:
             for k, v in (r.get(source) or {}).items():
                 if isinstance(v, (int, float)):
                     costs.setdefault(f"{source.split('_')[0]}.{k}", []).append(v)
+    worst = {}
+    if all("worst_step_ms" in r for r in counted):
+        worst = {"plain": statistics.median(r["worst_step_ms"] for r in plain),
+                 "tool": statistics.median(r["worst_step_ms"] for r in tool)}
     return {
+        "worst_step_ms_median": worst,
         "wall_split": split,
         "tool_own_costs_median_s": {k: statistics.median(v) for k, v in sorted(costs.items())},
         "plain_step_ms_median": plain_step, "tool_step_ms_median": tool_step,
@@ -371,6 +384,10 @@ def _print_table(workloads: dict) -> None:
     print("(medians over the counted runs; slowdown = tool / plain step time - 1; "
           "plain spread = (max - min) / median of the plain step times)")
     for name, w in workloads.items():
+        worst = w["summary"].get("worst_step_ms_median") or {}
+        if worst:
+            print(f"\n{name}: longest single step (medians over runs, ms): plain {worst['plain']:.2f}, "
+                  f"tool {worst['tool']:.2f} ({worst['tool'] - worst['plain']:+.2f})")
         split = w["summary"].get("wall_split") or {}
         if split:
             print(f"\n{name}: where the extra wall time goes (medians, seconds; plain -> tool)")

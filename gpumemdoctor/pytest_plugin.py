@@ -217,9 +217,8 @@ class VramChecker:
                 from .system import nvml
                 nvml.init()
                 self._nvml = nvml
-                from ._agent.startup import device_ids
                 for i in range(torch.cuda.device_count()):
-                    self._nvml_devices[i] = nvml.find_device(*device_ids(torch.cuda.get_device_properties(i)))
+                    self._nvml_devices[i] = nvml.find_device(*nvml.torch_device_ids(torch.cuda.get_device_properties(i)))
             except Exception:
                 pass  # no NVML here: the NVML part of the checks is skipped
         device = self._nvml_devices.get(index)

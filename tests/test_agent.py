@@ -92,7 +92,7 @@ def test_step_outside_a_run_does_nothing(tmp_path):
 def test_device_ids_spell_the_pci_bus_id_as_nvml_does():
     """On the H200 of 2026-11-21 NVML said busId 00000000:00:06.0 for the device whose torch
     properties had pci_domain_id 0, pci_bus_id 0, pci_device_id 6 (NOTES.md's probe)."""
-    from gpumemdoctor._agent.startup import device_ids
+    from gpumemdoctor.system.nvml import torch_device_ids as device_ids
 
     class Props:
         uuid = "43ff4d40-4cf2-6692-c614-5e3ca76b49ac"

@@ -88,6 +88,7 @@ def test_nccl_is_read_only_from_a_torch_distributed_the_program_imported(monkeyp
 def test_exit_record_carries_the_parts_and_the_probes_stay_as_they_were(agent_and_clock, tmp_path, monkeypatch):
     agent, clock = agent_and_clock
     monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
+    monkeypatch.delitem(sys.modules, "torch.distributed.distributed_c10d", raising=False)  # a program without it
     agent.channel.write({"type": "hello", "pid": agent.pid})  # what Agent.begin writes first
     torch = agent.torch
     for step in range(30):
@@ -100,7 +101,7 @@ def test_exit_record_carries_the_parts_and_the_probes_stay_as_they_were(agent_an
     found = records(tmp_path, agent)
     (done,) = [r for r in found if r["type"] == "exit"]
     assert done["parts"] == {"private_pools": [[0, 16 * MiB]], "dist_backend": None, "module_loading": "LAZY",
-                             "cublas_workspaces": [[0, 32 * MiB]]}
+                             "cublas_workspaces": [[0, 32 * MiB]], "process_groups": None}
     probes = {r["phase"]: r["d"][0] for r in found if r["type"] == "p"}
     # every probe read the workspaces as allocated: they are cleared only after the last reading
     assert [probes[p][1] for p in ("end", "gc", "sync", "empty_cache")] == [40 * MiB] * 4
@@ -185,6 +186,24 @@ def test_a_sample_is_read_again_when_the_allocator_reserved_between_its_reads(ag
     (row,) = sampler.read_devices()
     assert len(calls) == 2
     assert row[1] == 200 * MiB and row[3] == 256 * MiB and row[5] == 256 * MiB + CONTEXT
+
+
+def test_the_exit_probes_allocate_only_where_the_program_reserved_memory(agent_and_clock):
+    """Issue 29: rank 1's stray context on GPU 0 (NVML's memory, nothing reserved) got a synchronize
+    and a one-element tensor from the exit probes, which then read PyTorch's 2 MiB there."""
+    agent, _ = agent_and_clock
+    torch = agent.torch
+    torch.set(40 * MiB, 64 * MiB)
+    touched = []
+    torch.cuda.synchronize = lambda index=None: touched.append(("synchronize", index))
+    torch.empty = lambda *size, device=None: touched.append(("empty", device))
+    # [torch index, allocated, active, reserved, requested, NVML, allocated peak, reserved peak]
+    stray = [0, 0, 0, 0, 0, 600 * MiB, 0, 0]
+    worked = [1, 40 * MiB, 40 * MiB, 64 * MiB, 40 * MiB, 64 * MiB + CONTEXT, 48 * MiB, 64 * MiB]
+    emptied = [2, 0, 0, 0, 0, CONTEXT, 8 * MiB, 16 * MiB]  # used, then given back before exit
+    assert exit_probes.program_devices([stray, worked, emptied]) == [1, 2]
+    exit_probes._probe(agent, torch, [stray, worked, emptied], lambda name: None, skip_gc=True)
+    assert touched == [("synchronize", 1), ("empty", "cuda:1"), ("synchronize", 2), ("empty", "cuda:2")]
 
 
 def test_an_interrupt_during_the_exit_probes_ends_them_quietly(agent_and_clock):

@@ -115,3 +115,22 @@ def test_summarise_pools_the_groups_of_saved_runs(loop_ab, tmp_path, capsys):
     assert "short     tool +2.00% [+1.00%, +3.00%] (20 groups)" in out and "target <= 5%: ok" in out
     (tmp_path / "bad.json").write_text("{}")
     assert loop_ab.main(["--summarise", str(tmp_path / "bad.json")]) == 2
+
+
+def test_overhead_reads_the_ddp_loops_longest_step(monkeypatch):
+    """benchmarks/overhead.py --only ddp (issue 29): workload_ddp.py's WORST_STEP_MS line is kept per
+    run and summarised as the median longest step, plain against the tool."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import overhead
+
+    out = "PHASE start 1.0\nSTEP_TIME_MS 17.21\nWORST_STEP_MS 19.5\n"
+    assert overhead.WORST_LINE.findall(out) == ["19.5"] and overhead.STEP_LINE.findall(out) == ["17.21"]
+    runs = [{"mode": mode, "counted": True, "step_time_ms": step, "worst_step_ms": worst, "wall_s": 30.0}
+            for mode, step, worst in (("plain", 17.21, 19.0), ("tool", 17.20, 21.0), ("plain", 17.06, 18.0),
+                                      ("tool", 17.08, 20.0), ("plain", 17.22, 19.5), ("tool", 17.21, 19.0))]
+    summary = overhead._summarise(runs, 1.0)
+    assert summary["worst_step_ms_median"] == {"plain": 19.0, "tool": 20.0}
+    assert summary["plain_step_ms_median"] == 17.21 and summary["within_target"]
+    for r in runs:
+        del r["worst_step_ms"]  # the single-process workloads print none
+    assert overhead._summarise(runs, 1.0)["worst_step_ms_median"] == {}

@@ -1,4 +1,5 @@
-"""The package's shape: no import circle, no module over 500 lines, no class over 250.
+"""The package's shape: layers that import only downwards, no import circle, no module over 500
+lines, no class over 250.
 
 The imports are read from the source with `ast`, every one of them: at the top of a module and
 inside functions (an import made late is still a tie between two modules). A circle is reported
@@ -12,6 +13,26 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "gpumemdoctor"
 MAX_MODULE_LINES = 500
 MAX_CLASS_LINES = 250
+
+# The layers, bottom up (ARCHITECTURE.md): each entry is a top-level module or sub-package of
+# gpumemdoctor. A module may import its own layer and those below, never one above. Two of a layer
+# do not import each other unless they are the same entry.
+LAYERS = (
+    ("gpumemdoctor", "gpumemdoctor.errors", "gpumemdoctor.units", "gpumemdoctor.growth", "gpumemdoctor.contract"),
+    ("gpumemdoctor.files",),
+    ("gpumemdoctor.system",),
+    ("gpumemdoctor._agent",),
+    ("gpumemdoctor._bootstrap",),
+    ("gpumemdoctor.recording",),
+    ("gpumemdoctor.supervise",),
+    ("gpumemdoctor.diagnosis", "gpumemdoctor.live"),
+    ("gpumemdoctor.reporters",),
+    ("gpumemdoctor.cli", "gpumemdoctor.pytest_plugin"),
+    ("gpumemdoctor.__main__",),
+)
+# The package's face, `gpumemdoctor.step()` and `enable()`, imports the agent when called: the one
+# way up, so that a program can import gpumemdoctor without loading anything of the tool.
+UPWARD_ALLOWED = {("gpumemdoctor", "gpumemdoctor._agent")}
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -88,6 +109,60 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def entry_of(module: str) -> str:
+    """The top-level module or sub-package a module belongs to."""
+    return ".".join(module.split(".")[:2])
+
+
+def layer_of(module: str) -> int:
+    entry = entry_of(module)
+    for index, layer in enumerate(LAYERS):
+        if entry in layer:
+            return index
+    raise AssertionError(f"{entry} is in no layer of tests/test_layout.py's LAYERS: place it there "
+                         f"and in ARCHITECTURE.md")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a higher layer's module, and each between two entries of one layer."""
+    wrong = []
+    for module, targets in graph.items():
+        for target in targets:
+            a, b = entry_of(module), entry_of(target)
+            if a == b or (a, b) in UPWARD_ALLOWED:
+                continue
+            if layer_of(target) > layer_of(module):
+                wrong.append(f"{module} imports {target}, a higher layer")
+            elif layer_of(target) == layer_of(module):
+                wrong.append(f"{module} imports {target}, of its own layer")
+    return sorted(wrong)
+
+
+def test_every_module_imports_only_lower_layers():
+    assert upward_imports(import_graph()) == []
+
+
+def test_an_upward_import_is_found():
+    """The check itself can fail: the diagnosis importing a reporter, the agent the recording."""
+    graph = {"gpumemdoctor.diagnosis.judgement": {"gpumemdoctor.reporters.terminal"},
+             "gpumemdoctor._agent.core": {"gpumemdoctor.recording.records", "gpumemdoctor.system.nvml"},
+             "gpumemdoctor.live.ps": {"gpumemdoctor.diagnosis.findings"}}
+    assert upward_imports(graph) == [
+        "gpumemdoctor._agent.core imports gpumemdoctor.recording.records, a higher layer",
+        "gpumemdoctor.diagnosis.judgement imports gpumemdoctor.reporters.terminal, a higher layer",
+        "gpumemdoctor.live.ps imports gpumemdoctor.diagnosis.findings, of its own layer"]
+
+
+def test_the_top_level_is_layer_packages_and_a_few_basics():
+    """`ls gpumemdoctor` shows the layers: every top-level module is placed in LAYERS (a new one
+    must be placed, or go into a package)."""
+    entries = {entry_of(m) for m in modules()}
+    assert all(layer_of(e) is not None for e in entries)
+    flat = sorted(e for e in entries if e != "gpumemdoctor" and not (PACKAGE / e.split(".")[1]).is_dir())
+    assert flat == ["gpumemdoctor.__main__", "gpumemdoctor.contract", "gpumemdoctor.errors",
+                    "gpumemdoctor.growth", "gpumemdoctor.pytest_plugin", "gpumemdoctor.units"]
+
+
 def test_no_module_imports_itself_back():
     found = circles(import_graph())
     assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
@@ -128,3 +203,24 @@ def test_modules_and_classes_stay_readable_in_one_sitting():
                 if length > MAX_CLASS_LINES:
                     too_long.append(f"{name}.{node.name}: {length} lines (at most {MAX_CLASS_LINES})")
     assert not too_long, "; ".join(too_long)
+
+
+def test_the_supervisor_ps_and_the_plugin_load_nothing_of_the_agent():
+    """They share only `contract` with the agent: importing them loads no `_agent` module."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gpumemdoctor.supervise.supervisor, gpumemdoctor.live.ps, gpumemdoctor.pytest_plugin, "
+            "gpumemdoctor.cli.run; print(sorted(m for m in sys.modules if m.startswith('gpumemdoctor._agent')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_bootstrap_spells_the_contracts_variables_as_the_contract_does():
+    """sitecustomize runs before the package can be imported, so it writes two names out."""
+    from gpumemdoctor import contract
+
+    text = (PACKAGE / "_bootstrap" / "sitecustomize.py").read_text(encoding="utf-8")
+    assert f'"{contract.ENV_RUN_DIR}"' in text and f'"{contract.ENV_PACKAGE_PARENT}"' in text
+    assert "GPUMEMDOCTOR_" not in text.replace(contract.ENV_RUN_DIR, "").replace(contract.ENV_PACKAGE_PARENT, "")

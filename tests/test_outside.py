@@ -207,8 +207,8 @@ def test_every_recorded_breakdown_adds_up():
         for b in diagnose(Recording.from_json(report["recording"])).breakdowns:
             if b.non_torch_warmup_bytes is not None:
                 assert b.non_torch_warmup_bytes + (b.non_torch_cupy_bytes or 0) + b.non_torch_rest_bytes \
-                    == b.non_torch_bytes, path.stem
-                assert min(b.non_torch_warmup_bytes, b.non_torch_rest_bytes) >= 0, path.stem
+                    + (b.non_torch_nccl_bytes or 0) == b.non_torch_bytes, path.stem
+                assert min(b.non_torch_warmup_bytes, b.non_torch_rest_bytes, b.non_torch_nccl_bytes or 0) >= 0, path.stem
 
 
 def test_the_parts_survive_the_report_and_older_reports_load():

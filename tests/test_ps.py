@@ -181,7 +181,9 @@ def test_ps_groups_a_job(cli, tmp_path, fake_job):
     assert j["ranks"][1]["gpus"] == [{"index": 0, "used_bytes": 512 * MIB}, {"index": 1, "used_bytes": 19 * GIB}]
     assert j["gpus"] == [{"index": 0, "used_bytes": 20 * GIB + 512 * MIB + 500 * MIB},
                          {"index": 1, "used_bytes": 19 * GIB}]
-    assert j["ranks"][0]["flags"] == [] and [f["flag"] for f in j["ranks"][1]["flags"]] == ["context-on-several-gpus"]
+    assert j["ranks"][0]["flags"] == [] and [f["flag"] for f in j["ranks"][1]["flags"]] == ["stray-context"]
+    assert {k: j["ranks"][1]["flags"][0][k] for k in ("pid", "rank", "gpu", "bytes")} == {
+        "pid": r1, "rank": 1, "gpu": 0, "bytes": 512 * MIB}
 
     text = cli("ps", cwd=tmp_path, env=env | {"COLUMNS": "100"})
     assert text.returncode == 0, text.stderr
@@ -192,7 +194,7 @@ def test_ps_groups_a_job(cli, tmp_path, fake_job):
     assert re.search(rf"^1\s+1\s+{r1}\s+GPU 0 512 MiB, GPU 1 19\.0 GiB\s", out, re.M)
     assert re.search(r"^  \+1 more\s+none\s+\(under this rank\)", out, re.M)
     assert "job total: GPU 0 21.0 GiB, GPU 1 19.0 GiB" in out
-    assert f"context-on-several-gpus: rank 1 (PID {r1}) holds a CUDA context on GPU 0 (512 MiB)" in out
+    assert f"stray-context: rank 1 (PID {r1}) holds 512 MiB on GPU 0, the GPU of rank 0 (PID {r0})" in out
 
 
 def test_ps_without_a_job_shows_no_job(cli, tmp_path):

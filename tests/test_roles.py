@@ -91,11 +91,34 @@ def test_a_torchrun_job_with_a_stray_context():
     assert r0.quiet_descendants == [105, 106] and r2.gpus == [] and r2.quiet_descendants == []
     assert job.gpus == [{"index": 0, "used_bytes": 20 * GIB + 512 * MIB + 500 * MIB},
                         {"index": 1, "used_bytes": 20 * GIB}]
-    assert r0.flags == [] and [x["flag"] for x in r1.flags] == ["context-on-several-gpus"]
-    text = r1.flags[0]["next_step"]
-    assert "rank 1 (PID 102)" in text and "GPU 0 (512 MiB) as well as on GPU 1 (20.0 GiB)" in text
-    assert "unknown to ps" in text and "torch.cuda.set_device(local_rank)" in text
-    assert "LOCAL_RANK is 1 here" in text and "the other context is most likely stray" in text
+    # rank 1 holds 512 MiB on GPU 0, rank 0's GPU, and works on GPU 1 (where it holds the most)
+    assert r0.flags == [] and [x["flag"] for x in r1.flags] == ["stray-context"]
+    (flag,) = r1.flags
+    assert (flag["pid"], flag["rank"], flag["gpu"], flag["bytes"]) == (102, 1, 0, 512 * MIB)
+    text = flag["next_step"]
+    assert "rank 1 (PID 102) holds 512 MiB on GPU 0, the GPU of rank 0 (PID 101), while it works on GPU 1" in text
+    assert "torch.cuda.set_device(local_rank)" in text and "LOCAL_RANK is 1 here" in text
+
+
+def test_a_rank_on_two_gpus_of_its_own_is_only_told_to_look():
+    """No other rank works on GPU 1 and no agent says what PyTorch reserved: which context is stray is
+    not known from outside."""
+    f = facts((1, 0, ["/sbin/init"], None),
+              (100, 1, [PY, "-m", "torch.distributed.run", "--nproc-per-node", "1", "train.py"], {}),
+              (101, 100, [PY, "train.py"], rank_env(0)))
+    held = {101: {0: 20 * GIB, 1: 512 * MIB}}
+    (job,) = group(held, f, parents_of(f))
+    assert [x["flag"] for x in job.ranks[0].flags] == ["context-on-several-gpus"]
+    text = job.ranks[0].flags[0]["next_step"]
+    assert "GPU 0 (20.0 GiB) as well as on GPU 1 (512 MiB)" in text and "unknown from outside" in text
+    # its agent says PyTorch reserved nothing on GPU 1: that context is stray, for certain
+    (job,) = group(held, f, parents_of(f), reserved={101: {0: 18 * GIB, 1: 0}})
+    (flag,) = job.ranks[0].flags
+    assert (flag["flag"], flag["gpu"], flag["bytes"]) == ("stray-context", 1, 512 * MIB)
+    assert "its PyTorch reserved nothing there" in flag["next_step"]
+    # and where it reserved a lot on both, neither is called stray
+    (job,) = group(held, f, parents_of(f), reserved={101: {0: 18 * GIB, 1: 400 * MIB}})
+    assert [x["flag"] for x in job.ranks[0].flags] == ["context-on-several-gpus"]
 
 
 def test_jobs_are_told_apart_and_joined_by_their_ids():

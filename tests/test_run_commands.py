@@ -169,3 +169,56 @@ def test_torch_distributed_run_under_run_records_the_launcher_and_each_rank(cli,
     agents = {a["pid"]: a for a in recording["agents"]}
     assert set(agents) == {launcher, *(r["pid"] for r in ranks)}
     assert all(agents[r["pid"]]["ppid"] == launcher and agents[r["pid"]]["argv"] == ["rank.py"] for r in ranks)
+
+
+GLOO_JOB = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(5):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (a CPU build will do)")
+def test_two_nodes_reports_of_a_gloo_job_are_one_job_in_report(cli, tmp_path):
+    """Multi-node by report files (issue 29): a job of two nodes of two ranks each, on the CPU (gloo),
+    one `gpumemdoctor run` per node; their two reports are one job of four ranks, and one alone says
+    which ranks it lacks. (The same on two GPUs: tests/gpu/test_ranks.py.)"""
+    import socket
+    import threading
+
+    (tmp_path / "job.py").write_text(GLOO_JOB)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    results = {}
+
+    def node(n: int) -> None:
+        results[n] = cli("run", "--allow-no-gpu", "-q", "-o", f"node{n}.json", "-m", "torch.distributed.run",
+                         "--nnodes", "2", "--node-rank", str(n), "--nproc-per-node", "2", "--master-addr",
+                         "127.0.0.1", "--master-port", str(port), "job.py", cwd=tmp_path, timeout=240,
+                         env={"OMP_NUM_THREADS": "1"})
+
+    threads = [threading.Thread(target=node, args=(n,)) for n in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for n in (0, 1):
+        assert results[n].returncode == 0, results[n].stderr
+    one = cli("report", "node0.json", "node1.json", "--width", "120", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert re.search(r"^Ranks\s+4 ranks on 1 host \(", one.stdout, re.M), one.stdout
+    rows = re.findall(r"^\s+(\d)\s+(\d)\s+\S+\s+(\d+)\s+-\s", one.stdout, re.M)
+    assert [(r, local) for r, local, _ in rows] == [("0", "0"), ("1", "1"), ("2", "0"), ("3", "1")]
+    reports = [json.loads((tmp_path / f"node{n}.json").read_text()) for n in (0, 1)]
+    pids = {a["dist"]["rank"]: a["pid"] for r in reports for a in r["recording"]["agents"] if a.get("dist")
+            and a["pid"] != r["recording"]["target"]["pid"]}
+    assert {int(r): int(pid) for r, _, pid in rows} == pids
+    alone = cli("report", "node0.json", "--width", "120", cwd=tmp_path)
+    assert "world size 4, but ranks 2-3 are not in this report" in " ".join(alone.stdout.split())

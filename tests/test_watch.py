@@ -223,6 +223,17 @@ def test_watch_a_launcher_follows_every_rank_and_its_restart(cli, tmp_path):
         assert rows[pids[1]] == {"pid": pids[1], "role": "rank", "rank": 1, "local_rank": 1,
                                  "restart_count": restart, "gpu_bytes": {"0": 300 * MIB, "1": GIB}}
         assert sample["gpu_bytes"] == {"0": GIB + 300 * MIB, "1": GIB}
+        # rank 1's 300 MiB on GPU 0, rank 0's GPU, is flagged (issue 29: shown but not flagged before)
+        (flag,) = sample["flags"]
+        assert {k: flag[k] for k in ("flag", "pid", "rank", "gpu", "bytes")} == {
+            "flag": "stray-context", "pid": pids[1], "rank": 1, "gpu": 0, "bytes": 300 * MIB}
+    assert (f"[stray-context: rank 1 PID {first[1]} holds 300 MiB on GPU 0, the GPU of rank 0 (PID {first[0]})]"
+            in result.stdout)
+    # and the summary names every stray context seen, the restarted ranks' too
+    summary = " ".join(result.stdout.split("Watched PID")[-1].split())
+    for pids in (first, second):
+        assert (f"Seen: stray-context: rank 1 (PID {pids[1]}) holds 300 MiB on GPU 0, the GPU of rank 0 "
+                f"(PID {pids[0]}), while it works on GPU 1" in summary)
     # the plain lines label each rank with its GPUs
     assert f"[rank 1 (local 1) PID {first[1]}: GPU0 300 MiB, GPU1 1.00 GiB]" in result.stdout
     assert f"[rank 0 (local 0) restart 1 PID {second[0]}: GPU0 1.00 GiB]" in result.stdout

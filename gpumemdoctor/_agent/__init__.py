@@ -12,7 +12,8 @@ import os
 
 from . import forked, threads
 from .core import Agent
-from .startup import ENV_RUN_DIR, interval_from_env
+from .exit import install_hard_exit
+from ..contract import ENV_RUN_DIR, interval_from_env
 
 _agent: Agent | None = None  # this process's agent
 
@@ -26,7 +27,7 @@ def start() -> None:
     if not run_dir:
         return
     try:
-        agent = Agent(run_dir, interval_from_env())
+        agent = Agent(run_dir, interval_from_env(os.environ))
         _begin(agent)
         _agent = agent
     except Exception:
@@ -38,7 +39,7 @@ def enable() -> None:
     global _agent
     try:
         if _agent is None or _agent.pid != os.getpid():
-            agent = Agent(os.environ.get(ENV_RUN_DIR), interval_from_env())
+            agent = Agent(os.environ.get(ENV_RUN_DIR), interval_from_env(os.environ))
             _begin(agent)
             _agent = agent
         _agent.start_server()
@@ -62,6 +63,7 @@ def _begin(agent: Agent) -> None:
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_in_child)
     threads.install_hook(_current)
+    install_hard_exit(_current)
     agent.begin()
 
 

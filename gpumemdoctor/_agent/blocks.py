@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import itertools
 import os
 import sys
 import sysconfig
@@ -200,9 +201,26 @@ def cuda_tensors(kind: TensorKind):
 
 
 def user_frames(frames: list) -> list:
-    """The allocating stack without PyTorch's own frames, innermost first."""
-    kept = [f for f in frames if not _is_torch_file(f[0]) and not f[0].startswith(PACKAGE_DIR)]
-    return kept or frames
+    """The allocating stack without PyTorch's own frames, innermost first, each run of library
+    frames (the standard library, installed packages) kept as its outermost frame: the call the
+    program made. So a deep library call (copy.deepcopy's recursion through a model) cannot push
+    the program's own line out of the frames a group keeps (search.MAX_FRAMES). Frames in the
+    folder of the program's main file are its own, also where it lives among installed packages."""
+    kept = [f for f in frames if not _is_torch_file(f[0]) and not f[0].startswith(PACKAGE_DIR)] or frames
+    program = _program_dir()
+    out: list = []
+    for library, run in itertools.groupby(kept, key=lambda f: is_library_file(f[0]) and not (
+            program and os.path.abspath(f[0]).startswith(program))):
+        run = list(run)
+        out.extend(run[-1:] if library else run)  # a library run: its outermost frame
+    return out
+
+
+def _program_dir() -> str | None:
+    """The folder of the program's main file (with a trailing separator), if it has one."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None) if main is not None else None
+    return os.path.join(os.path.dirname(os.path.abspath(path)), "") if isinstance(path, str) else None
 
 
 def _is_torch_file(filename: str) -> bool:

@@ -6,7 +6,8 @@
    observer (oom.py) and the collector's callback (events.py) attached, the sampling thread
    started.
 3. Sampling (sampler.py): at each optimizer step or gpumemdoctor.step() (`on_step`), or on the
-   sampling thread's timer while no step comes. Each sample goes to the growth watch (watch.py).
+   sampling thread's timer while no step comes. Each sample goes to the growth watch (watch.py);
+   a change in torch.distributed's process groups is written then too (process_groups.py).
 4. Growth suspected: allocation stacks on (trace.py), and a holder search (search.py) due some
    steps later, made at that step boundary (`on_step`) in a copy of the process (forked.py).
 5. An out-of-memory error: its record; the first one is searched too (oom.py).
@@ -23,15 +24,18 @@ import threading
 import time
 
 from . import startup
+from ..contract import ENV_SOCKET
 from .channel import Channel
 from .events import Collections, cuda_origin
 from .exit import finish
 from .neutral import quiet_gc
 from .oom import OomObserver
+from .process_groups import ProcessGroups
 from .sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
 from .threads import ThreadWatch
 from .trace import Trace
 from .growth_watch import GrowthWatch
+from .libraries import KNOWN, LibraryWatcher, record as library_record
 
 
 class Agent:
@@ -58,12 +62,18 @@ class Agent:
         self.trace = Trace(self, run_dir)
         self.oom = OomObserver(self)
         self.threads = ThreadWatch(self)
+        self.process_groups = ProcessGroups(self)
 
     # -- start-up ------------------------------------------------------------
     def begin(self, forked_from: int | None = None) -> None:
         self.channel.write(startup.hello(self.pid, self.sampler.interval_s, forked_from))
         if forked_from is None:
             atexit.register(self.at_exit)
+        if forked_from is None:  # other GPU libraries: when each is imported (libraries.py)
+            for name in KNOWN:
+                if name in sys.modules:
+                    self.channel.write(library_record(name))
+            sys.meta_path.insert(0, LibraryWatcher(lambda name: self.channel.write(library_record(name))))
         torch = sys.modules.get("torch")
         if torch is not None and hasattr(torch, "cuda"):
             self.on_torch(torch)
@@ -153,7 +163,7 @@ class Agent:
 
     def start_server(self) -> None:
         """Answer `gpumemdoctor watch` on a local socket (see agent_socket); once per process."""
-        if self.server is not None or os.environ.get(startup.ENV_SOCKET) == "0":
+        if self.server is not None or os.environ.get(ENV_SOCKET) == "0":
             return
         from gpumemdoctor.system.agent_socket import StatsServer
 

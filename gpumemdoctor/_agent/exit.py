@@ -9,6 +9,10 @@ finished on side streams); `empty_cache` (the cache given back); then, after the
 cuBLAS workspaces (what clearing them frees). The parts go into the exit record's `parts`.
 What each re-measure gives back says what held the memory. Automatic collection is held off
 until the garbage has been looked at.
+
+A process that leaves through os._exit() runs no atexit hook: `hard_exit`, called from the
+agent's stand-in for os._exit (`install_hard_exit`), writes one last reading first, so that the
+report has the memory as the program left it and knows that its end was a hard one.
 """
 from __future__ import annotations
 
@@ -19,11 +23,54 @@ import time
 
 from . import parts as parts_of
 from .events import uncaught
-from .startup import ENV_SNAPSHOT
+from ..contract import ENV_SNAPSHOT
 
 # A run in which no growth was seen is searched at exit when its live tensors reach this: the
 # answer to "why does nvidia-smi still show the memory I freed?".
 LIVE_SEARCH_MIN_BYTES = 64 << 20
+
+
+def install_hard_exit(current) -> None:
+    """Put a stand-in for os._exit in place, once per interpreter: it takes the last reading of
+    the process's agent (`current()`), then calls the real os._exit. Nothing else changes: no
+    flushing, no atexit hooks, the same status."""
+    real = os._exit
+    if getattr(real, "_gpumemdoctor", False):
+        return
+
+    def _exit(status):
+        try:
+            agent = current()
+            if agent is not None:
+                hard_exit(agent, status)
+        except BaseException:
+            pass
+        real(status)
+
+    _exit._gpumemdoctor = True
+    _exit.__name__, _exit.__qualname__, _exit.__doc__ = real.__name__, real.__qualname__, real.__doc__
+    os._exit = _exit
+
+
+def hard_exit(agent, status) -> None:
+    """os._exit(status) in the process that started the agent: one last reading (the lock waited
+    for briefly, never long) and the record of the hard exit. The exit probes cannot run."""
+    if agent.pid != os.getpid() or agent.finished:
+        return
+    agent.finished = True
+    sampler = agent.sampler
+    rows = []
+    if agent.devices and sampler.neutral is not None:
+        locked = sampler.lock.acquire(timeout=0.05)
+        try:
+            rows = sampler.read_devices()
+        except Exception:
+            rows = []
+        finally:
+            if locked:
+                sampler.lock.release()
+    agent.channel.write({"type": "hard-exit", "t": time.monotonic(), "status": status if isinstance(status, int)
+                         else None, "steps": agent.steps, "d": rows})
 
 
 def finish(agent) -> None:
@@ -32,6 +79,7 @@ def finish(agent) -> None:
         return
     agent.finished = True
     parts: dict = {}
+    collector = _collector(agent)  # before the probes hold automatic collection off
     if agent.collections is not None:
         agent.collections.paused = True  # the exit probes' own collections are not the program's
     try:
@@ -51,11 +99,32 @@ def finish(agent) -> None:
                          "explicit_steps": agent.explicit_steps, "cupy": _cupy_pool(), "parts": parts or None,
                          "uncaught": died_of, "samples": sampler.samples, "samples_skipped": sampler.samples_skipped,
                          "collections": agent.collections.summary() if agent.collections is not None else None,
-                         "out_of_memory": agent.oom.records,
+                         "out_of_memory": agent.oom.records, "collector": collector, **_libraries(),
                          "cost": {k: round(v, 6) for k, v in {**agent.cost, **sampler.cost.windows(),
                                                               "interval_at_exit_s": sampler.interval_s}.items()}})
     if agent.server is not None:
         agent.server.close()
+
+
+def _libraries() -> dict:
+    """Other GPU libraries' pools and live arrays, where one of them was imported (libraries.py)."""
+    from .libraries import KNOWN, foreign_arrays, pools
+
+    if not any(name in sys.modules for name in KNOWN):
+        return {}
+    try:
+        return {"libraries": pools(), "foreign_arrays": foreign_arrays()}
+    except Exception:
+        return {}
+
+
+def _collector(agent) -> dict | None:
+    """The garbage collector as the program left it, and how often the samples found it off."""
+    try:
+        return {"enabled_at_exit": gc.isenabled(), "threshold": gc.get_threshold()[0],
+                "off_samples": agent.sampler.collector_off, "samples": agent.sampler.samples}
+    except Exception:
+        return None
 
 
 def _exit_probes(agent, torch, parts: dict) -> None:
@@ -105,7 +174,7 @@ def _probe(agent, torch, end: list, took, skip_gc: bool = False) -> None:
     million objects on an H100 machine) would only delay the end for nothing."""
     write = agent.channel.write
     read = agent.sampler.read_devices
-    touched = [row[0] for row in end]  # never create a context on a device the program left alone
+    touched = program_devices(end)  # never allocate on a device the program left alone
     if skip_gc:
         write({"type": "p", "phase": "gc", "t": time.monotonic(), "collected": None, "d": read(),
                "skipped": "the exit search found no CUDA memory that only garbage could hold"})
@@ -121,6 +190,13 @@ def _probe(agent, torch, end: list, took, skip_gc: bool = False) -> None:
     torch.cuda.empty_cache()
     write({"type": "p", "phase": "empty_cache", "t": time.monotonic(), "d": read()})
     took("release")
+
+
+def program_devices(end: list) -> list[int]:
+    """The torch indexes of the `end` rows where the program's allocator reserved memory (now or at
+    its peak). A row with NVML's memory only is a context the program made there and never used (a
+    stray one): synchronizing and allocating on it would make the agent the program's user there."""
+    return [row[0] for row in end if row[3] or (len(row) > 7 and row[7])]
 
 
 def _collect_garbage(agent, torch) -> int:

@@ -1,6 +1,7 @@
 """What the exit probes measure of the parts that PyTorch's totals do not name: cuBLAS workspaces and
-CUDA graphs' private pools (both inside PyTorch's reserved memory), whether NCCL is in use, and
-CUDA's module loading (both about the memory outside it).
+CUDA graphs' private pools (both inside PyTorch's reserved memory), whether NCCL is in use and what
+its communicators hold (process_groups.exit_memory), and CUDA's module loading (both about the
+memory outside it).
 
 Exit only, each part guarded on its own: a failure leaves its figure null, never the program.
 Nothing is imported that the program did not import.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+from . import process_groups
 from .blocks import snapshot
 
 DEFAULT_POOL = (0, 0)  # the allocator's own pool; any other id is a private pool
@@ -91,5 +93,9 @@ def dist_backend() -> str | None:
 
 def measure_at_end(torch, stats, indexes: list[int]) -> dict:
     """The parts read as the program left its memory (right after the `end` reading)."""
+    try:
+        groups = process_groups.exit_memory(torch)
+    except Exception:
+        groups = None
     return {"private_pools": private_pools(torch, stats, indexes), "dist_backend": dist_backend(),
-            "module_loading": os.environ.get("CUDA_MODULE_LOADING")}
+            "module_loading": os.environ.get("CUDA_MODULE_LOADING"), "process_groups": groups}

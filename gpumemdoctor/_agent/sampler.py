@@ -54,6 +54,7 @@ class Sampler:
         self.nvml_readers: list = []  # nvml.ProcessMemory per device, or None
         self.first_alloc_t: float | None = None
         self.samples_skipped = 0  # time samples put off because the collector was near its threshold
+        self.collector_off = 0  # samples that found automatic collection disabled (gc.disable())
         self.cost = SampleCost(agent.cost)
 
     def prepare(self) -> None:
@@ -207,6 +208,8 @@ class Sampler:
             return False  # the timer never waits; a step boundary waits for a timer sample (tens of us)
         lock.acquire()
         started = time.thread_time()  # the agent's own work, not its waits for the GIL
+        if not gc.isenabled():  # before the sample holds collection off itself: the program's doing
+            self.collector_off += 1
         collecting = quiet and gc.isenabled()
         if collecting:
             gc.disable()
@@ -235,6 +238,7 @@ class Sampler:
                 text = f"{text},{item}" if text else item
             agent.channel.write_line(f'{{"type":"s","t":{now!r},"by":"{by}","step":{agent.steps},"d":[{text}]}}')
             self.samples += 1
+            agent.process_groups.check(now)  # a record only when the count of process groups changed
             if agent.run_dir and (by == "step" or by == "time"):
                 agent.growth_watch.check(now, by)
             if self.samples % SAMPLES_PER_DOUBLING == 0:

@@ -1,6 +1,6 @@
 """The agent's start-up: its environment, the wait for torch, and the devices it finds at CUDA's start.
 
-The supervisor sets the GPUMEMDOCTOR_* variables; a launcher's variables say who the process
+The supervisor sets the variables of `gpumemdoctor.contract`; a launcher's variables say who the process
 is in a distributed job (`dist_from_env`, read once for the hello record). Until the program
 imports torch the agent only watches for that import (`TorchImportWatcher`); when torch has
 started CUDA, `read_devices` lists the devices, each matched to NVML (`device_ids`).
@@ -11,13 +11,8 @@ import os
 import sys
 import time
 
-ENV_RUN_DIR = "GPUMEMDOCTOR_RUN_DIR"
-ENV_INTERVAL = "GPUMEMDOCTOR_INTERVAL_S"
-ENV_SOCKET = "GPUMEMDOCTOR_SOCKET"  # "0": no local socket for `gpumemdoctor watch`
-ENV_TRACE = "GPUMEMDOCTOR_TRACE"  # allocation stacks: "auto" (when growth is seen), "on", "off";
-# holders are looked for in every mode once growth is seen
-ENV_SNAPSHOT = "GPUMEMDOCTOR_SNAPSHOT"  # "1": write the allocator snapshot to the run folder at exit
-DEFAULT_INTERVAL_S = 0.02
+from ..system.nvml import torch_device_ids
+
 
 # Who a process is in a distributed job, from its launcher's variables: one family per process, the
 # first whose rank (or local rank) is set, since a launcher runs inside another (torchrun under srun,
@@ -33,14 +28,6 @@ DIST_FAMILIES = (
 )
 DIST_NODE = ("GROUP_RANK", "SLURM_NODEID")
 DIST_RUN_ID = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID")
-
-
-def interval_from_env() -> float:
-    try:
-        value = float(os.environ.get(ENV_INTERVAL, DEFAULT_INTERVAL_S))
-        return value if 0.001 <= value <= 60 else DEFAULT_INTERVAL_S
-    except ValueError:
-        return DEFAULT_INTERVAL_S
 
 
 def dist_from_env(env) -> dict | None:
@@ -138,7 +125,7 @@ def read_devices(torch, nvml) -> list[dict]:
     described = []
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
-        uuid, pci = device_ids(props)
+        uuid, pci = torch_device_ids(props)
         nvml_device = nvml.find_device(uuid, pci) if nvml else None
         described.append({"index": index, "uuid": uuid, "pci_bus_id": pci, "name": props.name,
                           "nvml_device": nvml_device})
@@ -156,12 +143,3 @@ def devices_record(torch, devices: list[dict]) -> dict:
             "devices": [{k: v for k, v in d.items() if k != "nvml_device"}
                         | {"nvml_index": d["nvml_device"].index if d["nvml_device"] else None}
                         for d in devices]}
-
-
-def device_ids(props) -> tuple:
-    """(UUID, PCI bus id in NVML's spelling) of torch's device properties; None where absent."""
-    uuid = str(getattr(props, "uuid", "") or "") or None
-    pci = None
-    if hasattr(props, "pci_bus_id"):
-        pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
-    return uuid, pci

@@ -12,7 +12,7 @@ import os
 import time
 
 from .neutral import quiet_gc
-from .startup import ENV_SNAPSHOT, ENV_TRACE
+from ..contract import ENV_SNAPSHOT, ENV_TRACE
 
 TRACE_MODES = ("auto", "on", "off")
 TRACE_MAX_ENTRIES = 100_000  # of PyTorch's allocation history (a ring: old entries drop off)

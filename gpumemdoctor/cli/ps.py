@@ -41,12 +41,12 @@ def ps_command(as_json: bool, expect_free: int | None) -> int:
     torchrun or Slurm job are also shown together: launcher, ranks, workers, per-GPU totals.
     """
     from ..reporters.console import make_console
-    from ..live.ps import busy_gpus, diagnose_holders, find_jobs, gather, gather_processes
+    from ..live.ps import agents_reserved, busy_gpus, diagnose_holders, find_jobs, gather, gather_processes
     from ..reporters import ps as reporter
     from ..units import format_bytes as fb
 
     gpus = diagnose_holders(gather())
-    jobs = find_jobs(gpus, *gather_processes(gpus))
+    jobs = find_jobs(gpus, *gather_processes(gpus), agents_reserved(gpus))
     console = make_console(stderr=False)
     if as_json:
         click.echo(json.dumps({"schema": "gpumemdoctor.ps/1", "gpus": [g.to_json() for g in gpus],

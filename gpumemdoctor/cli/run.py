@@ -13,6 +13,7 @@ import click
 
 from ..errors import EXIT_CHECK_FAILED, UsageError, internal_error
 from ._ci_checks import check_options, make_policy, publish
+from .. import contract
 from ._params import FileName, Seconds
 
 _SCRIPT_PROBE_BYTES = 4096
@@ -77,14 +78,16 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
               help="Where to write the JSON report [default: gpumemdoctor-<script>.<pid>.json; under a "
                    "multi-node launcher gpumemdoctor-<script>.<host>.node<N>.rank<R>.<pid>.json].")
 @click.option("--force", is_flag=True, help="Overwrite the report (and --html) file if it exists.")
-@click.option("--interval", type=Seconds(0.001, 60), default=0.02, show_default=True,
+@click.option("--interval", type=Seconds(contract.INTERVAL_MIN_S, contract.INTERVAL_MAX_S),
+              default=contract.INTERVAL_DEFAULT_S, show_default=True,
               help="Seconds between the agent's allocator samples.")
-@click.option("--poll-interval", type=Seconds(0.001, 10), default=0.005, show_default=True,
+@click.option("--poll-interval", type=Seconds(contract.POLL_INTERVAL_MIN_S, contract.POLL_INTERVAL_MAX_S),
+              default=contract.POLL_INTERVAL_DEFAULT_S, show_default=True,
               help="Seconds between NVML polls of the process tree.")
 @click.option("--allow-no-gpu", is_flag=True,
               help="Run the target even where NVML is missing (nothing GPU-side is measured).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line and the report path.")
-@click.option("--trace", type=click.Choice(["auto", "on", "off"]), default=None,
+@click.option("--trace", type=click.Choice(contract.TRACE_MODES), default=None,
               help="Record allocation stacks (PyTorch's memory history): from the start (on), only "
                    "once memory is seen growing (auto), or never (off). [default: auto; on with "
                    "--snapshot]")

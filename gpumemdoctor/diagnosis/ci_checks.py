@@ -25,7 +25,7 @@ from ..files.inputs import read_json
 from ..files.outputs import write_text
 from .ranks import ranges
 from ..recording.recording import Recording
-from ..files.strict import need_dict, need_int_key, need_str, opt_size
+from ..files.schema import SIZE, STR, Shape, dict_of, need_dict, need_int_key, opt, written
 from ..units import format_bytes as fb
 from ..units import parse_size
 
@@ -316,17 +316,15 @@ def parse_baseline(obj: Any) -> dict:
     obj = need_dict(obj, "baseline")
     if obj.get("schema") != BASELINE_SCHEMA:
         raise BadReportError(f"schema {obj.get('schema')!r:.60}, expected {BASELINE_SCHEMA!r}")
-    need_str(obj.get("tool_version"), "tool_version")
-    out: dict = _baseline_figures(obj.get("figures"), "figures")
-    if obj.get("ranks") is not None:
-        out["ranks"] = {need_int_key(k, "ranks"): _baseline_figures(v, f"rank {k:.20}")
-                        for k, v in need_dict(obj["ranks"], "ranks").items()}
+    document = BASELINE(obj, "baseline")
+    out: dict = document["figures"]
+    if document["ranks"] is not None:
+        out["ranks"] = document["ranks"]
     return out
 
 
-def _baseline_figures(obj: Any, what: str) -> dict:
-    figs = need_dict(obj, what)
-    missing = [key for key in RANK_FIGURES if key not in figs]
-    if missing:
-        raise BadReportError(f"{what}: {', '.join(missing)} missing (null where it was not measured)")
-    return {key: opt_size(figs[key], f"{what} {key}") for key in RANK_FIGURES}
+# A baseline's declared shape: its figures, each written (null where it was not measured), and the
+# same per rank where the run had ranks.
+BASELINE_FIGURES = Shape({key: written(opt(SIZE)) for key in RANK_FIGURES})
+BASELINE = Shape({"tool_version": STR, "figures": BASELINE_FIGURES,
+                  "ranks": opt(dict_of(need_int_key, BASELINE_FIGURES))})

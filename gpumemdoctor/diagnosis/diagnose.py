@@ -15,7 +15,7 @@ What lies outside PyTorch is itemised, and judged for growth past warm-up, in no
 """
 from __future__ import annotations
 
-from . import child_processes, judgement, job, machine_faults, non_torch, ranks, suspects
+from . import child_processes, ends, judgement, job, libraries, machine_faults, non_torch, ranks, suspects
 from .findings import (FINDING_KINDS, INFORMATIVE, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, RankRow, choose_verdict)
 from ..growth import MIN_POINTS, GrowthFit, floor_growth, steady_rise
@@ -65,16 +65,22 @@ def _diagnose_recording(recording: Recording) -> Diagnosis:
         job.rank_rows(recording, rank_of, result)
         job.stamp(recording, rank_of, result)
         return result
+    ended = {a.pid: ends.how_ended(recording, a) for a in recording.agents if ends.used_cuda(a)}
     for agent in recording.agents:
+        if ended.get(agent.pid) is not None:
+            result.notes.append(ends.note(agent, ended[agent.pid]))
         for torch_index in _torch_devices(agent):
-            _diagnose_torch_device(agent, torch_index, result, rank_of.get(agent.pid))
+            _diagnose_torch_device(agent, torch_index, result, rank_of.get(agent.pid), ended.get(agent.pid))
     torch_pids = {b.pid for b in result.breakdowns}
     for (pid, device), points in sorted(recording.nvml.items()):
         if pid not in torch_pids and any(used for _, used in points):
-            _diagnose_nvml_only(pid, device, points, result)
+            if ended.get(pid) is not None:  # its agent saw CUDA start, and it ended before a reading
+                ends.unread(pid, device, points, ended[pid], result)
+            else:
+                _diagnose_nvml_only(pid, device, points, result)
     child_processes.orphans(recording, result)
     child_processes.child_contexts(recording, result, set(rank_of))
-    job.stray_contexts(recording, rank_of, result)
+    job.add_stray_context_findings(recording, rank_of, result)
     unseen = [a.pid for a in recording.agents if a.cuda_t is not None
               and not any(pid == a.pid for pid, _ in recording.nvml)]
     if unseen:
@@ -110,7 +116,7 @@ def _readings(samples: list[TorchSample], torch_index: int) -> list[tuple[TorchS
 
 
 def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diagnosis,
-                           dist: Dist | None = None) -> None:
+                           dist: Dist | None = None, ended: dict | None = None) -> None:
     device = agent.device(torch_index)
     nvml_index = device.nvml_index if device else None
     during = _readings(agent.samples, torch_index)
@@ -118,7 +124,8 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     end = probes.get("end") or (during[-1][1] if during else None)
     if end is None:
         return
-    context = _context(during, probes.get("end"))
+    context, pooled = libraries.context_without_pools(_context(during, probes.get("end")), agent, torch_index,
+                                                      during[0][0].t if during else None)
     b = Breakdown(pid=agent.pid, device=nvml_index, torch_index=torch_index,
                   nvml_bytes=end.nvml_used_bytes, context_bytes=context,
                   exit_probes=probes.get("end") is not None)
@@ -152,7 +159,8 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                   for _, r in series]
     after_warmup = non_torch.judge(xs, outside_ys, by) if context is not None else None
     outside_fit = after_warmup.fit if after_warmup is not None else None
-    non_torch.itemise(b, agent, torch_index, xs, outside_ys, after_warmup)
+    non_torch.itemise(b, agent, torch_index, xs, outside_ys, after_warmup, [s.t for s, _ in series])
+    libraries.itemise(b, agent, torch_index)
 
     growth = None
     # What the exit search found piled up: the judgement's rows 3 and 4, and below, what growth left.
@@ -188,6 +196,9 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                       "rate_bytes_per_s": g.rate_bytes_per_s, "points": allocated.points,
                       "rate_text": _rate(g)}
     evidence = _evidence(agent, torch_index, nvml_index, where, b, series, by, growth, held, unheld)
+    evidence.ended, evidence.collector = ended, (agent.exit_info or {}).get("collector")
+    if ended is not None:
+        evidence.last_allocated_bytes, evidence.last_t = end.allocated_bytes, during[-1][0].t if during else None
     result.evidence.append({**evidence.to_json(),
                             "non_torch": after_warmup.to_json() if after_warmup is not None else None})
     for j in judgement.judge(evidence):
@@ -244,11 +255,21 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         retained = max(outside_fit.grown_bytes, (b.non_torch_bytes or 0) - outside_fit.start_floor_bytes)
         result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, retained, b,
                                                f"and it kept growing past warm-up, {_rate(g)}", after_warmup))
-    elif b.non_torch_bytes and b.non_torch_bytes > LIBRARY_ALLOWANCE_BYTES:
+    elif non_torch.beyond_allowance(b, libraries.pooled_bytes(b)):
         result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, b.non_torch_bytes, b,
                                                "more than CUDA libraries take", after_warmup))
+    elif (rose := judgement.outside_rise(peak := libraries.run_peak(xs, outside_ys, after_warmup),
+                                         LIBRARY_ALLOWANCE_BYTES + libraries.pooled_bytes(b)
+                                         + (b.non_torch_nccl_bytes or 0))):
+        result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, peak["rise"], b, rose,
+                                                 after_warmup))
+        result.findings[-1].evidence.update({"decided_by": "peak", "peak": peak})
     elif non_torch.too_short(xs, outside_ys, after_warmup):
         result.notes.append(non_torch.too_short_note(where, by, xs, after_warmup, b.non_torch_bytes))
+    for f in result.findings[-1:]:
+        if f.kind == "non-torch" and f.pid == agent.pid:
+            libraries.name_holders(f, agent)
+    result.findings.extend(libraries.pool_findings(agent, torch_index, nvml_index, where, pooled))
 
 
 MIN_WATCHED_AFTER = 4  # samples at (nearly) the final level before growth over time may decide

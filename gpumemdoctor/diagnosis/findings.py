@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 VERDICTS = ("clean", "leak", "out-of-memory", "allocator-cache", "pending-stream", "garbage-cycle", "non-torch",
-            "child-contexts", "stray-context")
-# "context" and "live-at-exit" inform: they never make a verdict and never fail a CI check.
-INFORMATIVE = ("context", "live-at-exit")
+            "child-contexts", "stray-context", "unknown")
+# "unknown": memory was held and no evidence says by what or why, because the process ended before
+# its exit probes ran (os._exit, a signal): said with the reason, never replaced by a guess.
+# "context", "live-at-exit" and "library-memory" (another library's preallocated pool) inform: they
+# never make a verdict and never fail a CI check.
+INFORMATIVE = ("context", "live-at-exit", "library-memory")
 # "orphan-process", "host-memory" (the target killed by SIGKILL while its host memory rose) and
 # "rank-imbalance" (one rank's peak well above the others') warn: they never make a verdict, and
 # --fail-on can fail on them.
@@ -15,7 +18,7 @@ WARNINGS = ("orphan-process", "host-memory", "rank-imbalance")
 FINDING_KINDS = VERDICTS[1:] + WARNINGS + INFORMATIVE
 # When several causes apply at a similar size, the more specific one is named.
 SPECIFICITY = ("garbage-cycle", "pending-stream", "leak", "child-contexts", "stray-context", "non-torch",
-               "allocator-cache")
+               "unknown", "allocator-cache")
 
 
 @dataclass
@@ -54,15 +57,24 @@ class Breakdown:
     # of live_tensor_bytes; CUDA graphs' private pools, part of live tensors and cache.
     cublas_workspace_bytes: int | None = None
     private_pool_bytes: int | None = None
-    # non_torch_bytes itemised (outside.py): grown during warm-up, CuPy's pool, the rest.
+    # non_torch_bytes itemised (non_torch.py): grown during warm-up, CuPy's pool, the rest; and NCCL's
+    # part (nccl.py), where the process's process groups used NCCL.
     non_torch_warmup_bytes: int | None = None
     non_torch_cupy_bytes: int | None = None
     non_torch_rest_bytes: int | None = None
-    nccl: bool | None = None  # NCCL in use at exit (its buffers are outside PyTorch); None: not known
+    nccl: bool | None = None  # NCCL in use (its buffers are outside PyTorch); None: not known
+    non_torch_nccl_bytes: int | None = None
+    nccl_env: dict | None = None  # the NCCL_* variables that size its memory, as the process had them
     cuda_module_loading: str | None = None  # CUDA_MODULE_LOADING as the process saw it; None: not set
+    # Of non_torch_bytes: other libraries' preallocated pools, [[library, bytes]] (libraries.py); None: none
+    non_torch_libraries: list | None = None
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        for key in ("non_torch_libraries", "non_torch_nccl_bytes", "nccl_env"):
+            if out[key] is None:  # written only where measured: an older report reads back
+                del out[key]
+        return out
 
 
 @dataclass

@@ -8,7 +8,7 @@ from .findings import INFORMATIVE, Diagnosis, Finding, Job, RankRow, choose_verd
 from ..recording.recording import Dist, Recording
 
 
-def stray_contexts(rec: Recording, rank_of: dict[int, Dist], result: Diagnosis) -> None:
+def add_stray_context_findings(rec: Recording, rank_of: dict[int, Dist], result: Diagnosis) -> None:
     """A context on a GPU the process does not work on (ranks.stray_contexts); the processes of a
     child-contexts finding are that finding's already."""
     skip = {(p["pid"], f.device) for f in result.findings if f.kind == "child-contexts"

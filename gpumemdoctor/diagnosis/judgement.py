@@ -20,6 +20,20 @@ and every finding says which evidence decided it:
 | 6 | gc.collect() at exit freed >= 64 MiB of tensors, or one automatic          | garbage-cycle                | `gc-at-exit`,     |
 |   | collection while the program ran freed >= 64 MiB                           |                              | `gc-during-run`   |
 | 7 | >= 64 MiB of tensors still referenced at exit, and no leak                  | live-at-exit (informs)       | `exit`            |
+| 8 | the garbage collector was disabled (gc.disable() or a threshold of 0, at    | garbage-cycle instead of the | `collector-       |
+|   | exit or in half the samples), and row 2's growth was let go of only by a   | leak of row 2 (cause         | disabled`         |
+|   | collection; row 6 names that cause too                                     | `collector-disabled`)        |                   |
+| 9 | the process ended before its exit probes ran (os._exit, a signal), >= 64   | unknown                      | `end-not-seen`    |
+|   | MiB of tensors alive at its last reading, and no row above decided         |                              |                   |
+| 10| its agent saw CUDA start, and it ended hard before its first reading (no    | unknown, not non-torch       | `no-reading`      |
+|   | PyTorch figures at all): NVML's figure alone (`unread`)                    |                              |                   |
+| 11| memory outside PyTorch held a level past warm-up (4 readings in a row) more | non-torch, whatever was left | `peak`            |
+|   | than 512 MiB above its level when warm-up ended (`outside_rise`)            | at exit                      |                   |
+| 12| a preallocating library's pool (XLA), by its own statistics, >= 64 MiB:     | library-memory (informs);    | `library-         |
+|   | not the context, not held against the 512 MiB allowance (libraries.py)     | the context without it       | statistics`       |
+
+Rows 11 and 12 are about memory outside PyTorch; its other rules (growth past warm-up, more than
+the allowance at exit) are in non_torch.py.
 
 Rows 1-4 decide one leak finding (the first that applies). With enough samples,
 watching decides: an accumulation that did not grow while the program was
@@ -72,6 +86,11 @@ class Evidence:
     uncaught: dict | None = None  # the exception the program died of
     exited_normally: bool = False  # its exit hook ran
     watched_after: int = 0  # samples from the first that saw (nearly) what is alive at exit, to the end
+    # How the process ended when its exit probes did not run (ends.how_ended): None when they ran.
+    ended: dict | None = None
+    last_allocated_bytes: int | None = None  # at its last reading (the end, or the last sample)
+    last_t: float | None = None
+    collector: dict | None = None  # the garbage collector's state (exit record): disabled, off samples
 
     def to_json(self) -> dict:
         """What the report keeps of it: the facts, not the suspects (those are on the findings)."""
@@ -118,10 +137,17 @@ def judge(e: Evidence) -> list[Judged]:
         out.append(_out_of_memory(e, oom, cause))
     garbage = _garbage(e)
     released = (e.growth or {}).get("released") or {}
-    if garbage is not None and not (leak is not None and released.get("how", "").startswith("gc-")):
+    by_collector = leak is not None and released.get("how", "").startswith("gc-")
+    if by_collector and collector_off(e.collector):
+        out.remove(leak)  # row 8: cycles that a disabled collector never freed are garbage, not a leak
+        leak, garbage = None, _disabled_collector(e, garbage)
+        by_collector = False
+    if garbage is not None and not by_collector:
         out.append(garbage)  # (a leak that only the collector let go of says so itself)
     if leak is None and e.live_bytes and e.live_bytes >= SIGNIFICANT_BYTES:
         out.append(_live_at_exit(e))
+    if not out and e.ended is not None and (e.last_allocated_bytes or 0) >= SIGNIFICANT_BYTES:
+        out.append(_end_not_seen(e))  # row 9
     return out
 
 
@@ -293,6 +319,11 @@ def _garbage(e: Evidence) -> Judged | None:
     if during >= SIGNIFICANT_BYTES and at_exit >= SIGNIFICANT_BYTES:
         summary += (f" Collections during the run also freed {fb(c.get('freed_bytes'))} "
                     f"(up to {fb(during)} at once).")
+    if collector_off(e.collector):  # row 8's cause, where no growth was let go of by it
+        return Judged(kind="garbage-cycle", bytes=max(at_exit, during), summary=f"{_collector_text(e)}: {summary}",
+                      evidence={"decided_by": decided, "cause": "collector-disabled", "collector": e.collector,
+                                "garbage_at_exit_bytes": e.garbage_bytes, "collections_during_run": e.collections},
+                      remedy=COLLECTOR_REMEDY)
     return Judged(kind="garbage-cycle", bytes=max(at_exit, during), summary=summary,
                   evidence={"decided_by": decided, "garbage_at_exit_bytes": e.garbage_bytes,
                             "collections_during_run": e.collections},
@@ -314,6 +345,86 @@ def _live_at_exit(e: Evidence) -> Judged:
         evidence={"decided_by": "exit", "live_at_end_bytes": e.live_bytes, "root_cause": e.exit_search,
                   "accumulations": [_brief(a) for a in e.accumulations], **_samples(e)},
         remedy="")  # diagnosis.py gives it the suspects and their remedy
+
+
+# -- the edges of the evidence: a disabled collector, an end not seen ----------------------------
+
+COLLECTOR_OFF_SHARE = 0.5  # of the samples that found the collector disabled, for it to count as off
+
+
+def collector_off(c: dict | None) -> bool:
+    """The program ran with automatic collection off: disabled (or a threshold of 0) at exit, or
+    disabled at COLLECTOR_OFF_SHARE of the samples or more."""
+    if not c:
+        return False
+    if c.get("enabled_at_exit") is False or c.get("threshold") == 0:
+        return True
+    samples = c.get("samples") or 0
+    return samples > 0 and (c.get("off_samples") or 0) >= COLLECTOR_OFF_SHARE * samples
+
+
+COLLECTOR_REMEDY = ("Automatic garbage collection is off (gc.disable(), or gc.set_threshold(0)), so reference "
+                    "cycles are never freed while the program runs. Turn it back on (gc.enable()), or call "
+                    "gc.collect() at regular points (each epoch, every N steps) while it is off; or break the "
+                    "cycles (weakref for back-references).")
+
+
+def _collector_text(e: Evidence) -> str:
+    c = e.collector or {}
+    when = "at exit" if c.get("enabled_at_exit") is False or c.get("threshold") == 0 else \
+        f"at {c.get('off_samples')} of its {c.get('samples')} samples"
+    return f"The garbage collector was disabled ({when}), so reference cycles were never freed while it ran"
+
+
+def _disabled_collector(e: Evidence, garbage: Judged | None) -> Judged:
+    """Row 8: growth that only a collection let go of, in a program that runs without automatic
+    collection: the cycles are the cause, the disabled collector the reason they piled up."""
+    g = e.growth
+    size = max(g["grown_bytes"], garbage.bytes if garbage is not None else 0)
+    summary = (f"{_collector_text(e)}: {fb(g['grown_bytes'])} of tensors in {e.where} piled up in reference "
+               f"cycles, {g['rate_text']}, and only gc.collect() freed them.")
+    evidence = {"decided_by": "collector-disabled", "cause": "collector-disabled", "collector": e.collector,
+                "growth": {k: v for k, v in g.items() if k != "rate_text"},
+                "garbage_at_exit_bytes": e.garbage_bytes, "collections_during_run": e.collections}
+    return Judged(kind="garbage-cycle", bytes=size, summary=summary, evidence=evidence,
+                  remedy=COLLECTOR_REMEDY)
+
+
+def _end_not_seen(e: Evidence) -> Judged:
+    """Row 9: memory was held, and the process ended before anything could say by what."""
+    ended = e.ended
+    last = (f"at its last reading ({e.last_t:.1f} s)" if e.last_t is not None else "at its last reading")
+    watched = ("" if e.enough_samples else f" {_too_short(e)} so neither growth nor its holders can decide.")
+    return Judged(
+        kind="unknown", bytes=e.last_allocated_bytes,
+        summary=f"{fb(e.last_allocated_bytes)} of tensors were alive in {e.where} {last}, and the process "
+                f"{ended['text']}: its exit probes and the holder search never ran, so what held them, and "
+                f"whether they were a leak, is unknown.{watched}",
+        evidence={"decided_by": "end-not-seen", "ended": ended, "last_allocated_bytes": e.last_allocated_bytes,
+                  "last_t": e.last_t, **_samples(e)},
+        remedy="Let the program end normally (return from main, sys.exit) so that the exit probes run; "
+               "os._exit() skips them. Or run it again with --trace on for allocation stacks.")
+
+
+def unread(pid: int, device: int | None, nvml_bytes: int, ended: dict) -> Judged:
+    """Row 10: a process whose agent saw CUDA start, seen only through NVML because it ended hard
+    before the agent's first reading of PyTorch's allocator."""
+    return Judged(
+        kind="unknown", bytes=nvml_bytes,
+        summary=f"Process {pid} on GPU {device} held {fb(nvml_bytes)} (NVML), and {ended['text']} before its "
+                f"agent's first reading of PyTorch's allocator: no evidence says what that memory was.",
+        evidence={"decided_by": "no-reading", "ended": ended, "nvml_bytes": nvml_bytes},
+        remedy="Let the program end normally (return from main, sys.exit) so that the exit probes run; "
+               "os._exit() right after allocating leaves nothing to read.")
+
+
+def outside_rise(peak: dict | None, allowance: int) -> str | None:
+    """Row 11: what the non-torch finding says of a rise past warm-up that a window of readings
+    held, when it passes the allowance (and any preallocated pool, row 12); None when it does not."""
+    if peak is None or peak["rise"] <= allowance:
+        return None
+    return (f"at exit, and while the program ran it rose past warm-up by {fb(peak['rise'])}, to {fb(peak['peak'])} "
+            f"(held from {peak['at']:.1f}), whatever was left at exit: memory let go of at the end still grew")
 
 
 # -- words ---------------------------------------------------------------------------

@@ -3,13 +3,14 @@
 nvidia-smi shows more for a process than PyTorch reserved. The breakdown names the difference:
 
     NVML used - reserved = CUDA context + outside PyTorch
-    outside PyTorch      = grown in warm-up + CuPy's pool + the rest
+    outside PyTorch      = NCCL + grown in warm-up + CuPy's pool + the rest
 
+- **NCCL**: where the process's torch.distributed groups use NCCL, what came with them (nccl.py:
+  told apart by when it came), out of warm-up's level or the rest; not counted against the allowance;
 - **grown in warm-up**: what the memory outside PyTorch rose to in the program's first moments
   and stayed at: kernels loaded on first use (CUDA's lazy module loading, `CUDA_MODULE_LOADING`)
-  and libraries' own state (cuBLAS, cuDNN), 64-224 MiB on an H100 or H200 (NOTES.md); NCCL's
-  buffers too where NCCL is in use (not measured apart). It is the lowest outside-PyTorch reading
-  from the end of warm-up to exit, less CuPy's pool;
+  and libraries' own state (cuBLAS, cuDNN), 64-224 MiB on an H100 or H200 (NOTES.md). It is the
+  lowest outside-PyTorch reading from the end of warm-up to exit, less CuPy's pool and NCCL's part;
 - **CuPy's pool**: CuPy's default pool on that GPU at exit, measured by the agent;
 - **the rest**: what came after warm-up besides CuPy's pool: raw `cudaMalloc`, other libraries.
 
@@ -29,7 +30,7 @@ from .findings import Breakdown, Finding
 from ..growth import AfterWarmup, floor_growth, lasting_growth
 from ..recording.recording import AgentRecording
 from ..units import format_bytes as fb
-from . import suspects
+from . import nccl, suspects
 
 MIB = 1 << 20
 MIN_GROWTH_BYTES = 16 * MIB  # growth below this is not called growth (diagnosis.MIN_LEAK_BYTES)
@@ -76,8 +77,9 @@ def too_short_note(where: str, by: str, xs: list[float], judged: AfterWarmup, at
 
 
 def itemise(b: Breakdown, agent: AgentRecording, torch_index: int, xs: list[float], ys: list[int | None],
-            judged: AfterWarmup | None) -> None:
-    """Fill the breakdown's parts (see the module's docstring) from the series and the exit record."""
+            judged: AfterWarmup | None, ts: list[float] | None = None) -> None:
+    """Fill the breakdown's parts (see the module's docstring) from the series and the exit record;
+    `ts`: the series' times (where xs are steps), for NCCL's part (nccl.py)."""
     parts = (agent.exit_info or {}).get("parts")
     if parts is not None:
         b.cuda_module_loading = parts.get("module_loading")
@@ -87,6 +89,9 @@ def itemise(b: Breakdown, agent: AgentRecording, torch_index: int, xs: list[floa
         if cublas is not None and b.live_tensor_bytes is not None:
             b.cublas_workspace_bytes = min(cublas, b.live_tensor_bytes)
         b.private_pool_bytes = _on(parts.get("private_pools"), torch_index)
+    came = nccl.arrival(agent)
+    if came is not None:
+        b.nccl, b.nccl_env = True, came["nccl_env"]
     outside = b.non_torch_bytes
     if outside is None:
         return
@@ -96,8 +101,24 @@ def itemise(b: Breakdown, agent: AgentRecording, torch_index: int, xs: list[floa
     since = judged.warmup_end_x if judged is not None else None
     after = [y for x, y in zip(xs, ys) if y is not None and since is not None and x >= since]
     settled = max(0, lowest(after + [outside]))
-    b.non_torch_warmup_bytes = min(settled, outside - (cupy or 0))
-    b.non_torch_rest_bytes = outside - (cupy or 0) - b.non_torch_warmup_bytes
+    avail = outside - (cupy or 0)
+    warmup = min(settled, avail)
+    times = ts if ts is not None else xs
+    since_t = next((t for x, t in zip(xs, times) if x >= since), None) if since is not None else None
+    share = nccl.part(agent, times, ys, since_t, avail, warmup)
+    if share is not None:
+        b.non_torch_nccl_bytes = share["bytes"]
+        # NCCL's part is out of the warm-up's level when it came during warm-up, else out of the rest
+        warmup = max(0, min(warmup - share["bytes"] if share["in_warmup"] else warmup, avail - share["bytes"]))
+    b.non_torch_warmup_bytes = warmup
+    b.non_torch_rest_bytes = avail - warmup - (b.non_torch_nccl_bytes or 0)
+
+
+def beyond_allowance(b: Breakdown, pooled: int = 0) -> bool:
+    """More outside PyTorch than CUDA's libraries take, NCCL's communicators (nccl.py) and other
+    libraries' preallocated pools (`pooled`, libraries.py) left out."""
+    return bool(b.non_torch_bytes) and (b.non_torch_bytes - (b.non_torch_nccl_bytes or 0) - pooled
+                                        > LIBRARY_ALLOWANCE_BYTES)
 
 
 def _on(per_device: list | None, torch_index: int) -> int | None:
@@ -130,13 +151,21 @@ def finding(agent: AgentRecording, torch_index: int, nvml_index: int | None, whe
     if pool and pool.get("total_bytes"):
         remedy += (" CuPy's pool holds " + fb(pool["total_bytes"]) + " (" + fb(pool.get("used_bytes"))
                    + " in use): cupy.get_default_memory_pool().free_all_blocks() returns the rest.")
-    if b.nccl:
-        remedy += (" NCCL is in use in this process: its buffers lie outside PyTorch too, until "
-                   "torch.distributed.destroy_process_group() releases its communicators.")
+    summary = f"{fb(b.non_torch_bytes)} in {where} lies outside PyTorch's allocator, {why}."
+    if judged is not None and judged.fit is not None and nccl.arrival(agent) is not None:
+        summary += nccl.growth_words(agent)  # growing, with NCCL's groups coming and going
+        remedy = nccl.GROWTH_REMEDY + remedy
+    else:
+        if b.non_torch_nccl_bytes:
+            summary += (f" {fb(b.non_torch_nccl_bytes)} of it came with NCCL's communicators, and is not "
+                        f"counted against that.")
+        if b.nccl:
+            remedy += (" NCCL is in use in this process: its buffers lie outside PyTorch too, until "
+                       "torch.distributed.destroy_process_group() releases its communicators.")
     return Finding(
-        kind="non-torch", bytes=size, pid=agent.pid, device=nvml_index,
-        summary=f"{fb(b.non_torch_bytes)} in {where} lies outside PyTorch's allocator, {why}.",
+        kind="non-torch", bytes=size, pid=agent.pid, device=nvml_index, summary=summary,
         evidence={"non_torch_at_end_bytes": b.non_torch_bytes, "library_allowance_bytes": LIBRARY_ALLOWANCE_BYTES,
                   "cupy_pool": pool, "warmup_bytes": b.non_torch_warmup_bytes, "rest_bytes": b.non_torch_rest_bytes,
-                  "nccl": b.nccl, "after_warmup": judged.to_json() if judged is not None else None},
+                  "nccl": b.nccl, "nccl_bytes": b.non_torch_nccl_bytes, "nccl_detail": nccl.evidence(agent),
+                  "after_warmup": judged.to_json() if judged is not None else None},
         remedy=remedy, suspects=suspects.thread_suspects(agent.root, torch_index, "non_torch"))

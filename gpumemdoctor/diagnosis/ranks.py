@@ -4,6 +4,10 @@ findings that only make sense across GPUs or ranks. Pure: no NVML, no torch, no 
 - `stray-context`: a process holds a CUDA context on a GPU where PyTorch's allocator never
   reserved anything, while it works on another GPU: a CUDA call made before
   `torch.cuda.set_device(local_rank)` lands on cuda:0, and so does a barrier without `device_ids`.
+  A rank also holds a stray context on another rank's GPU where it reserved only a little (a
+  tensor made on cuda:0 before set_device, gloo staging a CUDA tensor there). Only the program's
+  own readings count (its samples and the `end` and `gc` probes): the later exit probes are the
+  agent's, and agents before issue 29 allocated one element on every GPU NVML listed the process on.
 - `rank-imbalance`: one rank's peak of reserved memory is well above the other ranks' (a warning:
   the job runs out of memory on that rank first).
 
@@ -76,9 +80,14 @@ def ranges(numbers: list[int]) -> str:
 
 # -- what a process held ------------------------------------------------------------------
 
+PROGRAM_PROBES = ("end", "gc")  # the exit probes before the agent synchronizes and allocates itself
+
+
 def _readings(agent: AgentRecording, torch_index: int) -> list:
-    return [r for s in [*agent.samples, *agent.probes.values()] for r in s.readings
-            if r.torch_index == torch_index]
+    """The process's readings on one device as the program left them: its samples and the probes
+    before the agent's own `sync` (which allocated on every listed GPU in agents before issue 29)."""
+    probes = [agent.probes[p] for p in PROGRAM_PROBES if p in agent.probes]
+    return [r for s in [*agent.samples, *probes] for r in s.readings if r.torch_index == torch_index]
 
 
 def _most(values) -> int | None:
@@ -124,43 +133,79 @@ STRAY_REMEDY = ("Call torch.cuda.set_device(local_rank) before any other CUDA ca
 
 
 def stray_contexts(rec: Recording, ranks: dict[int, Dist], skip: set) -> list[tuple[int, int, Judged]]:
-    """(pid, NVML index, finding) for each GPU where a process holds memory that NVML sees but its
-    PyTorch allocator never reserved a byte, while it did reserve on another GPU. DataLoader workers
-    (their contexts are `child-contexts`), the (pid, NVML index) pairs in `skip`, and processes that
-    never started CUDA through PyTorch are left out."""
+    """(pid, NVML index, finding) for each GPU where a process holds memory that NVML sees but that is
+    not its work: its PyTorch allocator never reserved a byte there while it did on another GPU; or,
+    for a rank, the GPU is another rank's of this host, where it reserved under STRAY_SHARE of what it
+    reserved on its own. DataLoader workers (their contexts are `child-contexts`), the (pid, NVML
+    index) pairs in `skip`, and processes that never started CUDA through PyTorch are left out."""
+    reserved = {a.pid: _reserved_by_gpu(a) for a in rec.agents
+                if a.cuda_t is not None and not (a.cuda_origin or {}).get("dataloader_worker")}
+    own = {pid: _own_gpu(by_gpu) for pid, by_gpu in reserved.items() if pid in ranks}
     out = []
     for agent in rec.agents:
-        if agent.cuda_t is None or (agent.cuda_origin or {}).get("dataloader_worker"):
+        if agent.pid not in reserved:
             continue
-        reserved = {}
-        for d in agent.devices:
-            if d.nvml_index is not None:
-                reserved[d.nvml_index] = (d.index, _most([r.reserved_bytes for r in _readings(agent, d.index)]
-                                                         + [r.reserved_peak_bytes for r in _readings(agent, d.index)]))
-        works_on = sorted(n for n, (_, most) in reserved.items() if most)
+        by_gpu = reserved[agent.pid]
+        works_on = sorted(n for n, (_, most) in by_gpu.items() if most)
         if not works_on:
             continue
-        for nvml_index, (torch_index, most) in sorted(reserved.items()):
-            if most or (agent.pid, nvml_index) in skip:
+        mine = own.get(agent.pid)
+        others = {gpu: pid for pid, gpu in own.items() if pid != agent.pid and gpu is not None and gpu != mine}
+        for nvml_index, (torch_index, most) in sorted(by_gpu.items()):
+            if (agent.pid, nvml_index) in skip:
                 continue
+            if most:  # reserved there: stray only as a rank on another rank's GPU, reserving little
+                if mine is None or nvml_index not in others or most >= STRAY_SHARE * by_gpu[mine][1]:
+                    continue
             _, _, held = peaks_on(rec, agent, torch_index, nvml_index)
             if not held:
                 continue
+            owner = others.get(nvml_index)
             out.append((agent.pid, nvml_index,
-                        _stray(agent, ranks.get(agent.pid), nvml_index, torch_index, held, works_on)))
+                        _stray(agent, ranks.get(agent.pid), nvml_index, torch_index, held,
+                               [mine] if most else works_on, most or 0,
+                               ranks.get(owner) if owner is not None else None)))
     return out
 
 
+STRAY_SHARE = 0.25  # of its own GPU's reserved peak: a rank reserving less on another rank's GPU strayed there
+
+
+def _reserved_by_gpu(agent: AgentRecording) -> dict[int, tuple[int, int | None]]:
+    """NVML index -> (torch index, the most PyTorch reserved there while the program ran)."""
+    out = {}
+    for d in agent.devices:
+        if d.nvml_index is not None:
+            readings = _readings(agent, d.index)
+            out[d.nvml_index] = (d.index, _most([r.reserved_bytes for r in readings]
+                                                + [r.reserved_peak_bytes for r in readings]))
+    return out
+
+
+def _own_gpu(by_gpu: dict[int, tuple[int, int | None]]) -> int | None:
+    """The GPU a rank works on: where PyTorch reserved the most (None where it reserved nothing)."""
+    used = [(most, -n, n) for n, (_, most) in by_gpu.items() if most]
+    return max(used)[2] if used else None
+
+
 def _stray(agent: AgentRecording, dist: Dist | None, nvml_index: int, torch_index: int, held: int,
-           works_on: list[int]) -> Judged:
+           works_on: list[int], reserved_there: int, owner: Dist | None) -> Judged:
     origin = agent.cuda_origin or {}
     line = suspects.user_line(origin.get("stack") or [])
     at = suspects.at(line) if line else None
     gpus_text = ", ".join(f"GPU {n}" for n in works_on)
-    summary = (f"{who(agent.pid, dist).capitalize()} holds {fb(held)} on GPU {nvml_index} (its cuda:{torch_index}), "
-               f"where PyTorch never allocated anything, while it works on {gpus_text}: a CUDA context it "
-               f"did not need, made by a CUDA call before torch.cuda.set_device (or by a barrier or "
-               f"collective without device_ids).")
+    there = f"GPU {nvml_index} (its cuda:{torch_index})"
+    if owner is not None and owner.rank is not None:
+        there += f", rank {owner.rank}'s GPU"
+    if reserved_there:
+        what = (f"where PyTorch reserved only {fb(reserved_there)}, while it works on {gpus_text}: a CUDA "
+                f"context it did not need, made by a tensor or CUDA call on cuda:0 before "
+                f"torch.cuda.set_device, or by a library (gloo staging a CUDA tensor on the current device).")
+    else:
+        what = (f"where PyTorch never allocated anything, while it works on {gpus_text}: a CUDA context it "
+                f"did not need, made by a CUDA call before torch.cuda.set_device (or by a barrier or "
+                f"collective without device_ids).")
+    summary = f"{who(agent.pid, dist).capitalize()} holds {fb(held)} on {there}, {what}"
     if at:
         summary += f" CUDA started in it at {at}."
     return Judged(
@@ -168,6 +213,7 @@ def _stray(agent: AgentRecording, dist: Dist | None, nvml_index: int, torch_inde
         evidence={"pid": agent.pid, "rank": dist.rank if dist else None,
                   "local_rank": dist.local_rank if dist else None, "device": nvml_index,
                   "torch_index": torch_index, "bytes": held, "works_on": works_on,
+                  "reserved_there_bytes": reserved_there, "owner_rank": owner.rank if owner else None,
                   "cuda_started_at": at, "thread": origin.get("thread")},
         remedy=STRAY_REMEDY)
 

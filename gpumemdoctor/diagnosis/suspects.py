@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from . import stacks
 from ..units import format_bytes as fb
 
 MIB = 1 << 20
@@ -35,6 +36,7 @@ def leak_suspects(root: dict, torch_index: int, released: bool = False) -> tuple
     repeated = [g for g in groups if g["count"] >= 2] or groups[:1]
     # What something holds first: the leak is what the program keeps (unheld blocks stay, after).
     repeated.sort(key=lambda g: (-sum(h["bytes"] for h in g["holders"]), -g["bytes"]))
+    repeated = [g if g["frames"] else stacks.latest_stack(g, root, torch_index) for g in repeated]
     if chosen["trace"]:  # with stacks recorded, stackless blocks are PyTorch's own (gradients)...
         # ... or the same leak's, allocated after --trace auto's window closed: held the same way
         repeated = _with_later_allocations(repeated)
@@ -142,11 +144,12 @@ def _allocation_suspect(g: dict, released: bool = False) -> dict:
 
 
 def _user_line(stack: list) -> list | None:
-    """The innermost frame of the program's own code, else the innermost frame."""
+    """The innermost frame of the program's own code; else (a program that lives among installed
+    packages) the innermost outside the standard library; else the innermost frame."""
     for frame in stack:
         if not _library(frame[0]):
             return frame
-    return stack[0] if stack else None
+    return stacks.outside_stdlib(stack)
 
 
 def _library(filename: str) -> bool:

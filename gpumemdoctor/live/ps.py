@@ -10,8 +10,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ..system import procs
-from . import roles
-from .._agent.startup import ENV_RUN_DIR
+from . import roles, stray
+from ..contract import ENV_RUN_DIR
 from ..units import format_bytes as fb
 
 MIB = 1 << 20
@@ -169,15 +169,29 @@ def _facts(pid: int) -> roles.ProcessFacts | None:
                              identity=roles.Identity.from_environ(env) if env is not None else None)
 
 
-def find_jobs(gpus: list[GpuMemory], facts: dict[int, roles.ProcessFacts],
-              parents: dict[int, int]) -> list[roles.Job]:
-    """The jobs among the holders (pure): launcher, ranks with their workers, per-GPU totals."""
+def agents_reserved(gpus: list[GpuMemory]) -> dict[int, dict[int, int | None]]:
+    """pid -> {GPU index -> bytes its PyTorch reserved}, for each holder whose agent answers on its
+    socket (a process of `gpumemdoctor run`): what tells a stray context for certain."""
+    from ..system import agent_socket
+
+    out = {}
+    for pid in sorted({h.pid for gpu in gpus for h in gpu.holders if h.agent}):
+        reply = agent_socket.query(pid)
+        if reply is not None:
+            out[pid] = stray.reserved_of(reply)
+    return out
+
+
+def find_jobs(gpus: list[GpuMemory], facts: dict[int, roles.ProcessFacts], parents: dict[int, int],
+              reserved: dict[int, dict[int, int | None]] | None = None) -> list[roles.Job]:
+    """The jobs among the holders (pure): launcher, ranks with their workers, per-GPU totals, and
+    each rank's stray contexts (`reserved`: agents_reserved)."""
     held: dict[int, dict[int, int | None]] = {}
     for gpu in gpus:
         for h in gpu.holders:
             if h.visible:
                 held.setdefault(h.pid, {})[gpu.index] = h.used_bytes
-    return roles.group(held, facts, parents)
+    return roles.group(held, facts, parents, reserved)
 
 
 def busy_gpus(gpus: list[GpuMemory], allowed_bytes: int) -> list[tuple[int, int]]:

@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from ..units import format_bytes as fb
+from . import stray
 
 # What a launcher's command line runs: `python -m torch.distributed.run`, or the console script.
 LAUNCHER_MODULES = {"torch.distributed.run": "torchrun", "torch.distributed.launch": "torch.distributed.launch"}
@@ -190,12 +190,13 @@ class Job:
 
 
 def group(held: Mapping[int, Mapping[int, int | None]], facts: Mapping[int, ProcessFacts],
-          parents: Mapping[int, int]) -> list[Job]:
+          parents: Mapping[int, int], reserved: Mapping[int, Mapping[int, int | None]] | None = None) -> list[Job]:
     """The jobs among the processes that hold GPU memory.
 
     `held`: pid -> {GPU index -> bytes (None: not available)} for each process NVML lists;
     `facts`: those processes, their ancestors, and the launchers' children; `parents`: every
-    process's parent, for the descendants that hold no GPU memory."""
+    process's parent, for the descendants that hold no GPU memory; `reserved`: pid -> {GPU index ->
+    bytes its PyTorch reserved}, where a rank's agent said (stray.rank_flags)."""
     places = {pid: p for pid in held if (p := place(pid, facts)) is not None}
     for anchor in {p.anchor for p in places.values() if p.anchor is not None}:
         kind = launcher_kind(facts[anchor].cmdline) if anchor in facts else None
@@ -220,11 +221,11 @@ def group(held: Mapping[int, Mapping[int, int | None]], facts: Mapping[int, Proc
     groups: dict = {}
     for p in places.values():
         groups.setdefault(keys.find(("pid", p.pid)), []).append(p)
-    jobs = [_job(members, held, facts, parents) for members in groups.values()]
+    jobs = [_job(members, held, facts, parents, reserved) for members in groups.values()]
     return sorted(jobs, key=lambda j: (j.launcher.pid if j.launcher else 0, [r.pid for r in j.ranks]))
 
 
-def _job(members: list[Place], held, facts, parents) -> Job:
+def _job(members: list[Place], held, facts, parents, reserved=None) -> Job:
     def proc(pid: int, identity: Identity | None = None) -> JobProcess:
         f = facts.get(pid)
         gpus = [{"index": i, "used_bytes": b} for i, b in sorted((held.get(pid) or {}).items())]
@@ -247,7 +248,11 @@ def _job(members: list[Place], held, facts, parents) -> Job:
     listed = {p.pid for p in members}
     for rank in ranks.values():
         rank.quiet_descendants = sorted(d for d in _descendants(rank.pid, children) if d not in listed)
-        rank.flags = _rank_flags(rank)
+    flagged = stray.rank_flags([{"pid": r.pid, "rank": r.rank, "local_rank": r.local_rank,
+                                 "gpus": {g["index"]: g["used_bytes"] for g in r.gpus}} for r in ranks.values()],
+                               reserved)
+    for rank in ranks.values():
+        rank.flags = flagged.get(rank.pid, [])
     identities = [p.identity for p in members if p.identity is not None]
     everyone = [*([launcher] if launcher else []), *ranks.values(), *(w for r in ranks.values() for w in r.workers)]
     totals: dict[int, int | None] = {}
@@ -272,24 +277,6 @@ def _descendants(pid: int, children: Mapping[int, list[int]]) -> list[int]:
         found.append(child)
         todo.extend(children.get(child, []))
     return found
-
-
-def _rank_flags(rank: JobProcess) -> list[dict]:
-    """A rank that holds a context on more than one GPU: most often a stray one."""
-    if len(rank.gpus) < 2:
-        return []
-    name = f"rank {rank.rank}" if rank.rank is not None else "a rank of unknown number"
-    on = [f"GPU {g['index']} ({fb(g['used_bytes'])})" for g in rank.gpus]
-    where = f"{', '.join(on[:-1])} as well as on {on[-1]}"
-    local = f" (LOCAL_RANK is {rank.local_rank} here)" if rank.local_rank is not None else ""
-    others = "the other context is most likely stray" if len(on) == 2 else \
-        "the other contexts are most likely stray"
-    return [{"flag": "context-on-several-gpus",
-             "next_step": f"{name} (PID {rank.pid}) holds a CUDA context on {where}. Which GPU its work "
-                          f"is on is unknown to ps, but a rank normally uses one GPU: {others}, made by "
-                          "a CUDA call before the rank chose its device (until then, GPU 0). Call "
-                          f"torch.cuda.set_device(local_rank) before any CUDA call{local}, and name "
-                          "devices cuda:{local_rank}, not cuda."}]
 
 
 class _UnionFind:

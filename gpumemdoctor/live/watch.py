@@ -5,7 +5,8 @@ gives the VRAM of the process and its descendants on each GPU, psutil the host
 memory. The leak judgement is the floor's growth (growth.floor_growth) over the
 samples so far, given once there are enough of them. Watching a launcher (torchrun) follows
 every rank under it, those that start later or restart too, each labelled with its rank
-(`roles.place`, from its environment where that is ours to read). Watching for hours or days keeps
+(`roles.place`, from its environment where that is ours to read), and a rank's stray context on
+another GPU is flagged (`stray.rank_flags`). Watching for hours or days keeps
 its memory bounded: the recent samples (for the timeline) are a ring of HISTORY, and
 the floor is judged on the whole watch's shape, kept by a series.Series.
 """
@@ -18,7 +19,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 
 from ..system import agent_socket, nvml, procs
-from . import roles
+from . import roles, stray
 from ..growth import floor_growth
 from ..recording.series import Series
 from ..units import format_bytes as fb
@@ -43,6 +44,8 @@ class WatchSample:
     # (launcher, rank, worker or None), "rank", "local_rank", "restart_count" (None: not known),
     # "gpu_bytes" (NVML index -> bytes)}
     processes: list[dict] = field(default_factory=list)
+    # What needs a look in the job: each rank's stray contexts (stray.rank_flags)
+    flags: list[dict] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -89,6 +92,7 @@ class Watcher:
         self.count = 0
         self.known: set[int] = set()  # descendants seen so far: they may outlive the process
         self.facts: dict[int, roles.ProcessFacts] = {}  # of the tree's processes, read once each
+        self.strays: dict[tuple, dict] = {}  # (pid, GPU) -> its flag at the most it held: for the summary
 
     def sample(self) -> WatchSample:
         alive = procs.same_process(self.pid, self.create_time)
@@ -113,8 +117,14 @@ class Watcher:
             reply = agent_socket.query(pid)
             if reply is not None:
                 torch[pid] = breakdown(reply)
+        processes = self._processes(tree, held)
         s = WatchSample(t=round(time.monotonic() - self.t0, 3), gpu_bytes=gpu_bytes, rss_bytes=rss,
-                        alive=alive, pids=sorted(holders), torch=torch, processes=self._processes(tree, held))
+                        alive=alive, pids=sorted(holders), torch=torch, processes=processes,
+                        flags=job_flags(processes, torch))
+        for flag in s.flags:
+            seen = self.strays.get((flag["pid"], flag.get("gpu")))
+            if seen is None or (flag.get("bytes") or 0) > (seen.get("bytes") or 0):
+                self.strays[(flag["pid"], flag.get("gpu"))] = flag
         self.samples.append(s)
         if alive:
             self.totals.add((s.t, s.total_bytes))
@@ -151,6 +161,17 @@ class Watcher:
         return fit.rate_bytes_per_x * 60 if fit is not None else 0.0
 
 
+def job_flags(processes: list[dict], torch: dict[int, list[dict]]) -> list[dict]:
+    """The flags of the ranks among a sample's processes (stray.rank_flags), told for certain where
+    a rank's agent said what its PyTorch reserved on each GPU."""
+    ranks = [{"pid": row["pid"], "rank": row["rank"], "local_rank": row["local_rank"], "gpus": row["gpu_bytes"]}
+             for row in processes if row["role"] == "rank"]
+    reserved = {pid: {r["nvml_index"]: r["reserved_bytes"] for r in rows if r["nvml_index"] is not None}
+                for pid, rows in torch.items()}
+    flagged = stray.rank_flags(ranks, reserved)
+    return [flag for r in ranks for flag in flagged.get(r["pid"], [])]
+
+
 def breakdown(reply: dict) -> list[dict]:
     """Per device, from an agent's `stats` answer: where its memory is, in bytes (None: not known)."""
     rows = []
@@ -163,7 +184,7 @@ def breakdown(reply: dict) -> list[dict]:
                                              "nvml_bytes", "context_bytes"))
         rows.append({
             "torch_index": d.get("torch_index"), "nvml_index": d.get("nvml_index"),
-            "allocated_bytes": a,
+            "allocated_bytes": a, "reserved_bytes": r,
             "pending_stream_bytes": max(0, act - a) if act is not None and a is not None else None,
             "cache_bytes": max(0, r - (act if act is not None else a)) if r is not None and (act or a) is not None else None,
             "context_bytes": c,

@@ -24,10 +24,9 @@ import os
 from ..system import procs
 from . import records
 from ..errors import BadReportError
-from .recording import PROBE_PHASES, AgentRecording, Dist, TorchDevice, TorchSample
-from .records import DeviceReading
+from ..files.schema import INT, STR, Shape, list_of, need_num, opt
+from .recording import PROBE_PHASES, SAMPLE, TORCH_DEVICE, AgentRecording, Dist, TorchSample
 from .series import Series
-from ..files.strict import need_int, need_list, need_num, need_str, opt_int, opt_str
 
 # The target's samples: about 1000 kept samples at most for a smooth series (a leak's),
 # a few more for a noisy one; a rank of a distributed job keeps as many. Other processes keep fewer.
@@ -38,6 +37,12 @@ MAX_CUDA_AGENTS = 16  # processes that did, kept besides the target
 MAX_ERRORS = 50  # error records kept per process
 READ_CHUNK = 1 << 20
 MAX_LINE_BYTES = 64 << 20  # bounds what a file without newlines can make the supervisor hold
+
+
+# The agent's lines that are not root-cause records (those are records.RECORDS), as declared shapes;
+# a sample's line is a recording's SAMPLE with its time made relative to the run's start.
+HELLO = Shape({"pid": INT, "ppid": opt(INT), "forked_from": opt(INT), "python": opt(STR)})
+DEVICES = Shape({"allocator_backend": opt(STR), "devices": list_of(TORCH_DEVICE)})
 
 
 def sample_figures(sample: TorchSample) -> tuple:
@@ -131,10 +136,10 @@ class AgentFile:
     def _apply(self, rec: dict) -> None:
         kind = rec.get("type")
         if kind == "hello":
-            self.agent = AgentRecording(pid=need_int(rec["pid"], "pid"), ppid=opt_int(rec.get("ppid"), "ppid"),
+            hello = HELLO(rec, "hello")
+            self.agent = AgentRecording(pid=hello["pid"], ppid=hello["ppid"],
                                         argv=[str(a) for a in rec.get("argv") or []],
-                                        forked_from=opt_int(rec.get("forked_from"), "forked_from"),
-                                        python=opt_str(rec.get("python"), "python"))
+                                        forked_from=hello["forked_from"], python=hello["python"])
             try:
                 self.agent.dist = None if rec.get("dist") is None else Dist.from_json(rec["dist"])
             except BadReportError as exc:  # the process is still recorded, without its rank
@@ -148,31 +153,35 @@ class AgentFile:
             return
         t = need_num(rec.get("t"), "t") - self.t0 if rec.get("t") is not None else None
         if kind == "torch":
-            agent.torch_version = opt_str(rec.get("version"), "version")
+            agent.torch_version = opt(STR)(rec.get("version"), "version")
         elif kind == "cuda":
             agent.cuda_t = t
             if "stack" in rec:
                 agent.cuda_origin = records.CUDA_ORIGIN(rec, "cuda")
         elif kind == "devices":
-            agent.allocator_backend = opt_str(rec.get("allocator_backend"), "backend")
-            agent.devices = [TorchDevice.from_json(d) for d in need_list(rec.get("devices"), "devices")]
+            devices = DEVICES(rec, "devices")
+            agent.allocator_backend, agent.devices = devices["allocator_backend"], devices["devices"]
         elif kind == "steps":
             agent.explicit_steps = True
         elif kind in ("s", "p"):
             if t is None:
                 raise BadReportError("a sample without its time")
-            sample = TorchSample(t=t, by=rec["phase"] if kind == "p" else need_str(rec.get("by"), "by"),
-                                 step=opt_int(rec.get("step"), "step"),
-                                 readings=[DeviceReading.from_json(r) for r in need_list(rec.get("d"), "d")],
-                                 collected=opt_int(rec.get("collected"), "collected"))
+            sample = SAMPLE({**rec, "t": t, "by": rec["phase"] if kind == "p" else rec.get("by")}, "sample")
             if kind == "p":
                 if sample.by in PROBE_PHASES:
                     agent.probes[sample.by] = sample
             else:
                 self.samples.add(sample)
+        elif kind == "hard-exit":  # os._exit(): its last reading, a sample; no exit probes ran
+            if t is None:
+                raise BadReportError("a hard exit without its time")
+            agent.hard_exit = {"t": t, "status": opt(INT)(rec.get("status"), "status")}
+            sample = SAMPLE({"t": t, "by": "hard-exit", "step": rec.get("steps"), "d": rec.get("d")}, "hard-exit")
+            if sample.readings:
+                self.samples.add(sample)
         elif kind == "exit":
             agent.exited_normally = True
-            agent.steps = opt_int(rec.get("steps"), "steps")
+            agent.steps = opt(INT)(rec.get("steps"), "steps")
             agent.explicit_steps = bool(rec.get("explicit_steps"))
             cupy = rec.get("cupy")
             agent.cupy_pool = cupy if isinstance(cupy, dict) else None

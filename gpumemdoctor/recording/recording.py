@@ -13,8 +13,8 @@ from typing import Any
 from . import records
 from ..errors import BadReportError
 from .records import DeviceReading
-from ..files.strict import (need_dict, need_int, need_int_key, need_list, need_num, need_str, opt_int, opt_num, opt_size,
-                     opt_str)
+from ..files.schema import (ANY, BOOL, COUNT, DICT, INT, NUM, SIZE, STR, Shape, absent, dict_of, list_of, may, need_dict,
+                            need_int_key, need_str, one_of, opt, pair, row)
 
 SCHEMA = "gpumemdoctor.recording/1"
 PROBE_PHASES = ("end", "gc", "sync", "empty_cache")
@@ -41,12 +41,8 @@ class TorchSample:
                 "d": [r.to_json() for r in self.readings]}
 
     @classmethod
-    def from_json(cls, obj: Any) -> TorchSample:
-        obj = need_dict(obj, "sample")
-        return cls(t=need_num(obj.get("t"), "sample time"), by=need_str(obj.get("by"), "sample kind"),
-                   step=opt_int(obj.get("step"), "step"),
-                   readings=[DeviceReading.from_json(r) for r in need_list(obj.get("d"), "readings")],
-                   collected=opt_int(obj.get("collected"), "collected"))
+    def from_json(cls, obj: Any, what: str = "sample") -> TorchSample:
+        return SAMPLE(obj, what)
 
 
 @dataclass
@@ -63,12 +59,8 @@ class TorchDevice:
         return dict(self.__dict__)
 
     @classmethod
-    def from_json(cls, obj: Any) -> TorchDevice:
-        obj = need_dict(obj, "torch device")
-        return cls(index=need_int(obj.get("index"), "device index"), uuid=opt_str(obj.get("uuid"), "uuid"),
-                   pci_bus_id=opt_str(obj.get("pci_bus_id"), "pci_bus_id"),
-                   name=opt_str(obj.get("name"), "name"),
-                   nvml_index=opt_int(obj.get("nvml_index"), "nvml_index"))
+    def from_json(cls, obj: Any, what: str = "torch device") -> TorchDevice:
+        return TORCH_DEVICE(obj, what)
 
 
 DIST_SOURCES = ("torch", "openmpi", "slurm")  # whose variables a process's rank was read from
@@ -91,18 +83,13 @@ class Dist:
         return dict(self.__dict__)
 
     @classmethod
-    def from_json(cls, obj: Any) -> Dist:
-        obj = need_dict(obj, "dist")
-        numbers = {}
-        for key in ("rank", "local_rank", "world_size", "local_world_size", "node_rank"):
-            value = opt_int(obj.get(key), f"dist {key}")
-            if value is not None and value < 0:
-                raise BadReportError(f"dist {key}: expected a number of 0 or more, found {value}")
-            numbers[key] = value
-        source = opt_str(obj.get("source"), "dist source")
-        if source is not None and source not in DIST_SOURCES:
-            raise BadReportError(f"dist source: expected one of {', '.join(DIST_SOURCES)}, found {source!r:.40}")
-        return cls(**numbers, run_id=opt_str(obj.get("run_id"), "dist run_id"), source=source)
+    def from_json(cls, obj: Any, what: str = "dist") -> Dist:
+        return DIST(obj, what)
+
+
+# Root records added since reports were first written: kept only where there are some, so that an
+# older report reads back to itself.
+NEW_ROOT_RECORDS = ("libraries", "groups")
 
 
 @dataclass
@@ -129,6 +116,7 @@ class AgentRecording:
     cuda_origin: dict | None = None  # where CUDA started, and what kind of process this is
     exit_info: dict | None = None  # what the agent wrote as the process ended (records.EXIT_INFO)
     dist: Dist | None = None  # its rank in a distributed job, if its environment named one
+    hard_exit: dict | None = None  # it left through os._exit(): {"t", "status"}; its last reading is a sample
 
     def device(self, torch_index: int) -> TorchDevice | None:
         for d in self.devices:
@@ -145,42 +133,16 @@ class AgentRecording:
                 "probes": {k: v.to_json() for k, v in self.probes.items()},
                 "steps": self.steps, "explicit_steps": self.explicit_steps,
                 "exited_normally": self.exited_normally, "cupy_pool": self.cupy_pool,
-                "errors": self.errors, "root": self.root, "cuda_origin": self.cuda_origin,
-                "exit_info": self.exit_info, "dist": None if self.dist is None else self.dist.to_json()}
+                "errors": self.errors,
+                "root": {k: v for k, v in self.root.items() if k not in NEW_ROOT_RECORDS or v},
+                "cuda_origin": self.cuda_origin,
+                "exit_info": self.exit_info, "dist": None if self.dist is None else self.dist.to_json(),
+                # written only where there is something (an older report reads back to itself)
+                **({"hard_exit": self.hard_exit} if self.hard_exit is not None else {})}
 
     @classmethod
-    def from_json(cls, obj: Any) -> AgentRecording:
-        obj = need_dict(obj, "agent")
-        probes = need_dict(obj.get("probes", {}), "probes")
-        for phase in probes:
-            if phase not in PROBE_PHASES:
-                raise BadReportError(f"unknown probe phase {phase!r}")
-        cupy = obj.get("cupy_pool")
-        if cupy is not None:
-            cupy = {k: opt_int(v, "cupy pool") for k, v in need_dict(cupy, "cupy pool").items()}
-        return cls(
-            pid=need_int(obj.get("pid"), "pid"), ppid=opt_int(obj.get("ppid"), "ppid"),
-            argv=[need_str(a, "argv") for a in need_list(obj.get("argv", []), "argv")],
-            forked_from=opt_int(obj.get("forked_from"), "forked_from"),
-            python=opt_str(obj.get("python"), "python"),
-            torch_version=opt_str(obj.get("torch_version"), "torch_version"),
-            cuda_t=opt_num(obj.get("cuda_t"), "cuda_t"),
-            allocator_backend=opt_str(obj.get("allocator_backend"), "allocator_backend"),
-            devices=[TorchDevice.from_json(d) for d in need_list(obj.get("devices", []), "devices")],
-            samples=[TorchSample.from_json(s) for s in need_list(obj.get("samples", []), "samples")],
-            probes={k: TorchSample.from_json(v) for k, v in probes.items()},
-            steps=opt_int(obj.get("steps"), "steps"),
-            explicit_steps=bool(obj.get("explicit_steps", False)),
-            exited_normally=bool(obj.get("exited_normally", False)),
-            cupy_pool=cupy,
-            errors=[need_str(e, "error") for e in need_list(obj.get("errors", []), "errors")],
-            root=records.parse_root(obj.get("root", {})),
-            cuda_origin=None if obj.get("cuda_origin") is None else records.CUDA_ORIGIN(
-                obj["cuda_origin"], "cuda_origin"),
-            exit_info=None if obj.get("exit_info") is None else records.EXIT_INFO(
-                obj["exit_info"], "exit_info"),
-            dist=None if obj.get("dist") is None else Dist.from_json(obj["dist"]),
-        )
+    def from_json(cls, obj: Any, what: str = "agent") -> AgentRecording:
+        return AGENT(obj, what)
 
 
 @dataclass
@@ -203,19 +165,8 @@ class ProcessRecord:
                 "used_after_exit_bytes": {str(k): v for k, v in self.used_after_exit_bytes.items()}}
 
     @classmethod
-    def from_json(cls, obj: Any) -> ProcessRecord:
-        obj = need_dict(obj, "process")
-        cmdline = obj.get("cmdline")
-        if cmdline is not None:
-            cmdline = [need_str(a, "cmdline") for a in need_list(cmdline, "cmdline")]
-        used = need_dict(obj.get("used_after_exit_bytes", {}), "used_after_exit_bytes")
-        return cls(pid=need_int(obj.get("pid"), "pid"), ppid=opt_int(obj.get("ppid"), "ppid"),
-                   cmdline=cmdline, create_time=opt_num(obj.get("create_time"), "create_time"),
-                   is_target=bool(obj.get("is_target")),
-                   first_seen_t=need_num(obj.get("first_seen_t"), "first_seen_t"),
-                   alive_after_exit=bool(obj.get("alive_after_exit")),
-                   used_after_exit_bytes={need_int_key(k, "device"):
-                                          opt_size(v, "bytes") for k, v in used.items()})
+    def from_json(cls, obj: Any, what: str = "process") -> ProcessRecord:
+        return PROCESS(obj, what)
 
 
 @dataclass
@@ -272,58 +223,68 @@ class Recording:
         }
 
     @classmethod
-    def from_json(cls, obj: Any) -> Recording:
-        obj = need_dict(obj, "recording")
+    def from_json(cls, obj: Any, what: str = "recording") -> Recording:
+        obj = need_dict(obj, what)
         if obj.get("schema") != SCHEMA:
             raise BadReportError(f"not a gpumemdoctor recording (schema {obj.get('schema')!r}, "
                                  f"expected {SCHEMA!r})")
-        target = need_dict(obj.get("target"), "target")
-        for key in ("pid", "exit_code", "signal", "cgroup_oom_kills"):
-            opt_int(target.get(key), f"target {key}")
-        target["argv"] = [need_str(a, "argv") for a in need_list(target.get("argv", []), "target argv")]
-        nvml: dict[tuple[int, int], list[tuple[float, int | None]]] = {}
-        for series in need_list(obj.get("nvml", []), "nvml"):
-            series = need_dict(series, "nvml series")
-            points = []
-            for point in need_list(series.get("points"), "nvml points"):
-                if not isinstance(point, list) or len(point) != 2:
-                    raise BadReportError("an NVML point must be [t, used_bytes]")
-                points.append((need_num(point[0], "t"), opt_size(point[1], "used_bytes")))
-            nvml[(need_int(series.get("pid"), "pid"), need_int(series.get("device"), "device"))] = points
-        devices = [need_dict(d, "device") for d in need_list(obj.get("devices", []), "devices")]
-        for d in devices:
-            need_int(d.get("index"), "device index")
-            opt_int(d.get("total_bytes"), "total_bytes")
-        return cls(
-            tool_version=need_str(obj.get("tool_version"), "tool_version"), target=target,
-            started_wall=need_num(obj.get("started_wall"), "started_wall"),
-            duration_s=need_num(obj.get("duration_s"), "duration_s"),
-            poll_interval_s=need_num(obj.get("poll_interval_s"), "poll_interval_s"),
-            nvml_available=bool(obj.get("nvml_available")),
-            versions=need_dict(obj.get("versions", {}), "versions"), devices=devices, nvml=nvml,
-            processes=[ProcessRecord.from_json(p) for p in need_list(obj.get("processes", []), "processes")],
-            agents=[AgentRecording.from_json(a) for a in need_list(obj.get("agents", []), "agents")],
-            notes=[need_str(n, "note") for n in need_list(obj.get("notes", []), "notes")],
-            tool_cost={need_str(k, "tool_cost"): (opt_size if k.endswith("_bytes") else opt_num)(v, f"tool_cost {k}")
-                       for k, v in need_dict(obj.get("tool_cost", {}), "tool_cost").items()},
-            host_rss=[_host_point(p) for p in need_list(obj.get("host_rss", []), "host_rss")],
-            nvml_failures=[_nvml_failure(f) for f in need_list(obj.get("nvml_failures", []), "nvml_failures")],
-            downsampling={need_str(k, "downsampling"): need_dict(v, "downsampling")
-                          for k, v in need_dict(obj.get("downsampling", {}), "downsampling").items()},
-            host=opt_str(obj.get("host"), "host"),
-        )
+        return RECORDING(obj, what)
 
 
-def _host_point(point: Any) -> tuple[float, int | None, int | None]:
-    if not isinstance(point, list) or len(point) != 3:
-        raise BadReportError("a host memory point must be [t, target_rss_bytes, tree_rss_bytes]")
-    return (need_num(point[0], "t"), opt_size(point[1], "target_rss_bytes"), opt_size(point[2], "tree_rss_bytes"))
+# -- the declared shapes --------------------------------------------------------------------
+# Fields that versions before them did not write are `absent(...)`, with what such a recording meant.
+
+SAMPLE = Shape({"t": NUM, "by": STR, "step": opt(INT), "d": list_of(DeviceReading.from_json),
+                "collected": opt(INT)}, rename={"d": "readings"}).into(TorchSample)
+TORCH_DEVICE = Shape({"index": INT, "uuid": opt(STR), "pci_bus_id": opt(STR), "name": opt(STR),
+                      "nvml_index": opt(INT)}).into(TorchDevice)
+DIST = Shape({"rank": opt(COUNT), "local_rank": opt(COUNT), "world_size": opt(COUNT),
+              "local_world_size": opt(COUNT), "node_rank": opt(COUNT), "run_id": opt(STR),
+              "source": opt(one_of(*DIST_SOURCES))}).into(Dist)
+AGENT = Shape({
+    "pid": INT, "ppid": opt(INT), "argv": absent(list_of(STR), []), "forked_from": opt(INT), "python": opt(STR),
+    "torch_version": opt(STR), "cuda_t": opt(NUM), "allocator_backend": opt(STR),
+    "devices": absent(list_of(TORCH_DEVICE), []), "samples": absent(list_of(SAMPLE), []),
+    "probes": absent(dict_of(one_of(*PROBE_PHASES), SAMPLE), {}), "steps": opt(INT),
+    "explicit_steps": absent(BOOL, False), "exited_normally": absent(BOOL, False),
+    "cupy_pool": opt(dict_of(STR, opt(INT))), "errors": absent(list_of(STR), []),
+    "root": absent(records.parse_root, records.empty_root), "cuda_origin": opt(records.CUDA_ORIGIN),
+    "exit_info": opt(records.EXIT_INFO), "dist": opt(DIST),
+    "hard_exit": opt(Shape({"t": NUM, "status": opt(INT)}))}).into(AgentRecording)
+PROCESS = Shape({
+    "pid": INT, "ppid": opt(INT), "cmdline": opt(list_of(STR)), "create_time": opt(NUM),
+    "is_target": absent(BOOL, False), "first_seen_t": NUM, "alive_after_exit": absent(BOOL, False),
+    "used_after_exit_bytes": absent(dict_of(need_int_key, opt(SIZE)), {})}).into(ProcessRecord)
+# The target's own fields (argv, pid, exit_code, signal, cwd, cgroup_oom_kills...): the numbers checked.
+TARGET = Shape({"argv": absent(list_of(STR), []), "pid": may(opt(INT)), "exit_code": may(opt(INT)),
+                "signal": may(opt(INT)), "cgroup_oom_kills": may(opt(INT))}, rest=ANY)
+NVML_SERIES = Shape({"pid": INT, "device": INT, "points": list_of(pair(NUM, opt(SIZE)))})
 
 
-def _nvml_failure(obj: Any) -> dict:
-    obj = need_dict(obj, "nvml failure")
-    return {"device": need_int(obj.get("device"), "nvml failure device"),
-            "from_t": need_num(obj.get("from_t"), "nvml failure from_t"),
-            "to_t": opt_num(obj.get("to_t"), "nvml failure to_t"),
-            "error": need_str(obj.get("error"), "nvml failure error"),
-            "failed_calls": need_int(obj.get("failed_calls", 1), "nvml failure failed_calls")}
+def _nvml(value: Any, what: str) -> dict[tuple[int, int], list[tuple[float, int | None]]]:
+    return {(s["pid"], s["device"]): [(t, used) for t, used in s["points"]]
+            for s in list_of(NVML_SERIES)(value, what)}
+
+
+def _tool_cost(value: Any, what: str) -> dict:
+    """Seconds the supervisor spent, and the bytes it held (`..._bytes`)."""
+    return {need_str(k, what): (opt(SIZE) if k.endswith("_bytes") else opt(NUM))(v, f"{what} {k!r:.40}")
+            for k, v in need_dict(value, what).items()}
+
+
+def _host_point(value: Any, what: str) -> tuple[float, int | None, int | None]:
+    """[t, target_rss_bytes, tree_rss_bytes]"""
+    return tuple(row(NUM, opt(SIZE), opt(SIZE))(value, what))
+
+
+NVML_FAILURE = Shape({"device": INT, "from_t": NUM, "to_t": opt(NUM), "error": STR,
+                      "failed_calls": absent(INT, 1)})
+# "schema" is checked first (Recording.from_json), to say plainly when a file is no recording.
+RECORDING = Shape({
+    "tool_version": STR, "target": TARGET, "started_wall": NUM, "duration_s": NUM, "poll_interval_s": NUM,
+    "nvml_available": absent(BOOL, False), "versions": absent(DICT, {}),
+    "devices": absent(list_of(Shape({"index": INT, "total_bytes": may(opt(INT))}, rest=ANY)), []),
+    "nvml": absent(_nvml, {}), "processes": absent(list_of(PROCESS), []), "agents": absent(list_of(AGENT), []),
+    "notes": absent(list_of(STR), []), "tool_cost": absent(_tool_cost, {}),
+    "host_rss": absent(list_of(_host_point), []), "nvml_failures": absent(list_of(NVML_FAILURE), []),
+    "downsampling": absent(dict_of(STR, DICT), {}), "host": opt(STR)}).into(Recording)

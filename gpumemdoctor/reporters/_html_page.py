@@ -26,6 +26,8 @@ header .warning { margin: 6px 0; color: #a4161a; font-weight: 600; }
 .v-leak h1, .v-out-of-memory h1, .v-garbage-cycle h1, .v-non-torch h1 { color: #b03a2e; }
 .v-allocator-cache, .v-pending-stream, .v-child-contexts, .v-stray-context { border-color: #d4a017 !important; background: #fdf8e8 !important; }
 .v-allocator-cache h1, .v-pending-stream h1, .v-child-contexts h1, .v-stray-context h1 { color: #9a7410; }
+.v-unknown { border-color: #8e44ad !important; background: #f6effa !important; }
+.v-unknown h1 { color: #6c3483; }
 .v-clean { border-color: #2e8b57 !important; background: #eef8f2 !important; }
 .v-clean h1 { color: #237047; }
 .target dl { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 16px 0 0; }

@@ -5,13 +5,15 @@ import html
 
 from ..diagnosis.findings import Breakdown
 from ..units import format_bytes as fb
+from .terminal import nccl_words
 
 PARTS = [("CUDA context", "context_bytes", "#9d9da1"), ("live tensors", "live_tensor_bytes", "#e45756"),
          ("garbage cycles", "garbage_bytes", "#b279a2"), ("pending stream", "pending_stream_bytes", "#eeca3b"),
          ("allocator cache", "cache_bytes", "#4c78a8"), ("outside PyTorch", "non_torch_bytes", "#72b7b2")]
 # The memory outside PyTorch itemised (gpumemdoctor/diagnosis/non_torch.py): its bar is drawn in these parts
 # where the breakdown has them, as one where it has not (a process seen only through NVML).
-OUTSIDE_PARTS = [("outside: in warm-up", "non_torch_warmup_bytes", "#9fd4cf"),
+OUTSIDE_PARTS = [("outside: NCCL", "non_torch_nccl_bytes", "#b6992d"),
+                 ("outside: in warm-up", "non_torch_warmup_bytes", "#9fd4cf"),
                  ("outside: CuPy's pool", "non_torch_cupy_bytes", "#54a24b"),
                  ("outside: the rest", "non_torch_rest_bytes", "#2f7f7a")]
 
@@ -32,10 +34,14 @@ def within(b: Breakdown, key: str) -> str:
         return _small(f"CUDA graph pools {fb(b.private_pool_bytes)} (of PyTorch's memory)")
     if key == "non_torch_bytes" and b.non_torch_warmup_bytes is not None:
         parts = [f"in warm-up {fb(b.non_torch_warmup_bytes)}"]
+        if b.non_torch_nccl_bytes is not None:
+            parts.insert(0, f"NCCL {fb(b.non_torch_nccl_bytes)}, came with its process groups "
+                            f"({nccl_words(b.nccl_env)})")
         if b.non_torch_cupy_bytes is not None:
             parts.append(f"CuPy's pool {fb(b.non_torch_cupy_bytes)}")
         parts.append(f"the rest {fb(b.non_torch_rest_bytes)}")
-        return _small(" · ".join(parts) + ("; NCCL in use (not measured apart)" if b.nccl else ""))
+        in_use = b.nccl and b.non_torch_nccl_bytes is None
+        return _small(" · ".join(parts) + ("; NCCL in use (not measured apart)" if in_use else ""))
     return ""
 
 

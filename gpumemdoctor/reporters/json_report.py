@@ -11,8 +11,8 @@ from ..errors import BadReportError
 from ..files.inputs import read_json
 from ..files.outputs import write_text
 from ..recording.recording import Recording
-from ..files.strict import (check_sizes, need_dict, need_int, need_list, need_num, need_pairs, need_size, need_str,
-                     opt_int, opt_num, opt_size, opt_str)
+from ..files.schema import (ANY, BOOL, DICT, INT, NUM, SIZE, STR, Shape, absent, check_sizes, dict_of, list_of,
+                            may, need_dict, null_as, one_of, opt, pair)
 
 SCHEMA = "gpumemdoctor.report/1"
 MAX_REPORT_BYTES = 512 << 20
@@ -108,128 +108,73 @@ def load(path: str) -> tuple[Recording, Diagnosis]:
 
 
 def parse(obj: Any) -> tuple[Recording, Diagnosis]:
+    """A report read strictly: the declared shapes below, then the recording it rests on."""
     obj = need_dict(obj, "report")
     check_sizes(obj, "report")  # every `bytes` and `..._bytes`, also in evidence and root-cause records
     if obj.get("schema") != SCHEMA:
         raise BadReportError(f"schema {obj.get('schema')!r}, expected {SCHEMA!r}")
-    verdict = obj.get("verdict")
-    if verdict is not None and verdict not in VERDICTS:
-        raise BadReportError(f"unknown verdict {verdict!r}")
-    findings = []
-    for f in need_list(obj.get("findings"), "findings"):
-        f = need_dict(f, "finding")
-        if f.get("kind") not in FINDING_KINDS:
-            raise BadReportError(f"unknown finding kind {f.get('kind')!r}")
-        findings.append(Finding(kind=f["kind"], bytes=need_size(f.get("bytes"), "finding bytes"),
-                                summary=need_str(f.get("summary"), "summary"),
-                                evidence=_finding_evidence(f.get("evidence")),
-                                remedy=need_str(f.get("remedy"), "remedy"),
-                                pid=opt_int(f.get("pid"), "pid"), device=opt_int(f.get("device"), "device"),
-                                suspects=records.parse_suspects(f.get("suspects")),
-                                host=opt_str(f.get("host"), "finding host")))
-    breakdowns = []
-    for b in need_list(obj.get("breakdown"), "breakdown"):
-        b = need_dict(b, "breakdown")
-        # The parts after non_torch_bytes are absent from reports made before they were measured.
-        sizes = {k: opt_size(b.get(k), k) for k in (
-            "nvml_bytes", "context_bytes", "live_tensor_bytes", "garbage_bytes",
-            "pending_stream_bytes", "cache_bytes", "non_torch_bytes", "cublas_workspace_bytes",
-            "private_pool_bytes", "non_torch_warmup_bytes", "non_torch_cupy_bytes", "non_torch_rest_bytes")}
-        nccl = b.get("nccl")
-        if nccl is not None and not isinstance(nccl, bool):
-            raise BadReportError(f"breakdown nccl: expected true, false or null, found {nccl!r:.40}")
-        breakdowns.append(Breakdown(pid=need_int(b.get("pid"), "pid"), device=opt_int(b.get("device"), "device"),
-                                    torch_index=opt_int(b.get("torch_index"), "torch_index"),
-                                    exit_probes=bool(b.get("exit_probes")),
-                                    host=opt_str(b.get("host"), "breakdown host"), nccl=nccl,
-                                    cuda_module_loading=opt_str(b.get("cuda_module_loading"),
-                                                                "breakdown cuda_module_loading"), **sizes))
-    growth = []
-    for g in need_list(obj.get("growth", []), "growth"):
-        g = need_dict(g, "growth")
-        growth.append(Growth(pid=need_int(g.get("pid"), "pid"), device=opt_int(g.get("device"), "device"),
-                             series=need_str(g.get("series"), "series"), by=need_str(g.get("by"), "by"),
-                             grown_bytes=need_size(g.get("grown_bytes"), "grown_bytes"),
-                             rate_bytes_per_step=opt_num(g.get("rate_bytes_per_step"), "rate"),
-                             rate_bytes_per_s=opt_num(g.get("rate_bytes_per_s"), "rate"),
-                             start_step=opt_int(g.get("start_step"), "start_step"),
-                             start_t=opt_num(g.get("start_t"), "start_t"),
-                             host=opt_str(g.get("host"), "growth host")))
-    peaks = need_dict(obj.get("peaks"), "peaks")
-    for key in ("nvml_bytes", "allocated_bytes", "reserved_bytes"):
-        opt_size(peaks.get(key), f"peak {key}")
-    if peaks.get("nvml_t") is not None:
-        need_num(peaks["nvml_t"], "peak time")
-    opt_str(peaks.get("nvml_host"), "peak host")
-    notes = [need_str(n, "note") for n in need_list(obj.get("notes", []), "notes")]
-    evidence = [_evidence(e) for e in need_list(obj.get("evidence", []), "evidence")]
-    rows = [_rank_row(r, len(breakdowns)) for r in need_list(obj.get("ranks", []), "ranks")]
-    job = None if obj.get("job") is None else _job(obj["job"])
+    report = REPORT(obj, "report")
+    for row in report["ranks"]:
+        if row.breakdown is not None and not 0 <= row.breakdown < len(report["breakdowns"]):
+            raise BadReportError(f"rank breakdown {row.breakdown} is not one of the "
+                                 f"{len(report['breakdowns'])} breakdowns")
     recording = Recording.from_json(obj.get("recording"))
-    return recording, Diagnosis(verdict=verdict, findings=findings, breakdowns=breakdowns,
-                                growth=growth, peaks=peaks, notes=notes, evidence=evidence, ranks=rows,
-                                job=job)
+    return recording, Diagnosis(**{k: v for k, v in report.items() if k != "recording"})
 
 
-def _verdict_or_none(value: Any, what: str) -> str | None:
-    if value is not None and value not in VERDICTS:
-        raise BadReportError(f"unknown {what} {value!r:.40}")
-    return value
+# -- the report's declared shapes -----------------------------------------------------------
+# Fields that reports of earlier versions did not have are `absent(...)`, with what they meant.
+
+VERDICT = opt(one_of(*VERDICTS))
+# A finding's evidence is data; the fields that the reporters draw are checked, the rest kept.
+FINDING_EVIDENCE = Shape({
+    "decided_by": may(opt(STR)), "curve": may(null_as([], list_of(pair(NUM, SIZE)))),
+    "root_cause": may(opt(Shape({"elapsed_s": may(NUM), "step": may(opt(INT)), "when": may(opt(STR)),
+                                 "why_not": may(opt(STR))}, rest=ANY))),
+    "garbage": may(opt(Shape({"objects_freed": may(opt(INT)), "types": may(null_as([], list_of(pair(STR, INT))))},
+                             rest=ANY)))}, rest=ANY)
+FINDING = Shape({"kind": one_of(*FINDING_KINDS), "bytes": SIZE, "summary": STR, "evidence": FINDING_EVIDENCE,
+                 "remedy": STR, "pid": opt(INT), "device": opt(INT), "suspects": absent(records.SUSPECTS, []),
+                 "host": opt(STR)}).into(Finding)
+# The parts after non_torch_bytes are absent from reports made before they were measured.
+BREAKDOWN = Shape({
+    "pid": INT, "device": opt(INT), "torch_index": opt(INT), "exit_probes": absent(BOOL, False), "host": opt(STR),
+    **{k: opt(SIZE) for k in ("nvml_bytes", "context_bytes", "live_tensor_bytes", "garbage_bytes",
+                              "pending_stream_bytes", "cache_bytes", "non_torch_bytes", "cublas_workspace_bytes",
+                              "private_pool_bytes", "non_torch_warmup_bytes", "non_torch_cupy_bytes",
+                              "non_torch_rest_bytes", "non_torch_nccl_bytes")},
+    "nccl": opt(BOOL), "nccl_env": opt(dict_of(STR, STR)), "cuda_module_loading": opt(STR),
+    "non_torch_libraries": opt(list_of(pair(STR, opt(SIZE))))}).into(Breakdown)
+GROWTH = Shape({"pid": INT, "device": opt(INT), "series": STR, "by": STR, "grown_bytes": SIZE,
+                "rate_bytes_per_step": opt(NUM), "rate_bytes_per_s": opt(NUM), "start_step": opt(INT),
+                "start_t": opt(NUM), "host": opt(STR)}).into(Growth)
+PEAKS = Shape({"nvml_bytes": may(opt(SIZE)), "allocated_bytes": may(opt(SIZE)), "reserved_bytes": may(opt(SIZE)),
+               "nvml_t": may(opt(NUM)), "nvml_host": may(opt(STR))}, rest=ANY)
+# One process and GPU's evidence: its identity and counts are checked; the rest is data.
+_SHAPE_SIZED = Shape({"bytes": may(SIZE), "request_bytes": may(SIZE)}, rest=ANY)
 
 
-def _rank_row(r: Any, breakdowns: int) -> RankRow:
-    """One rank and GPU (reports without ranks have none: they load as before)."""
-    r = need_dict(r, "rank row")
-    numbers = {key: opt_int(r.get(key), f"rank row {key}") for key in (
-        "rank", "local_rank", "node_rank", "world_size", "device", "torch_index", "breakdown",
-        "peak_reserved_bytes", "peak_allocated_bytes", "peak_nvml_bytes")}
-    row = RankRow(host=opt_str(r.get("host"), "rank host"), pid=need_int(r.get("pid"), "rank pid"),
-                  verdict=_verdict_or_none(r.get("verdict"), "rank verdict"), **numbers)
-    if row.breakdown is not None and not 0 <= row.breakdown < breakdowns:
-        raise BadReportError(f"rank breakdown {row.breakdown} is not one of the {breakdowns} breakdowns")
-    return row
+def _sized(value: Any, what: str) -> dict:
+    """An accumulation, unheld group or out-of-memory error: its size is there, as bytes or request_bytes."""
+    item = _SHAPE_SIZED(value, what)
+    if "bytes" not in item and "request_bytes" not in item:
+        raise BadReportError(f"{what}: no bytes")
+    return item
 
 
-def _job(j: Any) -> Job:
-    j = need_dict(j, "job")
-    return Job(ranks=[need_int(n, "job rank") for n in need_list(j.get("ranks"), "job ranks")],
-               world_size=opt_int(j.get("world_size"), "job world_size"),
-               hosts=[opt_str(h, "job host") for h in need_list(j.get("hosts"), "job hosts")],
-               missing_ranks=[need_int(n, "missing rank") for n in need_list(j.get("missing_ranks"), "missing_ranks")],
-               ranks_with_leak=[need_int(n, "rank with leak")
-                                for n in need_list(j.get("ranks_with_leak"), "ranks_with_leak")],
-               verdict=_verdict_or_none(j.get("verdict"), "job verdict"),
-               summary=need_str(j.get("summary"), "job summary"))
-
-
-def _finding_evidence(e: Any) -> dict:
-    """A finding's evidence is data; the fields that the reporters draw are checked."""
-    e = need_dict(e, "evidence")
-    opt_str(e.get("decided_by"), "evidence decided_by")
-    need_pairs(e.get("curve") or [], "evidence curve [t, bytes]", need_num, need_size)
-    root = e.get("root_cause")
-    if root is not None:
-        root = need_dict(root, "evidence root_cause")
-        if "elapsed_s" in root:
-            need_num(root["elapsed_s"], "root_cause elapsed_s")
-        opt_int(root.get("step"), "root_cause step")
-        opt_str(root.get("when"), "root_cause when")
-        opt_str(root.get("why_not"), "root_cause why_not")
-    garbage = e.get("garbage")
-    if garbage is not None:
-        garbage = need_dict(garbage, "evidence garbage")
-        opt_int(garbage.get("objects_freed"), "garbage objects_freed")
-        need_pairs(garbage.get("types") or [], "garbage types [name, count]", need_str, need_int)
-    return e
-
-
-def _evidence(e: Any) -> dict:
-    """One process and GPU's evidence: its identity and counts are checked; the rest is data."""
-    e = need_dict(e, "evidence")
-    need_int(e.get("pid"), "evidence pid")
-    opt_int(e.get("device"), "evidence device")
-    need_int(e.get("samples"), "evidence samples")
-    for key in ("accumulations", "unheld", "out_of_memory"):
-        for item in need_list(e.get(key, []), f"evidence {key}"):
-            need_size(need_dict(item, f"evidence {key}").get("bytes", item.get("request_bytes")), f"{key} bytes")
-    return e
+_SIZED = _sized
+EVIDENCE = Shape({"pid": INT, "device": may(opt(INT)), "samples": INT, "accumulations": may(list_of(_SIZED)),
+                  "unheld": may(list_of(_SIZED)), "out_of_memory": may(list_of(_SIZED))}, rest=ANY)
+# One rank and GPU (reports without ranks have none: they load as before).
+RANK_ROW = Shape({"host": opt(STR), "pid": INT, "verdict": VERDICT,
+                  **{k: opt(INT) for k in ("rank", "local_rank", "node_rank", "world_size", "device", "torch_index",
+                                           "breakdown", "peak_reserved_bytes", "peak_allocated_bytes",
+                                           "peak_nvml_bytes")}}).into(RankRow)
+JOB = Shape({"ranks": list_of(INT), "world_size": opt(INT), "hosts": list_of(opt(STR)),
+             "missing_ranks": list_of(INT), "ranks_with_leak": list_of(INT), "verdict": VERDICT,
+             "summary": STR}).into(Job)
+# The report's own fields (timeline, target, devices and versions are drawn from the recording).
+REPORT = Shape({"verdict": VERDICT, "findings": list_of(FINDING), "breakdown": list_of(BREAKDOWN),
+                "growth": absent(list_of(GROWTH), []), "peaks": PEAKS, "notes": absent(list_of(STR), []),
+                "evidence": absent(list_of(EVIDENCE), []), "ranks": absent(list_of(RANK_ROW), []),
+                "job": opt(JOB)}, rename={"breakdown": "breakdowns"})

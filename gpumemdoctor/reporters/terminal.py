@@ -12,7 +12,8 @@ from ..units import format_bytes as fb
 
 VERDICT_STYLE = {"clean": "bold green", "leak": "bold red", "out-of-memory": "bold red",
                  "allocator-cache": "bold yellow", "pending-stream": "bold yellow", "garbage-cycle": "bold red",
-                 "non-torch": "bold red", "child-contexts": "bold yellow", "stray-context": "bold yellow"}
+                 "non-torch": "bold red", "child-contexts": "bold yellow", "stray-context": "bold yellow",
+                 "unknown": "bold magenta"}
 VERDICT_MEANING = {
     "clean": "nothing grew and nothing unexpected is held",
     "leak": "the program keeps adding tensors it never lets go",
@@ -23,6 +24,7 @@ VERDICT_MEANING = {
     "non-torch": "memory outside PyTorch's allocator grew or is held",
     "child-contexts": "child processes hold CUDA contexts they should not need",
     "stray-context": "a process holds a CUDA context on a GPU it does not work on",
+    "unknown": "memory was held, and the process ended before it could be told why",
 }
 DECIDED_BY = {
     "growth": "seen growing over the run",
@@ -31,6 +33,8 @@ DECIDED_BY = {
     "out-of-memory": "decided at the out-of-memory error",
     "gc-at-exit": "found by gc.collect() at exit",
     "gc-during-run": "found by the garbage collector's own runs",
+    "collector-disabled": "found by gc.collect() at exit, with the garbage collector disabled",
+    "end-not-seen": "the process ended before its exit probes ran",
 }
 BARS = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 40
@@ -174,12 +178,24 @@ def _breakdown(console: Console, b: Breakdown) -> None:
 def _outside_rows(b: Breakdown) -> list[tuple[str, int | None, str]]:
     """The memory outside PyTorch, itemised (see gpumemdoctor/diagnosis/non_torch.py)."""
     eager = (b.cuda_module_loading or "").upper() == "EAGER"  # kernels then load with the context
-    what = ("libraries" if eager else "kernels, libraries") + (", NCCL" if b.nccl else "")
-    rows = [("  in warm-up", b.non_torch_warmup_bytes, f"{what}: loaded on first use")]
+    what = ("libraries" if eager else "kernels, libraries") + (", NCCL" if b.nccl and b.non_torch_nccl_bytes is None else "")
+    rows = []
+    if b.non_torch_nccl_bytes is not None:
+        rows.append(("  NCCL", b.non_torch_nccl_bytes, f"came with its process groups ({nccl_words(b.nccl_env)})"))
+    rows.append(("  in warm-up", b.non_torch_warmup_bytes, f"{what}: loaded on first use"))
     if b.non_torch_cupy_bytes is not None:
         rows.append(("  CuPy's pool", b.non_torch_cupy_bytes, "CuPy's default memory pool"))
+    for library, size in b.non_torch_libraries or []:
+        rows.append((f"  {library}", size, "its own preallocated pool (library-memory)"))
     rows.append(("  the rest", b.non_torch_rest_bytes, "grew after warm-up: cudaMalloc, libraries"))
     return rows
+
+
+def nccl_words(env: dict | None) -> str:
+    """The NCCL variables that sized its memory, as the process had them (the HTML page says the same)."""
+    if not env:
+        return "NCCL's defaults"
+    return ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
 
 
 def _peaks(console: Console, diagnosis: Diagnosis) -> None:

@@ -54,6 +54,14 @@ def _in_job(s) -> bool:
     return any(row["role"] is not None for row in s.processes)
 
 
+def _flag(f: dict) -> str:
+    """A flag in a few words: 'stray-context: rank 1 PID 123 holds 612 MiB on GPU 0'."""
+    rank = "rank ?" if f.get("rank") is None else f"rank {f['rank']}"
+    if f["flag"] == "stray-context":
+        return f"stray-context: {rank} PID {f['pid']} holds {fb(f['bytes'])} on GPU {f['gpu']}, {f['how']}"
+    return f"{f['flag']}: {rank} PID {f['pid']}"
+
+
 def _torch_line(r: dict) -> str:
     return (f"tensors {fb(r['allocated_bytes'])}, cache {fb(r['cache_bytes'])}, "
             f"pending stream {fb(r['pending_stream_bytes'])}, context {fb(r['context_bytes'])}, "
@@ -78,6 +86,7 @@ def _panel(watcher, s, verdict: str, alerts: list) -> Group:
                               + _torch_line(r)))
     if not s.gpu_bytes:
         parts.append(Text("the process holds no GPU memory now; watching in case it starts"))
+    parts += [Text(f"! {f['flag']}: ", style="bold yellow") + Text(f["next_step"]) for f in s.flags]
     parts += [Text(f"ALERT: {alert_text(a)}", style="bold red") for a in alerts]
     return Group(*parts)
 
@@ -92,8 +101,9 @@ def view(console: Console, tui: bool):
                 if _in_job(s) else ""
             torch = "".join(f"  [{_who(rows_by_pid.get(pid), pid)} cuda:{r['torch_index']}: {_torch_line(r)}]"
                             for pid, rows in s.torch.items() for r in rows)
+            flags = "".join(f"  [{_flag(f)}]" for f in s.flags)
             # one line per sample, however wide: a log is read line by line
-            console.print(_line(s, verdict) + ranks + torch + "".join(f"  ALERT: {alert_text(a)}" for a in alerts),
+            console.print(_line(s, verdict) + ranks + torch + flags + "".join(f"  ALERT: {alert_text(a)}" for a in alerts),
                           soft_wrap=True, markup=False)
         yield show
         return
@@ -118,5 +128,7 @@ def summary(console: Console, watcher, ended: str, verdict: str, alerts: list[tu
                           f"{', '.join(map(str, last.pids))}): the memory was not all returned.")
         else:
             console.print("Its GPU memory was returned to the device.")
+    for f in sorted(watcher.strays.values(), key=lambda f: (f["pid"], f.get("gpu") or 0)):
+        console.print(f"Seen: {f['flag']}: {f['next_step']}")
     for a, samples in alerts:
         console.print(f"Alert: {alert_text(a)}" + (f" (over the limit at {samples} samples)" if samples > 1 else ""))

@@ -14,11 +14,16 @@ from ..recording.agent_files import AgentFiles
 from ..errors import BadReportError, UsageError
 from ..files.inputs import loads_strict, read_json
 from ..recording.recording import ProcessRecord, Recording
-from ..files.strict import check_sizes, need_dict, need_int, need_list, need_num, need_str, opt_num, opt_str
+from ..files.schema import ANY, BOOL, DICT, INT, NUM, STR, Shape, absent, check_sizes, list_of, need_dict, opt
 
 MAX_RUN_FILE_BYTES = 16 << 20  # a run file holds the target's arguments and the devices: a few KiB
 RUN_FILE = "run.json"  # in the run folder: what `report --from-run-dir` needs if the supervisor dies
 RUN_SCHEMA = "gpumemdoctor.run/1"
+# What the supervisor writes at the start of a run (supervisor._write_run_file), as read back.
+RUN_INFO = Shape({"t0": NUM, "started_wall": NUM, "target_args": list_of(STR), "pid": INT, "create_time": opt(NUM),
+                  "cwd": opt(STR), "poll_interval_s": NUM, "measure_gpu": absent(BOOL, False),
+                  "versions": absent(DICT, {}), "devices": absent(list_of(Shape({"index": INT}, rest=ANY)), []),
+                  "host": opt(STR)})
 
 
 def recover(run_dir: str) -> Recording:
@@ -34,10 +39,8 @@ def recover(run_dir: str) -> Recording:
                      "run file")
     if info.get("schema") != RUN_SCHEMA:
         raise BadReportError(f"{path} is not a run file (schema {info.get('schema')!r}, expected {RUN_SCHEMA!r})")
-    t0 = need_num(info.get("t0"), "t0")
-    pid = need_int(info.get("pid"), "pid")
-    create_time = opt_num(info.get("create_time"), "create_time")
-    args = [need_str(a, "target_args") for a in need_list(info.get("target_args"), "target_args")]
+    info = RUN_INFO(info, "run file")
+    t0, pid, create_time, args = info["t0"], info["pid"], info["create_time"], info["target_args"]
     agents, notes, kept = AgentFiles(run_dir, t0, pid, remove_read=False).finish()
     nvml_series: dict = {}
     for agent in agents:
@@ -49,7 +52,7 @@ def recover(run_dir: str) -> Recording:
     for points in nvml_series.values():
         points.sort()
     # Until the agents' last records: their files' modification times, on the wall clock.
-    started_wall = need_num(info.get("started_wall"), "started_wall")
+    started_wall = info["started_wall"]
     written = [os.path.getmtime(os.path.join(run_dir, n)) for n in os.listdir(run_dir) if n.startswith("agent-")]
     running = procs.same_process(pid, create_time)
     note = (f"recovered from the run folder {run_dir}: gpumemdoctor's supervisor ended before the target, so "
@@ -57,22 +60,21 @@ def recover(run_dir: str) -> Recording:
             "there is no host memory and no exit status")
     if running:
         note += f"; the target (PID {pid}) is still running: recover again once it has ended for the whole run"
-    versions = need_dict(info.get("versions", {}), "versions")
+    versions = info["versions"]
     for agent in agents:
         if agent.torch_version:
             versions.setdefault("torch", agent.torch_version)
     recording = Recording(
         tool_version=__version__,
-        target={"argv": args, "pid": pid, "exit_code": None, "signal": None, "cwd": opt_str(info.get("cwd"), "cwd"),
+        target={"argv": args, "pid": pid, "exit_code": None, "signal": None, "cwd": info["cwd"],
                 "recovered_from": run_dir},
         started_wall=started_wall, duration_s=round(max(0.0, max(written, default=started_wall) - started_wall), 6),
-        poll_interval_s=need_num(info.get("poll_interval_s"), "poll_interval_s"),
-        nvml_available=bool(info.get("measure_gpu")), versions=versions,
-        devices=[need_dict(d, "device") for d in need_list(info.get("devices", []), "devices")],
+        poll_interval_s=info["poll_interval_s"], nvml_available=info["measure_gpu"], versions=versions,
+        devices=info["devices"],
         nvml=nvml_series,
         processes=[ProcessRecord(pid=pid, ppid=None, cmdline=None, create_time=create_time, is_target=True,
                                  first_seen_t=0.0, alive_after_exit=False)],
-        agents=agents, notes=[note, *notes], downsampling=kept, host=opt_str(info.get("host"), "host"))
+        agents=agents, notes=[note, *notes], downsampling=kept, host=info["host"])
     # What the agents' files hold is read leniently, line by line; the report made of it must be one
     # that `report` reads back, so it goes through the same strict reading as a saved report.
     try:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from .. import __version__
 from ..system import nvml, procs
-from .._agent.startup import ENV_INTERVAL, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE
+from ..contract import (ENV_INTERVAL, ENV_PACKAGE_PARENT, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE,
+                        INTERVAL_DEFAULT_S, POLL_INTERVAL_DEFAULT_S)
 from ..recording.agent_files import AgentFiles
 from ..recording.recording import ProcessRecord, Recording
 from .recovery import RUN_FILE, RUN_SCHEMA
@@ -54,8 +55,8 @@ class RunOptions:
     """What to run and how closely to watch it."""
 
     target_args: list[str]  # what follows `python`: [script, *args] or ["-m", module, *args]
-    poll_interval_s: float = 0.005
-    agent_interval_s: float = 0.02
+    poll_interval_s: float = POLL_INTERVAL_DEFAULT_S
+    agent_interval_s: float = INTERVAL_DEFAULT_S
     measure_gpu: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
     trace: str = "auto"  # allocation stacks: "auto" (once growth is seen), "on", "off"
@@ -273,7 +274,7 @@ def run(options: RunOptions) -> Recording:
     env[ENV_TRACE] = options.trace
     if options.snapshot_path:
         env[ENV_SNAPSHOT] = "1"
-    env["GPUMEMDOCTOR_PACKAGE_PARENT"] = os.path.dirname(PACKAGE_DIR)
+    env[ENV_PACKAGE_PARENT] = os.path.dirname(PACKAGE_DIR)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
 
     argv = [sys.executable, *options.target_args]

@@ -283,3 +283,13 @@ class ProcessMemory:
                 used = entry.usedGpuMemory
                 return None if used == self._missing else int(used)
         return 0
+
+
+def torch_device_ids(props) -> tuple:
+    """(UUID, PCI bus id in NVML's spelling) of torch's device properties, to find the device in
+    NVML with `find_device`; None where absent. Pure: reads the properties object only."""
+    uuid = str(getattr(props, "uuid", "") or "") or None
+    pci = None
+    if hasattr(props, "pci_bus_id"):
+        pci = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+    return uuid, pci

@@ -1,0 +1,41 @@
+"""The contract between `gpumemdoctor run`'s supervisor and the agent inside the target.
+
+The supervisor passes everything to the agent through these environment variables; the sampling
+interval's default and bounds live here once, for `run`'s option, the supervisor's options and the
+agent's reading of its variable. Both sides, `ps` and the pytest plugin import this module alone:
+it loads nothing of the agent. (`_bootstrap/sitecustomize.py` spells ENV_RUN_DIR and
+ENV_PACKAGE_PARENT out, since it runs before the package can be found; a test keeps them equal.)
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+ENV_RUN_DIR = "GPUMEMDOCTOR_RUN_DIR"  # the run folder: set, the agent starts; unset, it does nothing
+ENV_PACKAGE_PARENT = "GPUMEMDOCTOR_PACKAGE_PARENT"  # where the package is, for a target that cannot see it
+ENV_INTERVAL = "GPUMEMDOCTOR_INTERVAL_S"  # the agent's shortest sampling interval, in seconds
+ENV_SOCKET = "GPUMEMDOCTOR_SOCKET"  # "0": no local socket for `gpumemdoctor watch`
+ENV_TRACE = "GPUMEMDOCTOR_TRACE"  # allocation stacks: one of TRACE_MODES
+ENV_SNAPSHOT = "GPUMEMDOCTOR_SNAPSHOT"  # "1": write the allocator snapshot to the run folder at exit
+
+# The agent's sampling interval (`run --interval`): its default and the bounds a value must keep.
+INTERVAL_DEFAULT_S = 0.02
+INTERVAL_MIN_S = 0.001
+INTERVAL_MAX_S = 60
+# The supervisor's NVML poll (`run --poll-interval`); the supervisor's own, never sent to the agent.
+POLL_INTERVAL_DEFAULT_S = 0.005
+POLL_INTERVAL_MIN_S = 0.001
+POLL_INTERVAL_MAX_S = 10
+
+# Allocation stacks: "auto" (for a start-up window and when growth is seen), "on", "off". Holders
+# are looked for in every mode once growth is seen.
+TRACE_MODES = ("auto", "on", "off")
+
+
+def interval_from_env(environ: Mapping[str, str]) -> float:
+    """The interval the supervisor asked for; the default where it is absent, not a number or out
+    of bounds (the agent must start whatever its environment holds)."""
+    try:
+        value = float(environ.get(ENV_INTERVAL, INTERVAL_DEFAULT_S))
+    except (TypeError, ValueError):
+        return INTERVAL_DEFAULT_S
+    return value if INTERVAL_MIN_S <= value <= INTERVAL_MAX_S else INTERVAL_DEFAULT_S

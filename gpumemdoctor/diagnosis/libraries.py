@@ -1,0 +1,138 @@
+"""Other GPU libraries in a process (JAX/XLA, CuPy, Numba, TensorFlow): their memory is not the CUDA
+context, and it is named with its library and the switch that governs it. Pure.
+
+- **The context.** The context is read from NVML at PyTorch's first allocation (diagnose._context).
+  A library that preallocates (JAX/XLA takes 75% of the GPU at its first use) and started before
+  that moment is in the same reading. Its pool, by the library's own statistics (read by the agent
+  at exit, never by starting the library), is taken out of the context and shown as its own part
+  of the memory outside PyTorch (`non_torch_libraries`).
+- **Over the whole run.** Memory outside PyTorch is judged at exit and for lasting growth
+  (non_torch.py); `run_peak` also finds a rise past warm-up that a window of readings held, whatever
+  was left at exit: memory let go of at shutdown still grew (judgement row 11).
+- **Named.** A non-torch finding names the libraries the process imported (and when), the live
+  arrays of other libraries at exit (by `__cuda_array_interface__`), and each library's switch.
+"""
+from __future__ import annotations
+
+from .findings import Breakdown, Finding
+from ..recording.recording import AgentRecording
+from ..units import format_bytes as fb
+
+MIB = 1 << 20
+MIN_CONTEXT_BYTES = 256 * MIB  # less than any context measured (518 MiB and up on H100 and H200)
+MIN_POOL_BYTES = 64 * MIB  # a pool below this is not worth a finding
+PEAK_READINGS = 4  # a rise counts when this many readings in a row held it (their lowest is the level)
+PREALLOCATING = ("jax",)  # pools set aside at the library's first use, read from its own statistics
+# name -> (the library as the report says it, what its memory is, the switch)
+LIBRARIES = {
+    "jax": ("JAX/XLA", "XLA's memory pool, preallocated at JAX's first use (75% of the GPU by default)",
+            "XLA_PYTHON_CLIENT_PREALLOCATE=false (allocate on demand), or XLA_PYTHON_CLIENT_MEM_FRACTION=.25 "
+            "(a smaller pool), set before JAX starts"),
+    "cupy": ("CuPy", "CuPy's arrays and its default memory pool",
+             "cupy.get_default_memory_pool().free_all_blocks() gives the pool's free blocks back; "
+             "cupy.cuda.set_allocator(None) turns the pool off"),
+    "numba": ("Numba", "Numba's device arrays (numba.cuda.device_array, to_device)",
+              "drop the arrays (del); Numba frees device memory when they go"),
+    "tensorflow": ("TensorFlow", "TensorFlow's allocator, which maps most of the GPU at its start",
+                   "TF_FORCE_GPU_ALLOW_GROWTH=true, or tf.config.experimental.set_memory_growth(gpu, True)"),
+}
+
+
+def imported(agent: AgentRecording) -> list[dict]:
+    """The known GPU libraries the process imported, with when ({"name", "t"})."""
+    return (agent.root or {}).get("libraries") or []
+
+
+def pools_on(agent: AgentRecording, torch_index: int) -> list[dict]:
+    return [p for p in ((agent.exit_info or {}).get("libraries") or []) if p["device"] == torch_index
+            and p["bytes"] >= MIN_POOL_BYTES]
+
+
+def context_without_pools(context: int | None, agent: AgentRecording, torch_index: int,
+                          first_t: float | None) -> tuple[int | None, int]:
+    """(the context, what was taken out of it): a preallocating library's pool, where the library
+    was imported before the reading the context comes from and that reading holds the pool too."""
+    if context is None or first_t is None:
+        return context, 0
+    started = {x["name"]: x["t"] for x in imported(agent)}
+    moved = 0
+    for p in pools_on(agent, torch_index):
+        if p["name"] in PREALLOCATING and started.get(p["name"], first_t) < first_t \
+                and context - moved >= p["bytes"] + MIN_CONTEXT_BYTES:
+            moved += p["bytes"]
+    return context - moved, moved
+
+
+def itemise(b: Breakdown, agent: AgentRecording, torch_index: int) -> None:
+    """Preallocated pools as their own part of the memory outside PyTorch, taken out of warm-up
+    (where they come, at the library's first use) and then the rest."""
+    found = [p for p in pools_on(agent, torch_index) if p["name"] in PREALLOCATING]
+    if not found or b.non_torch_bytes is None:
+        return
+    b.non_torch_libraries = []
+    left = b.non_torch_bytes - (b.non_torch_cupy_bytes or 0) - (b.non_torch_nccl_bytes or 0)
+    for p in found:
+        size = min(p["bytes"], max(0, left))
+        left -= size
+        b.non_torch_libraries.append([LIBRARIES[p["name"]][0], size])
+        take = min(size, b.non_torch_warmup_bytes or 0)
+        b.non_torch_warmup_bytes = (b.non_torch_warmup_bytes or 0) - take
+        b.non_torch_rest_bytes = max(0, (b.non_torch_rest_bytes or 0) - (size - take))
+
+
+def pooled_bytes(b: Breakdown) -> int:
+    return sum(size for _, size in b.non_torch_libraries or [])
+
+
+def run_peak(xs: list[float], ys: list[int | None], judged) -> dict | None:
+    """The highest level the memory outside PyTorch held past warm-up (the lowest of PEAK_READINGS
+    readings in a row), above its level when warm-up ended: {"level", "peak", "rise", "at"}. None
+    where warm-up was not measured (non_torch.judge)."""
+    since = getattr(judged, "warmup_end_x", None)
+    if since is None:
+        return None
+    after = [(x, y) for x, y in zip(xs, ys) if y is not None and x >= since]
+    if len(after) < 2 * PEAK_READINGS:
+        return None
+    level = min(y for _, y in after[:PEAK_READINGS])
+    held = [(min(y for _, y in after[i:i + PEAK_READINGS]), after[i][0])
+            for i in range(len(after) - PEAK_READINGS + 1)]
+    peak, at = max(held)
+    return {"level": level, "peak": peak, "rise": peak - level, "at": at}
+
+
+def name_holders(f: Finding, agent: AgentRecording) -> None:
+    """What the report knows of who held memory outside PyTorch: the libraries the process
+    imported, the other libraries' arrays alive at exit, each library's switch."""
+    libraries = imported(agent)
+    arrays = (agent.exit_info or {}).get("foreign_arrays") or []
+    f.evidence["libraries"] = libraries
+    f.evidence["foreign_arrays"] = arrays
+    if arrays:
+        f.summary += " Alive at exit: " + ", ".join(f"{n} {t.rsplit('.', 1)[-1]} of {t.split('.')[0]} ({fb(size)})"
+                                                    for t, n, size in arrays[:3]) + "."
+    if libraries:
+        named = [f"{LIBRARIES[x['name']][0]} (imported at {x['t']:.1f} s)" for x in libraries if x["name"] in LIBRARIES]
+        f.summary += f" GPU libraries in the process besides PyTorch: {', '.join(named)}."
+        f.remedy += " " + " ".join(f"{LIBRARIES[x['name']][0]}: {LIBRARIES[x['name']][2]}." for x in libraries
+                                   if x["name"] in LIBRARIES)
+
+
+def pool_findings(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str,
+                  moved: int) -> list[Finding]:
+    """Judgement row 12: a preallocated pool informs, named with its library and its switch."""
+    out = []
+    for p in pools_on(agent, torch_index):
+        if p["name"] not in PREALLOCATING:
+            continue
+        label, what, switch = LIBRARIES[p["name"]]
+        context = " It was set aside before PyTorch's first allocation, so it is not counted as the context." \
+            if moved else ""
+        out.append(Finding(
+            kind="library-memory", bytes=p["bytes"], pid=agent.pid, device=nvml_index,
+            summary=f"{fb(p['bytes'])} in {where} is {what}; {fb(p.get('in_use_bytes'))} of it was in use at "
+                    f"exit. PyTorch cannot use it.{context}",
+            evidence={"decided_by": "library-statistics", "library": p["name"], "pool": p,
+                      "taken_from_context_bytes": moved},
+            remedy=f"Nothing to do if {label} needs it; otherwise {switch}."))
+    return out

@@ -1,0 +1,105 @@
+"""NCCL's memory in a process: the part of the memory outside PyTorch that came with its process groups,
+and what to say when that memory grows. Pure: no NVML, no torch, no files.
+
+NCCL allocates outside PyTorch's allocator: when a communicator is created and at the first
+collectives of each kind (the buffers of each connection, sized by `NCCL_BUFFSIZE` and the number
+of channels; see _agent/process_groups.py). A clean NCCL job holds hundreds of MiB there for as long
+as its communicators live (about 588 MiB per rank in a 2-rank DDP job on two H100s,
+shared/gpu-facts.md), beyond the allowance for CUDA's libraries; that is no growth.
+
+How it is told apart: by **timing**. The agent writes a `groups` record at the sample where it first
+sees a process group with an NCCL backend (and whenever their number changes). NCCL's part is what
+the memory outside PyTorch rose by from the last reading before that record to the level it
+settled at once the groups were up: the lowest reading from the later of that record and the end of
+warm-up, to exit. So what loads in the same moments (cuBLAS's kernels at the first forward pass of a
+DDP model, made right after its group) is counted with NCCL's, and what NCCL allocated before the
+process's first PyTorch allocation (a communicator made by `init_process_group(device_id=...)`
+before the model is on the GPU) is in the figure of its CUDA context, which is read then. Where NCCL itself can say (PyTorch 2.12 and NCCL 2.29.7 or
+later), the agent also reads at exit what the communicators still alive hold (`ncclCommMemStats`),
+and NCCL's part is at least that. Growth after warm-up is judged as before (non_torch.py): a new
+communicator at every step stays a `non-torch` finding, which then names the process groups.
+"""
+from __future__ import annotations
+
+from ..recording.recording import AgentRecording
+
+
+def records(agent: AgentRecording) -> list[dict]:
+    """The agent's `groups` records (none in recordings from before issue 29)."""
+    return agent.root.get("groups") or []
+
+
+def _is_nccl(record: dict) -> bool:
+    return any("nccl" in backend.lower() for backend in record["backends"])
+
+
+def arrival(agent: AgentRecording) -> dict | None:
+    """The first `groups` record with an NCCL group, and what the first record with groups said of
+    the world size, NCCL's version and its variables; None where NCCL never came up."""
+    found = next((r for r in records(agent) if _is_nccl(r)), None)
+    if found is None:
+        return None
+    described = next((r for r in records(agent) if r.get("nccl_env") is not None), {})
+    return {"t": found["t"], "step": found["step"], "world_size": described.get("world_size"),
+            "nccl_version": described.get("nccl_version"), "nccl_env": described.get("nccl_env") or {}}
+
+
+def exit_bytes(agent: AgentRecording) -> int | None:
+    """What NCCL's communicators said they held at exit (None: not said, or none alive)."""
+    groups = (((agent.exit_info or {}).get("parts") or {}).get("process_groups")) or {}
+    return groups.get("nccl_bytes")
+
+
+def part(agent: AgentRecording, ts: list[float], ys: list[int | None], warmup_end_t: float | None,
+         outside: int, settled: int) -> dict | None:
+    """NCCL's part of `outside` ({"bytes", "before_bytes": the level before NCCL came (None when it
+    came before the first reading), "in_warmup": whether it came before warm-up ended}), or None
+    where NCCL never came. `outside`: the memory outside PyTorch
+    at exit, less CuPy's pool; `ts`, `ys`: its series (times, bytes) as non_torch.py judges it;
+    `settled`: the level non_torch.py found it settled at after warm-up (NVML's one-reading dips
+    left out), which is NCCL's level too when NCCL came before warm-up ended."""
+    came = arrival(agent)
+    if came is None:
+        return None
+    before = [y for t, y in zip(ts, ys) if y is not None and t < came["t"]]
+    in_warmup = warmup_end_t is None or came["t"] <= warmup_end_t
+    if in_warmup:
+        level = settled
+    else:  # the groups came later in the run: the lowest level after they came
+        level = min([y for t, y in zip(ts, ys) if y is not None and t >= came["t"]] + [outside])
+    timed = max(0, level - (before[-1] if before else 0))
+    said = exit_bytes(agent) or 0
+    return {"bytes": min(outside, max(timed, said)), "before_bytes": before[-1] if before else None,
+            "in_warmup": in_warmup}
+
+
+def evidence(agent: AgentRecording) -> dict | None:
+    """NCCL's part in a finding's evidence: when its groups came, how many, what sizes its memory."""
+    came = arrival(agent)
+    if came is None:
+        return None
+    counts = [r["groups"] for r in records(agent)]
+    return {**came, "groups_first": next((r["groups"] for r in records(agent) if _is_nccl(r)), None),
+            "groups_most": max(counts, default=None), "groups_records": len(counts),
+            "said_at_exit_bytes": exit_bytes(agent), "attributed_by": "arrival"}
+
+
+def growth_words(agent: AgentRecording) -> str:
+    """What a growth outside PyTorch has to do with NCCL ('' where NCCL is not in use)."""
+    ev = evidence(agent)
+    if ev is None:
+        return ""
+    first, most = ev["groups_first"], ev["groups_most"]
+    if first is not None and most is not None and most > first:
+        return (f" NCCL is in use, and the process's torch.distributed process groups went from {first} when "
+                f"NCCL came up to {most}: each new group (torch.distributed.new_group, a new DeviceMesh) "
+                f"makes NCCL communicators with buffers of their own.")
+    return (f" NCCL is in use ({most} process group{'s' if most != 1 else ''} throughout): its communicators "
+            f"also grow as they first connect to a peer (send/recv to a rank not reached before) or "
+            f"register buffers.")
+
+
+GROWTH_REMEDY = ("Make process groups once, outside the loop, and reuse them; "
+                 "torch.distributed.destroy_process_group(group) releases one no longer needed. Each NCCL "
+                 "communicator's buffers are sized by NCCL_BUFFSIZE and its channels (NCCL_MAX_NCHANNELS). ")
+
