@@ -25,6 +25,7 @@ from gpumemdoctor.reporters.json_report import build
 
 from .conftest import cli_env, invoke
 from .test_report_parse import make_recording
+from .test_watch import sleeper  # noqa: F401 (a fixture: a process to watch)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LONG = FIXTURES / "long" / "h100_slow_leak_7min.json"
@@ -495,14 +496,6 @@ def _watch_env(tmp_path: Path, pid: int) -> dict:
     state = tmp_path / "nvml.json"
     _write(state, pid, GIB)
     return {"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(state)}
-
-
-@pytest.fixture
-def sleeper():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 SAMPLE_LINE = re.compile(r"^\s*\d+\.\ds  ", re.M)  # a plain line of `watch`, one per sample
