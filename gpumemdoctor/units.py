@@ -40,6 +40,8 @@ def format_bytes(n: int | None, signed: bool = False) -> str:
 
 def parse_size(text: str) -> int:
     """'512MiB' -> 536870912. Raises ValueError with a readable message."""
+    if text.strip().startswith("-"):
+        raise ValueError(f"{text!r:.60}: a size must not be negative; give 0 or more, like 512MiB")
     m = _SIZE_RE.match(text)
     if not m or m.group(2).lower() not in _PARSE:
         raise ValueError(f"{text!r:.60} is not a size; write it like 512MiB or 2GiB")

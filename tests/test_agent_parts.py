@@ -204,3 +204,20 @@ def test_the_exit_probes_allocate_only_where_the_program_reserved_memory(agent_a
     assert exit_probes.program_devices([stray, worked, emptied]) == [1, 2]
     exit_probes._probe(agent, torch, [stray, worked, emptied], lambda name: None, skip_gc=True)
     assert touched == [("synchronize", 1), ("empty", "cuda:1"), ("synchronize", 2), ("empty", "cuda:2")]
+
+
+def test_an_interrupt_during_the_exit_probes_ends_them_quietly(agent_and_clock):
+    """A second Ctrl-C while the program ends (issue 28, row 10) stops the probes; it is not raised
+    into the interpreter's exit, which would print "Exception ignored in atexit callback"."""
+    agent, _ = agent_and_clock
+    agent.torch.set(8 * MiB, 20 * MiB)
+
+    def interrupted(record):
+        raise KeyboardInterrupt
+
+    agent.channel.write = interrupted
+    try:
+        agent.at_exit()
+    except KeyboardInterrupt:  # caught here, or it would stop the test session
+        pytest.fail("the interrupt came out of Agent.at_exit")
+    assert agent.finished

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from gpumemdoctor.reporters.json_report import build
 
 from .conftest import cli_env, invoke
 from .test_report_parse import make_recording
+from .test_watch import sleeper  # noqa: F401 (a fixture: a process to watch)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LONG = FIXTURES / "long" / "h100_slow_leak_7min.json"
@@ -61,9 +63,9 @@ def dump(path: Path, doc) -> str:
     return str(path)
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gpumemdoctor", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout, env=cli_env(), stdin=subprocess.DEVNULL)
+                          text=True, timeout=timeout, env=cli_env(env), stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture
@@ -72,6 +74,64 @@ def target(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.py").write_text("open('ran', 'w').close()\nprint('target ran')\n")
     return tmp_path / "t.py"
+
+
+# -- the bad-input table ------------------------------------------------------------------------
+# One row per bad input: the command line, its exit code, and the words its one-line error must hold.
+# The next sweep of bad inputs adds rows here. In a command line, {pid} is a live process, {report} a
+# valid report (a file that is not a watch log) and t.py a target that leaves a file `ran` behind if it
+# runs: none may run. A row that starts with "pytest" runs pytest, with the plugin, in an empty folder.
+BAD_INPUT = [
+    # issue 28, row 3: an unset $BASELINE in CI
+    (["run", "--allow-no-gpu", "--baseline", "", "t.py"], 2, ["--baseline", "an empty file name"]),
+    # row 4: a file that is not a watch log, not appended to
+    (["watch", "--pid", "{pid}", "--jsonl", "{report}"], 2, ["r.json", "not a log of gpumemdoctor watch",
+                                                            "--force"]),
+    # row 5: a baseline of nulls (no NVML: nothing can be measured)
+    (["run", "--allow-no-gpu", "--update-baseline", "--baseline", "b.json", "t.py"], 2,
+     ["--update-baseline", "nothing", "measured"]),
+    # row 6: a tolerance with nothing to compare
+    (["run", "--allow-no-gpu", "--tolerance", "10%", "t.py"], 2, ["--tolerance", "--baseline"]),
+    (["run", "--allow-no-gpu", "--nvml-tolerance", "64MiB", "t.py"], 2, ["--nvml-tolerance", "--baseline"]),
+    # row 7: an empty file name
+    (["run", "--allow-no-gpu", "-o", "", "t.py"], 2, ["-o", "an empty file name"]),
+    (["run", "--allow-no-gpu", "--html", "", "t.py"], 2, ["--html", "an empty file name"]),
+    (["run", "--allow-no-gpu", "--snapshot", "", "t.py"], 2, ["--snapshot", "an empty file name"]),
+    (["run", "--allow-no-gpu", "--junit", "", "--max-peak", "1GiB", "t.py"], 2, ["--junit", "an empty file name"]),
+    (["report", "{report}", "--html", ""], 2, ["--html", "an empty file name"]),
+    (["compare", "{report}", "{report}", "--junit", ""], 2, ["--junit", "an empty file name"]),
+    (["watch", "--pid", "{pid}", "--jsonl", ""], 2, ["--jsonl", "an empty file name"]),
+    # row 8: negative values, refused as negative
+    (["compare", "{report}", "{report}", "--tolerance", "-5%"], 2, ["-5%", "must not be negative"]),
+    (["compare", "{report}", "{report}", "--nvml-tolerance", "-64MiB"], 2, ["-64MiB", "must not be negative"]),
+    (["watch", "--pid", "{pid}", "--max-growth", "-1MiB/s"], 2, ["-1MiB/s", "must not be negative"]),
+    (["watch", "--pid", "{pid}", "--max-vram", "-1MiB"], 2, ["-1MiB", "must not be negative"]),
+    (["run", "--allow-no-gpu", "--max-peak", "-1GiB", "t.py"], 2, ["-1GiB", "must not be negative"]),
+    (["ps", "--expect-free", "-1GiB"], 2, ["-1GiB", "must not be negative"]),
+    (["pytest", "--vram-check", "--vram-threshold=-1MiB"], 4, ["--vram-threshold", "-1MiB", "must not be negative"]),
+]
+
+
+@pytest.mark.parametrize("args, code, words", BAD_INPUT, ids=[" ".join(a) or "''" for a, _, _ in BAD_INPUT])
+def test_bad_input(tmp_path, target, args, code, words):
+    report = dump(tmp_path / "r.json", leak_report())
+    args = [a.replace("{pid}", str(os.getpid())).replace("{report}", report) for a in args]
+    if args[0] == "pytest":
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        result = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args[1:]], cwd=empty,
+                                capture_output=True, text=True, timeout=120, env=cli_env(),
+                                stdin=subprocess.DEVNULL)
+        got, err = result.returncode, result.stderr
+        assert "Traceback" not in err
+        line = next((s for s in err.splitlines() if "--vram-threshold" in s), err)
+    else:
+        got, _, err = invoke(*args)
+        line = one_line(err)
+    assert got == code, err
+    for word in words:
+        assert word in line, (word, line)
+    assert not (tmp_path / "ran").exists()
 
 
 # -- internal errors and hangs -------------------------------------------------------------
@@ -208,8 +268,6 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_target_runs(tmp_
 @pytest.mark.parametrize("target_code, args, expected", [
     (3, ["--max-peak", "1GiB", "--junit", "out/j.xml"], 3),  # the target's status wins
     (0, ["--max-peak", "1GiB", "--junit", "out/j.xml"], 10),  # the failed check's 10 stays
-    (0, ["--update-baseline", "--baseline", "out/b.json"], 0),
-    (5, ["--update-baseline", "--baseline", "out/b.json"], 5),
 ])
 def test_an_output_that_fails_after_the_run_keeps_the_exit_status(tmp_path, target_code, args, expected):
     """The target removes the folder its outputs were to go to: the write fails after the run."""
@@ -219,6 +277,24 @@ def test_an_output_that_fails_after_the_run_keeps_the_exit_status(tmp_path, targ
     assert result.returncode == expected, result.stderr
     assert "gpumemdoctor: error: cannot write" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def after_run(tmp_path: Path, status: int, **outputs) -> int:
+    """What `run` does once its target has ended, on a recording that measured every figure (the hand-built
+    leak's): a run without a GPU measures none, and a baseline is then not written at all."""
+    from gpumemdoctor.cli.run import RunOutputs, _after_run
+
+    given = {"name": "t", "report": str(tmp_path / "r.json"), "force": True, "quiet": True, "html": None,
+             "html_next_to_json": False, "junit": None, "new_baseline": None, **outputs}
+    return _after_run(make_recording(), status, RunOutputs(**given), checks.Policy())
+
+
+@pytest.mark.parametrize("status", [0, 5])
+def test_a_baseline_that_fails_to_be_written_after_the_run_keeps_the_exit_status(tmp_path, capsys, status):
+    """Its folder was removed while the target ran: said in one line, and the status stays the target's."""
+    assert after_run(tmp_path, status, new_baseline=str(tmp_path / "gone" / "b.json")) == status
+    err = capsys.readouterr().err
+    assert "gpumemdoctor: error: cannot write" in err and "Traceback" not in err
 
 
 def test_a_baseline_with_a_figure_missing_is_not_a_valid_baseline(tmp_path, target):
@@ -352,7 +428,7 @@ def test_expect_free_says_a_size_is_not_negative():
         code, _, err = invoke("ps", *args)
         assert code == 2, err
         line = one_line(err)
-        assert "cannot be negative" in line and "No such option" not in line
+        assert "must not be negative" in line and "No such option" not in line
 
 
 def test_an_output_folder_that_is_a_file_is_named_so(tmp_path, target):
@@ -368,8 +444,9 @@ def test_every_file_written_is_private_to_its_owner(tmp_path):
         (tmp_path / name).write_text("old\n")
         os.chmod(tmp_path / name, 0o644)
     result = run_cli("run", "--allow-no-gpu", "-q", "-o", "r.json", "--force", "--junit", "j.xml",
-                     "--update-baseline", "--baseline", "b.json", "--max-peak", "1GiB", "t.py", cwd=tmp_path)
+                     "--max-peak", "1GiB", "t.py", cwd=tmp_path)
     assert result.returncode == 10, result.stderr
+    assert after_run(tmp_path, 0, report=str(tmp_path / "r2.json"), new_baseline=str(tmp_path / "b.json")) == 0
     code, _, err = invoke("report", str(tmp_path / "r.json"), "--html", str(tmp_path / "p.html"), "--force")
     assert code == 0, err
     (tmp_path / "c.xml").unlink(missing_ok=True)
@@ -408,3 +485,103 @@ def test_readme_gives_a_cpu_torch_and_an_extra_that_exists():
     assert "minutes" in tests
     for path in [root / "README.md", *(root / "docs").glob("*.md"), *(root / "gpumemdoctor").rglob("*.py")]:
         assert '"gpumemdoctor[html]"' not in path.read_text(), path
+
+
+# -- issue 28: the rows that need a run, a pipe or a watch --------------------------------------
+
+def _watch_env(tmp_path: Path, pid: int) -> dict:
+    """The NVML test double, with `pid` holding 1 GiB on its one GPU."""
+    from .test_watch import DOUBLES_PATH, GIB, _write
+
+    state = tmp_path / "nvml.json"
+    _write(state, pid, GIB)
+    return {"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(state)}
+
+
+SAMPLE_LINE = re.compile(r"^\s*\d+\.\ds  ", re.M)  # a plain line of `watch`, one per sample
+
+
+def test_watch_goes_on_when_its_log_cannot_be_written(tmp_path, sleeper):
+    """`watch --jsonl /dev/full` (a full disk): said once, and the samples and the summary still come."""
+    result = run_cli("watch", "--pid", str(sleeper.pid), "--interval", "0.05", "--duration", "1.5", "--no-tui",
+                     "--jsonl", "/dev/full", cwd=tmp_path, env=_watch_env(tmp_path, sleeper.pid))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("gpumemdoctor: warning:") == 1, result.stderr
+    assert "/dev/full" in result.stderr and "No space left" in result.stderr
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr
+    assert len(SAMPLE_LINE.findall(result.stdout)) >= 5, result.stdout  # it kept watching
+    assert f"Watched PID {sleeper.pid}" in result.stdout
+
+
+def test_watch_goes_on_when_the_reader_of_its_log_goes_away(tmp_path, sleeper):
+    """`watch --jsonl PIPE` whose reader stops after the first line: said once; watching goes on."""
+    import select
+
+    fifo = tmp_path / "log.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    proc = subprocess.Popen([sys.executable, "-m", "gpumemdoctor", "watch", "--pid", str(sleeper.pid), "--interval",
+                             "0.05", "--duration", "2", "--no-tui", "--jsonl", str(fifo)], cwd=tmp_path,
+                            env=cli_env(_watch_env(tmp_path, sleeper.pid)), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert select.select([reader], [], [], 30)[0], "no line came"
+        assert b'"gpu_bytes"' in os.read(reader, 1 << 16)
+    finally:
+        os.close(reader)  # the reader goes away
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert err.count("gpumemdoctor: warning:") == 1 and "log.fifo" in err, err
+    assert "Traceback" not in err
+    assert len(SAMPLE_LINE.findall(out)) >= 10, out
+    assert f"Watched PID {sleeper.pid}" in out
+
+
+def test_watch_appends_to_its_own_log_and_force_replaces_another_file(tmp_path, sleeper):
+    env = _watch_env(tmp_path, sleeper.pid)
+    watch = ["watch", "--pid", str(sleeper.pid), "--interval", "0.05", "--duration", "0.3", "--no-tui"]
+    assert run_cli(*watch, "--jsonl", "w.jsonl", cwd=tmp_path, env=env).returncode == 0
+    first = (tmp_path / "w.jsonl").read_text().splitlines()
+    assert run_cli(*watch, "--jsonl", "w.jsonl", cwd=tmp_path, env=env).returncode == 0
+    both = (tmp_path / "w.jsonl").read_text().splitlines()
+    assert both[:len(first)] == first and len(both) > len(first)  # appended, nothing lost
+    report = dump(tmp_path / "r.json", leak_report())
+    result = run_cli(*watch, "--jsonl", report, "--force", cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert all("gpu_bytes" in json.loads(line) for line in Path(report).read_text().splitlines())
+    assert stat.S_IMODE(os.stat(report).st_mode) == 0o600
+
+
+def test_update_baseline_is_refused_when_the_run_measured_nothing(tmp_path):
+    """The GPU is there (the NVML double), but the target never used PyTorch: no figure to keep."""
+    (tmp_path / "t.py").write_text("pass\n")
+    env = _watch_env(tmp_path, 4_000_000)
+    result = run_cli("run", "-q", "--update-baseline", "--baseline", "b.json", "t.py", cwd=tmp_path, env=env)
+    assert result.returncode == 10, result.stderr
+    assert "gpumemdoctor: error: --update-baseline" in result.stderr and "not written" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "b.json").exists()
+    (tmp_path / "t.py").write_text("raise SystemExit(3)\n")
+    result = run_cli("run", "-q", "--update-baseline", "--baseline", "b.json", "t.py", cwd=tmp_path, env=env)
+    assert result.returncode == 3 and not (tmp_path / "b.json").exists()  # the target's own status wins
+
+
+def test_paths_are_never_wrapped_and_lines_not_padded_off_a_terminal(tmp_path):
+    """Standard error is a pipe (a CI log): the paths, the Report:, HTML report: and -q lines stay whole."""
+    pytest.importorskip("plotly")
+    folder = tmp_path.joinpath(*["a-rather-long-folder-name-for-ci"] * 3)
+    folder.mkdir(parents=True)
+    script = folder / "the-training-script-of-a-long-ci-job.py"
+    script.write_text("pass\n")
+    report, page = folder / "report-of-a-long-ci-job.json", folder / "page-of-a-long-ci-job.html"
+    result = run_cli("run", "--allow-no-gpu", "-o", str(report), "--html", str(page), str(script), "--an-arg",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert f"Target   python {script} --an-arg" in lines, result.stderr
+    assert f"Report: {report}" in lines and f"HTML report: {page}" in lines, result.stderr
+    assert [line for line in lines if line != line.rstrip()] == []
+    result = run_cli("run", "--allow-no-gpu", "-q", "--force", "-o", str(report), "--html", str(page), str(script),
+                     cwd=tmp_path)
+    assert result.stderr.splitlines() == [f"gpumemdoctor verdict: none (no GPU measured)  report: {report}  "
+                                          f"html: {page}"], result.stderr

@@ -181,8 +181,14 @@ def test_failed_check_exits_10_but_the_targets_failure_wins(cli, script, tmp_pat
     assert result.returncode == 3
 
 
-def test_update_baseline_writes_a_baseline(cli, script, tmp_path):
-    script(tmp_path, "ok.py", "pass\n")
-    result = cli("run", "--allow-no-gpu", "--baseline", "b.json", "--update-baseline", "ok.py", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
+def test_update_baseline_writes_a_baseline(tmp_path, capsys):
+    """What `run --update-baseline` does once its target has ended, on a run that measured its figures (a
+    run without a GPU measures none, and is refused: tests/test_bad_input.py)."""
+    from gpumemdoctor.cli.run import RunOutputs, _after_run
+
+    recording, _ = run("clean_adam")
+    outputs = RunOutputs(name="ok", report=str(tmp_path / "r.json"), force=False, quiet=True, html=None,
+                         html_next_to_json=False, junit=None, new_baseline=str(tmp_path / "b.json"))
+    assert _after_run(recording, 0, outputs, checks.Policy()) == 0
+    assert f"Baseline written: {tmp_path / 'b.json'}" in capsys.readouterr().err
     assert json.loads((tmp_path / "b.json").read_text())["schema"] == checks.BASELINE_SCHEMA

@@ -440,6 +440,66 @@ def test_signals_are_forwarded_to_the_target(popen_cli, script, tmp_path, signum
     assert report["target"]["signal"] is None
 
 
+# A target that counts the signals it gets: a signal sent to the whole process group reaches it
+# once, from the kernel, and the supervisor, which gets it too, must not send a second copy.
+COUNTING_TARGET = """
+    import os, signal, sys, time
+
+    got = []
+    signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    print("ready", os.getpid(), flush=True)
+    deadline = time.monotonic() + 30
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(1.0)  # a second copy, if one is sent, comes within this
+    print("signals", len(got), flush=True)
+    sys.exit(4)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_whole_process_group_reaches_the_target_once(popen_cli, script, tmp_path, signum):
+    """No terminal (popen_cli gives the tool a session of its own, as in CI), and the signal goes to
+    the whole process group, as a CI runner or a scheduler sends it (issue 28, row 10)."""
+    script(tmp_path, "t.py", COUNTING_TARGET)
+    for _ in range(3):
+        proc = popen_cli("run", "--allow-no-gpu", "-q", "-o", "r.json", "--force", "t.py", cwd=tmp_path)
+        out, _ = read_until(proc, rb"ready (\d+)\n", timeout=30)
+        os.killpg(proc.pid, signum)
+        assert proc.wait(timeout=30) == 4, proc.stderr.read()
+        assert b"signals 1\n" in read_rest(proc, timeout=10, data=out)
+
+
+def test_sigint_to_the_whole_process_group_leaves_no_traceback_of_the_tool(popen_cli, script, tmp_path):
+    """The target dies of the KeyboardInterrupt and its exit takes a while (as the agent's exit probes
+    do): a second SIGINT landed in it 5 times of 9 ("Exception ignored in atexit callback", "lost
+    sys.stderr"). Its own traceback of the interrupt is the program's, and stays."""
+    script(tmp_path, "t.py", """
+        import atexit, os, time
+
+        def slow_exit():  # Python work at exit, where a second interrupt would land
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline:
+                sum(range(1000))
+
+        atexit.register(slow_exit)
+        print("ready", os.getpid(), flush=True)
+        time.sleep(30)
+    """)
+    for attempt in range(9):
+        proc = popen_cli("run", "--allow-no-gpu", "-o", "r.json", "--force", "t.py", cwd=tmp_path)
+        read_until(proc, rb"ready (\d+)\n", timeout=30)
+        time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        err = proc.stderr.read().decode()
+        assert "Exception ignored" not in err and "lost sys.stderr" not in err, (attempt, err)
+        assert err.count("Traceback") == 1 and err.count("KeyboardInterrupt") == 1, (attempt, err)
+        report = json.loads((tmp_path / "r.json").read_text())
+        assert report["target"]["signal"] == signal.SIGINT and report["target"]["exit_code"] is None
+
+
 def test_target_runs_on_when_the_supervisor_is_killed(popen_cli, script, tmp_path):
     marker = tmp_path / "finished.txt"
     script(tmp_path, "t.py", f"""

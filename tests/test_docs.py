@@ -316,3 +316,28 @@ def test_every_exit_code_is_in_the_table():
     codes = {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
     for code in codes:
         assert re.search(rf"^\| {code} \|", table, re.M), f"exit code {code} is not in docs/cli.md"
+
+
+def _repository_docs() -> list[Path]:
+    """Every Markdown file of the repository (NOTES.md, ARCHITECTURE.md, the READMEs of tests and fixtures
+    included), whether or not a reader is linked to it; not those of tools' folders (.git, a venv)."""
+    return sorted(p for p in ROOT.rglob("*.md")
+                  if not any(part.startswith(".") or part.endswith(".egg-info") or part in ("build", "dist")
+                             for part in p.relative_to(ROOT).parts[:-1]))
+
+
+def test_no_doc_points_outside_the_repository():
+    """Everything a reader needs is in the repository (issue 28, row 11): no link, and no path written out
+    (`../shared/notes.md`), leads out of it."""
+    docs = _repository_docs()
+    assert ROOT / "NOTES.md" in docs and ROOT / "tests" / "gpu" / "README.md" in docs
+    outside = []
+    for path in docs:
+        text = path.read_text()
+        links = [t.partition("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:", t)]
+        written = re.findall(r"(?<![\w./-])((?:\.\./)+[\w.\-/]*)", text)
+        for target in [*links, *written]:
+            dest = (path.parent / target).resolve()
+            if target and ROOT not in (dest, *dest.parents):
+                outside.append(f"{path.relative_to(ROOT)}: {target}")
+    assert outside == []

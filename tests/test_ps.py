@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,6 +39,11 @@ def test_flags_on_plain_facts():
     # a daemon started on purpose leads its own session
     assert flags_of(Holder(pid=7, used_bytes=GIB, visible=True, status="sleeping", ppid=1,
                            session_leader=True)) == []
+    # in PID 1's session: PID 1 started it (a container's first process, a PID namespace's shell)
+    assert flags_of(Holder(pid=7, used_bytes=GIB, visible=True, status="sleeping", ppid=1,
+                           session_leader=False, in_init_session=True)) == []
+    assert flags_of(Holder(pid=7, used_bytes=GIB, visible=True, status="sleeping", ppid=1,
+                           session_leader=False, in_init_session=False)) == ["orphaned"]
     assert flags_of(Holder(pid=7, used_bytes=GIB, visible=True, status="running", ppid=3)) == []
 
 
@@ -215,3 +221,48 @@ def test_another_users_environment_is_not_read(cli, tmp_path, fake_job):
     assert holders[other]["agent"] is None and holders[other]["user"] == "nobody"
     text = cli("ps", cwd=tmp_path, env=env | {"COLUMNS": "100"}).stdout
     assert re.search(rf"^\?\s+\?\s+{other}\s+GPU 0 1\.00 GiB\s+sleep 120", text, re.M)
+
+
+# PID 1 of a new PID namespace (as a container's first process is), over the NVML test double: a
+# child it started itself, and a real orphan, whose parent (in a session of its own) started it
+# and exited. `ps` runs inside the namespace, where NVML (the double) lists the namespace's PIDs.
+NAMESPACE_INIT = r"""
+import json, os, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+# (the orphan must not keep the parent's stdout: run() waits for the pipe to close)
+parent = subprocess.run([sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen("
+                         "[sys.executable, '-c', 'import time; time.sleep(60)'], stdout=subprocess.DEVNULL, "
+                         "stderr=subprocess.DEVNULL).pid)"], capture_output=True, text=True, start_new_session=True)
+orphan = int(parent.stdout)
+with open(sys.argv[1], "w") as f:
+    json.dump({"gpus": [{"uuid": "GPU-test-0", "name": "NVML test double GPU", "total": 80 << 30,
+                         "used": 2 << 30, "reserved": 0, "processes": [{"pid": child.pid, "used": 1 << 30},
+                                                                        {"pid": orphan, "used": 1 << 30}]}]}, f)
+ps = subprocess.run([sys.executable, "-m", "gpumemdoctor", "ps", "--json"], capture_output=True, text=True)
+print(json.dumps({"me": os.getpid(), "child": child.pid, "orphan": orphan, "code": ps.returncode,
+                  "out": ps.stdout, "err": ps.stderr}))
+"""
+
+
+def _can_unshare() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="a PID namespace needs root and unshare")
+def test_ps_in_a_pid_namespace_flags_only_the_real_orphan(tmp_path, cli_env):
+    """A process whose parent is the namespace's PID 1 is no orphan when PID 1 started it (issue 28,
+    row 12); one whose own parent is gone still is. tests/gpu/pidns_check.sh does this on a GPU."""
+    env = cli_env({"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(tmp_path / "nvml.json")})
+    result = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", NAMESPACE_INIT,
+                             str(tmp_path / "nvml.json")], capture_output=True, text=True, timeout=120, env=env,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert found["me"] == 1 and found["code"] == 0, found["err"]
+    holders = {h["pid"]: h for h in json.loads(found["out"])["gpus"][0]["holders"]}
+    child, orphan = holders[found["child"]], holders[found["orphan"]]
+    assert child["ppid"] == 1 and orphan["ppid"] == 1  # both have PID 1 as their parent now
+    assert child["flags"] == []
+    assert [f["flag"] for f in orphan["flags"]] == ["orphaned"]

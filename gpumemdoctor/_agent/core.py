@@ -228,4 +228,9 @@ class Agent:
 
     # -- the end of the run ----------------------------------------------------
     def at_exit(self) -> None:
-        finish(self)
+        try:
+            finish(self)
+        except KeyboardInterrupt:
+            # A second Ctrl-C while the program ends anyway: it stops the probes, and is not raised into
+            # the interpreter's exit ("Exception ignored in atexit callback" over the program's output).
+            pass

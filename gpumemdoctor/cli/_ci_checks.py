@@ -7,6 +7,7 @@ from typing import Callable
 import click
 
 from ..errors import UsageError
+from ._params import FileName
 from ._params import size as _size
 
 
@@ -26,7 +27,7 @@ def check_options(fn: Callable) -> Callable:
                      help="How much a baseline figure may grow: 5% or 64MiB."),
         click.option("--nvml-tolerance", metavar="TOL",
                      help="Also compare the NVML peak with the baseline, with this tolerance."),
-        click.option("--junit", type=click.Path(dir_okay=False), metavar="PATH",
+        click.option("--junit", type=FileName(), metavar="PATH",
                      help="Write the checks as JUnit XML, one test case per check."),
     ]
     for option in reversed(options):

@@ -1,4 +1,5 @@
-"""Option parsers the subcommands share: sizes and rates, refused with click's usage error."""
+"""Option parsers the subcommands share: sizes, rates, seconds and file names, refused with click's usage
+error."""
 from __future__ import annotations
 
 import math
@@ -12,8 +13,6 @@ def size(ctx: click.Context, param: click.Parameter, value: str | None) -> int |
     """A click callback: '512MiB' -> bytes; None stays None."""
     if value is None:
         return None
-    if value.strip().startswith("-"):
-        raise click.BadParameter(f"{value!r:.40}: a size cannot be negative; give 0 or more, like 512MiB")
     try:
         return parse_size(value)
     except ValueError as exc:
@@ -43,3 +42,16 @@ class Seconds(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
         return number
+
+
+class FileName(click.Path):
+    """A file's name, as click's Path, but never empty: an unset variable in CI (`--baseline "$BASELINE"`)
+    gives one, which was taken for no file at all, or for a file of that name."""
+
+    def __init__(self, file_okay: bool = True, dir_okay: bool = False):
+        super().__init__(file_okay=file_okay, dir_okay=dir_okay)
+
+    def convert(self, value, param, ctx):
+        if value == "":
+            self.fail("an empty file name (is a variable unset?): give the file's name", param, ctx)
+        return super().convert(value, param, ctx)

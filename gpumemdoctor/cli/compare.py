@@ -5,11 +5,12 @@ import click
 
 from ..errors import EXIT_CHECK_FAILED
 from ._ci_checks import check_options, make_policy, publish
+from ._params import FileName
 
 
 @click.command("compare")
-@click.argument("old", type=click.Path(dir_okay=False))
-@click.argument("new", type=click.Path(dir_okay=False))
+@click.argument("old", type=FileName())
+@click.argument("new", type=FileName())
 @check_options
 def compare_command(old: str, new: str, max_peak: int | None, max_retained: int | None,
                     fail_on: str | None, tolerance: str, nvml_tolerance: str | None,

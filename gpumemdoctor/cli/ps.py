@@ -7,6 +7,7 @@ import re
 import click
 
 from ..errors import EXIT_GPU_BUSY
+from ..units import parse_size
 from ._params import size as _size
 
 
@@ -19,8 +20,10 @@ class _PsCommand(click.Command):
             value = args[i + 1] if arg == "--expect-free" and i + 1 < len(args) else \
                 arg.partition("=")[2] if arg.startswith("--expect-free=") else ""
             if re.match(r"-[\d.]", value):
-                raise click.BadParameter(f"{value!r:.40}: a size cannot be negative; give 0 or more, like 512MiB",
-                                         ctx=ctx, param_hint="'--expect-free'")
+                try:
+                    parse_size(value)  # says that a size must not be negative
+                except ValueError as exc:
+                    raise click.BadParameter(str(exc), ctx=ctx, param_hint="'--expect-free'") from None
         return super().parse_args(ctx, args)
 
 

@@ -8,18 +8,19 @@ import os
 import click
 
 from ..errors import UsageError
+from ._params import FileName
 
 
 @click.command("report")
-@click.argument("paths", metavar="[PATH]...", type=click.Path(dir_okay=False), nargs=-1)
+@click.argument("paths", metavar="[PATH]...", type=FileName(), nargs=-1)
 @click.option("--width", type=click.IntRange(40, 400), default=None, help="Columns to draw in.")
-@click.option("--html", "html", type=click.Path(dir_okay=False), metavar="OUT", default=None,
+@click.option("--html", "html", type=FileName(), metavar="OUT", default=None,
               help='Write the report as one self-contained HTML page instead '
                    '(needs plotly: pip install plotly).')
-@click.option("--from-run-dir", "run_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--from-run-dir", "run_dir", type=FileName(file_okay=False, dir_okay=True), default=None,
               help="Make the report from the run folder (gpumemdoctor-XXXXXXXX in $TMPDIR or /tmp) that a "
                    "gpumemdoctor run killed before its target ended left behind.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+@click.option("-o", "--output", type=FileName(), default=None,
               help="With --from-run-dir: also write the JSON report here.")
 @click.option("--force", is_flag=True, help="Overwrite the --html or -o file if it exists.")
 @click.option("--rejudge", is_flag=True,

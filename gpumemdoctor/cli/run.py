@@ -7,15 +7,30 @@ import re
 import shutil
 import sys
 import traceback
+from dataclasses import dataclass
 
 import click
 
 from ..errors import EXIT_CHECK_FAILED, UsageError, internal_error
 from ._ci_checks import check_options, make_policy, publish
 from .. import contract
-from ._params import Seconds
+from ._params import FileName, Seconds
 
 _SCRIPT_PROBE_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class RunOutputs:
+    """What `run` writes and draws once its target has ended; every file checked before it started."""
+
+    name: str  # the target's name, for the report's default file name
+    report: str | None  # -o; None: the default name, known once the target's PID is
+    force: bool
+    quiet: bool
+    html: str | None
+    html_next_to_json: bool
+    junit: str | None
+    new_baseline: str | None  # the file --update-baseline writes; None without it
 
 
 class _RunCommand(click.Command):
@@ -59,7 +74,7 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
 @click.command("run", cls=_RunCommand, context_settings={"ignore_unknown_options": False})
 @click.option("-m", "--module", "module", metavar="MODULE", default=None, expose_value=False,
               help="Run a module, like python -m; everything after it is the module's own.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+@click.option("-o", "--output", type=FileName(), default=None,
               help="Where to write the JSON report [default: gpumemdoctor-<script>.<pid>.json; under a "
                    "multi-node launcher gpumemdoctor-<script>.<host>.node<N>.rank<R>.<pid>.json].")
 @click.option("--force", is_flag=True, help="Overwrite the report (and --html) file if it exists.")
@@ -76,15 +91,15 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
               help="Record allocation stacks (PyTorch's memory history): from the start (on), only "
                    "once memory is seen growing (auto), or never (off). [default: auto; on with "
                    "--snapshot]")
-@click.option("--snapshot", type=click.Path(dir_okay=False), metavar="PATH", default=None,
+@click.option("--snapshot", type=FileName(), metavar="PATH", default=None,
               help="Write PyTorch's allocator snapshot (a pickle for pytorch.org/memory_viz) here at exit.")
-@click.option("--html", "html", type=click.Path(dir_okay=False), metavar="PATH", default=None,
+@click.option("--html", "html", type=FileName(), metavar="PATH", default=None,
               help='Also write the report as one self-contained HTML page, with charts '
                    '(needs plotly: pip install plotly).')
 @click.option("--html-next-to-json", is_flag=True,
               help="Write the HTML page next to the JSON report, named like it with .html.")
 @check_options
-@click.option("--baseline", type=click.Path(dir_okay=False), metavar="FILE",
+@click.option("--baseline", type=FileName(), metavar="FILE",
               help="Compare the run's figures with this baseline and fail past --tolerance.")
 @click.option("--update-baseline", is_flag=True,
               help="Write the run's figures to --baseline FILE instead of comparing.")
@@ -118,6 +133,10 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         raise UsageError("give --html PATH or --html-next-to-json, not both")
     if update_baseline and not baseline:
         raise UsageError("--update-baseline needs --baseline FILE to write to")
+    for option in ("tolerance", "nvml_tolerance"):  # as --junit without a check: asked for, never used
+        if not baseline and ctx.get_parameter_source(option) is not click.core.ParameterSource.DEFAULT:
+            raise UsageError(f"--{option.replace('_', '-')} says how much a figure may grow over its baseline, "
+                             "and no --baseline FILE is given: add one, or leave it out")
     if html is None and html_next_to_json and output is not None:
         html = _next_to(output)
     # Every file this run will write, checked before the target starts: none over the script, the
@@ -159,6 +178,9 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         if not allow_no_gpu:
             raise NoGpuError(f"{exc}, or pass --allow-no-gpu to run the target without GPU "
                              "measurement") from None
+        if update_baseline:
+            raise UsageError(f"--update-baseline: nothing can be measured here ({exc}), and a baseline "
+                             "without figures fails every later check: make it where a GPU is") from None
         measure_gpu = False
 
     recording = run(RunOptions(target_args=target, poll_interval_s=poll_interval,
@@ -168,8 +190,10 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
                                prepare=AFTER_RUN_MODULES))
     status = exit_status(recording)
     try:
-        return _after_run(recording, status, name, output, force, quiet, html, html_next_to_json,
-                          policy, junit, baseline if update_baseline else None)
+        outputs = RunOutputs(name=name, report=output, force=force, quiet=quiet, html=html,
+                             html_next_to_json=html_next_to_json, junit=junit,
+                             new_baseline=baseline if update_baseline else None)
+        return _after_run(recording, status, outputs, policy)
     except Exception as exc:  # a bug of gpumemdoctor's own, after the target ran: its status stays
         if ctx.find_root().params.get("debug"):
             traceback.print_exc()
@@ -182,9 +206,7 @@ AFTER_RUN_MODULES = ("gpumemdoctor.diagnosis.ci_checks", "gpumemdoctor.reporters
                      "gpumemdoctor.reporters.json_report", "gpumemdoctor.reporters.html", "gpumemdoctor.reporters.terminal")
 
 
-def _after_run(recording, status: int, name: str, output: str | None, force: bool, quiet: bool,
-               html: str | None, html_next_to_json: bool, policy, junit: str | None,
-               new_baseline: str | None) -> int:
+def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:
     """Diagnose, write and draw the report, then the checks; the exit status is the target's, or 10
     when it succeeded and a check failed. A file that cannot be written now is said in one line."""
     from ..diagnosis import ci_checks
@@ -196,46 +218,61 @@ def _after_run(recording, status: int, name: str, output: str | None, force: boo
     from ..reporters import terminal
 
     diagnosis = diagnose(recording)
-    default_path = default_name(name, recording, os.environ)  # with the host and node under a launcher
-    path = output or default_path
+    default_path = default_name(outputs.name, recording, os.environ)  # with the host and node under a launcher
+    path = outputs.report or default_path
+    html = outputs.html
     console = make_console()
     try:
-        write(build(recording, diagnosis), path, force)
+        write(build(recording, diagnosis), path, outputs.force)
     except UsageError as exc:  # the run happened: its verdict and exit status still come
         click.echo(f"gpumemdoctor: error: {exc}; the verdict follows, the exit status is the target's",
                    err=True)
         path = None
-    if html_next_to_json and html is None:
-        html = _next_to(output or default_path)
+    if outputs.html_next_to_json and html is None:
+        html = _next_to(outputs.report or default_path)
     if html is not None:
         try:
-            write_text(html_reporter.render(recording, diagnosis, path), html, force, what="HTML page")
+            write_text(html_reporter.render(recording, diagnosis, path), html, outputs.force, what="HTML page")
         except UsageError as exc:
             click.echo(f"gpumemdoctor: error: {exc}", err=True)
             html = None
-    if quiet:
+    if outputs.quiet:
         verdict = diagnosis.verdict or "none (no GPU measured)"
         console.print(f"gpumemdoctor verdict: {verdict}" + (f"  report: {path}" if path else "")
-                      + (f"  html: {html}" if html else ""))
+                      + (f"  html: {html}" if html else ""), soft_wrap=True)  # one line, for scripts
     else:
         console.print()
         terminal.render(console, recording, diagnosis, path)
         if html:
-            console.print(f"HTML report: {html}")
-    if new_baseline is not None:
-        try:
-            ci_checks.write_baseline(new_baseline, ci_checks.baseline_document(recording, diagnosis))
-            console.print(f"Baseline written: {new_baseline}")
-        except UsageError as exc:
-            click.echo(f"gpumemdoctor: error: {exc}; the exit status is the target's", err=True)
-    if policy.empty:
-        return status
-    results = ci_checks.evaluate(recording, diagnosis, policy)
-    publish(console, " ".join(recording.target.get("argv") or []), diagnosis.verdict,
-            ci_checks.figures(recording, diagnosis), results, junit, html)
-    if status == 0 and not all(r.passed for r in results):
-        return EXIT_CHECK_FAILED  # the target's own failure, if any, wins
-    return status
+            console.print(f"HTML report: {html}", soft_wrap=True)
+    failed = outputs.new_baseline is not None and not _write_baseline(console, recording, diagnosis,
+                                                                       outputs.new_baseline)
+    if not policy.empty:
+        results = ci_checks.evaluate(recording, diagnosis, policy)
+        publish(console, " ".join(recording.target.get("argv") or []), diagnosis.verdict,
+                ci_checks.figures(recording, diagnosis), results, outputs.junit, html)
+        failed = failed or not all(r.passed for r in results)
+    return EXIT_CHECK_FAILED if status == 0 and failed else status  # the target's own failure wins
+
+
+def _write_baseline(console, recording, diagnosis, path: str) -> bool:
+    """Write the run's figures as the baseline; False when the run measured too little to make one (a
+    baseline of nulls would fail every later check). A write that fails is said, and is no failure of
+    the run's: the exit status stays."""
+    from ..diagnosis import ci_checks
+
+    document = ci_checks.baseline_document(recording, diagnosis)
+    missing = ci_checks.unmeasured(document["figures"])
+    if missing:
+        click.echo(f"gpumemdoctor: error: --update-baseline: the run did not measure {' or '.join(missing)} "
+                   f"(did the target use PyTorch on a GPU?), so the baseline {path} is not written", err=True)
+        return False
+    try:
+        ci_checks.write_baseline(path, document)
+        console.print(f"Baseline written: {path}", soft_wrap=True)
+    except UsageError as exc:
+        click.echo(f"gpumemdoctor: error: {exc}; the exit status is the target's", err=True)
+    return True
 
 
 def _next_to(json_path: str) -> str:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import sys
@@ -11,7 +10,7 @@ import time
 import click
 
 from ..errors import EXIT_WATCH_ALERT, UsageError
-from ._params import Seconds
+from ._params import FileName, Seconds
 from ._params import rate as _rate
 from ._params import size as _size
 
@@ -49,14 +48,16 @@ def _wait(fd: int | None, seconds: float) -> bool:
               help="Seconds between samples.")
 @click.option("--duration", type=Seconds(0.1), default=None,
               help="Stop after this many seconds and print a summary.")
-@click.option("--jsonl", type=click.Path(dir_okay=False), default=None,
+@click.option("--jsonl", type=FileName(), default=None,
               help="Append one JSON line per sample to this file, written as it is taken (tail -f follows it).")
+@click.option("--force", is_flag=True,
+              help="Write over a --jsonl file that is not a log of watch (a log of watch is appended to).")
 @click.option("--max-vram", callback=_size, metavar="SIZE", help="Alert when the VRAM total passes SIZE.")
 @click.option("--max-growth", callback=_rate, metavar="RATE",
               help="Alert when the VRAM floor grows faster than RATE (64MiB/min, 1MiB/s).")
 @click.option("--exit-on-alert", is_flag=True, help="Exit 12 at the first alert.")
 @click.option("--no-tui", is_flag=True, help="Plain lines, one per sample (the default when not a terminal).")
-def watch_command(pid: int, interval: float, duration: float | None, jsonl: str | None,
+def watch_command(pid: int, interval: float, duration: float | None, jsonl: str | None, force: bool,
                   max_vram: int | None, max_growth: float | None, exit_on_alert: bool,
                   no_tui: bool) -> int:
     """Watch the GPU memory of process PID and its children, live, with a leak judgement.
@@ -64,26 +65,20 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     q or Ctrl-C stops and prints a summary. Needs nothing installed in the process.
     """
     from ..system import nvml, procs
+    from ..files.outputs import check_log, open_log
     from ..reporters.console import make_console
     from ..reporters import watch as reporter
-    from ..live.watch import Watcher, alerts, judgement, limit_of
+    from ..live.watch import Watcher, alerts, is_watch_log, judgement
 
     if pid <= 0 or procs.info(pid) is None:
         raise UsageError(f"no process with PID {pid} here (it may have exited, or live in "
                          "another PID namespace)")
+    replace = check_log(jsonl, force, is_watch_log) if jsonl is not None else False
     watcher = Watcher(pid, nvml.devices())
     console = make_console(stderr=False)
     tui = not no_tui and sys.stdout.isatty() and sys.stdin.isatty()
-    out = None
-    if jsonl:
-        try:
-            # Line by line, for tail -f; a new file is its owner's only, as every file the tool writes.
-            fd = os.open(jsonl, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o600)
-            os.set_blocking(fd, True)  # O_NONBLOCK only so that a pipe with no reader fails at once
-            out = open(fd, "a", encoding="utf-8", buffering=1)
-        except OSError as exc:
-            raise UsageError(f"cannot write {jsonl}: {exc.strerror or exc}") from None
-    raised: dict[str, list] = {}  # limit -> [its first alert, samples over it]: bounded over hours
+    log = open_log(jsonl, replace) if jsonl else None
+    raised: dict[str, list] = {}  # limit -> [its first Alert, samples over it]: bounded over hours
     ended = "stopped"
     status = 0
     try:
@@ -93,17 +88,12 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
                 rate = watcher.floor_rate_per_min()
                 now = alerts(s, rate, max_vram, max_growth)
                 for a in now:
-                    raised.setdefault(limit_of(a), [a, 0])[1] += 1
-                if out is not None:
-                    try:
-                        out.write(json.dumps(s.to_json() | {"floor_rate_bytes_per_min": rate,
-                                                             "alerts": now}) + "\n")
-                        out.flush()
-                    except OSError as exc:  # disk full, file gone: say it once, keep watching
-                        click.echo(f"gpumemdoctor: warning: stopped writing {jsonl}: "
-                                   f"{exc.strerror or exc}", err=True)
-                        out.close()
-                        out = None
+                    raised.setdefault(a.limit, [a, 0])[1] += 1
+                if log is not None:
+                    failed = log.write(reporter.jsonl_line(s, rate, now))
+                    if failed:  # a full disk, a reader gone: said once, and watching goes on
+                        click.echo(f"gpumemdoctor: warning: {failed}", err=True)
+                        log = None
                 show(watcher, s, judgement(rate), now)
                 if not s.alive:
                     ended = "exited"
@@ -124,11 +114,8 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     except KeyboardInterrupt:
         pass
     finally:
-        if out is not None:
-            try:
-                out.close()
-            except OSError:
-                pass
+        if log is not None:
+            log.close()
     reporter.summary(console, watcher, ended, judgement(watcher.floor_rate_per_min()),
-                     [a if n == 1 else f"{a} (over the limit at {n} samples)" for a, n in raised.values()])
+                     [(a, n) for a, n in raised.values()])
     return status

@@ -1,9 +1,11 @@
 """From a recording to a verdict (layer 6). Pure: no NVML, no torch, no files but baselines.
 
 `diagnose` is the entry (`diagnose`, `diagnose_job`); `findings` holds the data classes and the
-verdict list; `judgement` is the one decision table over the evidence about one process on one GPU.
-The evidence it weighs comes from `suspects` (the agent's searches as holders and remedies),
-`non_torch` (memory outside PyTorch), `machine_faults` (host memory, NVML failures), `ranks` and
-`job` (distributed jobs), and `child_processes` (orphans, children's contexts). `ci_checks` turns a
-diagnosis into the CI gate's pass or fail.
+verdict list; `judgement` is the one decision table over the evidence (`evidence`) about one process
+on one GPU, and `remedies` the one table of what to do. The evidence comes from `suspects` (the
+agent's searches as holders), `phases` (pauses in the steps), `stacks` (a holder's line),
+`non_torch`, `nccl` and `libraries` (memory outside PyTorch and whose it is), `ends` (an end not
+seen), `machine_faults` (host memory, NVML failures), `ranks` and `job` (distributed jobs), and
+`child_processes` (orphans, children's contexts). `ci_checks` turns a diagnosis into the CI gate's
+pass or fail.
 """

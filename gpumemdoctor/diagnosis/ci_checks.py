@@ -50,6 +50,8 @@ class Tolerance:
 
 def parse_tolerance(text: str) -> Tolerance:
     """'5%' or '64MiB'. A bare number is refused: 5 would be 5 bytes, which nobody means."""
+    if text.strip().startswith("-"):
+        raise UsageError(f"tolerance {text!r:.40} must not be negative: give a percentage (5%) or a size (64MiB)")
     m = re.fullmatch(r"\s*(\d{1,6}(?:\.\d{1,6})?)\s*%\s*", text)
     if m:
         return Tolerance(fraction=float(m.group(1)) / 100)
@@ -160,6 +162,11 @@ def rank_figures(recording: Recording, diagnosis: Diagnosis) -> dict[int, dict]:
 # The baseline figures that are compared, and what each is called in messages.
 COMPARED = {"peak_allocated_bytes": "peak of PyTorch's allocated memory",
             "live_tensor_bytes": "live tensors at exit"}
+
+
+def unmeasured(figs: dict[str, int | None]) -> list[str]:
+    """The compared figures that a run did not measure (a baseline without them fails every check)."""
+    return [key for key in COMPARED if figs.get(key) is None]
 
 
 def evaluate(recording: Recording, diagnosis: Diagnosis, policy: Policy) -> list[CheckResult]:

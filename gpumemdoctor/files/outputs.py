@@ -1,5 +1,5 @@
-"""The files the tool writes (reports, HTML pages, JUnit XML, baselines): checked before the work
-starts, never one over another or over an input, and written readable by their owner only.
+"""The files the tool writes (reports, HTML pages, JUnit XML, baselines, watch's log): checked before
+the work starts, never one over another or over an input, and written readable by their owner only.
 
 One rule for every file: a new file is created with mode 0600 (they hold the target's command line
 and working folder); an existing regular file that may be overwritten is replaced by a new one,
@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from typing import Callable
 
 from ..errors import UsageError
 
 # The option that names each kind of file, for the messages.
 OPTIONS = {"report": "-o", "snapshot": "--snapshot", "HTML page": "--html", "JUnit XML": "--junit",
-           "baseline": "--baseline"}
+           "baseline": "--baseline", "watch log": "--jsonl"}
+MAX_FIRST_LINE_BYTES = 1 << 20  # of a log appended to: enough for a sample of a large job
 
 
 def _exists_message(path: str, option: str) -> str:
@@ -155,3 +157,79 @@ def check_distinct(outputs: dict[str, str | None], inputs: dict[str, str | None]
         if key in outs:
             raise UsageError(f"{outs[key]} and {label} name the same file: give each its own")
         outs[key] = label
+
+
+class LineLog:
+    """A file the tool appends to a line at a time as it goes (`watch --jsonl`, for tail -f). Unbuffered:
+    a line is in the file once written, and nothing is left over to fail again when it is closed. The
+    first write that fails ends the log."""
+
+    def __init__(self, path: str, fd: int):
+        self.path = path
+        self._fd: int | None = fd
+
+    def write(self, line: str) -> str | None:
+        """Append `line`; None, or once, on the write that fails (a full disk, a reader gone), why."""
+        if self._fd is None:
+            return None
+        data = line.encode()
+        try:
+            while data:
+                data = data[os.write(self._fd, data):]
+        except OSError as exc:
+            self.close()
+            return f"stopped writing {self.path}: {exc.strerror or exc}"
+        return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            _close_quietly(self._fd)
+            self._fd = None
+
+
+def check_log(path: str, force: bool, is_log: Callable[[str], bool], what: str = "watch log") -> bool:
+    """Before the work starts: refuse a log path that is a folder, or in a folder that does not exist,
+    and an existing regular file that is not such a log (`is_log` of its first line says; an empty
+    file is one), unless `force`. True when that file is to be replaced rather than appended to."""
+    option = OPTIONS[what]
+    if os.path.isdir(path):
+        raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
+    real = os.path.realpath(path)
+    if not os.path.exists(real):
+        check_folder_writable(os.path.dirname(real), what, option, probe=False)
+        return False
+    if not stat.S_ISREG(os.stat(real).st_mode) or is_log(_first_line(real)):
+        return False  # a pipe or a device is written in place; the tool's own log is appended to
+    if not force:
+        raise UsageError(f"{path} exists and is not a log of gpumemdoctor watch: pass --force to write "
+                         f"over it, or {option} to choose another name")
+    return True
+
+
+def _first_line(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(MAX_FIRST_LINE_BYTES).split(b"\n", 1)[0].decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def open_log(path: str, replace: bool = False) -> LineLog:
+    """Open `path` to append lines to: a new file is its owner's only (0600), an existing one keeps its
+    mode, unless `replace` (check_log's answer), which puts a new empty 0600 file in its place; a pipe
+    with no reader fails at once instead of waiting for one."""
+    try:
+        if replace:
+            _replace("", os.path.realpath(path))
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
+    os.set_blocking(fd, True)  # O_NONBLOCK was for the open alone
+    return LineLog(path, fd)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass

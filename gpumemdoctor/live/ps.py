@@ -34,6 +34,9 @@ class Holder:
     status: str | None = None
     ppid: int | None = None
     session_leader: bool | None = None
+    # In PID 1's session: started by PID 1, or by what PID 1 started (a container's processes, those of
+    # a PID namespace), so a parent that is PID 1 is its own; None when not known.
+    in_init_session: bool | None = None
     agent: bool | None = None  # runs gpumemdoctor's agent; None where its environment is not readable
     flags: list[dict] = field(default_factory=list)  # {"flag", "next_step"}
 
@@ -61,25 +64,28 @@ def gather() -> list[GpuMemory]:
 
     gpus = []
     now = time.time()
+    init_session = procs.session_id(1)
     for device in nvml.devices():
         mem = nvml.memory_info(device)
         gpu = GpuMemory(index=device.index, uuid=device.uuid, name=device.name, total_bytes=mem.total_bytes,
                         used_bytes=mem.used_bytes, free_bytes=mem.free_bytes, reserved_bytes=mem.reserved_bytes)
         for pid, used in nvml.processes(device):
-            gpu.holders.append(_holder(pid, used, now))
+            gpu.holders.append(_holder(pid, used, now, init_session))
         gpus.append(gpu)
     return gpus
 
 
-def _holder(pid: int, used: int | None, now: float) -> Holder:
+def _holder(pid: int, used: int | None, now: float, init_session: int | None) -> Holder:
     info = procs.info(pid)
     if info is None:
         return Holder(pid=pid, used_bytes=used, visible=False)
     environ = procs.environ(pid)
+    session = procs.session_id(pid)
     return Holder(pid=pid, used_bytes=used, visible=True, user=info.username, cmdline=info.cmdline,
                   age_s=round(now - info.create_time, 1) if info.create_time else None,
                   rss_bytes=info.rss_bytes, status=info.status, ppid=info.ppid,
                   session_leader=procs.session_leader(pid),
+                  in_init_session=session == init_session if None not in (session, init_session) else None,
                   agent=(ENV_RUN_DIR in environ) if environ is not None else None)
 
 
@@ -120,7 +126,9 @@ def _flags(h: Holder) -> list[dict]:
                       "next_step": f"PID {h.pid} has exited but its parent {h.ppid} has not reaped it; "
                                    f"its memory goes once the parent waits for it or exits "
                                    f"(kill or restart PID {h.ppid})."})
-    elif h.ppid == 1 and h.session_leader is False:
+    elif h.ppid == 1 and h.session_leader is False and not h.in_init_session:
+        # PID 1 is its parent, and did not start it: its own parent is gone (a daemon leads its own
+        # session; what a container's PID 1 starts is in PID 1's session)
         flags.append({"flag": "orphaned",
                       "next_step": f"PID {h.pid} ({command}) lost its parent and was adopted by init: "
                                    "often a DataLoader worker or multiprocessing child left behind. "

@@ -12,6 +12,7 @@ the floor is judged on the whole watch's shape, kept by a series.Series.
 """
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections import deque
@@ -29,7 +30,6 @@ MIN_GROWTH_BYTES = 16 << 20
 # The whole watch's VRAM total, for the judgement: its start, its last samples, and the lowest
 # and highest of each bucket in between (the floor survives, however long the watch).
 FLOOR_SERIES = {"head": 64, "tail": 512, "buckets": 512, "window": 0, "events": 0}
-LIMITS = ("--max-vram", "--max-growth")
 
 
 @dataclass
@@ -55,8 +55,22 @@ class WatchSample:
         return asdict(self) | {"total_bytes": self.total_bytes}
 
 
+def is_watch_log(first_line: str) -> bool:
+    """Whether a file whose first line this is was written by `watch --jsonl` (or is empty), so that a
+    watch may append to it."""
+    if not first_line.strip():
+        return True
+    try:
+        sample = json.loads(first_line)
+    except ValueError:
+        return False
+    return isinstance(sample, dict) and {"t", "gpu_bytes", "total_bytes", "alive"} <= sample.keys()
+
+
 def parse_rate(text: str) -> float:
     """'64MiB/min' or '1MiB/s' -> bytes per minute."""
+    if text.strip().startswith("-"):
+        raise ValueError(f"{text!r:.60}: a rate must not be negative; write it like 64MiB/min or 1MiB/s")
     m = re.fullmatch(r"\s*(.+?)\s*/\s*(s|sec|second|m|min|minute|h|hour)\s*", text)
     if not m:
         raise ValueError(f"{text!r} is not a rate; write it like 64MiB/min or 1MiB/s")
@@ -179,21 +193,24 @@ def breakdown(reply: dict) -> list[dict]:
     return rows
 
 
+@dataclass(frozen=True)
+class Alert:
+    """A limit crossed at one sample: which one, by the option that set it, and the figures."""
+
+    limit: str  # "--max-vram" (bytes) or "--max-growth" (bytes per minute)
+    measured: float
+    allowed: float
+
+
 def alerts(sample: WatchSample, rate_per_min: float | None, max_vram: int | None,
-           max_growth_per_min: float | None) -> list[str]:
+           max_growth_per_min: float | None) -> list[Alert]:
     """What crossed a limit at this sample; pure."""
     found = []
     if max_vram is not None and sample.total_bytes > max_vram:
-        found.append(f"VRAM {fb(sample.total_bytes)} is over --max-vram {fb(max_vram)}")
+        found.append(Alert("--max-vram", sample.total_bytes, max_vram))
     if max_growth_per_min is not None and rate_per_min is not None and rate_per_min > max_growth_per_min:
-        found.append(f"the VRAM floor grows {fb(int(rate_per_min))}/min, over --max-growth "
-                     f"{fb(int(max_growth_per_min))}/min")
+        found.append(Alert("--max-growth", rate_per_min, max_growth_per_min))
     return found
-
-
-def limit_of(alert: str) -> str:
-    """Which limit an alert's text is about (its figures change from sample to sample)."""
-    return next((limit for limit in LIMITS if limit in alert), alert)
 
 
 def judgement(rate_per_min: float | None) -> str:

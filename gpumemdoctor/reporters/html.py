@@ -19,11 +19,10 @@ from ..diagnosis.diagnose import INFORMATIVE, Breakdown, Diagnosis, Finding
 from .envelope import envelope
 from ..errors import MissingExtraError
 from ..recording.recording import Recording
-from ..diagnosis.suspects import gave_up_text
 from ..units import format_bytes as fb
 from . import _html_page as page
 from ._html_parts import OUTSIDE_PARTS, PARTS, bar_part, within
-from .terminal import DECIDED_BY, VERDICT_MEANING, peaks_text
+from .terminal import DECIDED_BY, VERDICT_MEANING, peaks_text, suspects_heading
 
 # Envelope buckets for the whole page, shared among its series: a series keeps at most about twice
 # its buckets in points, whatever the run's length, so the page's weight is bounded (docs/html.md).
@@ -384,12 +383,7 @@ def _suspects(f: Finding) -> str:
                    f'{_e(types)}</p>')
     if not f.suspects:
         return "".join(out)
-    head = "Suspects"
-    if isinstance(searched, dict) and searched.get("searched"):
-        when = "at exit" if searched.get("when") == "exit" else f"at step {searched.get('step')}"
-        head += f" (searched {when}, {searched.get('elapsed_s', 0):.2f} s"
-        head += f"; {gave_up_text(searched['gave_up'])})" if searched.get("gave_up") else ")"
-    out.append(f'<h4>{_e(head)}</h4><div class="suspects">')
+    out.append(f'<h4>{_e(suspects_heading(searched))}</h4><div class="suspects">')
     for i, s in enumerate(f.suspects, 1):
         out.append(_suspect(i, s, f.remedy))
     out.append("</div>")

@@ -62,7 +62,7 @@ def render(console: Console, recording: Recording, diagnosis: Diagnosis,
     for note in diagnosis.notes:
         console.print(f"note: {note}")
     if report_path:
-        console.print(f"\nReport: {report_path}")
+        console.print(f"\nReport: {report_path}", soft_wrap=True)  # a path is copied whole, never wrapped
 
 
 def render_job(console: Console, recordings: list[Recording], diagnosis: Diagnosis,
@@ -78,7 +78,7 @@ def render_job(console: Console, recordings: list[Recording], diagnosis: Diagnos
     _findings(console, diagnosis, with_host=len({r.host for r in recordings}) > 1)
     for note in diagnosis.notes:
         console.print(f"note: {note}")
-    console.print(f"\nReports: {', '.join(report_paths)}")
+    console.print(f"\nReports: {', '.join(report_paths)}", soft_wrap=True)
 
 
 def _verdict(console: Console, diagnosis: Diagnosis) -> None:
@@ -111,11 +111,11 @@ def _target(console: Console, recording: Recording, host: bool = False) -> None:
               else f"exit {target.get('exit_code')}" if target.get("exit_code") is not None
               else "exit status not known")
     argv = " ".join(target.get("argv") or [])
-    if host:
+    if host:  # the command line holds paths: never wrapped
         console.print(f"\nHost     {recording.host or 'not recorded'}")
-        console.print(f"         python {argv}")
+        console.print(f"         python {argv}", soft_wrap=True)
     else:
-        console.print(f"\nTarget   python {argv}")
+        console.print(f"\nTarget   python {argv}", soft_wrap=True)
     console.print(f"         pid {target.get('pid')}, {status}, ran {recording.duration_s:.1f} s")
     for d in recording.devices:
         console.print(f"GPU {d['index']}    {d.get('name') or '?'}, {fb(d.get('total_bytes'))}")
@@ -280,6 +280,17 @@ def _findings(console: Console, diagnosis: Diagnosis, with_host: bool = False) -
     console.print(table)
 
 
+def suspects_heading(searched) -> str:
+    """The heading over a finding's suspects, with when the search ran and how it ended ("Suspects
+    (searched at exit, 0.07 s)"); `searched` is the finding's `root_cause` evidence. The HTML report's too."""
+    head = "Suspects"
+    if isinstance(searched, dict) and searched.get("searched"):
+        when = "at exit" if searched.get("when") == "exit" else f"at step {searched.get('step')}"
+        head += f" (searched {when}, {searched.get('elapsed_s', 0):.2f} s"
+        head += f"; {gave_up_text(searched['gave_up'])})" if searched.get("gave_up") else ")"
+    return head
+
+
 def _suspects(table: Table, f) -> None:
     """Where the memory was allocated and who holds it, biggest first."""
     searched = f.evidence.get("root_cause")
@@ -293,11 +304,6 @@ def _suspects(table: Table, f) -> None:
                           f"cycles: {types}")
     if not f.suspects:
         return
-    head = "Suspects"
-    if isinstance(searched, dict) and searched.get("searched"):
-        when = "at exit" if searched.get("when") == "exit" else f"at step {searched.get('step')}"
-        head += f" (searched {when}, {searched.get('elapsed_s', 0):.2f} s"
-        head += f"; {gave_up_text(searched['gave_up'])})" if searched.get("gave_up") else ")"
-    table.add_row("", Text(head + ":", style="bold"))
+    table.add_row("", Text(suspects_heading(searched) + ":", style="bold"))
     for i, s in enumerate(f.suspects, 1):
         table.add_row("", f" {i}. {s['summary']}")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -11,6 +12,19 @@ from ..units import format_bytes as fb
 from .terminal import sparkline
 
 SPARK_WIDTH = 50
+
+
+def alert_text(a) -> str:
+    """An alert (live.watch.Alert) in words."""
+    if a.limit == "--max-vram":
+        return f"VRAM {fb(int(a.measured))} is over --max-vram {fb(int(a.allowed))}"
+    return f"the VRAM floor grows {fb(int(a.measured))}/min, over --max-growth {fb(int(a.allowed))}/min"
+
+
+def jsonl_line(s, rate_per_min: float | None, alerts: list) -> str:
+    """One sample as a line of `--jsonl`, with the floor's rate and the alerts (in words)."""
+    return json.dumps(s.to_json() | {"floor_rate_bytes_per_min": rate_per_min,
+                                     "alerts": [alert_text(a) for a in alerts]}) + "\n"
 
 
 def _line(s, verdict: str) -> str:
@@ -54,7 +68,7 @@ def _torch_line(r: dict) -> str:
             f"outside PyTorch {fb(r['non_torch_bytes'])}")
 
 
-def _panel(watcher, s, verdict: str, alerts: list[str]) -> Group:
+def _panel(watcher, s, verdict: str, alerts: list) -> Group:
     values = [x.total_bytes for x in watcher.samples]
     span = f"{watcher.samples[0].t:.0f}-{s.t:.0f} s" if watcher.samples else ""
     parts = [Text(f"gpumemdoctor watch: PID {watcher.pid}   (q to stop)", style="bold"),
@@ -73,7 +87,7 @@ def _panel(watcher, s, verdict: str, alerts: list[str]) -> Group:
     if not s.gpu_bytes:
         parts.append(Text("the process holds no GPU memory now; watching in case it starts"))
     parts += [Text(f"! {f['flag']}: ", style="bold yellow") + Text(f["next_step"]) for f in s.flags]
-    parts += [Text(f"ALERT: {a}", style="bold red") for a in alerts]
+    parts += [Text(f"ALERT: {alert_text(a)}", style="bold red") for a in alerts]
     return Group(*parts)
 
 
@@ -89,7 +103,7 @@ def view(console: Console, tui: bool):
                             for pid, rows in s.torch.items() for r in rows)
             flags = "".join(f"  [{_flag(f)}]" for f in s.flags)
             # one line per sample, however wide: a log is read line by line
-            console.print(_line(s, verdict) + ranks + torch + flags + "".join(f"  ALERT: {a}" for a in alerts),
+            console.print(_line(s, verdict) + ranks + torch + flags + "".join(f"  ALERT: {alert_text(a)}" for a in alerts),
                           soft_wrap=True, markup=False)
         yield show
         return
@@ -99,7 +113,9 @@ def view(console: Console, tui: bool):
         yield show
 
 
-def summary(console: Console, watcher, ended: str, verdict: str, alerts: list[str]) -> None:
+def summary(console: Console, watcher, ended: str, verdict: str, alerts: list[tuple]) -> None:
+    """The end of a watch: how long, why it stopped, the peak and the floor, whether the memory was
+    returned; then each limit crossed, as first raised (alerts: (first Alert, samples over it))."""
     last = watcher.samples[-1] if watcher.samples else None
     reason = {"exited": f"process {watcher.pid} exited", "duration": "--duration reached",
               "alert": "an alert (--exit-on-alert)", "stopped": "stopped"}[ended]
@@ -114,5 +130,5 @@ def summary(console: Console, watcher, ended: str, verdict: str, alerts: list[st
             console.print("Its GPU memory was returned to the device.")
     for f in sorted(watcher.strays.values(), key=lambda f: (f["pid"], f.get("gpu") or 0)):
         console.print(f"Seen: {f['flag']}: {f['next_step']}")
-    for a in alerts:
-        console.print(f"Alert: {a}")
+    for a, samples in alerts:
+        console.print(f"Alert: {alert_text(a)}" + (f" (over the limit at {samples} samples)" if samples > 1 else ""))

@@ -11,7 +11,6 @@ import importlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -27,11 +26,11 @@ from ..contract import (ENV_INTERVAL, ENV_PACKAGE_PARENT, ENV_RUN_DIR, ENV_SNAPS
 from ..recording.agent_files import AgentFiles
 from ..recording.recording import ProcessRecord, Recording
 from .recovery import RUN_FILE, RUN_SCHEMA
+from .signals import Forwarder
 from ..recording.series import Series
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpumemdoctor/
 BOOTSTRAP_DIR = os.path.join(PACKAGE_DIR, "_bootstrap")
-FORWARDED_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2")
 TREE_REFRESH_S = 0.5
 ORPHAN_GRACE_S = 1.0
 AGENT_READ_S = 1.0  # the agents' files are read this often while the target runs
@@ -256,20 +255,6 @@ class _TreeWatch:
         return out
 
 
-def _terminal_delivered_it() -> bool:
-    """True when a terminal key press already sent this signal to the target's process group."""
-    try:
-        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
-    except OSError:
-        return False
-    try:
-        return os.tcgetpgrp(fd) == os.getpgrp()
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-
-
 def run(options: RunOptions) -> Recording:
     """Run the target to its end and return everything measured."""
     t0 = time.monotonic()
@@ -294,33 +279,14 @@ def run(options: RunOptions) -> Recording:
 
     argv = [sys.executable, *options.target_args]
     proc: subprocess.Popen | None = None
-    early: list[int] = []  # signals that arrived before the target existed
     notes: list[str] = []
-
-    def forward(signum, _frame):
-        if proc is None:
-            early.append(signum)
-            return
-        if proc.poll() is not None:
-            return
-        if signum in (signal.SIGINT, signal.SIGQUIT) and _terminal_delivered_it():
-            return
-        try:
-            proc.send_signal(signum)
-        except OSError:
-            pass
-
-    previous = {}
-    for name in FORWARDED_SIGNALS:
-        signum = getattr(signal, name, None)
-        if signum is not None:
-            previous[signum] = signal.signal(signum, forward)
+    signals = Forwarder()  # what is sent to the supervisor goes on to the target, once
+    signals.catch()
     cost: dict = {"before_target_s": _since_process_start()}
     oom_kills_before = procs.cgroup_oom_kills()
     try:
         proc = subprocess.Popen(argv, env=env)
-        for signum in early:
-            forward(signum, None)
+        signals.target(proc)
         watch = _TreeWatch(proc.pid, t0, devices, options.measure_gpu)
         _write_run_file(run_dir, options, t0, started_wall, proc.pid, watch.members[proc.pid].create_time,
                         versions, devices)
@@ -355,8 +321,7 @@ def run(options: RunOptions) -> Recording:
             proc.wait()  # the target is the user's: let it finish before the tool gives up
         raise
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        signals.release()
     duration = time.monotonic() - t0
     cost["orphan_wait_s"] = round(time.monotonic() - exited, 6)
     oom_kills_after = procs.cgroup_oom_kills()

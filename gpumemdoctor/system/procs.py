@@ -59,6 +59,15 @@ def session_leader(pid: int) -> bool | None:
         return None
 
 
+def session_id(pid: int) -> int | None:
+    """The session a process is in (0: one whose leader is outside this PID namespace); None when not
+    known."""
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
+
+
 def environ(pid: int) -> dict[str, str] | None:
     """The process's environment; None when it is gone or not ours to read.
 
