@@ -475,3 +475,48 @@ def test_recorded_leak_names_the_programs_line(name, holder):
                                            .read_text().splitlines(), 1) if "# allocates" in text)
     assert top["holders"][0]["pattern"].startswith(holder)
     assert top["where"] is not None and Path(top["where"][0]).name == f"{name}.py" and top["where"][1] == line
+
+
+class _FakeXlaDevice:
+    platform = "gpu"
+    id = 0
+    local_hardware_id = 0
+
+    def __init__(self, stats):
+        self._stats = stats
+
+    def memory_stats(self):
+        return self._stats
+
+
+class _FakeXlaBackend:
+    def __init__(self, devices):
+        self._devices = devices
+
+    def local_devices(self):
+        return self._devices
+
+
+def test_xlas_pool_is_read_from_the_backends_jax_made_and_kept_from_the_first_allocation(monkeypatch):
+    """The pool is read from xla_bridge's backends without asking JAX for its devices (which takes
+    its lock and could start one); at exit, where JAX has let its backends go, the reading made at
+    PyTorch's first allocation stands. (Seen on an H100: exit's reading found no backend.)"""
+    import types
+
+    from gpumemdoctor._agent import libraries
+
+    bridge = types.ModuleType("jax._src.xla_bridge")
+    bridge._backends = {"cuda": _FakeXlaBackend([_FakeXlaDevice({"pool_bytes": 12 << 30, "bytes_in_use": 4096})])}
+    jax = types.ModuleType("jax")
+    jax.local_devices = lambda: pytest.fail("JAX's own device list is not asked for")
+    monkeypatch.setitem(sys.modules, "jax", jax)
+    monkeypatch.setitem(sys.modules, "jax._src.xla_bridge", bridge)
+    first = libraries.read_first_pools()
+    assert first == [{"name": "jax", "device": 0, "bytes": 12 << 30, "field": "pool_bytes", "in_use_bytes": 4096}]
+    bridge._backends = {}  # JAX's atexit hook has cleared them
+    assert exit_probes._libraries(first)["libraries"] == first
+    bridge._backends = {"cuda": _FakeXlaBackend([_FakeXlaDevice({"pool_bytes": 13 << 30})])}
+    assert exit_probes._libraries(first)["libraries"][0]["bytes"] == 13 << 30  # readable at exit: exit's
+    monkeypatch.delitem(sys.modules, "jax")
+    monkeypatch.delitem(sys.modules, "jax._src.xla_bridge")
+    assert libraries.read_first_pools() == []

@@ -99,23 +99,24 @@ def finish(agent) -> None:
                          "explicit_steps": agent.explicit_steps, "cupy": _cupy_pool(), "parts": parts or None,
                          "uncaught": died_of, "samples": sampler.samples, "samples_skipped": sampler.samples_skipped,
                          "collections": agent.collections.summary() if agent.collections is not None else None,
-                         "out_of_memory": agent.oom.records, "collector": collector, **_libraries(),
+                         "out_of_memory": agent.oom.records, "collector": collector, **_libraries(sampler.first_pools),
                          "cost": {k: round(v, 6) for k, v in {**agent.cost, **sampler.cost.windows(),
                                                               "interval_at_exit_s": sampler.interval_s}.items()}})
     if agent.server is not None:
         agent.server.close()
 
 
-def _libraries() -> dict:
-    """Other GPU libraries' pools and live arrays, where one of them was imported (libraries.py)."""
+def _libraries(first_pools: list[dict]) -> dict:
+    """Other GPU libraries' pools and live arrays, where one of them was imported (libraries.py);
+    a pool no longer readable at exit is the one read at PyTorch's first allocation."""
     from .libraries import KNOWN, foreign_arrays, pools
 
     if not any(name in sys.modules for name in KNOWN):
         return {}
     try:
-        return {"libraries": pools(), "foreign_arrays": foreign_arrays()}
+        return {"libraries": pools() or first_pools, "foreign_arrays": foreign_arrays()}
     except Exception:
-        return {}
+        return {"libraries": first_pools} if first_pools else {}
 
 
 def _collector(agent) -> dict | None:

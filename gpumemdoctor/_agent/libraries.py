@@ -53,15 +53,20 @@ def record(name: str) -> dict:
     return {"type": "library", "t": time.monotonic(), "name": name}
 
 
+PREALLOCATING = ("jax",)  # whose pool is read at PyTorch's first allocation too (read_first_pools)
+
+
 def pools() -> list[dict]:
     """What preallocating libraries hold on each GPU, from their own statistics: XLA's pool where
-    JAX has started a GPU backend (never started here)."""
+    JAX has started a GPU backend (never started here). The backends JAX has already made are read
+    as they are, without JAX's lock or its `local_devices()` (which would make them)."""
     out: list[dict] = []
     bridge = sys.modules.get("jax._src.xla_bridge")
-    jax = sys.modules.get("jax")
-    if bridge is not None and jax is not None and getattr(bridge, "_backends", None):
+    backends = getattr(bridge, "_backends", None) if bridge is not None else None
+    if backends:
         try:
-            for device in jax.local_devices():
+            devices = [d for backend in list(backends.values()) for d in backend.local_devices()]
+            for device in devices:
                 if getattr(device, "platform", "") not in ("gpu", "cuda", "rocm"):
                     continue
                 stats = device.memory_stats() or {}
@@ -74,6 +79,18 @@ def pools() -> list[dict]:
         except Exception:
             pass
     return out
+
+
+def read_first_pools() -> list[dict]:
+    """The pools of preallocating libraries already started, read once at PyTorch's first
+    allocation, where the context is read: by exit the library may have let its backends go (its
+    own atexit hook runs before the agent's), and then only this reading says what the pool was."""
+    if not any(name in sys.modules for name in PREALLOCATING):
+        return []
+    try:
+        return pools()
+    except Exception:
+        return []
 
 
 def foreign_arrays() -> list[list]:

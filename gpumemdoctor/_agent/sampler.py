@@ -53,6 +53,7 @@ class Sampler:
         self.nvml_before: list = []  # per device, NVML's figure before PyTorch's was read
         self.nvml_readers: list = []  # nvml.ProcessMemory per device, or None
         self.first_alloc_t: float | None = None
+        self.first_pools: list[dict] = []  # other libraries' pools at the first allocation (libraries.py)
         self.samples_skipped = 0  # time samples put off because the collector was near its threshold
         self.collector_off = 0  # samples that found automatic collection disabled (gc.disable())
         self.cost = SampleCost(agent.cost)
@@ -388,6 +389,9 @@ class SamplingThread:
                 while not sampler.sample("first"):  # put off while the collector is near its threshold
                     if self.nap(0.001):
                         return
+                from .libraries import read_first_pools
+
+                sampler.first_pools = read_first_pools()
                 return
             waited = time.monotonic() - started
             if waited > FIRST_ALLOCATION_WAIT_S:
