@@ -211,7 +211,9 @@ def test_recorded_suspects_name_the_line_and_the_holder(path):
     if "thread" in want:
         assert any(t.startswith(want["thread"]) and t.endswith("(ended)") for t in top["thread"])
     if finding.kind == "leak":
-        assert all(s["count"] >= 2 for s in finding.suspects)  # one-off allocations are not suspects
+        # One-off allocations are not suspects, but for the expected holder's own tensor when it holds
+        # just one: a tensor that replaces itself (`buf = torch.cat([buf, x])`) is one tensor.
+        assert all(s["count"] >= 2 for s in finding.suspects if s is not top or holder["count"] != 1)
 
 
 def test_a_leak_without_a_search_says_why():

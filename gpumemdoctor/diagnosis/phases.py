@@ -62,7 +62,10 @@ class Pause:
     def to_json(self) -> dict:
         return {"t0": round(self.t0, 3), "t1": round(self.t1, 3), "step": self.step, "samples": self.samples,
                 "before_bytes": self.before, "height_bytes": self.height, "after_bytes": self.after,
-                "rise_bytes": self.rise, "kept_bytes": self.kept, "steps_peak_bytes": self.steps_peak,
+                # sizes in a report are never negative: a pause that ended lower kept nothing
+                "rise_bytes": max(0, self.rise), "kept_bytes": None if self.kept is None else max(0, self.kept),
+                "freed_below_bytes": None if self.kept is None else max(0, -self.kept),
+                "steps_peak_bytes": self.steps_peak,
                 "last": self.last}
 
 
