@@ -589,3 +589,19 @@ def test_report_refuses_what_is_not_a_report(cli, tmp_path, saved_report, make, 
     line = one_error_line(result)
     assert "r.json" in line and expected in line
     assert result.stdout == ""
+
+
+def test_the_signal_witness_keeps_a_signal_that_comes_while_it_starts():
+    """The witness is made with the signals blocked: one that reaches it before its interpreter has
+    started stays pending, and it says so when asked (it used to die of it, and the supervisor then
+    sent the target a second copy of a group's signal)."""
+    from gpumemdoctor.supervise.signals import _Witness
+
+    witness = _Witness.start([signal.SIGUSR1])
+    try:
+        os.kill(witness.proc.pid, signal.SIGUSR1)  # microseconds after its fork: long before it runs
+        assert witness.also_got(signal.SIGUSR1) is True
+        assert witness.proc is not None and witness.proc.poll() is None
+        assert witness.also_got(signal.SIGUSR1) is False  # taken once; none is pending now
+    finally:
+        witness.close()

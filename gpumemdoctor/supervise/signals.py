@@ -7,7 +7,9 @@ sent to the group reaches it from the kernel. A copy sent on top landed in the t
 traceback from one of its atexit callbacks, or Python's "lost sys.stderr". A terminal's Ctrl-C is told
 by the terminal (its foreground group is ours). Without a terminal nothing says whom a signal was sent
 to, so a witness does: a small process in the supervisor's group that blocks these signals, and says,
-for each one the supervisor gets, whether it got it too.
+for each one the supervisor gets, whether it got it too. It is made before the target, with the
+signals already blocked (a mask survives exec), so that every signal the group gets from then on is
+kept for it: none can come between the target's start and the witness's, or kill it as it starts.
 """
 from __future__ import annotations
 
@@ -52,11 +54,11 @@ class Forwarder:
             signum = getattr(signal, name, None)
             if signum is not None:
                 self.previous[signum] = signal.signal(signum, self._on_signal)
+        if not _has_terminal():
+            self.witness = _Witness.start(list(self.previous))
 
     def target(self, proc: subprocess.Popen) -> None:
         self.proc = proc
-        if not _has_terminal():
-            self.witness = _Witness.start(list(self.previous))
         for signum in self.early:
             self._send(signum, to_group=False)
         self.early.clear()
@@ -106,12 +108,18 @@ class _Witness:
     def start(cls, signals: list[int]) -> _Witness | None:
         if not hasattr(signal, "sigtimedwait"):
             return None
+        # Blocked here, around the fork, so that the witness starts with them blocked: one that
+        # comes while it starts stays pending for it. Here they wait the few microseconds of the
+        # fork, then reach the supervisor as they would have.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
         try:
             proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WITNESS, str(WITNESS_WAIT_S),
                                      *map(str, signals)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.DEVNULL)
         except OSError:
             return None
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return cls(proc)
 
     def also_got(self, signum: int) -> bool:
