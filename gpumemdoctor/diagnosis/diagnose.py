@@ -20,6 +20,7 @@ from .findings import (FINDING_KINDS, INFORMATIVE, SPECIFICITY, VERDICTS, WARNIN
                        Diagnosis, Finding, Growth, Job, RankRow, choose_verdict)
 from ..growth import MIN_POINTS, GrowthFit, floor_growth, steady_rise
 from .non_torch import LIBRARY_ALLOWANCE_BYTES
+from .remedies import FINDINGS
 from ..recording.recording import AgentRecording, Dist, Recording, TorchSample
 from ..recording.records import DeviceReading
 from ..units import format_bytes as fb
@@ -199,12 +200,10 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         if j.kind == "leak" and j.evidence["decided_by"] == "growth":
             released = bool(j.evidence.get("released"))
             j.suspects, j.evidence["root_cause"] = suspects.leak_suspects(agent.root, torch_index, released)
-            j.remedy = j.suspects[0]["remedy"] if j.suspects and j.suspects[0]["holders"] else LEAK_REMEDY
+            j.remedy = j.suspects[0]["remedy"] if j.suspects and j.suspects[0]["holders"] else FINDINGS["leak-unsearched"]
         elif j.kind == "live-at-exit":
             j.suspects, j.evidence["root_cause"] = suspects.live_suspects(agent.root, torch_index)
-            j.remedy = j.suspects[0]["remedy"] if j.suspects else (
-                "Nothing to do if the program still needs it; otherwise del the references to it and "
-                "call torch.cuda.empty_cache() to give the memory back to the device.")
+            j.remedy = j.suspects[0]["remedy"] if j.suspects else FINDINGS["live-at-exit-unsearched"]
         elif j.kind == "garbage-cycle":
             j.suspects, j.evidence["garbage"] = suspects.garbage_suspects(agent.root)
             j.evidence.update({"allocated_at_end": end.allocated_bytes,
@@ -215,21 +214,23 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                                        summary=j.summary, evidence=j.evidence, remedy=j.remedy,
                                        suspects=j.suspects))
 
-    if outside_fit is not None:
-        g = _growth(agent, torch_index, nvml_index, "non_torch", by, outside_fit, series)
-        result.growth.append(g)
-        retained = max(outside_fit.grown_bytes, (b.non_torch_bytes or 0) - outside_fit.start_floor_bytes)
-        result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, retained, b,
-                                               f"and it kept growing past warm-up, {_rate(g)}", after_warmup))
-    elif non_torch.beyond_allowance(b, libraries.pooled_bytes(b)):
-        result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, b.non_torch_bytes, b,
-                                               "more than CUDA libraries take", after_warmup))
-    elif (rose := judgement.outside_rise(peak := libraries.run_peak(xs, outside_ys, after_warmup),
-                                         LIBRARY_ALLOWANCE_BYTES + libraries.pooled_bytes(b)
-                                         + (b.non_torch_nccl_bytes or 0))):
-        result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, peak["rise"], b, rose,
+    outside_growth = (_growth(agent, torch_index, nvml_index, "non_torch", by, outside_fit, series)
+                      if outside_fit is not None else None)
+    peak = libraries.run_peak(xs, outside_ys, after_warmup)
+    decided = judgement.outside_pytorch(
+        _rate(outside_growth) if outside_growth is not None else None,
+        non_torch.beyond_allowance(b, libraries.pooled_bytes(b)), peak,
+        LIBRARY_ALLOWANCE_BYTES + libraries.pooled_bytes(b) + (b.non_torch_nccl_bytes or 0))
+    if decided is not None:
+        how, words = decided
+        if how == "growth":
+            result.growth.append(outside_growth)
+            size = max(outside_fit.grown_bytes, (b.non_torch_bytes or 0) - outside_fit.start_floor_bytes)
+        else:
+            size = b.non_torch_bytes if how == "exit" else peak["rise"]
+        result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, size, b, words,
                                                  after_warmup))
-        result.findings[-1].evidence.update({"decided_by": "peak", "peak": peak})
+        result.findings[-1].evidence.update({"decided_by": how, **({"peak": peak} if how == "peak" else {})})
     elif non_torch.too_short(xs, outside_ys, after_warmup):
         result.notes.append(non_torch.too_short_note(where, by, xs, after_warmup, b.non_torch_bytes))
     for f in result.findings[-1:]:
@@ -293,10 +294,6 @@ def _released(agent: AgentRecording, torch_index: int, fit: GrowthFit, series: l
                 break
     return {"how": how, "t": s.t, "after_t": last_step.t, "after_step": last_step.step,
             "freed_bytes": max(0, freed)}
-
-LEAK_REMEDY = ("Find what keeps each step's tensors alive: a list that is appended to, a loss accumulated "
-               "without .item() (it keeps the autograd graph), stored outputs; keep Python numbers with "
-               ".item() or .detach(), and del what you no longer need.")
 
 
 def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str, b: Breakdown,
@@ -440,8 +437,7 @@ def _diagnose_nvml_only(pid: int, device: int, points: list[tuple[float, int | N
                     f"outside PyTorch (no PyTorch allocator was seen in it).",
             evidence={"first_seen_bytes": first, "last_seen_bytes": last,
                       "first_seen_t": held[0][0], "last_seen_t": held[-1][0]},
-            remedy="Free device memory where it was allocated (cudaFree, the library's own cleanup); "
-                   "CuPy: cupy.get_default_memory_pool().free_all_blocks()."))
+            remedy=FINDINGS["non-torch-unseen"]))
 
 
 # -- peaks --------------------------------------------------------------------------

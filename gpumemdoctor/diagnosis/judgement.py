@@ -31,7 +31,7 @@ and every finding says which evidence decided it:
 | 10| its agent saw CUDA start, and it ended hard before its first reading (no    | unknown, not non-torch       | `no-reading`      |
 |   | PyTorch figures at all): NVML's figure alone (`unread`)                    |                              |                   |
 | 11| memory outside PyTorch held a level past warm-up (4 readings in a row) more | non-torch, whatever was left | `peak`            |
-|   | than 512 MiB above its level when warm-up ended (`outside_rise`)            | at exit                      |                   |
+|   | than 512 MiB above its level when warm-up ended (`outside_pytorch`)         | at exit                      |                   |
 | 12| a preallocating library's pool (XLA), by its own statistics, >= 64 MiB:     | library-memory (informs);    | `library-         |
 |   | not the context, not held against the 512 MiB allowance (libraries.py)     | the context without it       | statistics`       |
 | 13| pauses in the steps (an evaluation, a validation) that each rose by        | avoidable-peak (warns)       | `phases`          |
@@ -40,9 +40,14 @@ and every finding says which evidence decided it:
 | 14| the CUDA context could be measured                                         | context (informs)            |                   |
 | 15| >= 64 MiB held at exit for unfinished work on another stream               | pending-stream               |                   |
 | 16| a program without steps ends with >= 64 MiB in PyTorch's cache             | allocator-cache              |                   |
+| 17| memory outside PyTorch kept growing past warm-up (10 steps or 0.5 s), by    | non-torch                    | `growth`          |
+|   | >= 16 MiB over >= 8 steps or 0.5 s, each stretch higher (non_torch.judge)  |                              |                   |
+| 18| more than 512 MiB outside PyTorch at exit, NCCL's part (nccl.py) and other | non-torch                    | `exit`            |
+|   | libraries' pools (row 12) left out                                         |                              |                   |
 
-Rows 11 and 12 are about memory outside PyTorch; its other rules (growth past warm-up, more than
-the allowance at exit) are in non_torch.py. The evidence, and the words the rows share: evidence.py.
+Rows 11, 12, 17 and 18 are about memory outside PyTorch (`outside_pytorch` decides 17, 18 and 11,
+the first that applies); how it is measured and itemised is in non_torch.py, nccl.py and
+libraries.py. The evidence, and the words the rows share: evidence.py.
 
 Rows 1-4 decide one leak finding (the first that applies). With enough samples,
 watching decides: an accumulation that did not grow while the program was
@@ -62,6 +67,7 @@ more than the device, or than the memory the program may use), `fragmentation`
 from __future__ import annotations
 
 from .evidence import Evidence, Judged, at_line, brief, oom_brief, samples_of, too_short
+from .remedies import FINDINGS
 from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
 from ..units import format_bytes as fb
 
@@ -318,13 +324,11 @@ def _garbage(e: Evidence) -> Judged | None:
         return Judged(kind="garbage-cycle", bytes=max(at_exit, during), summary=f"{_collector_text(e)}: {summary}",
                       evidence={"decided_by": decided, "cause": "collector-disabled", "collector": e.collector,
                                 "garbage_at_exit_bytes": e.garbage_bytes, "collections_during_run": e.collections},
-                      remedy=COLLECTOR_REMEDY)
+                      remedy=FINDINGS["collector-disabled"])
     return Judged(kind="garbage-cycle", bytes=max(at_exit, during), summary=summary,
                   evidence={"decided_by": decided, "garbage_at_exit_bytes": e.garbage_bytes,
                             "collections_during_run": e.collections},
-                  remedy="Break the cycle (weakref for back-references, clear the container, avoid "
-                         "keeping exceptions or frames, no lambdas or bound methods of an object stored "
-                         "on itself), or call gc.collect() after freeing large structures.")
+                  remedy=FINDINGS["garbage-cycle"])
 
 
 def _live_at_exit(e: Evidence) -> Judged:
@@ -364,13 +368,7 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
                 f"each pause's end: not a leak, but what made the peak.{held}",
         evidence={"decided_by": "phases", "pauses": [p.to_json() for p in bound],
                   "highest_bytes": top.height, "root_cause": e.phase_search},
-        remedy=suspects[0]["remedy"] if suspects else PHASE_REMEDY, suspects=suspects)
-
-
-PHASE_REMEDY = ("No search was made at its height, so what held it is not known: what an evaluation "
-                "gathers, or the autograd graphs it builds, lives until it ends. Evaluate under "
-                "torch.no_grad() (model.eval() does not stop autograd), keep numbers (loss.item()) or CPU "
-                "copies of what you gather, or reduce as you go.")
+        remedy=suspects[0]["remedy"] if suspects else FINDINGS["phase-unsearched"], suspects=suspects)
 
 
 def _context(e: Evidence) -> Judged | None:
@@ -380,7 +378,7 @@ def _context(e: Evidence) -> Judged | None:
                   summary=f"{fb(e.context_bytes)} is the CUDA context of {e.where}: per-process overhead, "
                           f"not a leak.",
                   evidence={"context_bytes": e.context_bytes, "cuda_started_t": e.cuda_t},
-                  remedy="Nothing to do; each process that uses a GPU pays this once per device.")
+                  remedy=FINDINGS["context"])
 
 
 def _pending_stream(e: Evidence) -> Judged | None:
@@ -392,8 +390,7 @@ def _pending_stream(e: Evidence) -> Judged | None:
                 f"unfinished work on another stream completes (record_stream).",
         evidence={"active_at_end": e.active_bytes, "allocated_at_end": e.allocated_bytes,
                   "pending_after_synchronize": e.pending_after_sync_bytes},
-        remedy="Synchronize the side stream (stream.synchronize() or torch.cuda.synchronize()) "
-               "before expecting the memory back, or avoid record_stream on large tensors.")
+        remedy=FINDINGS["pending-stream"])
 
 
 def _allocator_cache(e: Evidence) -> Judged | None:
@@ -409,8 +406,7 @@ def _allocator_cache(e: Evidence) -> Judged | None:
                 f"tensors kept for reuse. nvidia-smi counts it; it is not a leak.",
         evidence={"reserved_at_end": e.reserved_bytes, "active_at_end": e.active_bytes,
                   "reserved_after_empty_cache": reserved, "nvml_after_empty_cache": nvml},
-        remedy="torch.cuda.empty_cache() returns it to the device (other processes can then use it); "
-               "within one process PyTorch reuses it anyway.")
+        remedy=FINDINGS["allocator-cache"])
 # -- the edges of the evidence: a disabled collector, an end not seen ----------------------------
 
 COLLECTOR_OFF_SHARE = 0.5  # of the samples that found the collector disabled, for it to count as off
@@ -425,12 +421,6 @@ def collector_off(c: dict | None) -> bool:
         return True
     samples = c.get("samples") or 0
     return samples > 0 and (c.get("off_samples") or 0) >= COLLECTOR_OFF_SHARE * samples
-
-
-COLLECTOR_REMEDY = ("Automatic garbage collection is off (gc.disable(), or gc.set_threshold(0)), so reference "
-                    "cycles are never freed while the program runs. Turn it back on (gc.enable()), or call "
-                    "gc.collect() at regular points (each epoch, every N steps) while it is off; or break the "
-                    "cycles (weakref for back-references).")
 
 
 def _collector_text(e: Evidence) -> str:
@@ -451,7 +441,7 @@ def _disabled_collector(e: Evidence, garbage: Judged | None) -> Judged:
                 "growth": {k: v for k, v in g.items() if k != "rate_text"},
                 "garbage_at_exit_bytes": e.garbage_bytes, "collections_during_run": e.collections}
     return Judged(kind="garbage-cycle", bytes=size, summary=summary, evidence=evidence,
-                  remedy=COLLECTOR_REMEDY)
+                  remedy=FINDINGS["collector-disabled"])
 
 
 def _end_not_seen(e: Evidence) -> Judged:
@@ -466,8 +456,7 @@ def _end_not_seen(e: Evidence) -> Judged:
                 f"whether they were a leak, is unknown.{watched}",
         evidence={"decided_by": "end-not-seen", "ended": ended, "last_allocated_bytes": e.last_allocated_bytes,
                   "last_t": e.last_t, **samples_of(e)},
-        remedy="Let the program end normally (return from main, sys.exit) so that the exit probes run; "
-               "os._exit() skips them. Or run it again with --trace on for allocation stacks.")
+        remedy=FINDINGS["end-not-seen"])
 
 
 def unread(pid: int, device: int | None, nvml_bytes: int, ended: dict) -> Judged:
@@ -478,14 +467,23 @@ def unread(pid: int, device: int | None, nvml_bytes: int, ended: dict) -> Judged
         summary=f"Process {pid} on GPU {device} held {fb(nvml_bytes)} (NVML), and {ended['text']} before its "
                 f"agent's first reading of PyTorch's allocator: no evidence says what that memory was.",
         evidence={"decided_by": "no-reading", "ended": ended, "nvml_bytes": nvml_bytes},
-        remedy="Let the program end normally (return from main, sys.exit) so that the exit probes run; "
-               "os._exit() right after allocating leaves nothing to read.")
+        remedy=FINDINGS["no-reading"])
 
 
-def outside_rise(peak: dict | None, allowance: int) -> str | None:
-    """Row 11: what the non-torch finding says of a rise past warm-up that a window of readings
-    held, when it passes the allowance (and any preallocated pool, row 12); None when it does not."""
-    if peak is None or peak["rise"] <= allowance:
-        return None
-    return (f"at exit, and while the program ran it rose past warm-up by {fb(peak['rise'])}, to {fb(peak['peak'])} "
-            f"(held from {peak['at']:.1f}), whatever was left at exit: memory let go of at the end still grew")
+def outside_pytorch(grew: str | None, beyond_allowance: bool, peak: dict | None,
+                    allowance: int) -> tuple[str, str] | None:
+    """Rows 17, 18 and 11, the first that applies: (what decided it, what the non-torch finding says)
+    of the memory outside PyTorch, or None. `grew`: the rate of a lasting growth past warm-up
+    (non_torch.judge); `beyond_allowance`: more than the allowance at exit, NCCL's part and other
+    libraries' pools left out (non_torch.beyond_allowance); `peak`: the highest level past warm-up
+    that a window of readings held (libraries.run_peak), judged against `allowance` (the allowance,
+    NCCL's part and the pools)."""
+    if grew is not None:
+        return "growth", f"and it kept growing past warm-up, {grew}"
+    if beyond_allowance:
+        return "exit", "more than CUDA libraries take"
+    if peak is not None and peak["rise"] > allowance:
+        return "peak", (f"at exit, and while the program ran it rose past warm-up by {fb(peak['rise'])}, to "
+                        f"{fb(peak['peak'])} (held from {peak['at']:.1f}), whatever was left at exit: memory let "
+                        f"go of at the end still grew")
+    return None

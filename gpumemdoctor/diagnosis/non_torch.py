@@ -31,6 +31,7 @@ from ..growth import AfterWarmup, floor_growth, lasting_growth
 from ..recording.recording import AgentRecording
 from ..units import format_bytes as fb
 from . import nccl, suspects
+from .remedies import FINDINGS
 
 MIB = 1 << 20
 MIN_GROWTH_BYTES = 16 * MIB  # growth below this is not called growth (diagnosis.MIN_LEAK_BYTES)
@@ -144,10 +145,7 @@ def _cupy_bytes(agent: AgentRecording, torch_index: int) -> int | None:
 def finding(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str, size: int,
             b: Breakdown, why: str, judged: AfterWarmup | None) -> Finding:
     """The non-torch finding: `why` says whether it grew past warm-up or is over the allowance."""
-    remedy = ("Memory allocated outside PyTorch (CuPy, raw cudaMalloc, NCCL, other libraries) must be "
-              "freed by whoever allocated it: cudaFree for raw allocations, the library's own cleanup. "
-              "gpumemdoctor sees such memory only as a total; stacks of individual allocations need "
-              "CUDA-level tools (Nsight Systems with --cudabacktrace, compute-sanitizer --leak-check full).")
+    remedy = FINDINGS["non-torch"]
     pool = agent.cupy_pool
     if pool and pool.get("total_bytes"):
         remedy += (" CuPy's pool holds " + fb(pool["total_bytes"]) + " (" + fb(pool.get("used_bytes"))

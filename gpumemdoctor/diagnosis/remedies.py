@@ -1,4 +1,5 @@
-"""Remedies in the user's words: one table, a row per holder kind and situation. Pure.
+"""Remedies in the user's words: one table, a row per holder kind and situation, and one per finding
+that no holder explains (`FINDINGS`). Pure.
 
 Each remedy is two sentences: what keeps the memory, and what to change, in PyTorch's own idiom.
 The situation says what the memory did:
@@ -124,6 +125,41 @@ UNHELD: dict[str, str] = {
             "torch._C._cuda_clearCublasWorkspaces() frees them). Otherwise C/C++ code holds it{at}.",
 }
 ENDED_THREAD = " The thread that allocated them has ended; the reference above is what keeps them."
+
+# Findings whose remedy no holder gives: by finding kind, or by what decided it.
+FINDINGS: dict[str, str] = {
+    "leak-unsearched": "Find what keeps each step's tensors alive: a list that is appended to, a loss accumulated "
+                       "without .item() (it keeps the autograd graph), stored outputs; keep Python numbers with "
+                       ".item() or .detach(), and del what you no longer need.",
+    "live-at-exit-unsearched": "Nothing to do if the program still needs it; otherwise del the references to it "
+                               "and call torch.cuda.empty_cache() to give the memory back to the device.",
+    "phase-unsearched": "No search was made at its height, so what held it is not known: what an evaluation "
+                        "gathers, or the autograd graphs it builds, lives until it ends. Evaluate under "
+                        "torch.no_grad() (model.eval() does not stop autograd), keep numbers (loss.item()) or "
+                        "CPU copies of what you gather, or reduce as you go.",
+    "garbage-cycle": "Break the cycle (weakref for back-references, clear the container, avoid keeping "
+                     "exceptions or frames, no lambdas or bound methods of an object stored on itself), or call "
+                     "gc.collect() after freeing large structures.",
+    "collector-disabled": "Automatic garbage collection is off (gc.disable(), or gc.set_threshold(0)), so "
+                          "reference cycles are never freed while the program runs. Turn it back on "
+                          "(gc.enable()), or call gc.collect() at regular points (each epoch, every N steps) "
+                          "while it is off; or break the cycles (weakref for back-references).",
+    "end-not-seen": "Let the program end normally (return from main, sys.exit) so that the exit probes run; "
+                    "os._exit() skips them. Or run it again with --trace on for allocation stacks.",
+    "no-reading": "Let the program end normally (return from main, sys.exit) so that the exit probes run; "
+                  "os._exit() right after allocating leaves nothing to read.",
+    "context": "Nothing to do; each process that uses a GPU pays this once per device.",
+    "pending-stream": "Synchronize the side stream (stream.synchronize() or torch.cuda.synchronize()) before "
+                      "expecting the memory back, or avoid record_stream on large tensors.",
+    "allocator-cache": "torch.cuda.empty_cache() returns it to the device (other processes can then use it); "
+                       "within one process PyTorch reuses it anyway.",
+    "non-torch": "Memory allocated outside PyTorch (CuPy, raw cudaMalloc, NCCL, other libraries) must be freed by "
+                 "whoever allocated it: cudaFree for raw allocations, the library's own cleanup. gpumemdoctor "
+                 "sees such memory only as a total; stacks of individual allocations need CUDA-level tools "
+                 "(Nsight Systems with --cudabacktrace, compute-sanitizer --leak-check full).",
+    "non-torch-unseen": "Free device memory where it was allocated (cudaFree, the library's own cleanup); CuPy: "
+                        "cupy.get_default_memory_pool().free_all_blocks().",
+}
 
 
 def remedy(holder: dict, where: list | None, situation: str = "leak", ended_thread: bool = False) -> str:
