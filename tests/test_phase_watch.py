@@ -178,6 +178,20 @@ def test_a_search_asked_while_the_main_thread_is_in_the_agent_s_own_work_waits_f
     assert ran == [] and not watch.asked and watch.searched_step == -1
 
 
+def test_a_search_or_the_stacks_asked_in_the_middle_of_an_import_wait_for_a_later_sample(agent_and_clock):
+    """A pending call can land between two bytecodes of importlib's own Python: switching the stacks
+    on there would import into a half-made module, so it declines as in the agent's own work."""
+    agent, clock = agent_and_clock
+    steps(agent, clock, 150)
+    ran = []
+    agent.growth_watch.search = lambda when: ran.append(when)
+    watch = agent.phase_watch
+    for action, mark in (("search", "searched_step"), ("trace", "traced_step")):
+        watch.ask(action)
+        exec(compile("watch._on_main_thread(None)", "<frozen importlib._bootstrap>", "exec"), {"watch": watch})
+        assert ran == [] and not watch.asked and getattr(watch, mark) == -1
+
+
 def test_a_later_evaluation_as_high_as_the_first_is_searched_when_the_first_was_not(agent_and_clock, tmp_path):
     agent, clock = agent_and_clock
     steps(agent, clock, 150)

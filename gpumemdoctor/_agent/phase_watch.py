@@ -130,8 +130,11 @@ class PhaseWatch:
         try:
             self.asked = False
             frame = sys._getframe(1)
-            while frame is not None:  # never inside the agent's own work (a step sample, a search, exit)
-                if frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            while frame is not None:  # never inside the agent's own work (a step sample, a search, exit),
+                # nor in the middle of an import: the stacks' switch imports too, and a module half
+                # made would be seen (NOTES: torch._inductor's partially initialized module)
+                name = frame.f_code.co_filename
+                if name.startswith(_PACKAGE_DIR) or name.startswith("<frozen importlib"):
                     if self.action == "search":
                         self.searched_step = -1  # a later sample of this pause asks again
                     else:
