@@ -123,3 +123,12 @@ def popen_cli_fixture():
             proc.stdout.close()
         if proc.stderr not in (None, subprocess.PIPE) and hasattr(proc.stderr, "close"):
             proc.stderr.close()
+
+
+@pytest.fixture
+def sleeper():
+    """A process that sleeps for a minute: something for `watch --pid` to watch."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield proc
+    proc.kill()
+    proc.wait()

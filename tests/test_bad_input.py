@@ -25,7 +25,6 @@ from gpumemdoctor.reporters.json_report import build
 
 from .conftest import cli_env, invoke
 from .test_report_parse import make_recording
-from .test_watch import sleeper  # noqa: F401 (a fixture: a process to watch)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LONG = FIXTURES / "long" / "h100_slow_leak_7min.json"

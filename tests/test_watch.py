@@ -40,14 +40,6 @@ def test_alerts_and_judgement():
     assert judgement(None) == "not enough data yet" and judgement(0.0).startswith("flat")
 
 
-@pytest.fixture
-def sleeper():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
 def _write(path: Path, pid: int, used: int) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"gpus": [{"uuid": "GPU-test-0", "name": "NVML test double GPU",

@@ -11,7 +11,7 @@ from ..errors import BadReportError
 from ..files.inputs import read_json
 from ..files.outputs import write_text
 from ..recording.recording import Recording
-from ..files.schema import (ANY, BOOL, DICT, INT, NUM, SIZE, STR, Shape, absent, check_sizes, dict_of, list_of,
+from ..files.schema import (ANY, BOOL, INT, NUM, SIZE, STR, Shape, absent, check_sizes, dict_of, list_of,
                             may, need_dict, null_as, one_of, opt, pair)
 
 SCHEMA = "gpumemdoctor.report/1"
