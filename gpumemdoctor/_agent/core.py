@@ -73,7 +73,7 @@ class Agent:
         self.channel.write(startup.hello(self.pid, self.sampler.interval_s, forked_from))
         if forked_from is None:
             atexit.register(self.at_exit)
-        if forked_from is None:  # other GPU libraries: when each is imported (libraries.py)
+            # other GPU libraries: when each is imported (libraries.py)
             for name in KNOWN:
                 if name in sys.modules:
                     self.channel.write(library_record(name))

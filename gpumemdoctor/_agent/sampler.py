@@ -209,9 +209,10 @@ class Sampler:
             return False  # the timer never waits; a step boundary waits for a timer sample (tens of us)
         lock.acquire()
         started = time.thread_time()  # the agent's own work, not its waits for the GIL
-        if not gc.isenabled():  # before the sample holds collection off itself: the program's doing
+        enabled = gc.isenabled()  # read before the sample holds collection off itself
+        if not enabled:  # the program's doing (gc.disable())
             self.collector_off += 1
-        collecting = quiet and gc.isenabled()
+        collecting = quiet and enabled
         if collecting:
             gc.disable()
         try:

@@ -3,7 +3,7 @@
 The supervisor sets the variables of `gpumemdoctor.contract`; a launcher's variables say who the process
 is in a distributed job (`dist_from_env`, read once for the hello record). Until the program
 imports torch the agent only watches for that import (`TorchImportWatcher`); when torch has
-started CUDA, `read_devices` lists the devices, each matched to NVML (`device_ids`).
+started CUDA, `read_devices` lists the devices, each matched to NVML (`nvml.torch_device_ids`).
 """
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 from . import suspects
 from .judgement import Judged
 from ..recording.recording import AgentRecording, Dist, Recording
+from ..stray_rule import own_gpu, stray_reason
 from ..units import format_bytes as fb
 
 GIB = 1 << 30
@@ -135,28 +136,28 @@ STRAY_REMEDY = ("Call torch.cuda.set_device(local_rank) before any other CUDA ca
 def stray_contexts(rec: Recording, ranks: dict[int, Dist], skip: set) -> list[tuple[int, int, Judged]]:
     """(pid, NVML index, finding) for each GPU where a process holds memory that NVML sees but that is
     not its work: its PyTorch allocator never reserved a byte there while it did on another GPU; or,
-    for a rank, the GPU is another rank's of this host, where it reserved under STRAY_SHARE of what it
+    for a rank, the GPU is another rank's of this host, where it reserved under stray_rule.STRAY_SHARE of what it
     reserved on its own. DataLoader workers (their contexts are `child-contexts`), the (pid, NVML
     index) pairs in `skip`, and processes that never started CUDA through PyTorch are left out."""
     reserved = {a.pid: _reserved_by_gpu(a) for a in rec.agents
                 if a.cuda_t is not None and not (a.cuda_origin or {}).get("dataloader_worker")}
-    own = {pid: _own_gpu(by_gpu) for pid, by_gpu in reserved.items() if pid in ranks}
+    most_of = {pid: {n: most for n, (_, most) in by_gpu.items()} for pid, by_gpu in reserved.items()}
+    own = {pid: own_gpu(most_of[pid]) for pid in reserved if pid in ranks}
     out = []
     for agent in rec.agents:
         if agent.pid not in reserved:
             continue
-        by_gpu = reserved[agent.pid]
-        works_on = sorted(n for n, (_, most) in by_gpu.items() if most)
+        by_gpu, most_by_gpu = reserved[agent.pid], most_of[agent.pid]
+        works_on = sorted(n for n, most in most_by_gpu.items() if most)
         if not works_on:
             continue
-        mine = own.get(agent.pid)
-        others = {gpu: pid for pid, gpu in own.items() if pid != agent.pid and gpu is not None and gpu != mine}
+        mine = own_gpu(most_by_gpu)
+        # the other ranks' own GPUs: none for a process that is no rank (only the first rule holds)
+        others = ({gpu: pid for pid, gpu in own.items() if pid != agent.pid and gpu is not None and gpu != mine}
+                  if agent.pid in ranks else {})
         for nvml_index, (torch_index, most) in sorted(by_gpu.items()):
-            if (agent.pid, nvml_index) in skip:
+            if (agent.pid, nvml_index) in skip or stray_reason(nvml_index, mine, most_by_gpu, others) is None:
                 continue
-            if most:  # reserved there: stray only as a rank on another rank's GPU, reserving little
-                if mine is None or nvml_index not in others or most >= STRAY_SHARE * by_gpu[mine][1]:
-                    continue
             _, _, held = peaks_on(rec, agent, torch_index, nvml_index)
             if not held:
                 continue
@@ -168,9 +169,6 @@ def stray_contexts(rec: Recording, ranks: dict[int, Dist], skip: set) -> list[tu
     return out
 
 
-STRAY_SHARE = 0.25  # of its own GPU's reserved peak: a rank reserving less on another rank's GPU strayed there
-
-
 def _reserved_by_gpu(agent: AgentRecording) -> dict[int, tuple[int, int | None]]:
     """NVML index -> (torch index, the most PyTorch reserved there while the program ran)."""
     out = {}
@@ -180,12 +178,6 @@ def _reserved_by_gpu(agent: AgentRecording) -> dict[int, tuple[int, int | None]]
             out[d.nvml_index] = (d.index, _most([r.reserved_bytes for r in readings]
                                                 + [r.reserved_peak_bytes for r in readings]))
     return out
-
-
-def _own_gpu(by_gpu: dict[int, tuple[int, int | None]]) -> int | None:
-    """The GPU a rank works on: where PyTorch reserved the most (None where it reserved nothing)."""
-    used = [(most, -n, n) for n, (_, most) in by_gpu.items() if most]
-    return max(used)[2] if used else None
 
 
 def _stray(agent: AgentRecording, dist: Dist | None, nvml_index: int, torch_index: int, held: int,

@@ -8,28 +8,27 @@ PyTorch reserved on each GPU. So, for each rank of a job:
 
 - its own GPU is the one where its PyTorch reserved the most (from its agent), or else the one where
   it holds the most (from NVML);
-- a `stray-context`: it holds memory on a GPU where its agent says PyTorch reserved nothing while it
-  reserved on another (certain), or on another rank's own GPU, where its agent (if any) says PyTorch
-  reserved under STRAY_SHARE of what it reserved on its own GPU;
+- a `stray-context`, by the rule of `gpumemdoctor.stray_rule`: it holds memory on a GPU where its
+  agent says PyTorch reserved nothing while it reserved on another (certain), or on another rank's
+  own GPU, where its agent (if any) says PyTorch reserved under STRAY_SHARE of its own GPU's;
 - `context-on-several-gpus`: it holds memory on several GPUs and neither rule tells which is stray
   (no agent, and no other rank works on those GPUs).
 
-The same rules judge a finished run's recording in diagnosis/ranks.py.
+The same rule judges a finished run's recording in diagnosis/ranks.py.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..stray_rule import UNRESERVED, own_gpu, stray_reason
 from ..units import format_bytes as fb
-
-STRAY_SHARE = 0.25  # the diagnosis's ranks.STRAY_SHARE, for the same reason
 
 
 def _own(gpus: Mapping[int, int | None], reserved: Mapping[int, int | None] | None) -> int | None:
-    if reserved:
-        known = [(size, -gpu, gpu) for gpu, size in reserved.items() if size]
-        if known:
-            return max(known)[2]
+    """Where its PyTorch reserved the most, or else where it holds the most (NVML)."""
+    mine = own_gpu(reserved or {})
+    if mine is not None:
+        return mine
     held = [(size or 0, -gpu, gpu) for gpu, size in gpus.items()]
     return max(held)[2] if held else None
 
@@ -53,16 +52,14 @@ def rank_flags(ranks: list[dict], reserved: Mapping[int, Mapping[int, int | None
         others = {gpu: other for other, gpu in own.items() if other != pid and gpu is not None and gpu != mine}
         flags = []
         for gpu in sorted(gpus):
-            if gpu == mine:
+            reason = stray_reason(gpu, mine, by_agent, others)
+            if reason is None:
                 continue
-            there = by_agent.get(gpu)
-            if by_agent and not there and by_agent.get(mine):
+            if reason == UNRESERVED:
                 how = "its PyTorch reserved nothing there"
-            elif gpu in others and (not by_agent or (there or 0) < STRAY_SHARE * (by_agent.get(mine) or 0)):
+            else:
                 owner = next((x for x in ranks if x["pid"] == others[gpu]), {})
                 how = f"the GPU of rank {_name(owner.get('rank'))} (PID {others[gpu]})"
-            else:
-                continue
             flags.append(_stray(r, gpu, gpus[gpu], mine, how))
         if not flags:
             flags.append(_several(r))
