@@ -202,8 +202,9 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
 
 
 # What _after_run imports: imported while the target runs (RunOptions.prepare), not after it.
-AFTER_RUN_MODULES = ("gpumemdoctor.diagnosis.ci_checks", "gpumemdoctor.reporters.console", "gpumemdoctor.diagnosis.diagnose",
-                     "gpumemdoctor.reporters.json_report", "gpumemdoctor.reporters.html", "gpumemdoctor.reporters.terminal")
+AFTER_RUN_MODULES = ("gpumemdoctor.diagnosis.ci_checks", "gpumemdoctor.diagnosis.diagnose",
+                     "gpumemdoctor.reporters.console", "gpumemdoctor.reporters.json_report",
+                     "gpumemdoctor.reporters.html", "gpumemdoctor.reporters.terminal")
 
 
 def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:

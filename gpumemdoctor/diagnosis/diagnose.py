@@ -200,7 +200,8 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         if j.kind == "leak" and j.evidence["decided_by"] == "growth":
             released = bool(j.evidence.get("released"))
             j.suspects, j.evidence["root_cause"] = suspects.leak_suspects(agent.root, torch_index, released)
-            j.remedy = j.suspects[0]["remedy"] if j.suspects and j.suspects[0]["holders"] else FINDINGS["leak-unsearched"]
+            held = j.suspects and j.suspects[0]["holders"]
+            j.remedy = j.suspects[0]["remedy"] if held else FINDINGS["leak-unsearched"]
         elif j.kind == "live-at-exit":
             j.suspects, j.evidence["root_cause"] = suspects.live_suspects(agent.root, torch_index)
             j.remedy = j.suspects[0]["remedy"] if j.suspects else FINDINGS["live-at-exit-unsearched"]
@@ -216,7 +217,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
 
     outside_growth = (_growth(agent, torch_index, nvml_index, "non_torch", by, outside_fit, series)
                       if outside_fit is not None else None)
-    peak = libraries.run_peak(xs, outside_ys, after_warmup)
+    peak = non_torch.run_peak(xs, outside_ys, after_warmup)
     decided = judgement.outside_pytorch(
         _rate(outside_growth) if outside_growth is not None else None,
         non_torch.beyond_allowance(b, libraries.pooled_bytes(b)), peak,
@@ -322,7 +323,8 @@ def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, w
         collections = dict(collections, records=len(freeing),
                            first_t=freeing[0]["t"] if freeing else None,
                            biggest_at=_biggest_collection(freeing, torch_index))
-    in_order = [(s.by, s.t, s.step, r.allocated_bytes, r.allocated_peak_bytes) for s, r in _readings(agent.samples, torch_index)]
+    in_order = [(s.by, s.t, s.step, r.allocated_bytes, r.allocated_peak_bytes)
+                for s, r in _readings(agent.samples, torch_index)]
     phase_held, phase_meta = suspects.phase_accumulations(agent.root, torch_index, held)
     return judgement.Evidence(
         pid=agent.pid, device=nvml_index, torch_index=torch_index, where=where, samples=samples, by=by,

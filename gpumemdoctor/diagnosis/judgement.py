@@ -476,7 +476,7 @@ def outside_pytorch(grew: str | None, beyond_allowance: bool, peak: dict | None,
     of the memory outside PyTorch, or None. `grew`: the rate of a lasting growth past warm-up
     (non_torch.judge); `beyond_allowance`: more than the allowance at exit, NCCL's part and other
     libraries' pools left out (non_torch.beyond_allowance); `peak`: the highest level past warm-up
-    that a window of readings held (libraries.run_peak), judged against `allowance` (the allowance,
+    that a window of readings held (non_torch.run_peak), judged against `allowance` (the allowance,
     NCCL's part and the pools)."""
     if grew is not None:
         return "growth", f"and it kept growing past warm-up, {grew}"

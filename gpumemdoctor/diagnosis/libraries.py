@@ -7,8 +7,8 @@ context, and it is named with its library and the switch that governs it. Pure.
   at exit, never by starting the library), is taken out of the context and shown as its own part
   of the memory outside PyTorch (`non_torch_libraries`).
 - **Over the whole run.** Memory outside PyTorch is judged at exit and for lasting growth
-  (non_torch.py); `run_peak` also finds a rise past warm-up that a window of readings held, whatever
-  was left at exit: memory let go of at shutdown still grew (judgement row 11).
+  (non_torch.py), and so is a rise past warm-up that a window of readings held, whatever was left
+  at exit (`non_torch.run_peak`, judgement row 11): memory let go of at shutdown still grew.
 - **Named.** A non-torch finding names the libraries the process imported (and when), the live
   arrays of other libraries at exit (by `__cuda_array_interface__`), and each library's switch.
 """
@@ -21,7 +21,6 @@ from ..units import format_bytes as fb
 MIB = 1 << 20
 MIN_CONTEXT_BYTES = 256 * MIB  # less than any context measured (518 MiB and up on H100 and H200)
 MIN_POOL_BYTES = 64 * MIB  # a pool below this is not worth a finding
-PEAK_READINGS = 4  # a rise counts when this many readings in a row held it (their lowest is the level)
 PREALLOCATING = ("jax",)  # pools set aside at the library's first use, read from its own statistics
 # name -> (the library as the report says it, what its memory is, the switch)
 LIBRARIES = {
@@ -82,23 +81,6 @@ def itemise(b: Breakdown, agent: AgentRecording, torch_index: int) -> None:
 
 def pooled_bytes(b: Breakdown) -> int:
     return sum(size for _, size in b.non_torch_libraries or [])
-
-
-def run_peak(xs: list[float], ys: list[int | None], judged) -> dict | None:
-    """The highest level the memory outside PyTorch held past warm-up (the lowest of PEAK_READINGS
-    readings in a row), above its level when warm-up ended: {"level", "peak", "rise", "at"}. None
-    where warm-up was not measured (non_torch.judge)."""
-    since = getattr(judged, "warmup_end_x", None)
-    if since is None:
-        return None
-    after = [(x, y) for x, y in zip(xs, ys) if y is not None and x >= since]
-    if len(after) < 2 * PEAK_READINGS:
-        return None
-    level = min(y for _, y in after[:PEAK_READINGS])
-    held = [(min(y for _, y in after[i:i + PEAK_READINGS]), after[i][0])
-            for i in range(len(after) - PEAK_READINGS + 1)]
-    peak, at = max(held)
-    return {"level": level, "peak": peak, "rise": peak - level, "at": at}
 
 
 def name_holders(f: Finding, agent: AgentRecording) -> None:

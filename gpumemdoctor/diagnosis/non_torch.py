@@ -34,6 +34,7 @@ from . import nccl, suspects
 from .remedies import FINDINGS
 
 MIB = 1 << 20
+PEAK_READINGS = 4  # a rise counts when this many readings in a row held it (their lowest is the level)
 MIN_GROWTH_BYTES = 16 * MIB  # growth below this is not called growth (diagnosis.MIN_LEAK_BYTES)
 # Kernels and library state (cuBLAS, cuDNN, NCCL) loaded after CUDA starts grow the memory
 # outside the allocator: by 64-138 MiB in a probe and 224 MiB in the clean Adam scenario on an
@@ -53,6 +54,23 @@ def lowest(values: list[int]) -> int | None:
     kept = [v for i, v in enumerate(values)
             if not (0 < i < len(values) - 1 and v < values[i - 1] - DIP_BYTES and v < values[i + 1] - DIP_BYTES)]
     return min(kept) if kept else None
+
+
+def run_peak(xs: list[float], ys: list[int | None], judged) -> dict | None:
+    """The highest level the memory outside PyTorch held past warm-up (the lowest of PEAK_READINGS
+    readings in a row), above its level when warm-up ended: {"level", "peak", "rise", "at"}. None
+    where warm-up was not measured (non_torch.judge)."""
+    since = getattr(judged, "warmup_end_x", None)
+    if since is None:
+        return None
+    after = [(x, y) for x, y in zip(xs, ys) if y is not None and x >= since]
+    if len(after) < 2 * PEAK_READINGS:
+        return None
+    level = min(y for _, y in after[:PEAK_READINGS])
+    held = [(min(y for _, y in after[i:i + PEAK_READINGS]), after[i][0])
+            for i in range(len(after) - PEAK_READINGS + 1)]
+    peak, at = max(held)
+    return {"level": level, "peak": peak, "rise": peak - level, "at": at}
 
 
 def judge(xs: list[float], ys: list[int | None], by: str) -> AfterWarmup | None:
