@@ -5,7 +5,7 @@ import html
 
 from ..diagnosis.findings import Breakdown
 from ..units import format_bytes as fb
-from .terminal import nccl_words
+from .terminal import AFTER_NCCL_WORDS, nccl_words
 
 PARTS = [("CUDA context", "context_bytes", "#9d9da1"), ("live tensors", "live_tensor_bytes", "#e45756"),
          ("garbage cycles", "garbage_bytes", "#b279a2"), ("pending stream", "pending_stream_bytes", "#eeca3b"),
@@ -29,8 +29,7 @@ def bar_part(b: Breakdown, key: str) -> int | None:
 def within(b: Breakdown, key: str) -> str:
     """The parts measured within a cell of the breakdown's table, in small print (HTML)."""
     if key == "context_bytes" and b.context_after_nccl:
-        return _small("read when NCCL's group was already set up: it may hold NCCL's buffers, if "
-                      "init_process_group(device_id=...) or a collective made them by then")
+        return _small(f"read {AFTER_NCCL_WORDS}")
     if key == "live_tensor_bytes" and b.cublas_workspace_bytes:
         return _small(f"cuBLAS workspaces {fb(b.cublas_workspace_bytes)}")
     if key == "cache_bytes" and b.private_pool_bytes:

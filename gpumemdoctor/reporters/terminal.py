@@ -42,10 +42,11 @@ SPARK_WIDTH = 40
 
 
 CONTEXT_WORDS = "per-process overhead, read at the first allocation"
-# Where NCCL's group was up before the first reading, its buffers of that moment may be in the context.
-CONTEXT_AFTER_NCCL = ("per-process overhead, read at the first allocation, when NCCL's group was already "
-                      "set up: it may hold NCCL's buffers, if init_process_group(device_id=...) or a "
-                      "collective made them by then")
+# Where NCCL's group was up before the first reading, its buffers of that moment may be in the context
+# (the HTML page says the same).
+AFTER_NCCL_WORDS = ("when NCCL's group was already set up: it may hold NCCL's buffers, if "
+                    "init_process_group(device_id=...) or a collective made them by then")
+CONTEXT_AFTER_NCCL = f"{CONTEXT_WORDS}, {AFTER_NCCL_WORDS}"
 
 
 def render(console: Console, recording: Recording, diagnosis: Diagnosis,
