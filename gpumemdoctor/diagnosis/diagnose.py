@@ -16,8 +16,8 @@ What lies outside PyTorch is itemised, and judged for growth past warm-up, in no
 from __future__ import annotations
 
 from . import child_processes, ends, judgement, job, libraries, machine_faults, non_torch, phases, ranks, suspects
-from .findings import (FINDING_KINDS, INFORMATIVE, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
-                       Diagnosis, Finding, Growth, Job, RankRow, choose_verdict)
+from .findings import (FINDING_KINDS, INFORMATIVE, PEAK_CATEGORIES, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
+                       Diagnosis, Finding, Growth, Job, PeakComposition, PeakPart, RankRow, choose_verdict)
 from ..growth import MIN_POINTS, GrowthFit, floor_growth, steady_rise
 from .non_torch import LIBRARY_ALLOWANCE_BYTES
 from .remedies import FINDINGS
@@ -27,7 +27,7 @@ from ..units import format_bytes as fb
 
 # What a diagnosis is made of lives in findings.py; these names are this module's too, where the
 # rest of the package and the tests look for them.
-__all__ = ["FINDING_KINDS", "INFORMATIVE", "SPECIFICITY", "VERDICTS", "WARNINGS", "Breakdown", "Diagnosis",
+__all__ = ["FINDING_KINDS", "INFORMATIVE", "PEAK_CATEGORIES", "PeakComposition", "PeakPart", "SPECIFICITY", "VERDICTS", "WARNINGS", "Breakdown", "Diagnosis",
            "Finding", "Growth", "Job", "LIBRARY_ALLOWANCE_BYTES", "RankRow", "choose_verdict", "diagnose",
            "diagnose_job", "peaks"]
 

@@ -15,7 +15,11 @@ INFORMATIVE = ("context", "live-at-exit", "library-memory")
 # "rank-imbalance" (one rank's peak well above the others') and "avoidable-peak" (memory a pause in
 # the steps gathered and let go of at its end: an evaluation without no_grad, say) warn: they never
 # make a verdict, and --fail-on can fail on them.
-WARNINGS = ("orphan-process", "host-memory", "rank-imbalance", "avoidable-peak")
+# "fragmented-peak" (free memory inside the allocator's segments at the peak), "temporary-peak" (a
+# running function's local held gigabytes at the peak) and "state-at-evaluation" (gradients and
+# optimizer state held through an evaluation's peak) are peaks that could be lower (peak.py).
+WARNINGS = ("orphan-process", "host-memory", "rank-imbalance", "avoidable-peak", "fragmented-peak",
+            "temporary-peak", "state-at-evaluation")
 FINDING_KINDS = VERDICTS[1:] + WARNINGS + INFORMATIVE
 # When several causes apply at a similar size, the more specific one is named.
 SPECIFICITY = ("garbage-cycle", "pending-stream", "leak", "child-contexts", "stray-context", "non-torch",
@@ -136,6 +140,57 @@ class Job:
         return asdict(self)
 
 
+# The parts of a peak, in the order they are drawn (peak.py says how each is recognised).
+PEAK_CATEGORIES = ("parameters", "gradients", "optimizer-state", "graphs-kept", "temporaries", "unclassified",
+                   "fragmentation", "cache", "outside-pytorch", "context")
+
+
+@dataclass
+class PeakPart:
+    """One category of a peak: its bytes, how it was recognised, and its largest holders, each
+    {"name": str, "bytes": int, "line": str or None} (a module, an optimizer, a running function's
+    local, a library), largest first."""
+
+    category: str  # one of PEAK_CATEGORIES
+    bytes: int
+    how: str
+    holders: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class PeakComposition:
+    """What one process held on one GPU at its highest observed moment; the parts add up to
+    `total_bytes` (NVML's figure for the process then; without NVML, context plus reserved)."""
+
+    pid: int
+    device: int | None  # NVML index
+    torch_index: int | None
+    t: float | None  # when it was read (the recording's clock)
+    step: int | None
+    total_bytes: int
+    allocated_bytes: int  # PyTorch's allocated memory at that moment
+    reserved_bytes: int
+    parts: list[PeakPart]
+    # PyTorch's own allocated peak counter as of that moment: above allocated_bytes when tensors
+    # lived and went between two readings (a step's activations), within the reserved memory.
+    allocated_peak_bytes: int | None = None
+    in_pause: bool = False  # read while the steps paused (an evaluation)
+    where: str | None = None  # what the program's main thread was running then, its own line
+    notes: list[str] = field(default_factory=list)  # where the evidence is thin, and what decided
+    host: str | None = None
+
+    def part(self, category: str) -> PeakPart | None:
+        return next((p for p in self.parts if p.category == category), None)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["parts"] = [p.to_json() for p in self.parts]
+        return out
+
+
 @dataclass
 class Diagnosis:
     verdict: str | None  # None only when no GPU was measured
@@ -147,6 +202,7 @@ class Diagnosis:
     evidence: list[dict] = field(default_factory=list)  # judgement.Evidence.to_json() per process and GPU
     ranks: list[RankRow] = field(default_factory=list)  # a distributed job's ranks, by rank and GPU
     job: Job | None = None  # None when no process was a rank
+    peak_compositions: list[PeakComposition] = field(default_factory=list)  # per process and GPU
 
 
 def choose_verdict(findings: list[Finding]) -> str:

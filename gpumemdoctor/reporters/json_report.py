@@ -6,7 +6,8 @@ import re
 from typing import Any, Mapping
 
 from ..recording import records
-from ..diagnosis.diagnose import FINDING_KINDS, VERDICTS, Breakdown, Diagnosis, Finding, Growth, Job, RankRow
+from ..diagnosis.diagnose import (FINDING_KINDS, PEAK_CATEGORIES, VERDICTS, Breakdown, Diagnosis, Finding, Growth,
+                                  Job, PeakComposition, PeakPart, RankRow)
 from ..errors import BadReportError
 from ..files.inputs import read_json
 from ..files.outputs import write_text
@@ -32,6 +33,7 @@ def build(recording: Recording, diagnosis: Diagnosis) -> dict:
         "evidence": diagnosis.evidence,
         "ranks": [r.to_json() for r in diagnosis.ranks],
         "job": None if diagnosis.job is None else diagnosis.job.to_json(),
+        "peak_compositions": [p.to_json() for p in diagnosis.peak_compositions],
         "target": {"argv": target.get("argv"), "pid": target.get("pid"),
                    "exit_code": target.get("exit_code"), "signal": target.get("signal"),
                    "duration_s": recording.duration_s},
@@ -174,8 +176,16 @@ RANK_ROW = Shape({"host": opt(STR), "pid": INT, "verdict": VERDICT,
 JOB = Shape({"ranks": list_of(INT), "world_size": opt(INT), "hosts": list_of(opt(STR)),
              "missing_ranks": list_of(INT), "ranks_with_leak": list_of(INT), "verdict": VERDICT,
              "summary": STR}).into(Job)
+# What made a peak (reports made before it was measured have none).
+PEAK_HOLDER = Shape({"name": STR, "bytes": SIZE, "line": opt(STR)})
+PEAK_PART = Shape({"category": one_of(*PEAK_CATEGORIES), "bytes": SIZE, "how": STR,
+                   "holders": list_of(PEAK_HOLDER)}).into(PeakPart)
+PEAK_COMPOSITION = Shape({
+    "pid": INT, "device": opt(INT), "torch_index": opt(INT), "t": opt(NUM), "step": opt(INT), "total_bytes": SIZE,
+    "allocated_bytes": SIZE, "reserved_bytes": SIZE, "parts": list_of(PEAK_PART), "allocated_peak_bytes": opt(SIZE),
+    "in_pause": BOOL, "where": opt(STR), "notes": list_of(STR), "host": opt(STR)}).into(PeakComposition)
 # The report's own fields (timeline, target, devices and versions are drawn from the recording).
 REPORT = Shape({"verdict": VERDICT, "findings": list_of(FINDING), "breakdown": list_of(BREAKDOWN),
                 "growth": absent(list_of(GROWTH), []), "peaks": PEAKS, "notes": absent(list_of(STR), []),
                 "evidence": absent(list_of(EVIDENCE), []), "ranks": absent(list_of(RANK_ROW), []),
-                "job": opt(JOB)}, rename={"breakdown": "breakdowns"})
+                "job": opt(JOB), "peak_compositions": absent(list_of(PEAK_COMPOSITION), [])}, rename={"breakdown": "breakdowns"})
