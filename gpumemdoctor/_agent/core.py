@@ -12,6 +12,7 @@
    steps later, made at that step boundary (`on_step`) in a copy of the process (forked.py).
    A pause in the steps that rises above all the steps reached (an evaluation): a search at its
    height, asked of the main thread (phase_watch.py), also in a copy.
+   A new high of the process's memory: what it is made of (peak.py).
 5. An out-of-memory error: its record; the first one is searched too (oom.py).
 6. Exit (exit.py): the exit probes, then the exit record.
 Threads and forks: threads.py. Each part keeps a reference to the agent for what they share:
@@ -38,6 +39,7 @@ from .threads import ThreadWatch
 from .trace import Trace
 from .growth_watch import GrowthWatch
 from .phase_watch import PhaseWatch
+from .peak import PeakWatch
 from .libraries import KNOWN, LibraryWatcher, record as library_record
 
 
@@ -63,6 +65,7 @@ class Agent:
         self.timer = SamplingThread(self)
         self.growth_watch = GrowthWatch(self)
         self.phase_watch = PhaseWatch(self)
+        self.peak_watch = PeakWatch(self)
         self.trace = Trace(self, run_dir)
         self.oom = OomObserver(self)
         self.threads = ThreadWatch(self)
@@ -144,6 +147,7 @@ class Agent:
         self.sampler.prepare()
         self.growth_watch.prepare(len(self.devices))
         self.phase_watch.prepare(len(self.devices))
+        self.peak_watch.prepare(len(self.devices))
 
     def attach_observers(self) -> None:
         """PyTorch's out-of-memory observer and the garbage collector's callback."""
@@ -197,6 +201,8 @@ class Agent:
     # -- steps ---------------------------------------------------------------
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         # PyTorch calls hook(optimizer, args, kwargs): a signature with *args would make a tuple.
+        if self.run_dir:
+            self.peak_watch.seen(optimizer)
         if not self.explicit_steps:
             self.on_step(False)
 

@@ -244,6 +244,7 @@ class Sampler:
             if agent.run_dir and (by == "step" or by == "time"):
                 agent.growth_watch.check(now, by)
                 agent.phase_watch.check(now, by)
+                agent.peak_watch.check(now, by)
             if self.samples % SAMPLES_PER_DOUBLING == 0:
                 self.base_interval_s = min(self.base_interval_s * 2, MAX_INTERVAL_S)
         except Exception:

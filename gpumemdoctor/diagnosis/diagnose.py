@@ -15,7 +15,7 @@ What lies outside PyTorch is itemised, and judged for growth past warm-up, in no
 """
 from __future__ import annotations
 
-from . import child_processes, ends, judgement, job, libraries, machine_faults, non_torch, phases, ranks, suspects
+from . import child_processes, ends, judgement, job, libraries, machine_faults, non_torch, peak, phases, ranks, suspects
 from .findings import (FINDING_KINDS, INFORMATIVE, PEAK_CATEGORIES, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, PeakComposition, PeakPart, RankRow, choose_verdict)
 from ..growth import MIN_POINTS, GrowthFit, floor_growth, steady_rise
@@ -238,6 +238,23 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         if f.kind == "non-torch" and f.pid == agent.pid:
             libraries.name_holders(f, agent)
     result.findings.extend(libraries.pool_findings(agent, torch_index, nvml_index, where, pooled))
+    _peak(agent, torch_index, b, where, result)
+
+
+def _peak(agent: AgentRecording, torch_index: int, b: Breakdown, where: str, result: Diagnosis) -> None:
+    """What made the process's peak on this device, and the peaks that could be lower (peak.py).
+    An evaluation's graphs already found by the pause's search (row 13) are one finding, not two."""
+    composition, found = peak.compose(agent, torch_index, b, where)
+    if composition is None:
+        return
+    result.peak_compositions.append(composition)
+    for f in found:
+        same = next((x for x in result.findings if x.kind == f.kind and x.pid == f.pid and x.device == f.device), None)
+        if same is not None and f.kind == "avoidable-peak":
+            same.evidence["graphs_kept_at_peak"] = {"bytes": f.bytes, "holder": f.evidence.get("holder"),
+                                                    "line": f.evidence.get("line")}
+            continue
+        result.findings.append(f)
 
 
 def _exit_state(e: judgement.Evidence, b: Breakdown, probes: dict, end: DeviceReading, context: int | None,

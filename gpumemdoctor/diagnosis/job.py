@@ -37,7 +37,7 @@ def rank_rows(rec: Recording, rank_of: dict[int, Dist], result: Diagnosis) -> No
 def stamp(rec: Recording, rank_of: dict[int, Dist], result: Diagnosis) -> None:
     """The host on everything that names a PID (PIDs repeat across hosts), and the rank on the
     evidence of every finding about a rank."""
-    for item in [*result.findings, *result.breakdowns, *result.growth]:
+    for item in [*result.findings, *result.breakdowns, *result.growth, *result.peak_compositions]:
         item.host = rec.host
     for e in result.evidence:
         e["host"] = rec.host
@@ -56,6 +56,7 @@ def merged(recordings: list[Recording], parts: list[Diagnosis]) -> Diagnosis:
         offset = len(result.breakdowns)
         result.findings.extend(part.findings)
         result.breakdowns.extend(part.breakdowns)
+        result.peak_compositions.extend(part.peak_compositions)
         result.growth.extend(part.growth)
         result.evidence.extend(part.evidence)
         for row in part.ranks:

@@ -157,6 +157,20 @@ FINDINGS: dict[str, str] = {
                  "whoever allocated it: cudaFree for raw allocations, the library's own cleanup. gpumemdoctor "
                  "sees such memory only as a total; stacks of individual allocations need CUDA-level tools "
                  "(Nsight Systems with --cudabacktrace, compute-sanitizer --leak-check full).",
+    "fragmented-peak": "The allocator's segments were split into free pieces too small for the requests that "
+                       "came: start the program with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True, which lets "
+                       "segments grow instead of splitting; allocating the largest tensors first, or the same "
+                       "shapes every step (pad varying batches), also helps.",
+    "temporary-peak": "A function held a large tensor of its own at the peak: free it as soon as it is used "
+                      "(del, or reassign), compute in place (x.mul_(), out=), process it in chunks, or avoid the "
+                      "copy (torch.cat of growing lists, .contiguous(), .float() of a half-precision tensor each "
+                      "make a whole new tensor).",
+    "state-at-evaluation": "Gradients are not needed while evaluating: call optimizer.zero_grad(set_to_none=True) "
+                           "before the evaluation. If the optimizer's state must make room too, evaluate in a "
+                           "smaller batch, or move the state to the CPU around the evaluation.",
+    "graphs-at-peak": "model.eval() does not stop autograd: evaluate under torch.no_grad() (or "
+                      "torch.inference_mode()), and keep numbers (loss.item()) or detached CPU copies of what "
+                      "you gather, so that no batch's graph outlives the batch.",
     "non-torch-unseen": "Free device memory where it was allocated (cudaFree, the library's own cleanup); CuPy: "
                         "cupy.get_default_memory_pool().free_all_blocks().",
 }

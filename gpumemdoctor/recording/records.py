@@ -142,18 +142,34 @@ SUSPECT = Shape({"kind": one_of(*SUSPECT_KINDS), "bytes": INT, "count": opt(INT)
 GROUPS = Shape({"t": NUM, "step": opt(INT), "groups": INT, "backends": list_of(STR), "world_size": opt(INT),
                 "nccl_version": opt(STR), "nccl_env": opt(dict_of(STR, STR))})
 
+# A new high of the process's memory on one device (_agent/peak.py): the allocator's figures, the
+# optimizers' parameters, gradients and state ([class, parameters, gradients, state] each), where
+# the main thread was. Its probe: what the program's names held then, by category, [holder, bytes,
+# line] each. Recordings from before issue 31 have none.
+PEAK = Shape({"n": INT, "t": NUM, "step": opt(INT), "device": INT, "allocated": opt(SIZE), "reserved": opt(SIZE),
+              "nvml": opt(SIZE), "allocated_peak": opt(SIZE), "inactive_split": opt(SIZE), "parameters": SIZE,
+              "gradients": SIZE, "optimizer_state": SIZE,
+              "optimizers": list_of(row(STR, SIZE, SIZE, SIZE)),
+              "where": opt(STR), "inside": opt(STR), "paused": BOOL})
+_HELD = list_of(row(STR, SIZE, opt(STR)))
+PEAK_PROBE = Shape({"n": INT, "t": NUM, "elapsed_s": NUM, "stopped": may(opt(STR)), "graph_nodes": may(INT),
+                    "error": may(STR),
+                    **{k: may(_HELD) for k in ("parameters", "temporaries", "kept-tensors", "graphs-kept")},
+                    **{f"{k}_bytes": may(SIZE) for k in ("parameters", "temporaries", "kept-tensors", "graphs-kept")}})
+
 # agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record
 RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
            "investigation": ("investigations", INVESTIGATION), "thread": ("threads", THREAD),
            "garbage": ("garbage", GARBAGE), "snapshot": ("snapshot", SNAPSHOT),
            "collection": ("collections", COLLECTION), "oom": ("ooms", OOM), "library": ("libraries", LIBRARY),
-           "groups": ("groups", GROUPS)}
+           "groups": ("groups", GROUPS), "peak": ("peaks", PEAK), "peak_probe": ("peak_probes", PEAK_PROBE)}
 _SINGLE = ("garbage", "snapshot")
 
 
 def empty_root() -> dict:
     return {"suspicions": [], "traces": [], "baselines": [], "investigations": [], "threads": [],
-            "garbage": None, "snapshot": None, "collections": [], "ooms": [], "libraries": [], "groups": []}
+            "garbage": None, "snapshot": None, "collections": [], "ooms": [], "libraries": [], "groups": [],
+            "peaks": [], "peak_probes": []}
 
 
 def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:

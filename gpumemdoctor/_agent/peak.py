@@ -1,0 +1,447 @@
+"""What the process held at its highest moments: the readings a peak's composition is made of.
+
+After each sample (the sampler's lock held), each device's total (NVML's figure for the process,
+else PyTorch's reserved memory) is compared with the highest one read so far. A new high, RISE
+above it, is a capture, read on the thread that sampled, at once:
+- the allocator's figures then: allocated, reserved, its allocated peak counter, and its free
+  memory inside split segments (`inactive_split_bytes`: fragmentation);
+- the parameters, gradients and optimizer state of every optimizer that has stepped (PyTorch's
+  global step hook hands each one over once; only a weak reference is kept), each storage counted
+  once and in the first of those categories it belongs to;
+- what the program's main thread was running: its innermost frame in the program's own files,
+  and whether it was inside backward() or an optimizer's step.
+A capture made on the agent's thread (the steps paused, or a program without steps) also asks
+the main thread, between two of its bytecodes (`Py_AddPendingCall`), for a probe of at most
+PROBE_BUDGET_S: the tensors that the locals of its running functions and the program's module
+globals hold, and the tensors that their autograd graphs save. A capture made at a step
+boundary runs the probe there, on the program's thread.
+
+The capture runs through `Neutral` (the program's collections come when they would have come)
+and writes one line. Captures stop at MAX_CAPTURES, probes at MAX_PROBES; after LATE_CAPTURES
+a new high must be LATE_RISE above the last. What each cost is in the exit record (`cost`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+import weakref
+
+from .neutral import NO_ROOM, quiet_gc
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_DIR = os.sep + "torch" + os.sep
+
+MIN_BYTES = 64 << 20  # no capture below this total
+RISE_BYTES = 16 << 20
+RISE_SHARE = 0.02  # a new high: above the last capture by RISE_BYTES and by this share
+LATE_CAPTURES = 8
+LATE_RISE = 0.10
+MAX_CAPTURES = 32
+MAX_PROBES = 8
+PROBE_BUDGET_S = 0.008  # of the program's time, on its main thread, per probe
+MAX_GRAPH_NODES = 200_000
+MAX_HOLDERS = 4  # per category in a probe's record
+MAX_OPTIMIZERS = 16
+
+
+class PeakWatch:
+    """The captures at new highs, and the probes they ask of the main thread."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.optimizers: list = []  # weak references, made on the program's thread through Neutral
+        self.last_optimizer = 0  # id() of the optimizer seen at the last step: one compare a step
+        self.best: list = []  # per device slot: the highest total captured
+        self.captures = 0
+        self.probes = 0
+        self.asked = False
+        self.pending_capture = 0
+        self.callback = None
+        self.add_pending = None
+        self.main_ident = threading.main_thread().ident
+        self.names = None  # graphs.SavedNames, made at the first probe
+
+    def prepare(self, devices: int) -> None:
+        """Made once at CUDA's start, on the program's thread."""
+        self.best = [0] * devices
+        try:
+            import ctypes
+
+            self.callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(self._on_main_thread)
+            self.add_pending = ctypes.pythonapi.Py_AddPendingCall
+            self.add_pending.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            self.add_pending.restype = ctypes.c_int
+        except Exception:
+            self.callback = self.add_pending = None
+
+    # -- the optimizers ---------------------------------------------------------------
+    def seen(self, optimizer) -> None:
+        """From the step hook, on the program's thread: one compare unless the optimizer is new."""
+        if id(optimizer) == self.last_optimizer:
+            return
+        self.last_optimizer = id(optimizer)
+        for ref in self.optimizers:
+            if ref() is optimizer:
+                return
+        if len(self.optimizers) >= MAX_OPTIMIZERS:
+            return
+        sampler = self.agent.sampler
+        if sampler.neutral is None:
+            return
+        with sampler.lock, quiet_gc():  # a weak reference is an object the collector counts
+            sampler.neutral.read(self._keep, optimizer)
+
+    def _keep(self, optimizer) -> None:
+        self.optimizers.append(weakref.ref(optimizer))
+
+    # -- the captures -----------------------------------------------------------------
+    def check(self, now: float, by: str) -> None:
+        """After each sample (the sampler's lock held)."""
+        if self.captures >= MAX_CAPTURES:
+            return
+        sampler = self.agent.sampler
+        rows = sampler.rows
+        live = sampler.live
+        for i in range(len(rows)):
+            if not live[i]:
+                continue
+            row = rows[i]
+            total = row[5] or row[3] or 0
+            best = self.best[i]
+            share = LATE_RISE if self.captures >= LATE_CAPTURES else RISE_SHARE
+            if total < MIN_BYTES or total < best + RISE_BYTES or total < best * (1 + share):
+                continue
+            self.best[i] = total
+            started = time.perf_counter()
+            if sampler.neutral.read(self._capture, i, by != "step") is NO_ROOM:
+                self.best[i] = best
+                continue
+            cost = self.agent.cost
+            spent = time.perf_counter() - started
+            cost["peak_capture_s"] = cost.get("peak_capture_s", 0.0) + spent
+            if spent > cost.get("peak_capture_max_s", 0.0):
+                cost["peak_capture_max_s"] = spent
+            if by == "step" and threading.get_ident() == self.main_ident:
+                self.probe(self.captures)
+            elif self.agent.run_dir and self.probes < MAX_PROBES and not self.asked:
+                self.ask(self.captures)
+            return  # one device a sample
+
+    def _capture(self, i: int) -> None:
+        """One capture's line."""
+        agent = self.agent
+        sampler = agent.sampler
+        row = sampler.rows[i]
+        index = row[0]
+        try:
+            split = sampler.stats_fn(index)["inactive_split_bytes"]["all"]["current"]
+        except Exception:
+            split = None
+        seen: dict = {}  # storage address -> category: each storage counted once
+        params = grads = state = 0
+        names = ""
+        for ref in self.optimizers:
+            opt = ref()
+            if opt is None:
+                continue
+            p_bytes = g_bytes = s_bytes = 0
+            try:
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        p_bytes += _count(p, index, seen, 1)
+                        g = p.grad
+                        if g is not None:
+                            g_bytes += _count(g, index, seen, 2)
+                        st = opt.state.get(p)
+                        if st:
+                            for v in st.values():
+                                s_bytes += _count(v, index, seen, 3)
+            except Exception:
+                pass
+            params += p_bytes
+            grads += g_bytes
+            state += s_bytes
+            name = type(opt).__name__
+            names = (f'{names},["{name}",{p_bytes},{g_bytes},{s_bytes}]' if names
+                     else f'["{name}",{p_bytes},{g_bytes},{s_bytes}]')
+            del opt
+        where, inside = self._main_thread_place()
+        self.captures += 1
+        agent.channel.write_line(
+            f'{{"type":"peak","n":{self.captures},"t":{time.monotonic()!r},"step":{agent.steps},'
+            f'"device":{index},"allocated":{_int(row[1])},"reserved":{_int(row[3])},"nvml":{_int(row[5])},'
+            f'"allocated_peak":{_int(row[6])},"inactive_split":{_int(split)},"parameters":{params},'
+            f'"gradients":{grads},"optimizer_state":{state},"optimizers":[{names}],'
+            f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(self._paused())}}}')
+
+    def _paused(self) -> bool:
+        agent = self.agent
+        if not agent.steps:
+            return False
+        watch = agent.phase_watch
+        least = 4 * watch.step_s
+        return time.monotonic() - agent.last_step_t >= (least if least > 0.05 else 0.05)
+
+    def _main_thread_place(self):
+        """The main thread's innermost frame in the program's own files ("file:line in f()"), and
+        "backward" or "optimizer step" when it was inside one."""
+        try:
+            frame = sys._current_frames().get(self.main_ident)
+        except Exception:
+            return None, None
+        where = inside = None
+        from .blocks import is_library_file
+
+        while frame is not None:
+            code = frame.f_code
+            name = code.co_filename
+            if inside is None and _TORCH_DIR in name:
+                if code.co_name in ("backward", "_engine_run_backward"):
+                    inside = "backward"
+                elif _TORCH_DIR + "optim" + os.sep in name:
+                    inside = "optimizer step"
+            if where is None and not is_library_file(name):
+                where = f"{os.path.basename(name)}:{frame.f_lineno} in {code.co_name}()"
+            frame = frame.f_back
+        return where, inside
+
+    # -- the probes -------------------------------------------------------------------
+    def ask(self, capture: int) -> None:
+        if self.add_pending is None:
+            return
+        self.asked = True
+        self.pending_capture = capture
+        try:
+            if self.add_pending(self.callback, None) != 0:
+                self.asked = False
+        except Exception:
+            self.asked = False
+
+    def _on_main_thread(self, _) -> int:
+        """Between two of the main thread's bytecodes. Never raises; never inside the agent's own
+        work nor an import."""
+        try:
+            self.asked = False
+            frame = sys._getframe(1)
+            while frame is not None:
+                name = frame.f_code.co_filename
+                if name.startswith(_PACKAGE_DIR) or name.startswith("<frozen importlib"):
+                    return 0
+                frame = frame.f_back
+            if not self.agent.finished:
+                self.probe(self.pending_capture)
+        except Exception:
+            pass
+        return 0
+
+    def probe(self, capture: int) -> None:
+        """The tensors the program's names hold, on its own thread, within PROBE_BUDGET_S."""
+        if self.probes >= MAX_PROBES or self.agent.torch is None:
+            return
+        self.probes += 1
+        started = time.perf_counter()
+        with quiet_gc():
+            try:
+                probe = Probe(self.agent.torch, self._saved_names(), started + PROBE_BUDGET_S)
+                probe.optimizers([ref() for ref in self.optimizers])
+                record = probe.run()
+                del probe
+            except Exception as exc:
+                record = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+            spent = time.perf_counter() - started
+            record.update({"type": "peak_probe", "n": capture, "t": time.monotonic(), "elapsed_s": round(spent, 5)})
+            self.agent.channel.write(record)
+            cost = self.agent.cost
+            cost["peak_probe_s"] = cost.get("peak_probe_s", 0.0) + spent
+            if spent > cost.get("peak_probe_max_s", 0.0):
+                cost["peak_probe_max_s"] = spent
+            del record
+
+    def _saved_names(self):
+        if self.names is None:
+            from .graphs import SavedNames
+
+            self.names = SavedNames()
+        return self.names
+
+
+class Probe:
+    """One probe: the program's names that hold CUDA tensors, by category ("temporaries": a running
+    function's locals; "kept-tensors": the program's module globals; "graphs-kept": what the
+    autograd graphs of those tensors save), each storage counted once, largest holders kept."""
+
+    def __init__(self, torch, names, deadline: float):
+        self.tensor = torch.Tensor
+        self.module = torch.nn.Module
+        self.names = names
+        self.deadline = deadline
+        self.seen: set = set()  # storage addresses already counted
+        self.nodes: set = set()
+        self.found: dict = {"parameters": {}, "temporaries": {}, "kept-tensors": {}, "graphs-kept": {}}
+        # (holder -> [bytes, line]; "parameters": of modules the names hold, beyond the optimizers')
+        self.stopped = None
+        self.visited = 0
+
+    def optimizers(self, optimizers: list) -> None:
+        """Their parameters, gradients and state are counted by the capture: not again here."""
+        for opt in optimizers:
+            if opt is None:
+                continue
+            try:
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        for t in (p, p.grad, *(opt.state.get(p) or {}).values()):
+                            if isinstance(t, self.tensor) and t.is_cuda:
+                                self.seen.add(t.untyped_storage().data_ptr())
+            except Exception:
+                continue
+
+    def run(self) -> dict:
+        from .blocks import is_library_file
+
+        names = []  # (category, holder, line, value): a running function's locals, innermost first
+        frame = sys._getframe()
+        while frame is not None:
+            code = frame.f_code
+            if not is_library_file(code.co_filename) and frame.f_locals is not frame.f_globals:
+                where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
+                names += [("temporaries", f"{code.co_name}() local {k}", where, v)
+                          for k, v in list(frame.f_locals.items())]
+            frame = frame.f_back
+        main = sys.modules.get("__main__")
+        if main is not None:
+            names += [("kept-tensors", f"global {k}", None, v) for k, v in list(vars(main).items())]
+        for _, holder, line, value in names:  # the modules' parameters first: a graph saves weights too
+            if isinstance(value, self.module):
+                self._module(value, holder, line)
+        for category, holder, line, value in names:
+            if self.stopped:
+                break
+            self._value(value, holder, line, category)
+        out = {"stopped": self.stopped, "graph_nodes": self.visited}
+        for category, holders in self.found.items():
+            ranked = sorted(holders.items(), key=lambda kv: -kv[1][0])[:MAX_HOLDERS]
+            out[category] = [[name, b, line] for name, (b, line) in ranked]
+            out[category + "_bytes"] = sum(b for b, _ in holders.values())
+        return out
+
+    def _value(self, value, name: str, line, category: str) -> None:
+        if isinstance(value, self.tensor):
+            self._tensor(value, name, line, category)
+        elif type(value) in (list, tuple):
+            for v in value[:4096]:
+                if isinstance(v, self.tensor):
+                    self._tensor(v, f"{name}[*]", line, category)
+        elif type(value) is dict:
+            for v in list(value.values())[:4096]:
+                if isinstance(v, self.tensor):
+                    self._tensor(v, f"{name}[*]", line, category)
+        if time.perf_counter() > self.deadline:
+            self.stopped = "time"
+
+    def _module(self, module, name: str, line) -> None:
+        try:
+            for t in (*module.parameters(), *module.buffers()):
+                if t.is_cuda:
+                    storage = t.untyped_storage()
+                    address = storage.data_ptr()
+                    if address not in self.seen:
+                        self.seen.add(address)
+                        self._add("parameters", f"{name} ({type(module).__name__})", storage.nbytes(), line)
+        except Exception:
+            pass
+
+    def _tensor(self, t, name: str, line, category: str) -> None:
+        try:
+            if not t.is_cuda:
+                return
+            storage = t.untyped_storage()
+            address = storage.data_ptr()
+            if address not in self.seen:
+                self.seen.add(address)
+                self._add(category, name, storage.nbytes(), line)
+            fn = t.grad_fn
+        except Exception:
+            return
+        if fn is not None:
+            self._graph(fn, name, line)
+
+    def _add(self, category: str, name: str, size: int, line) -> None:
+        entry = self.found[category].get(name)
+        if entry is None:
+            self.found[category][name] = [size, line]
+        else:
+            entry[0] += size
+
+    def _graph(self, root, name: str, line) -> None:
+        """The storages the graph under `root` saves (graphs.py reads them the same way)."""
+        stack = [root]
+        names = self.names
+        while stack:
+            node = stack.pop()
+            if id(node) in self.nodes:
+                continue
+            self.nodes.add(id(node))
+            self.visited += 1
+            if self.visited % 64 == 0 and (time.perf_counter() > self.deadline or self.visited > MAX_GRAPH_NODES):
+                self.stopped = "time" if self.visited <= MAX_GRAPH_NODES else "nodes"
+                return
+            freed = False
+            for field in names[type(node)]:
+                try:
+                    value = getattr(node, field)
+                except Exception:
+                    freed = True
+                    continue
+                for v in (value if type(value) in (tuple, list) else (value,)):
+                    if v is None or not isinstance(v, self.tensor):
+                        continue
+                    try:
+                        if not v.is_cuda:
+                            continue
+                        storage = v.untyped_storage()
+                        address = storage.data_ptr()
+                        if address not in self.seen:
+                            self.seen.add(address)
+                            self._add("graphs-kept", f"{name}.grad_fn", storage.nbytes(), line)
+                    except Exception:
+                        continue
+            if freed:
+                continue
+            try:
+                for child, _ in node.next_functions:
+                    if child is not None:
+                        stack.append(child)
+            except Exception:
+                continue
+
+
+def _count(t, index: int, seen: dict, category: int) -> int:
+    """The bytes of t's storage if it lies on this device and is not counted yet."""
+    try:
+        if t.get_device() != index:
+            return 0
+        storage = t.untyped_storage()
+        address = storage.data_ptr()
+        if address in seen:
+            return 0
+        seen[address] = category
+        return storage.nbytes()
+    except Exception:
+        return 0
+
+
+def _int(value) -> str:
+    return "null" if value is None else str(int(value))
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _text(value) -> str:
+    if value is None:
+        return "null"
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'

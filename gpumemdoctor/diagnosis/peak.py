@@ -1,0 +1,210 @@
+"""What made the peak: one process's highest observed moment on one GPU, split into parts that add
+up to it, and the findings where that peak could be lower. Pure: it reads the agent's `peak`
+records (a capture at each new high of the process's memory) and their probes (_agent/peak.py).
+
+How each part is recognised:
+- context: the breakdown's CUDA context (read at the first allocation);
+- outside-pytorch: NVML's figure for the process, less the context and PyTorch's reserved memory;
+- fragmentation: PyTorch's `inactive_split_bytes`, free memory inside split segments;
+- cache: the rest of reserved memory not allocated;
+- parameters, gradients, optimizer-state: the storages of every optimizer that stepped (its
+  parameter groups, their .grad, its state), each counted once, at the same moment; parameters also
+  of modules the probe found in the program's names;
+- graphs-kept, temporaries, kept-tensors: the probe, on the main thread just after the capture:
+  what the autograd graphs of tensors in the program's names save, what the locals of running
+  functions hold, what the main module's globals hold;
+- unclassified: the rest of the allocated memory, never guessed at (what the main thread was
+  running says where it came from: inside backward(), activations and gradients being made).
+"""
+from __future__ import annotations
+
+from .findings import PEAK_CATEGORIES as _ORDER, Breakdown, Finding, PeakComposition, PeakPart
+from .remedies import FINDINGS
+from ..units import format_bytes as fb
+
+MIN_FINDING_BYTES = 256 << 20
+FRAGMENTED_SHARE = 0.10  # of the peak: free memory in split segments
+TEMPORARY_SHARE = 0.25  # of the allocated memory: one running function's local
+STATE_SHARE = 0.25  # of the peak: gradients and optimizer state held through an evaluation
+GRAPHS_SHARE = 0.20  # of the allocated memory: graphs kept by the program's names in a pause
+PROBE_PARTS = ("parameters", "graphs-kept", "temporaries", "kept-tensors")
+
+HOW = {
+    "context": "the CUDA context, read at the process's first allocation",
+    "outside-pytorch": "NVML's figure for the process less the context and PyTorch's reserved memory",
+    "fragmentation": "free memory inside the allocator's split segments (inactive_split_bytes)",
+    "cache": "reserved by PyTorch, neither allocated nor split: free for its next allocations",
+    "parameters": "the parameters of the optimizers that stepped and of modules the program's names hold",
+    "gradients": "the .grad of those parameters",
+    "optimizer-state": "the optimizers' state (AdamW: exp_avg and exp_avg_sq)",
+    "graphs-kept": "saved by the autograd graphs of tensors the program's names hold (read from the graphs)",
+    "temporaries": "held by the locals of functions running at that moment",
+    "kept-tensors": "held by the main module's globals",
+    "unclassified": "allocated, and held by nothing the readings name",
+}
+
+
+def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComposition | None, list[Finding]]:
+    """The composition of this process's highest capture on this device, and its findings."""
+    captures = [c for c in agent.root.get("peaks", []) if c["device"] == torch_index]
+    if not captures:
+        return None, []
+    context = b.context_bytes
+
+    def total(c: dict) -> int:
+        return c["nvml"] if c["nvml"] else (context or 0) + (c["reserved"] or 0)
+
+    best = max(captures, key=total)
+    probe = next((p for p in agent.root.get("peak_probes", []) if p["n"] == best["n"]), None)
+    peak_total = total(best)
+    allocated = best["allocated"] or 0
+    reserved = max(best["reserved"] or 0, allocated)
+    notes: list[str] = []
+    parts: dict[str, PeakPart] = {}
+
+    def add(category: str, size: int, holders: list | None = None, how: str | None = None) -> None:
+        if size > 0 or category == "context":
+            parts[category] = PeakPart(category, size, how or HOW[category], holders or [])
+
+    ctx = min(context or 0, peak_total)
+    if context is None:
+        notes.append("the CUDA context was not read: it is counted in memory outside PyTorch")
+    add("context", ctx)
+    outside = peak_total - ctx - reserved
+    if best["nvml"] and outside < 0:
+        notes.append(f"NVML read {fb(peak_total)}, less than the context and PyTorch's reserved memory "
+                     f"({fb(ctx + reserved)}): the readings were not of one moment")
+    add("outside-pytorch", max(0, outside), how=HOW["outside-pytorch"] + _libraries(agent))
+    free = reserved - allocated
+    split = min(best["inactive_split"] or 0, free)
+    add("fragmentation", split)
+    add("cache", free - split)
+    # Within the allocated memory: the optimizers' parts, then the probe's, then the rest.
+    left = allocated
+    optimizers = best["optimizers"]
+    for category, key, column, label in (("parameters", "parameters", 1, "{}'s parameter groups"),
+                                         ("gradients", "gradients", 2, "{}'s parameters' .grad"),
+                                         ("optimizer-state", "optimizer_state", 3, "{}.state")):
+        size = min(best[key], left)
+        left -= size
+        holders = [{"name": label.format(o[0]), "bytes": o[column], "line": None}
+                   for o in sorted(optimizers, key=lambda o: -o[column]) if o[column]]
+        add(category, size, holders)
+    if probe is not None and "error" not in probe:
+        cut = False
+        for category in PROBE_PARTS:
+            found = probe.get(f"{category}_bytes", 0)
+            size = min(found, left)
+            cut = cut or size < found
+            left -= size
+            if size <= 0:
+                continue
+            holders = [{"name": h[0], "bytes": h[1], "line": h[2]} for h in probe.get(category, [])]
+            if category == "parameters" and "parameters" in parts:
+                prior = parts["parameters"]
+                prior.bytes += size
+                prior.holders = sorted(prior.holders + holders, key=lambda h: -h["bytes"])[:4]
+            else:
+                add(category, size, holders)
+        if cut:
+            notes.append(f"the probe ran {probe['elapsed_s'] * 1000:.0f} ms after the reading and found more "
+                         "than its allocated memory: its parts are cut to fit")
+        if probe.get("stopped"):
+            notes.append(f"the probe stopped at its budget ({probe['stopped']}, {probe.get('graph_nodes', 0):,} "
+                         "graph nodes read): what it did not reach is unclassified")
+    elif probe is not None:
+        notes.append(f"the probe of the program's names failed ({probe['error']})")
+    else:
+        notes.append("no probe of the program's names was made at this moment: graphs, temporaries and "
+                     "kept tensors are not told apart")
+    if not optimizers and not (probe and probe.get("parameters_bytes")):
+        notes.append("no optimizer stepped and no module was found in the program's names: parameters are "
+                     "unclassified")
+    add("unclassified", left, how=_unclassified_how(best))
+    if (best["allocated_peak"] or 0) > allocated:
+        notes.append(f"PyTorch's allocated peak counter reached {fb(best['allocated_peak'])} by then, "
+                     f"{fb(best['allocated_peak'] - allocated)} above this moment: tensors that lived between "
+                     "two readings (a step's activations and temporaries), in memory reserved at this moment "
+                     "if it was not emptied since")
+    if len(captures) > 1:
+        notes.append(f"the highest of {len(captures)} readings made at new highs of this process's memory")
+    ordered = [parts[c] for c in _ORDER if c in parts]
+    composition = PeakComposition(
+        pid=agent.pid, device=_nvml_index(agent, torch_index), torch_index=torch_index, t=best["t"],
+        step=best["step"], total_bytes=sum(p.bytes for p in ordered), allocated_bytes=allocated,
+        reserved_bytes=reserved, parts=ordered, allocated_peak_bytes=best["allocated_peak"],
+        in_pause=best["paused"], where=best["where"], notes=notes)
+    return composition, findings(composition, best, where)
+
+
+
+
+def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
+    """The peaks that could be lower; each a warning, never a verdict."""
+    out: list[Finding] = []
+    moment = f"At the peak of {where} ({fb(c.total_bytes)}, step {c.step})"
+    evidence = {"decided_by": "peak", "peak_t": c.t, "peak_step": c.step, "peak_bytes": c.total_bytes}
+
+    def part(name: str) -> int:
+        p = c.part(name)
+        return p.bytes if p else 0
+
+    split = part("fragmentation")
+    if split >= max(MIN_FINDING_BYTES, FRAGMENTED_SHARE * c.total_bytes):
+        out.append(Finding(kind="fragmented-peak", bytes=split, pid=c.pid, device=c.device,
+                           summary=f"{moment}, {fb(split)} was free memory split inside the allocator's "
+                                   "segments, too small in pieces to serve larger requests",
+                           evidence={**evidence, "inactive_split_bytes": split, "reserved_bytes": c.reserved_bytes},
+                           remedy=FINDINGS["fragmented-peak"]))
+    temporaries = c.part("temporaries")
+    if temporaries and temporaries.holders:
+        top = temporaries.holders[0]
+        if top["bytes"] >= max(MIN_FINDING_BYTES, TEMPORARY_SHARE * c.allocated_bytes):
+            at = f" ({top['line']})" if top["line"] else ""
+            out.append(Finding(kind="temporary-peak", bytes=top["bytes"], pid=c.pid, device=c.device,
+                               summary=f"{moment}, {top['name']}{at} held {fb(top['bytes'])} of its own",
+                               evidence={**evidence, "holder": top["name"], "line": top["line"]},
+                               remedy=FINDINGS["temporary-peak"]))
+    state = part("gradients") + part("optimizer-state")
+    if c.in_pause and state >= max(MIN_FINDING_BYTES, STATE_SHARE * c.total_bytes):
+        out.append(Finding(kind="state-at-evaluation", bytes=state, pid=c.pid, device=c.device,
+                           summary=f"{moment}, during a pause in the steps (an evaluation), gradients "
+                                   f"({fb(part('gradients'))}) and optimizer state ({fb(part('optimizer-state'))}) "
+                                   "were held",
+                           evidence={**evidence, "gradients_bytes": part("gradients"),
+                                     "optimizer_state_bytes": part("optimizer-state")},
+                           remedy=FINDINGS["state-at-evaluation"]))
+    graphs = c.part("graphs-kept")
+    if (graphs and (c.in_pause or not c.step)
+            and graphs.bytes >= max(MIN_FINDING_BYTES, GRAPHS_SHARE * c.allocated_bytes)):
+        top = graphs.holders[0] if graphs.holders else None
+        held = f" by {top['name']}" + (f" ({top['line']})" if top and top["line"] else "") if top else ""
+        out.append(Finding(kind="avoidable-peak", bytes=graphs.bytes, pid=c.pid, device=c.device,
+                           summary=f"{moment}, autograd graphs held{held} kept {fb(graphs.bytes)} of saved "
+                                   "tensors that no backward() would use",
+                           evidence={**evidence, "holder": top["name"] if top else None,
+                                     "line": top["line"] if top else None},
+                           remedy=FINDINGS["graphs-at-peak"]))
+    return out
+
+
+def _unclassified_how(capture: dict) -> str:
+    inside = capture.get("inside")
+    if inside == "backward":
+        return (HOW["unclassified"] + "; read while the program was inside backward(): activations saved "
+                "for backward, gradients being made and backward's temporaries")
+    if inside == "optimizer step":
+        return HOW["unclassified"] + "; read inside an optimizer's step: its temporaries"
+    return HOW["unclassified"]
+
+
+def _libraries(agent) -> str:
+    names = [r["name"] for r in agent.root.get("libraries", [])]
+    if agent.root.get("groups"):
+        names.append("NCCL (process groups)")
+    return f"; libraries with memory of their own in this process: {', '.join(names)}" if names else ""
+
+
+def _nvml_index(agent, torch_index: int) -> int | None:
+    device = agent.device(torch_index)
+    return device.nvml_index if device else None
