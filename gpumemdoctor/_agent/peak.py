@@ -272,8 +272,9 @@ class Probe:
     function's locals; "kept-tensors": the program's module globals; "graphs-kept": what the
     autograd graphs of those tensors save), each storage counted once, largest holders kept."""
 
-    def __init__(self, torch, names, deadline: float):
+    def __init__(self, torch, names, deadline: float, on_device=None):
         self.tensor = torch.Tensor
+        self.on_device = on_device or _is_cuda  # tests read CPU tensors
         self.module = torch.nn.Module
         self.names = names
         self.deadline = deadline
@@ -293,7 +294,7 @@ class Probe:
                 for group in opt.param_groups:
                     for p in group["params"]:
                         for t in (p, p.grad, *(opt.state.get(p) or {}).values()):
-                            if isinstance(t, self.tensor) and t.is_cuda:
+                            if isinstance(t, self.tensor) and self.on_device(t):
                                 self.seen.add(t.untyped_storage().data_ptr())
             except Exception:
                 continue
@@ -344,7 +345,7 @@ class Probe:
     def _module(self, module, name: str, line) -> None:
         try:
             for t in (*module.parameters(), *module.buffers()):
-                if t.is_cuda:
+                if self.on_device(t):
                     storage = t.untyped_storage()
                     address = storage.data_ptr()
                     if address not in self.seen:
@@ -355,7 +356,7 @@ class Probe:
 
     def _tensor(self, t, name: str, line, category: str) -> None:
         try:
-            if not t.is_cuda:
+            if not self.on_device(t):
                 return
             storage = t.untyped_storage()
             address = storage.data_ptr()
@@ -399,7 +400,7 @@ class Probe:
                     if v is None or not isinstance(v, self.tensor):
                         continue
                     try:
-                        if not v.is_cuda:
+                        if not self.on_device(v):
                             continue
                         storage = v.untyped_storage()
                         address = storage.data_ptr()
@@ -416,6 +417,10 @@ class Probe:
                         stack.append(child)
             except Exception:
                 continue
+
+
+def _is_cuda(t) -> bool:
+    return t.is_cuda
 
 
 def _count(t, index: int, seen: dict, category: int) -> int:
