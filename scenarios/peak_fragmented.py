@@ -25,3 +25,4 @@ truth = {"fragmentation": stats["inactive_split_bytes.all.current"], "reserved":
 time.sleep(0.5)  # held: the readings see it
 del large, kept
 print("peak-truth: " + json.dumps(truth), file=sys.stderr)
+torch.cuda.empty_cache()  # the end: nothing left in the cache (a clean run)

@@ -212,3 +212,20 @@ def test_the_allocated_peak_counter_above_the_reading_is_said():
     c, _ = peak.compose(_Agent([capture(allocated_peak=3 * GiB + 700 * MiB, inside="backward")]), 0, breakdown(), "p")
     assert any("700 MiB above this moment" in n for n in c.notes), c.notes
     assert "inside backward()" in c.part("unclassified").how
+
+
+def test_the_probe_walks_a_long_chain_to_its_end():
+    torch = pytest.importorskip("torch")
+
+    def evaluate():
+        total = torch.zeros(())
+        w = torch.ones(1000, requires_grad=True)
+        for _ in range(300):
+            total = total + (w * torch.full((1000,), 2.0)).sum()  # each product saves its 4000-byte operand
+        return _probe(torch).run()
+
+    found = evaluate()
+    # Node wrappers are made as the walk reads them: without keeping them, a freed one's id comes
+    # back for the next node, which the walk then takes for one it has seen and stops.
+    assert found["graph_nodes"] >= 900, found["graph_nodes"]
+    assert found["graphs-kept_bytes"] >= 300 * 4000

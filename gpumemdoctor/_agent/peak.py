@@ -280,10 +280,13 @@ class Probe:
         self.deadline = deadline
         self.seen: set = set()  # storage addresses already counted
         self.nodes: set = set()
+        self.kept: list = []
         self.found: dict = {"parameters": {}, "temporaries": {}, "kept-tensors": {}, "graphs-kept": {}}
         # (holder -> [bytes, line]; "parameters": of modules the names hold, beyond the optimizers')
         self.stopped = None
         self.visited = 0
+        self.errors = 0  # saved fields that raised on reading, and the first one's message
+        self.error = None
 
     def optimizers(self, optimizers: list) -> None:
         """Their parameters, gradients and state are counted by the capture: not again here."""
@@ -321,7 +324,8 @@ class Probe:
             if self.stopped:
                 break
             self._value(value, holder, line, category)
-        out = {"stopped": self.stopped, "graph_nodes": self.visited}
+        out = {"stopped": self.stopped, "graph_nodes": self.visited, "graph_errors": self.errors,
+               "graph_error": self.error}
         for category, holders in self.found.items():
             ranked = sorted(holders.items(), key=lambda kv: -kv[1][0])[:MAX_HOLDERS]
             out[category] = [[name, b, line] for name, (b, line) in ranked]
@@ -385,20 +389,25 @@ class Probe:
             if id(node) in self.nodes:
                 continue
             self.nodes.add(id(node))
+            self.kept.append(node)  # a node's wrapper is made on reading: kept, so that its id is not reused
             self.visited += 1
             if self.visited % 64 == 0 and (time.perf_counter() > self.deadline or self.visited > MAX_GRAPH_NODES):
                 self.stopped = "time" if self.visited <= MAX_GRAPH_NODES else "nodes"
                 return
-            freed = False
+            raised = present = False
             for field in names[type(node)]:
                 try:
                     value = getattr(node, field)
-                except Exception:
-                    freed = True
+                except Exception as exc:
+                    raised = True
+                    self.errors += 1
+                    if self.error is None:
+                        self.error = f"{type(node).__name__}.{field}: {type(exc).__name__}: {exc}"[:200]
                     continue
                 for v in (value if type(value) in (tuple, list) else (value,)):
                     if v is None or not isinstance(v, self.tensor):
                         continue
+                    present = True
                     try:
                         if not self.on_device(v):
                             continue
@@ -409,7 +418,7 @@ class Probe:
                             self._add("graphs-kept", f"{name}.grad_fn", storage.nbytes(), line)
                     except Exception:
                         continue
-            if freed:
+            if raised and not present:  # backward() freed them, and everything below it needed (graphs.py)
                 continue
             try:
                 for child, _ in node.next_functions:

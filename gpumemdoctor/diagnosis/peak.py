@@ -27,6 +27,7 @@ FRAGMENTED_SHARE = 0.10  # of the peak: free memory in split segments
 TEMPORARY_SHARE = 0.25  # of the allocated memory: one running function's local
 STATE_SHARE = 0.25  # of the peak: gradients and optimizer state held through an evaluation
 GRAPHS_SHARE = 0.20  # of the allocated memory: graphs kept by the program's names in a pause
+MIN_HOLDER_BYTES = 64 << 10  # a holder smaller than this is not named (a scalar loss, a step count)
 PROBE_PARTS = ("parameters", "graphs-kept", "temporaries", "kept-tensors")
 
 HOW = {
@@ -99,7 +100,8 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
             left -= size
             if size <= 0:
                 continue
-            holders = [{"name": h[0], "bytes": h[1], "line": h[2]} for h in probe.get(category, [])]
+            holders = [{"name": h[0], "bytes": h[1], "line": h[2]} for h in probe.get(category, [])
+                       if h[1] >= MIN_HOLDER_BYTES]
             if category == "parameters" and "parameters" in parts:
                 prior = parts["parameters"]
                 prior.bytes += size

@@ -153,6 +153,7 @@ PEAK = Shape({"n": INT, "t": NUM, "step": opt(INT), "device": INT, "allocated": 
               "where": opt(STR), "inside": opt(STR), "paused": BOOL})
 _HELD = list_of(row(STR, SIZE, opt(STR)))
 PEAK_PROBE = Shape({"n": INT, "t": NUM, "elapsed_s": NUM, "stopped": may(opt(STR)), "graph_nodes": may(INT),
+                    "graph_errors": may(INT), "graph_error": may(opt(STR)),
                     "error": may(STR),
                     **{k: may(_HELD) for k in ("parameters", "temporaries", "kept-tensors", "graphs-kept")},
                     **{f"{k}_bytes": may(SIZE) for k in ("parameters", "temporaries", "kept-tensors", "graphs-kept")}})
