@@ -30,6 +30,14 @@ before is already above the limit is the test's own peak unknown: then, for that
 only, the plugin calls `torch.cuda.reset_peak_memory_stats()` just before it, and the summary
 says so.
 
+What filled the peak: during a `vram_limit` test (where the tests have imported torch), a global
+optimizer step post hook (`torch.optim.optimizer.register_optimizer_step_post_hook`) is registered,
+and removed after the test. At each step it reads, per GPU, the unique storages of the optimizers'
+parameters, their gradients and their state tensors (`optimizer_parts`; one pass over them a step).
+A failure names them, as read at the last optimizer step, and calls the rest of PyTorch's peak
+unclassified (activations, temporaries); without a step it says that the parts are not known.
+The plugin cannot see activations, graphs or the cache by name: `gpumemdoctor run` can.
+
 A failure in the plugin never errors a test: checks stop, and the summary says why. Under
 pytest-xdist each worker checks its own tests and the controller prints the summary.
 """
@@ -109,6 +117,84 @@ def judge_limit(peak_before: int, peak_after: int, limit: int, device: str = "cu
             f"{already}.")
 
 
+PARTS_READ = ("parameters", "gradients", "optimizer state")
+
+
+def optimizer_parts(optimizers: Any) -> dict[str, dict[str, int]]:
+    """Per device ("cuda:0", "cpu"): the bytes of the optimizers' parameters, their gradients and their
+    state's tensors (PARTS_READ). Each storage is counted once, in the first of these where it is
+    found (a parameter shared by two optimizers, a state tensor that views a parameter)."""
+    seen: set = set()
+    out: dict[str, dict[str, int]] = {}
+
+    def add(tensor: Any, part: str) -> None:
+        if not hasattr(tensor, "untyped_storage"):
+            return
+        storage = tensor.untyped_storage()
+        device = str(tensor.device)
+        key = (device, storage.data_ptr())
+        size = storage.nbytes()
+        if size and key not in seen:
+            seen.add(key)
+            out.setdefault(device, dict.fromkeys(PARTS_READ, 0))[part] += size
+
+    optimizers = list(optimizers)
+    params = [p for o in optimizers for group in o.param_groups for p in group["params"]]
+    for p in params:
+        add(p, "parameters")
+    for p in params:
+        add(getattr(p, "grad", None), "gradients")
+    for o in optimizers:
+        for state in list(o.state.values()):
+            for value in list(state.values()) if isinstance(state, dict) else []:
+                add(value, "optimizer state")
+    return out
+
+
+def judge_limit_parts(peak: int, parts: dict[str, int] | None, steps: int) -> str:
+    """What filled a test's peak, as far as the plugin knows: the parts read at the last optimizer step
+    (`steps` of them during the test), the rest of the peak unclassified."""
+    if not steps:
+        return ("What filled it is not known here: no optimizer stepped during the test (gpumemdoctor run "
+                "tells the parts of a peak).")
+    parts = parts or dict.fromkeys(PARTS_READ, 0)
+    said = ", ".join(f"{name} {format_bytes(parts.get(name, 0))}" for name in PARTS_READ)
+    rest = max(0, peak - sum(parts.values()))
+    nth = "the only one" if steps == 1 else f"step {steps} of the test"
+    return (f"What filled it, read at the last optimizer step ({nth}), not at the peak itself: {said}; the rest "
+            f"of the peak, {format_bytes(rest)}, unclassified (activations, temporaries).")
+
+
+class StepWatch:
+    """The optimizers that stepped during a test, and their parts at the last step (optimizer_parts);
+    a global step post hook from start() to stop()."""
+
+    def __init__(self) -> None:
+        import weakref
+
+        self.optimizers: Any = weakref.WeakSet()
+        self.steps = 0
+        self.parts: dict[str, dict[str, int]] = {}
+        self._handle: Any = None
+
+    def start(self, optimizer_module: Any) -> None:
+        """`optimizer_module` is torch.optim.optimizer, where the global hooks are registered."""
+        self._handle = optimizer_module.register_optimizer_step_post_hook(self._on_step)
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            self.optimizers.add(optimizer)
+            self.steps += 1
+            self.parts = optimizer_parts(self.optimizers)
+        except Exception:  # a hook never fails the program's step
+            self.parts = {}
+
+
 def _stat(stats: dict, name: str, field: str = "current") -> int:
     try:
         return int(stats[name]["all"][field])
@@ -179,6 +265,7 @@ class VramChecker:
         # (next item, reading after the last checked test): nothing runs between that reading
         # and the next test's start, so it is that test's "before" without another gc.collect().
         self._last: tuple[Any, dict[int, DeviceReading] | None] = (None, None)
+        self._steps: StepWatch | None = None  # a vram_limit test's optimizer steps
 
     def _guard(self, fn: Callable, *args: Any) -> Any:
         try:
@@ -263,7 +350,11 @@ class VramChecker:
                 failures.append(judge_leak(b.allocated, a.allocated, self.threshold, device,
                                            held.allocated))
             if limit is not None:
-                failures.append(judge_limit(b.peak, a.peak, limit, device, index in resets, b.allocated))
+                over = judge_limit(b.peak, a.peak, limit, device, index in resets, b.allocated)
+                watch = self._steps
+                if over and watch is not None:
+                    over += " " + judge_limit_parts(a.peak, watch.parts.get(device), watch.steps)
+                failures.append(over)
             if leak and before and b.nvml_bytes is not None and a.nvml_bytes is not None:
                 outside = judge_outside(a.nvml_bytes - b.nvml_bytes - (held.nvml_bytes or 0),
                                         a.reserved - b.reserved - held.reserved, self.threshold, device)
@@ -273,6 +364,15 @@ class VramChecker:
                 else:
                     failures.append(outside)
         return [f for f in failures if f]
+
+    def _watch_steps(self) -> StepWatch | None:
+        """A StepWatch started, where the tests have imported torch (the plugin never imports it)."""
+        module = sys.modules.get("torch.optim.optimizer")  # loaded with torch
+        if module is None or not hasattr(module, "register_optimizer_step_post_hook"):
+            return None
+        watch = StepWatch()
+        watch.start(module)
+        return watch
 
     # -- hooks -----------------------------------------------------------------------------
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -290,10 +390,13 @@ class VramChecker:
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         before, resets = self._guard(self._before, item, limit) or (None, set())
         self._fixtures, self._in_test = {}, True
+        self._steps = self._guard(self._watch_steps) if limit is not None else None
         try:
             reports = runtestprotocol(item, log=False, nextitem=nextitem)
         finally:
             self._in_test = False
+            if self._steps is not None:
+                self._guard(self._steps.stop)
         passed = [r.when for r in reports if r.passed and not hasattr(r, "wasxfail")] == [
             "setup", "call", "teardown"]
         failures = [] if self.found["stopped"] else (

@@ -355,3 +355,62 @@ def test_every_verdict_has_a_colour_on_the_page():
 
     for verdict in VERDICTS:
         assert f".v-{verdict}" in STYLE, verdict
+
+
+# -- what made the peak (compositions made up in tests/peak_samples.py, on recorded fixtures) ---------
+
+def _with_peak(name: str = "leak_training_list", report: dict | None = None):
+    from tests.peak_samples import composition, training_peak
+
+    recording, diagnosis = parse(report) if report is not None else load(str(FIXTURES / f"{name}.json"))
+    samples = recording.agent(recording.target_pid).samples
+    top = training_peak(pid=recording.target_pid, t=samples[len(samples) // 2].t)
+    diagnosis.peak_compositions = [composition(pid=99, gradients=1 << 20, context=1 << 20), top]
+    return recording, diagnosis, top
+
+
+def test_the_peak_is_drawn_over_time_by_category_with_its_moment_and_parts():
+    recording, diagnosis, top = _with_peak()
+    page = html.render(recording, diagnosis)
+    fig = figures_of(page)["peak-0"]  # the largest composition's chart; the other (no samples) has none
+    assert "peak-1" not in figures_of(page)
+    scale = fig["layout"]["meta"]["scale"]
+    areas = {t["name"]: t for t in fig["data"] if t.get("stackgroup") == "over-time"}
+    assert list(areas) == ["CUDA context", "allocated", "allocator cache", "outside PyTorch"]
+    b = next(b for b in diagnosis.breakdowns if b.pid == recording.target_pid)
+    agent = recording.agent(recording.target_pid)
+    readings = [(s.t, s.readings[0]) for s in agent.samples if s.readings]
+    assert {round(y * scale) for y in areas["CUDA context"]["y"]} == {b.context_bytes}
+    assert [round(y * scale) for y in areas["allocated"]["y"]] == [r.allocated_bytes for _, r in readings]
+    assert [round(y * scale) for y in areas["allocator cache"]["y"]] == [r.reserved_bytes - r.allocated_bytes
+                                                                      for _, r in readings]
+    assert [round(y * scale) for y in areas["outside PyTorch"]["y"]] == [
+        max(0, r.nvml_used_bytes - b.context_bytes - r.reserved_bytes) for _, r in readings]
+    assert areas["allocated"]["x"] == pytest.approx([t for t, _ in readings], abs=1e-4)
+    # the moment, and the bar of its parts beside it (parts of 0 bytes left out)
+    assert [s["x0"] for s in fig["layout"]["shapes"]] == [top.t]
+    assert fig["layout"]["annotations"][0]["text"] == "peak, 3.57 GiB"
+    bars = [t for t in fig["data"] if t["type"] == "bar"]
+    assert [(t["name"], round(t["y"][0] * scale)) for t in bars] == [
+        (f"peak: {n}", p.bytes) for n, p in zip(["parameters", "gradients", "optimizer state", "unclassified",
+                                                 "allocator cache", "outside PyTorch", "CUDA context"],
+                                                [p for p in top.parts if p.bytes])]
+    assert all(t["xaxis"] == "x2" for t in bars) and fig["layout"]["barmode"] == "stack"
+    text = text_of(page)
+    assert "What made the peak" in text and "process 99, GPU 0" in text
+    assert "optimizer state 1.00 GiB 28% how optimizer-state was told holder of optimizer-state 1.00 GiB, train.py:12" in text
+    assert top.notes[0] in text and "PyTorch's allocated peak reached" in text
+
+
+def test_a_page_without_compositions_has_no_peak_section():
+    page = page_of("leak_training_list")[0]
+    assert "What made the peak" not in page and not any(k.startswith("peak-") for k in figures_of(page))
+
+
+def test_a_one_hour_run_with_a_peak_stays_under_5_mb():
+    report = one_hour(json.loads((FIXTURES / "leak_training_list.json").read_text()))
+    recording, diagnosis, _ = _with_peak(report=report)
+    page = html.render(recording, diagnosis)
+    assert len(page.encode()) < 5 * MB
+    fig = figures_of(page)["peak-0"]
+    assert len(fig["data"][0]["x"]) <= 2 * fig["layout"]["meta"]["buckets"] + 2

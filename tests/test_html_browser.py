@@ -204,3 +204,25 @@ def test_screenshot_of_a_leak_report(browser, tmp_path):
     opened.page.screenshot(path=str(out), full_page=True)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert SCREENSHOT.exists(), "docs/images/leak-report.png: take it with GPUMEMDOCTOR_UPDATE_SCREENSHOT=1"
+
+
+def test_the_peak_chart_draws_its_areas_and_bar(browser, tmp_path):
+    """A composition made up in tests/peak_samples.py on a recorded fixture: the chart is drawn offline."""
+    import dataclasses
+
+    from tests.peak_samples import training_peak
+
+    recording, diagnosis = load(str(FIXTURES / "leak_training_list.json"))
+    samples = recording.agent(recording.target_pid).samples
+    diagnosis = dataclasses.replace(diagnosis, peak_compositions=[
+        training_peak(pid=recording.target_pid, t=samples[len(samples) // 2].t)])
+    path = tmp_path / "peak.html"
+    path.write_text(html.render(recording, diagnosis, "peak.json"), encoding="utf-8")
+    opened = Opened(browser, path)
+    assert opened.charts == "drawn" and opened.errors == []
+    drawn = opened.page.evaluate(
+        """() => { const gd = document.getElementById('peak-0');
+                   return {areas: gd.querySelectorAll('.scatterlayer .trace').length,
+                           bars: gd.querySelectorAll('.barlayer .trace').length}; }""")
+    assert drawn == {"areas": 4, "bars": 7}
+    assert "What made the peak" in opened.page.inner_text("#peak-section")

@@ -292,7 +292,18 @@ RECORDING = make_recording()
 DIAGNOSIS = diagnose(RECORDING)
 JOB = job([Rank(0), Rank(1, leak_per_step=8 << 20)])
 JOB_DIAGNOSIS = diagnose(JOB)
-BASELINES = Documents([checks.baseline_document(RECORDING, DIAGNOSIS), checks.baseline_document(JOB, JOB_DIAGNOSIS)])
+
+def _with_peak_parts() -> dict:
+    """A baseline that keeps a peak's parts (a composition made up in tests/peak_samples.py)."""
+    from dataclasses import replace
+
+    from tests.peak_samples import training_peak
+
+    return checks.baseline_document(RECORDING, replace(DIAGNOSIS, peak_compositions=[training_peak()]))
+
+
+BASELINES = Documents([checks.baseline_document(RECORDING, DIAGNOSIS), checks.baseline_document(JOB, JOB_DIAGNOSIS),
+                       _with_peak_parts()])
 
 
 @settings_for("baseline")
@@ -310,7 +321,10 @@ def test_a_baseline_is_read_or_refused_and_what_is_read_is_compared(seed):
         for figure in [baseline, *baseline.get("ranks", {}).values()]:
             assert set(figure) >= set(checks.RANK_FIGURES)
             assert all(v is None or (isinstance(v, int) and 0 <= v <= MAX_SIZE_BYTES) for k, v in figure.items()
-                       if k != "ranks")
+                       if k not in ("ranks", "peak_parts"))
+        if "peak_parts" in baseline:  # every category, each a size
+            assert set(baseline["peak_parts"]) == set(checks.PEAK_CATEGORIES)
+            assert all(isinstance(v, int) and 0 <= v <= MAX_SIZE_BYTES for v in baseline["peak_parts"].values())
         for recording, diagnosis in ((RECORDING, DIAGNOSIS), (JOB, JOB_DIAGNOSIS)):
             policy = make_policy(None, None, None, "5%", "1MiB", baseline)
             results = checks.evaluate(recording, diagnosis, policy)

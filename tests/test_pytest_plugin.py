@@ -379,3 +379,175 @@ fake_torch.cuda.memory_stats_as_nested_dict = _broken
     result.assert_outcomes(passed=2)
     assert result.stdout.str().count("gpumemdoctor: VRAM checks stopped after an error in "
                                      "gpumemdoctor's plugin (RuntimeError: the stats are gone)") == 1
+
+
+# -- what filled a vram_limit test's peak --------------------------------------------------------
+
+def test_judge_limit_parts_plain_numbers():
+    from gpumemdoctor.pytest_plugin import judge_limit_parts
+
+    parts = {"parameters": 64 * MIB, "gradients": 64 * MIB, "optimizer state": 128 * MIB}
+    assert judge_limit_parts(400 * MIB, parts, 3) == (
+        "What filled it, read at the last optimizer step (step 3 of the test), not at the peak itself: "
+        "parameters 64.0 MiB, gradients 64.0 MiB, optimizer state 128 MiB; the rest of the peak, 144 MiB, "
+        "unclassified (activations, temporaries).")
+    assert "(the only one)" in judge_limit_parts(400 * MIB, parts, 1)
+    assert "the rest of the peak, 0 B," in judge_limit_parts(100 * MIB, parts, 1)  # never negative
+    assert judge_limit_parts(400 * MIB, None, 0).startswith("What filled it is not known here: no optimizer stepped")
+
+
+def _need_torch() -> None:
+    """Skip without torch, without importing it here (an earlier test's in-process run replaced it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs torch (a CPU build will do)")
+
+
+OPTIMIZER_PARTS_CPU = """
+import torch
+from gpumemdoctor.pytest_plugin import optimizer_parts
+
+model = torch.nn.Linear(4, 4)  # 16 + 4 float32: 80 bytes
+adam = torch.optim.Adam(model.parameters())
+model(torch.ones(2, 4)).sum().backward()
+adam.step()
+parts = optimizer_parts([adam])
+# Adam's state: exp_avg and exp_avg_sq like each parameter, and a 4-byte step per parameter
+assert parts == {"cpu": {"parameters": 80, "gradients": 80, "optimizer state": 2 * 80 + 2 * 4}}, parts
+# a parameter in two optimizers, a state tensor that views a parameter: counted once, where first found
+sgd = torch.optim.SGD([model.weight], lr=0.1)
+sgd.state[model.weight]["view"] = model.weight.data[0]
+assert optimizer_parts([adam, sgd]) == parts
+assert optimizer_parts([]) == {}
+print("ok")
+"""
+
+
+def test_optimizer_parts_count_each_storage_once_per_device_cpu():
+    """Real torch on CPU, in a process of its own (torch is imported once per process)."""
+    _need_torch()
+    out = subprocess.run([sys.executable, "-c", OPTIMIZER_PARTS_CPU], capture_output=True, text=True, timeout=120,
+                         check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_the_step_hook_is_there_during_a_vram_limit_test_only_cpu(pytester):
+    """Real torch on CPU: CUDA never starts, so nothing is measured, but the hook comes and goes."""
+    _need_torch()
+    pytester.makepyfile("""
+        import pytest
+        import torch
+        import torch.optim.optimizer as opt
+
+        def test_a_plain():
+            assert len(opt._global_optimizer_post_hooks) == 0
+
+        @pytest.mark.vram_limit("1GiB")
+        def test_b_limited():
+            assert len(opt._global_optimizer_post_hooks) == 1
+            model = torch.nn.Linear(4, 4)
+            sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+            model(torch.ones(1, 4)).sum().backward()
+            sgd.step()
+
+        def test_c_after():
+            assert len(opt._global_optimizer_post_hooks) == 0
+    """)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly").assert_outcomes(passed=3)
+
+
+# The fake torch with a fake optimizer: its tensors have storages on "cuda:0", and its step runs the
+# global step post hooks, as torch.optim's does.
+FAKE_OPTIM = FAKE_TORCH + '''
+import itertools
+
+_ptrs = itertools.count(1)
+
+class _Storage:
+    def __init__(self, tensor):
+        self.tensor, self.ptr = tensor, next(_ptrs)
+    def data_ptr(self):
+        return self.ptr
+    def nbytes(self):
+        return self.tensor.nbytes
+
+def _storage(self):
+    if not hasattr(self, "_storage_"):
+        self._storage_ = _Storage(self)
+    return self._storage_
+
+FakeTensor.untyped_storage = _storage
+FakeTensor.device = "cuda:0"
+FakeTensor.grad = None
+
+_hooks = {}
+
+class _Handle:
+    def __init__(self, key):
+        self.key = key
+    def remove(self):
+        _hooks.pop(self.key, None)
+
+def register_optimizer_step_post_hook(hook):
+    key = object()
+    _hooks[key] = hook
+    return _Handle(key)
+
+class FakeAdam:
+    def __init__(self, params):
+        self.param_groups = [{"params": list(params)}]
+        self.state = {}
+    def step(self):  # a step's temporaries: setdefault's two new tensors, freed at once after the first step
+        for p in self.param_groups[0]["params"]:
+            self.state.setdefault(id(p), {"exp_avg": fake_torch.empty(p.nbytes), "exp_avg_sq": fake_torch.empty(p.nbytes)})
+        for hook in list(_hooks.values()):
+            hook(self, (), {})
+
+optimizer_module = types.ModuleType("torch.optim.optimizer")
+optimizer_module.register_optimizer_step_post_hook = register_optimizer_step_post_hook
+optimizer_module.hooks = _hooks
+fake_torch.optim = types.SimpleNamespace(Adam=FakeAdam)
+sys.modules["torch.optim"] = fake_torch.optim
+sys.modules["torch.optim.optimizer"] = optimizer_module
+'''
+
+
+def test_a_vram_limit_failure_says_what_filled_the_peak_fake_torch(pytester):
+    pytester.makeconftest(FAKE_OPTIM)
+    pytester.makepyfile("""
+        import sys
+
+        import pytest
+        import torch
+
+        opt = sys.modules["torch.optim.optimizer"]
+        MIB = 1 << 20
+
+        @pytest.mark.vram_limit("256MiB")
+        def test_a_trains_over():
+            w = torch.empty(64 * MIB)
+            w.grad = torch.empty(64 * MIB)
+            adam = torch.optim.Adam([w])
+            adam.step()
+            adam.step()
+            activations = torch.empty(100 * MIB)
+
+        @pytest.mark.vram_limit("64MiB")
+        def test_b_no_step_over():
+            x = torch.empty(100 * MIB)
+
+        def test_c_hook_removed():
+            assert opt.hooks == {}
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([
+        "*_ test_a_trains_over _*",
+        ("VRAM limit: cuda:0 peak allocated during this test was 384 MiB*above its vram_limit of 256 MiB* "
+         "What filled it, read at the last optimizer step (step 2 of the test), not at the peak itself: "
+         "parameters 64.0 MiB, gradients 64.0 MiB, optimizer state 128 MiB; the rest of the peak, 128 MiB, "
+         "unclassified (activations, temporaries)."),
+        "*_ test_b_no_step_over _*",
+        "VRAM limit: cuda:0 peak allocated*What filled it is not known here: no optimizer stepped during the test*",
+    ])

@@ -114,3 +114,55 @@ def test_a_search_that_stopped_says_how_once(gave_up, shown):
     from gpumemdoctor.diagnosis.suspects import gave_up_text
 
     assert gave_up_text(gave_up) == shown
+
+
+# -- what made the peak (compositions made up here: tests/peak_samples.py, never recorded) ---------
+
+def _drawn_peak(compositions, width: int = 80) -> str:
+    from gpumemdoctor.diagnosis.diagnose import Diagnosis
+
+    diagnosis = Diagnosis(verdict="clean", findings=[], breakdowns=[], growth=[],
+                          peaks={"nvml_bytes": 4 << 30, "nvml_t": 2.0}, notes=[], peak_compositions=compositions)
+    out = io.StringIO()
+    terminal._peak_compositions(Console(file=out, width=width, no_color=True, color_system=None,
+                                        highlight=False, emoji=False), diagnosis)
+    return out.getvalue()
+
+
+def test_what_made_the_peak_is_a_table_of_the_largest_process_within_80_columns():
+    from tests.peak_samples import GiB, MiB, composition, training_peak
+
+    other = composition(pid=99, gradients=GiB, context=500 * MiB, temporaries=64 * MiB)
+    text = _drawn_peak([other, training_peak()])
+    lines = [line.rstrip() for line in text.splitlines() if line.strip()]
+    assert max(len(line) for line in lines) <= 80
+    assert lines[0] == "What made the peak: 3.57 GiB (process 4242, GPU 0, at 2.0 s, step 7)"
+    assert lines[1] == "  running train.py:88 in step()"
+    rows = [line.split()[:2] for line in lines[3:10]]
+    # PEAK_CATEGORIES' order, parts of 0 bytes left out (gradients... graphs-kept, temporaries, fragmentation)
+    assert [" ".join(r) for r in rows] == ["parameters 512", "gradients 512", "optimizer state", "unclassified 768",
+                                           "allocator cache", "outside PyTorch", "CUDA context"]
+    assert "  optimizer state 1.00 GiB   28% holder of optimizer-state 1.00 GiB, train.py:12" in lines
+    assert not any("graphs kept" in line or "fragmentation" in line for line in lines)
+    joined = " ".join(line.strip() for line in lines)
+    assert "note: the holders of 768 MiB were not searched at this moment: read from the exit search" in joined
+    assert ("note: PyTorch's allocated peak reached 2.94 GiB, 192 MiB above this moment: a step's activations "
+            "and temporaries, between readings, held in the cache after") in joined
+    # the other process: one line, its total and its two largest parts
+    assert "also: process 99, GPU 0, at 2.0 s, step 7: 1.55 GiB (gradients 1.00 GiB, CUDA context 500 MiB)" in joined
+
+
+def test_a_peak_context_of_0_bytes_is_still_drawn_and_a_pause_is_said():
+    from tests.peak_samples import MiB, composition
+
+    c = composition(parameters=8 * MiB, context=0, t=None)
+    c.in_pause, c.step = True, None
+    text = _drawn_peak([c])
+    assert "What made the peak: 8.00 MiB (process 4242, GPU 0, in a pause in the steps)" in text
+    assert "CUDA context" in text and "note:" not in text and "also:" not in text
+
+
+def test_reports_without_compositions_draw_no_peak_table():
+    assert _drawn_peak([]) == ""
+    for name in GOLDEN:
+        assert "What made the peak" not in render(name)

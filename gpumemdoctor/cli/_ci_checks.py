@@ -40,9 +40,12 @@ def make_policy(max_peak: int | None, max_retained: int | None, fail_on: str | N
     from ..diagnosis.ci_checks import Policy, parse_kinds, parse_tolerance
 
     ranks = baseline.get("ranks") if baseline is not None else None  # a baseline's figures per rank
+    parts = baseline.get("peak_parts") if baseline is not None else None  # its largest peak's parts
     return Policy(max_peak_bytes=max_peak, max_retained_bytes=max_retained,
                   fail_on=parse_kinds(fail_on) if fail_on is not None else (),
-                  baseline=None if baseline is None else {k: v for k, v in baseline.items() if k != "ranks"},
+                  baseline=None if baseline is None else {k: v for k, v in baseline.items()
+                                                          if k not in ("ranks", "peak_parts")},
+                  baseline_peak_parts=parts,
                   tolerance=parse_tolerance(tolerance),
                   nvml_tolerance=parse_tolerance(nvml_tolerance) if nvml_tolerance else None,
                   baseline_ranks=ranks)

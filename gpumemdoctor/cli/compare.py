@@ -33,11 +33,15 @@ def compare_command(old: str, new: str, max_peak: int | None, max_retained: int 
     old_figures = ci_checks.figures(old_recording, old_diagnosis)
     new_figures = ci_checks.figures(new_recording, new_diagnosis)
     old_ranks = ci_checks.rank_figures(old_recording, old_diagnosis)
-    baseline = {**old_figures, "ranks": old_ranks} if old_ranks else old_figures  # compared rank by rank
+    baseline = {**old_figures, "ranks": old_ranks} if old_ranks else dict(old_figures)  # compared rank by rank
+    old_parts, new_parts = ci_checks.peak_parts(old_diagnosis), ci_checks.peak_parts(new_diagnosis)
+    if old_parts is not None:
+        baseline["peak_parts"] = old_parts  # what grew is said by category
     policy = make_policy(max_peak, max_retained, fail_on, tolerance, nvml_tolerance, baseline)
     results = ci_checks.evaluate(new_recording, new_diagnosis, policy)
     console = make_console(stderr=False)
     reporter.render_comparison(console, old_diagnosis.verdict, new_diagnosis.verdict, old_figures,
-                               new_figures, old_ranks, ci_checks.rank_figures(new_recording, new_diagnosis))
+                               new_figures, old_ranks, ci_checks.rank_figures(new_recording, new_diagnosis),
+                               ci_checks.peak_growth(old_parts, new_parts), old_parts, new_parts)
     publish(console, f"{old} -> {new}", new_diagnosis.verdict, new_figures, results, junit)
     return 0 if all(r.passed for r in results) else EXIT_CHECK_FAILED

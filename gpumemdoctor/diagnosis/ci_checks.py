@@ -9,6 +9,11 @@ tolerance.
 In a report with the ranks of a distributed job, the ceilings apply to each rank (one
 rank's GPU is what runs out of memory), and the job-wide check is the highest rank's;
 a baseline is compared rank by rank where both runs have the rank.
+
+What made a peak (the diagnosis's peak compositions) is taken from the process and GPU with the
+largest peak, which is what runs out of memory first: a `max-peak` check carries its parts, and a
+baseline written by this version keeps them per category (`peak_parts`), so that a later run's growth
+is said by category. A baseline without them (older, or from a run with no composition) compares as before.
 """
 from __future__ import annotations
 
@@ -19,13 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import __version__
-from .diagnose import FINDING_KINDS, INFORMATIVE, Diagnosis
+from .diagnose import FINDING_KINDS, INFORMATIVE, PEAK_CATEGORIES, Diagnosis, PeakComposition
 from ..errors import BadReportError, UsageError
 from ..files.inputs import read_json
 from ..files.outputs import write_text
 from .ranks import ranges
 from ..recording.recording import Recording
-from ..files.schema import SIZE, STR, Shape, dict_of, need_dict, need_int_key, opt, written
+from ..files.schema import SIZE, STR, Shape, absent, dict_of, need_dict, need_int_key, opt, written
 from ..units import format_bytes as fb
 from ..units import parse_size
 
@@ -88,6 +93,7 @@ class Policy:
     tolerance: Tolerance = field(default_factory=lambda: Tolerance(fraction=0.05))
     nvml_tolerance: Tolerance | None = None
     baseline_ranks: dict | None = None  # rank -> figures (rank_figures), for a baseline with ranks
+    baseline_peak_parts: dict | None = None  # category -> bytes (peak_parts), where the baseline has them
 
     @property
     def empty(self) -> bool:
@@ -102,6 +108,12 @@ class CheckResult:
     message: str
     measured: int | None = None
     limit: int | None = None
+    # What filled the peak (a max-peak check): its process and GPU's composition, parts largest first.
+    peak: PeakComposition | None = None
+    made_of: list[tuple[str, int]] = field(default_factory=list)
+    # Against a baseline with parts: the change of the largest peak and of each part that changed, largest
+    # growth first ("change" and "parts" as peak_growth gives them).
+    grew_by: dict | None = None
 
 
 def figures(recording: Recording, diagnosis: Diagnosis) -> dict[str, int | None]:
@@ -175,10 +187,11 @@ def evaluate(recording: Recording, diagnosis: Diagnosis, policy: Policy) -> list
     figs = figures(recording, diagnosis)
     ranks = rank_figures(recording, diagnosis)
     if policy.max_peak_bytes is not None:
-        results.extend(_rank_ceilings("max-peak", "peak GPU memory (NVML)", ranks, "peak_nvml_bytes",
-                                      policy.max_peak_bytes) if ranks else
-                       [_ceiling("max-peak", "peak GPU memory of the run (NVML)", figs["peak_nvml_bytes"],
-                                 policy.max_peak_bytes)])
+        peaks = (_rank_ceilings("max-peak", "peak GPU memory (NVML)", ranks, "peak_nvml_bytes",
+                                policy.max_peak_bytes) if ranks else
+                 [_ceiling("max-peak", "peak GPU memory of the run (NVML)", figs["peak_nvml_bytes"],
+                           policy.max_peak_bytes)])
+        results.extend(_with_parts(peaks, diagnosis, _rank_processes(diagnosis)))
     if policy.max_retained_bytes is not None:
         results.extend(_rank_ceilings("max-retained", "memory still held at exit beyond the CUDA context", ranks,
                                       "retained_bytes", policy.max_retained_bytes) if ranks else
@@ -192,15 +205,69 @@ def evaluate(recording: Recording, diagnosis: Diagnosis, policy: Policy) -> list
         else:
             results.append(CheckResult(f"fail-on {kind}", True, f"no {kind} finding"))
     if policy.baseline is not None:
+        grew = peak_growth(policy.baseline_peak_parts, peak_parts(diagnosis))
         for key, label in COMPARED.items():
             results.append(_against_baseline(key, label, figs.get(key), policy.baseline.get(key),
                                              policy.tolerance))
+            if key == "peak_allocated_bytes":
+                results[-1].grew_by = grew
         if policy.nvml_tolerance is not None:
             results.append(_against_baseline("peak_nvml_bytes", "peak GPU memory (NVML)",
                                              figs["peak_nvml_bytes"], policy.baseline.get("peak_nvml_bytes"),
                                              policy.nvml_tolerance))
+            results[-1].grew_by = grew
     if policy.baseline is not None and policy.baseline_ranks:
         results.extend(_against_baseline_ranks(ranks, policy))
+    return results
+
+
+def largest_peak(compositions: list[PeakComposition]) -> PeakComposition | None:
+    """The composition with the largest total (the lowest PID, then GPU, among equals); None without any."""
+    return min(compositions, key=lambda c: (-c.total_bytes, c.host or "", c.pid, -1 if c.device is None else c.device),
+               default=None)
+
+
+def peak_parts(diagnosis: Diagnosis) -> dict[str, int] | None:
+    """The largest peak's bytes per category, every one of PEAK_CATEGORIES (0 where it has no such part);
+    None where the diagnosis has no composition (a report made before them, a run without a GPU)."""
+    top = largest_peak(diagnosis.peak_compositions)
+    if top is None:
+        return None
+    out = dict.fromkeys(PEAK_CATEGORIES, 0)
+    for p in top.parts:
+        out[p.category] = out.get(p.category, 0) + p.bytes
+    return out
+
+
+def peak_growth(old: dict[str, int] | None, new: dict[str, int] | None) -> dict | None:
+    """How the largest peak changed between two runs, by category: {"change": its total's change, "parts":
+    [(category, change), ...] for each category that changed, the largest growth first}; None unless both
+    runs have parts."""
+    if old is None or new is None:
+        return None
+    categories = list(dict.fromkeys([*new, *old]))
+    changes = [(cat, new.get(cat, 0) - old.get(cat, 0)) for cat in categories]
+    return {"change": sum(new.values()) - sum(old.values()),
+            "parts": sorted([c for c in changes if c[1]], key=lambda c: -c[1])}
+
+
+def _rank_processes(diagnosis: Diagnosis) -> dict[str, set]:
+    """Each max-peak check's name for a rank, with the (host, PID)s of the rank."""
+    out: dict[str, set] = {}
+    for row in diagnosis.ranks:
+        if row.rank is not None:
+            out.setdefault(f"max-peak rank {row.rank}", set()).add((row.host, row.pid))
+    return out
+
+
+def _with_parts(results: list[CheckResult], diagnosis: Diagnosis, ranks: dict[str, set]) -> list[CheckResult]:
+    """Each max-peak result with what made its peak: the largest composition (of its rank's processes)."""
+    for r in results:
+        mine = [c for c in diagnosis.peak_compositions if r.name not in ranks or (c.host, c.pid) in ranks[r.name]]
+        top = largest_peak(mine)
+        if top is not None:
+            r.peak = top
+            r.made_of = sorted([(p.category, p.bytes) for p in top.parts if p.bytes], key=lambda p: -p[1])
     return results
 
 
@@ -283,6 +350,7 @@ def baseline_document(recording: Recording, diagnosis: Diagnosis) -> dict:
     ranks = baseline_ranks(recording, diagnosis)
     if ranks:
         document["ranks"] = {str(r): figs for r, figs in ranks.items()}
+    document["peak_parts"] = peak_parts(diagnosis)
     return document
 
 
@@ -320,11 +388,16 @@ def parse_baseline(obj: Any) -> dict:
     out: dict = document["figures"]
     if document["ranks"] is not None:
         out["ranks"] = document["ranks"]
+    if document["peak_parts"] is not None:
+        out["peak_parts"] = document["peak_parts"]
     return out
 
 
 # A baseline's declared shape: its figures, each written (null where it was not measured), and the
 # same per rank where the run had ranks.
 BASELINE_FIGURES = Shape({key: written(opt(SIZE)) for key in RANK_FIGURES})
+# The largest peak's parts, every category written (absent from baselines made before them).
+BASELINE_PEAK_PARTS = Shape({category: written(SIZE) for category in PEAK_CATEGORIES})
 BASELINE = Shape({"tool_version": STR, "figures": BASELINE_FIGURES,
-                  "ranks": opt(dict_of(need_int_key, BASELINE_FIGURES))})
+                  "ranks": opt(dict_of(need_int_key, BASELINE_FIGURES)),
+                  "peak_parts": absent(opt(BASELINE_PEAK_PARTS), None)})

@@ -65,6 +65,9 @@ ol.chain li + li { padding-left: 14px; }
 .holder .facts { color: var(--muted); font-size: 13px; }
 details.evidence pre { max-height: 320px; overflow: auto; background: #f6f6f7; padding: 8px; }
 .chart { width: 100%; min-height: 120px; }
+table.peak td.how { text-align: left; color: var(--muted); }
+ol.holders { margin: 2px 0 0; padding-left: 18px; color: var(--fg); }
+.peak-notes { color: var(--muted); font-size: 13px; }
 .chart .failed { color: #a4161a; padding: 12px; }
 footer { margin-top: 40px; color: var(--muted); font-size: 12px; }
 """

@@ -10,6 +10,10 @@ from rich.text import Text
 
 from ..diagnosis.ci_checks import RANK_FIGURES, CheckResult
 from ..units import format_bytes as fb
+from .terminal import peak_label
+
+MAX_PARTS_SAID = 4  # the parts a message names, the largest first
+MIN_PART_SAID = 1 << 20  # a part's change under 1 MiB is not named
 
 
 def render(console: Console, results: list[CheckResult]) -> None:
@@ -23,13 +27,42 @@ def render(console: Console, results: list[CheckResult]) -> None:
     table.add_column("text", overflow="fold")
     for r in results:
         mark = Text("  ok", style="green") if r.passed else Text("  FAIL", style="bold red")
-        table.add_row(mark, f"{r.name}: {r.message}")
+        table.add_row(mark, f"{r.name}: {message(r)}")
     console.print(table)
 
 
+def message(r: CheckResult) -> str:
+    """A check's message, with what filled the peak where a max-peak check failed, and what grew by
+    category where a baseline check has the peak's parts on both sides."""
+    text = r.message
+    if r.made_of and not r.passed and r.peak is not None:
+        c = r.peak
+        where = f"process {c.pid}{f' on {c.host}' if c.host else ''}, GPU {'?' if c.device is None else c.device}"
+        text += f"; what filled it ({where}, {fb(c.total_bytes)}): {parts_text(r.made_of)}"
+    if r.grew_by is not None and r.grew_by["change"] > 0:
+        text += f"; the largest peak's parts against the baseline: {growth_text(r.grew_by)}"
+    return text
+
+
+def parts_text(parts: list[tuple[str, int]], most: int = MAX_PARTS_SAID) -> str:
+    """'optimizer state 1.00 GiB, parameters 512 MiB, ... and 2 more (96.0 MiB)'."""
+    said = ", ".join(f"{peak_label(cat)} {fb(size)}" for cat, size in parts[:most])
+    rest = parts[most:]
+    return said + (f", and {len(rest)} more ({fb(sum(size for _, size in rest))})" if rest else "")
+
+
+def growth_text(grew: dict) -> str:
+    """'+1.20 GiB, of which optimizer state +1.00 GiB, parameters +200 MiB' (parts that shrank after them)."""
+    parts = [(cat, change) for cat, change in grew["parts"] if abs(change) >= MIN_PART_SAID][:MAX_PARTS_SAID]
+    said = ", ".join(f"{peak_label(cat)} {fb(change, signed=True)}" for cat, change in parts)
+    return fb(grew["change"], signed=True) + (f", of which {said}" if said else "")
+
+
 def render_comparison(console: Console, old_verdict: str | None, new_verdict: str | None,
-                      old: dict, new: dict, old_ranks: dict | None = None, new_ranks: dict | None = None) -> None:
-    """The two runs' figures side by side; with ranks, each rank's verdict and figures after."""
+                      old: dict, new: dict, old_ranks: dict | None = None, new_ranks: dict | None = None,
+                      grew: dict | None = None, old_parts: dict | None = None, new_parts: dict | None = None) -> None:
+    """The two runs' figures side by side; with ranks, each rank's verdict and figures after; then the
+    largest peak's parts, where a run has them, and what changed by category."""
     table = Table(show_header=True, box=None, pad_edge=False, padding=(0, 2, 0, 0))
     for name, justify in (("figure", "left"), ("old", "right"), ("new", "right"), ("change", "right")):
         table.add_column(name, justify=justify)
@@ -43,7 +76,14 @@ def render_comparison(console: Console, old_verdict: str | None, new_verdict: st
                       (b or {}).get("verdict") or ("-" if b is None else "none"), "")
         for key in RANK_FIGURES:
             table.add_row(f"rank {rank} {key}", *_compared((a or {}).get(key), (b or {}).get(key)))
+    if old_parts is not None or new_parts is not None:
+        for cat in dict.fromkeys([*(new_parts or {}), *(old_parts or {})]):
+            a, b = (old_parts or {}).get(cat), (new_parts or {}).get(cat)
+            if a or b:
+                table.add_row(f"peak: {peak_label(cat)}", *_compared(a, b))
     console.print(table)
+    if grew is not None:
+        console.print(f"The largest peak: {growth_text(grew)}")
 
 
 def _compared(a: int | None, b: int | None) -> tuple[str, str, str]:
@@ -61,8 +101,8 @@ def junit_xml(results: list[CheckResult], suite: str = "gpumemdoctor") -> str:
     for r in results:
         case = ET.SubElement(node, "testcase", classname=suite, name=r.name)
         if not r.passed:
-            failure = ET.SubElement(case, "failure", message=r.message)
-            failure.text = r.message
+            failure = ET.SubElement(case, "failure", message=message(r))
+            failure.text = message(r)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
@@ -84,6 +124,6 @@ def markdown_summary(title: str, verdict: str | None, figures: dict, results: li
     if results:
         lines += ["", "| check | result | detail |", "| --- | --- | --- |"]
         for r in results:
-            detail = r.message.replace("|", "\\|")
+            detail = message(r).replace("|", "\\|")
             lines.append(f"| {r.name} | {'pass' if r.passed else '**FAIL**'} | {detail} |")
     return "\n".join(lines) + "\n\n"

@@ -21,8 +21,9 @@ from ..errors import MissingExtraError
 from ..recording.recording import Recording
 from ..units import format_bytes as fb
 from . import _html_page as page
-from ._html_parts import OUTSIDE_PARTS, PARTS, bar_part, within
-from .terminal import DECIDED_BY, VERDICT_MEANING, peaks_text, suspects_heading
+from ._html_parts import (MAX_PEAK_CHARTS, OUTSIDE_PARTS, PARTS, bar_part, over_time, peak_figure, peak_section,
+                          within)
+from .terminal import DECIDED_BY, VERDICT_MEANING, peak_order, peaks_text, suspects_heading
 
 # Envelope buckets for the whole page, shared among its series: a series keeps at most about twice
 # its buckets in points, whatever the run's length, so the page's weight is bounded (docs/html.md).
@@ -69,11 +70,21 @@ def _page(recordings: list[Recording], diagnosis: Diagnosis, sources: list[str])
         fig_id = f"timeline-{f'{n}-' if several else ''}{pid}-{device if device is not None else 'x'}"
         figures[fig_id] = _timeline_figure(recordings[n], diagnosis, pid, device, buckets)
         timelines.append((fig_id, recordings[n], pid, device))
+    peaks, charts = peak_order(diagnosis.peak_compositions), {}
+    for i, c in enumerate(peaks[:MAX_PEAK_CHARTS]):
+        n = next((k for k, rec in enumerate(recordings) if rec.host == c.host), 0)
+        context = next((b.context_bytes for b in diagnosis.breakdowns
+                        if (b.pid, b.device) == (c.pid, c.device) and c.host in (None, b.host)), None)
+        rows = over_time(recordings[n], c.pid, c.device, context)
+        if rows:
+            charts[i] = f"peak-{i}"
+            figures[charts[i]] = peak_figure(rows, c, buckets)
     body = "\n".join([
         *(_target(rec, diagnosis, several) for rec in recordings),
         _peaks_section(diagnosis) if several else "",
         _ranks_section(diagnosis),
         _timeline_section(recordings, timelines),
+        peak_section(peaks, charts, len({c.host for c in peaks}) > 1),
         _breakdown_section(recordings, diagnosis) if diagnosis.breakdowns else "",
         _findings_section(diagnosis),
         _notes(diagnosis),

@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..diagnosis.diagnose import INFORMATIVE, WARNINGS, Breakdown, Diagnosis
+from ..diagnosis.diagnose import INFORMATIVE, WARNINGS, Breakdown, Diagnosis, PeakComposition
 from ..recording.recording import Recording
 from ..diagnosis.suspects import gave_up_text
 from ..units import format_bytes as fb
@@ -58,6 +58,7 @@ def render(console: Console, recording: Recording, diagnosis: Diagnosis,
     for b in _ordered(recording, diagnosis.breakdowns):
         _breakdown(console, b)
     _peaks(console, diagnosis)
+    _peak_compositions(console, diagnosis)
     _timeline(console, recording)
     _findings(console, diagnosis)
     for note in diagnosis.notes:
@@ -76,6 +77,7 @@ def render_job(console: Console, recordings: list[Recording], diagnosis: Diagnos
         _target(console, recording, host=True)
     _ranks(console, diagnosis)
     _peaks(console, diagnosis)
+    _peak_compositions(console, diagnosis)
     _findings(console, diagnosis, with_host=len({r.host for r in recordings}) > 1)
     for note in diagnosis.notes:
         console.print(f"note: {note}")
@@ -225,6 +227,89 @@ def peaks_text(diagnosis: Diagnosis) -> str:
         if p.get(f"{key}_bytes") is not None:
             parts.append(f"{key} {fb(p[f'{key}_bytes'])}")
     return ", ".join(parts)
+
+
+# What each category of a peak is called where it is drawn (PEAK_CATEGORIES' order is the drawing's).
+PEAK_LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer-state": "optimizer state",
+               "graphs-kept": "graphs kept", "temporaries": "temporaries", "unclassified": "unclassified",
+               "fragmentation": "fragmentation", "cache": "allocator cache", "outside-pytorch": "outside PyTorch",
+               "context": "CUDA context"}
+
+
+def peak_label(category: str) -> str:
+    return PEAK_LABELS.get(category, category)
+
+
+def peak_order(compositions: list[PeakComposition]) -> list[PeakComposition]:
+    """The compositions, the largest total first (then by host, PID and GPU)."""
+    return sorted(compositions, key=lambda c: (-c.total_bytes, c.host or "", c.pid, -1 if c.device is None else c.device))
+
+
+def shown_parts(c: PeakComposition) -> list:
+    """The parts drawn, in PEAK_CATEGORIES' order as the diagnosis gave them: none of 0 bytes but the context."""
+    return [p for p in c.parts if p.bytes or p.category == "context"]
+
+
+def peak_where(c: PeakComposition, with_host: bool = False) -> str:
+    """'process 123, GPU 0, at 8.9 s, step 412, in a pause in the steps' (the HTML page says the same)."""
+    out = (f"{c.host or '?'}: " if with_host else "") + f"process {c.pid}, GPU {_or_dash(c.device)}"
+    if c.t is not None:
+        out += f", at {c.t:.1f} s"
+    if c.step is not None:
+        out += f", step {c.step}"
+    return out + (", in a pause in the steps" if c.in_pause else "")
+
+
+def holder_text(h: dict) -> str:
+    """A holder: 'model.layers 512 MiB, train.py:40' (the line where it is known)."""
+    line = f", {h['line']}" if h.get("line") else ""
+    return f"{h.get('name')} {fb(h.get('bytes'))}{line}"
+
+
+def allocated_peak_note(c: PeakComposition) -> str | None:
+    """PyTorch's allocated peak counter above the allocated memory of the moment, said as such."""
+    if c.allocated_peak_bytes is None or c.allocated_peak_bytes <= c.allocated_bytes:
+        return None
+    return (f"PyTorch's allocated peak reached {fb(c.allocated_peak_bytes)}, "
+            f"{fb(c.allocated_peak_bytes - c.allocated_bytes)} above this moment: a step's activations and "
+            "temporaries, between readings, held in the cache after")
+
+
+def share(part: int, total: int) -> str:
+    return f"{part / total * 100:.0f}%" if total else "-"
+
+
+def _peak_compositions(console: Console, diagnosis: Diagnosis) -> None:
+    """What made the peak: the largest process/GPU's parts in a table, one line for each other one."""
+    if not diagnosis.peak_compositions:
+        return
+    ordered = peak_order(diagnosis.peak_compositions)
+    with_host = len({c.host for c in ordered}) > 1
+    top = ordered[0]
+    console.print(f"\nWhat made the peak: {fb(top.total_bytes)} ({peak_where(top, with_host)})")
+    if top.where:
+        console.print(f"  running {top.where}", soft_wrap=True)  # a line is copied whole
+    table = Table(show_header=True, box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
+    table.add_column("  part", no_wrap=True)
+    table.add_column("bytes", justify="right", no_wrap=True)
+    table.add_column("share", justify="right", no_wrap=True)
+    table.add_column("largest holder, its line", overflow="fold")
+    for p in shown_parts(top):
+        holder = holder_text(p.holders[0]) if p.holders else ""
+        table.add_row(f"  {peak_label(p.category)}", fb(p.bytes), share(p.bytes, top.total_bytes), holder)
+    console.print(table)
+    lines = [("  note:", note) for note in [*top.notes, allocated_peak_note(top)] if note]
+    for c in ordered[1:]:
+        parts = sorted(shown_parts(c), key=lambda p: -p.bytes)[:2]
+        made = ", ".join(f"{peak_label(p.category)} {fb(p.bytes)}" for p in parts)
+        lines.append(("  also:", f"{peak_where(c, with_host)}: {fb(c.total_bytes)}" + (f" ({made})" if made else "")))
+    if lines:
+        grid = Table(show_header=False, box=None, pad_edge=False, padding=(0, 1, 0, 0))
+        grid.add_column("mark", width=7)
+        grid.add_column("text", overflow="fold")
+        for mark, text in lines:
+            grid.add_row(mark, text)
+        console.print(grid)
 
 
 def sparkline(values: list[int], top: int, width: int = SPARK_WIDTH) -> str:
