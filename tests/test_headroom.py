@@ -109,3 +109,16 @@ def test_a_growth_per_step_without_seconds_per_step_says_nothing():
     assert leak.evidence["decided_by"] == "growth" and leak.evidence["rate_bytes_per_step"] > 0
     assert leak.evidence["rate_bytes_per_s"] is None and "time_to_full_s" not in leak.evidence
     assert "time_to_full_s" in finding(make_recording(), "leak").evidence  # with its times, it is said
+
+
+def test_a_process_seen_only_through_nvml_says_it_from_its_last_reading():
+    """No agent in it (a program that is not Python, say): its NVML figure grows 8 MiB/s (SYNTHETIC)."""
+    points = [(1.0 + i * 0.5, GIB + i * 4 * (1 << 20)) for i in range(40)] + [(30.0, 0)]
+    recording = Recording(tool_version="test", target={"pid": 77, "argv": ["t"]}, started_wall=0.0,
+                          duration_s=31.0, poll_interval_s=0.005, nvml_available=True,
+                          devices=[{"index": 0, "total_bytes": 80 * GIB}], nvml={(77, 0): points},
+                          device_memory={0: [(20.5, 60 * GIB, 20 * GIB), (30.0, 40 * GIB, 40 * GIB)]})
+    outside = finding(recording, "non-torch")
+    assert outside.evidence["free_t"] == 20.5  # the last reading while it held memory (20.5 s), not 30 s
+    assert outside.evidence["rate_bytes_per_s"] == pytest.approx(8 * (1 << 20), rel=1e-6)
+    assert outside.evidence["time_to_full_s"] == pytest.approx(20 * GIB / (8 * (1 << 20)), abs=1e-3)
