@@ -212,7 +212,11 @@ def supervisor_phase(hours: float, agent_file: str, poll_s: float) -> dict:
         reserved["polls"] = reserved.get("polls", 0) + 1
         return [(pid, reserved["now"] + CONTEXT + (reserved["polls"] % 2) * MIB)]  # moves at every poll
 
-    supervisor.nvml = SimpleNamespace(processes=processes, CallFailed=nvml.CallFailed)
+    def memory_info(device):  # the whole GPU: this process is all that is on it
+        used = reserved["now"] + CONTEXT
+        return nvml.MemoryInfo(device.total_bytes, used, device.total_bytes - used, None)
+
+    supervisor.nvml = SimpleNamespace(processes=processes, memory_info=memory_info, CallFailed=nvml.CallFailed)
     scans = []
     for _ in range(50):
         started = time.perf_counter()

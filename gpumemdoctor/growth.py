@@ -193,3 +193,21 @@ def lasting_growth(xs: list[float], ys: list[int | None], warmup_x: float, min_s
                             start_floor_bytes=int(floors[0][1]), end_floor_bytes=int(floors[-1][1]),
                             points=len(after))
     return AfterWarmup(warmup_end_x=end, points=len(after), span_x=span, enough=enough, fit=fit)
+
+
+# -- time to out-of-memory --------------------------------------------------------------
+
+# Below this much free memory a GPU counts as full: PyTorch's allocator asks CUDA for segments of
+# at least 2 MiB, so less than that fits nothing new.
+FULL_BYTES = 2 << 20
+
+
+def seconds_to_full(rate_bytes_per_s: float | None, free_bytes: int | None) -> float | None:
+    """Seconds until memory growing at `rate_bytes_per_s` fills the `free_bytes` left on the GPU
+    (NVML's free: its total less what every process on it uses); 0.0 when it is already full. None
+    when the rate is not a growth (zero, negative, unknown) or the free memory is unknown."""
+    if rate_bytes_per_s is None or free_bytes is None or not rate_bytes_per_s > 0 or free_bytes < 0:
+        return None
+    if free_bytes < FULL_BYTES:
+        return 0.0
+    return free_bytes / rate_bytes_per_s

@@ -1,4 +1,4 @@
-"""Byte sizes: shown to people in binary units, parsed strictly from them."""
+"""Byte sizes: shown to people in binary units, parsed strictly from them; rates and durations in words."""
 from __future__ import annotations
 
 import re
@@ -53,3 +53,29 @@ def parse_size(text: str) -> int:
         raise ValueError(f"{text!r:.60} is larger than any memory (the most is {MAX_SIZE_BYTES} bytes, "
                          "1 EiB); write it like 512MiB or 2GiB")
     return size
+
+
+def format_duration(seconds: float) -> str:
+    """A time ahead, rounded as people say it: 'under a second', 'about 40 seconds', 'about 12
+    minutes', 'about 5 hours', 'about 3 days', 'more than a year'. Each unit holds up to 90 of the
+    one below (48 for hours), so 75 s is 'about 75 seconds' and not 'about 1 minute'."""
+    if seconds < 1:
+        return "under a second"
+    for limit, size, name in ((90, 1, "second"), (90 * 60, 60, "minute"), (48 * 3600, 3600, "hour"),
+                              (365 * 86400, 86400, "day")):
+        if seconds < limit:
+            count = max(1, int(seconds / size + 0.5))
+            return f"about {count} {name}" + ("s" if count != 1 else "")
+    return "more than a year"
+
+
+def full_words(rate_bytes_per_s: float, seconds: float, gpu: str = "the GPU", ended: bool = False) -> str:
+    """'at 35.0 MiB/s the GPU is full in about 12 minutes' (growth.seconds_to_full's answer in
+    words); for a run that has ended, 'at 35.0 MiB/s it would have been full in about 12 minutes'.
+    0 seconds: the GPU is (or was) already full."""
+    rate = f"{format_bytes(int(rate_bytes_per_s))}/s"
+    if seconds <= 0:
+        return f"at {rate} {gpu} {'was' if ended else 'is'} already full"
+    if ended:
+        return f"at {rate} it would have been full in {format_duration(seconds)}"
+    return f"at {rate} {gpu} is full in {format_duration(seconds)}"

@@ -325,6 +325,8 @@ def test_watch_memory_stays_bounded_over_a_long_watch(monkeypatch):
     monkeypatch.setattr(w.agent_socket, "query", lambda pid: None)
     used = {"now": GIB}
     monkeypatch.setattr(w.nvml, "processes", lambda device: [(fake_pid, used["now"])])
+    monkeypatch.setattr(w.nvml, "memory_info",
+                        lambda device: w.nvml.MemoryInfo(80 * GIB, used["now"], 80 * GIB - used["now"], 0))
     clock = {"t": 0.0}
     monkeypatch.setattr(w.time, "monotonic", lambda: clock["t"])
     watcher = w.Watcher(fake_pid, devices=[w.nvml.Device(0, "GPU-0", None, "test", 80 * GIB)])
@@ -336,3 +338,6 @@ def test_watch_memory_stays_bounded_over_a_long_watch(monkeypatch):
     assert watcher.totals.kept < 4000 and watcher.totals.seen == 86_400
     rate = watcher.floor_rate_per_min()
     assert rate == pytest.approx(MIB / 4, rel=0.2)  # the day's slow leak, not the last hour's noise
+    assert watcher.per_gpu[0].kept < 4000 and watcher.per_gpu[0].seen == 86_400
+    full = watcher.time_to_full(rate)  # the GPU's own floor is the total's: one GPU
+    assert full.gpu == 0 and full.seconds == pytest.approx((80 * GIB - used["now"]) / (rate / 60), rel=1e-6)

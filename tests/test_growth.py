@@ -166,3 +166,26 @@ def test_lasting_growth_in_steps():
     assert lasting_growth(xs, [x * MiB for x in xs], 10, 8, MIN_LEAK).fit is not None
     judged = lasting_growth(xs[:15], [x * MiB for x in xs[:15]], 10, 8, MIN_LEAK)
     assert not judged.enough  # 4 step samples after 10 steps of warm-up
+
+
+# -- time to out-of-memory ------------------------------------------------------------------
+
+from gpumemdoctor.growth import FULL_BYTES, seconds_to_full  # noqa: E402
+
+
+def test_seconds_to_full_is_the_free_memory_over_the_rate():
+    assert seconds_to_full(35 * MiB, 35 * MiB * 720) == 720.0  # 12 minutes
+    assert seconds_to_full(0.5, 4 * MiB) == 8 * MiB  # a slow rate, a long time
+    assert seconds_to_full(1e12, 80 << 30) == pytest.approx(0.0859, abs=1e-3)
+
+
+def test_seconds_to_full_of_a_full_gpu_is_zero():
+    assert seconds_to_full(MiB, 0) == 0.0
+    assert seconds_to_full(MiB, FULL_BYTES - 1) == 0.0
+    assert seconds_to_full(MiB, FULL_BYTES) == FULL_BYTES / MiB
+
+
+@pytest.mark.parametrize("rate, free", [(0, 1024 * MiB), (0.0, 1024 * MiB), (-MiB, 1024 * MiB), (None, 1024 * MiB),
+                                        (float("nan"), 1024 * MiB), (MiB, None), (MiB, -1)])
+def test_seconds_to_full_is_none_without_a_growth_or_a_free_figure(rate, free):
+    assert seconds_to_full(rate, free) is None

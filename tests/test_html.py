@@ -414,3 +414,19 @@ def test_a_one_hour_run_with_a_peak_stays_under_5_mb():
     assert len(page.encode()) < 5 * MB
     fig = figures_of(page)["peak-0"]
     assert len(fig["data"][0]["x"]) <= 2 * fig["layout"]["meta"]["buckets"] + 2
+
+
+def test_a_leak_says_when_its_gpu_would_have_been_full():
+    """Where the GPU's free memory was read (a SYNTHETIC 40 GiB at the last sample), the page says
+    what the terminal says, under the verdict and in the finding; where it was not, nothing."""
+    from gpumemdoctor.reporters.terminal import time_to_full_text
+
+    recording, _ = load(str(FIXTURES / "leak_training_list.json"))
+    assert "would have been full" not in text_of(html.render(recording, diagnose(recording)))
+    last = recording.agent(recording.target_pid).samples[-1].t
+    total = recording.devices[0]["total_bytes"]
+    recording.device_memory = {0: [(last, total - 40 * (1 << 30), 40 * (1 << 30))]}
+    diagnosis = diagnose(recording)
+    sentence = time_to_full_text(next(f for f in diagnosis.findings if f.kind == "leak"))
+    assert sentence.startswith(f"At the end of the run ({last:.1f} s), GPU 0 had 40.0 GiB free: at ")
+    assert text_of(html.render(recording, diagnosis)).count(sentence) == 2

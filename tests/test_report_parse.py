@@ -22,6 +22,7 @@ from gpumemdoctor.reporters.json_report import SCHEMA, build, load, parse, write
 MiB = 1 << 20
 PID = 4242
 CONTEXT = 500 * MiB
+OTHERS = 60 << 30  # what other processes hold on the GPU
 
 
 def reading(allocated: int, cache: int = 64 * MiB, pending: int = 0) -> DeviceReading:
@@ -51,6 +52,10 @@ def make_recording() -> Recording:
                              nvml_index=0)],
         samples=samples, probes=probes, steps=40, explicit_steps=False, exited_normally=True)
     nvml_points = [(0.9, CONTEXT)] + [(s.t, s.readings[0].nvml_used_bytes) for s in samples] + [(5.6, 0)]
+    # The whole GPU (t, used, free): another job holds 60 GiB of it; the last reading comes after the
+    # process let go of its memory.
+    device_memory = [(t, OTHERS + used, (80 << 30) - OTHERS - used) for t, used in nvml_points[::10]]
+    device_memory.append((5.6, OTHERS, (80 << 30) - OTHERS))
     return Recording(
         tool_version="0.1.0",
         target={"argv": ["train.py", "--epochs", "1"], "pid": PID, "exit_code": 0, "signal": None,
@@ -59,7 +64,7 @@ def make_recording() -> Recording:
         versions={"tool": "0.1.0", "python": "3.11.7", "torch": "2.4.0"},
         devices=[{"index": 0, "uuid": "GPU-0000", "pci_bus_id": "00000000:01:00.0", "name": "Test GPU",
                   "total_bytes": 80 << 30}],
-        nvml={(PID, 0): nvml_points},
+        nvml={(PID, 0): nvml_points}, device_memory={0: device_memory},
         processes=[ProcessRecord(pid=PID, ppid=1, cmdline=["python", "train.py"], create_time=1.0e9,
                                  is_target=True, first_seen_t=0.0),
                    ProcessRecord(pid=PID + 1, ppid=PID, cmdline=["python", "-c", "worker"],
@@ -80,6 +85,17 @@ def test_the_hand_built_recording_is_diagnosed_as_a_leak(built):
     assert diagnosis.verdict == "leak"  # so the round trip below carries findings and growth
     assert {f["kind"] for f in report["findings"]} >= {"leak", "context"}
     assert report["growth"] and report["breakdown"]
+
+
+def test_the_leak_says_how_long_its_gpu_had_left(built):
+    """From the GPU's free memory at the process's last sample (5.0 s), not after it let go (5.6 s)."""
+    recording, diagnosis, report = built
+    leak = next(f for f in diagnosis.findings if f.kind == "leak")
+    free = (80 << 30) - OTHERS - recording.nvml[(PID, 0)][-2][1]
+    assert (leak.evidence["free_t"], leak.evidence["free_bytes"]) == (5.0, free)
+    assert leak.evidence["rate_bytes_per_s"] == pytest.approx(20 * MiB)  # 2 MiB a step, 10 steps a second
+    assert leak.evidence["time_to_full_s"] == pytest.approx(free / (20 * MiB), abs=1e-3)
+    assert report["recording"]["device_memory"][0]["points"][-1] == [5.6, OTHERS, (80 << 30) - OTHERS]
 
 
 def test_report_round_trips_through_json_and_parse(built):
@@ -189,6 +205,16 @@ BAD = {
     "unknown probe phase": lambda r: r["recording"]["agents"][0]["probes"].__setitem__(
         "later", r["recording"]["agents"][0]["probes"]["end"]),
     "agent pid missing": lambda r: r["recording"]["agents"][0].__delitem__("pid"),
+    "device memory point of two": lambda r: r["recording"]["device_memory"][0]["points"].__setitem__(0, [0.1, 1]),
+    "device memory free as float": lambda r: r["recording"]["device_memory"][0]["points"].__setitem__(
+        0, [0.1, 1, 2.5]),
+    "device memory free negative": lambda r: r["recording"]["device_memory"][0]["points"].__setitem__(
+        0, [0.1, 1, -2]),
+    "device memory without its device": lambda r: r["recording"]["device_memory"][0].__delitem__("device"),
+    "time to full as a string": lambda r: r["findings"][_first_finding("leak")(r)]["evidence"].__setitem__(
+        "time_to_full_s", "soon"),
+    "free bytes as float": lambda r: r["findings"][_first_finding("leak")(r)]["evidence"].__setitem__(
+        "free_bytes", 1.5),
     "process cmdline a string": lambda r: r["recording"]["processes"][0].__setitem__("cmdline", "python x"),
 }
 

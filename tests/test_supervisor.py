@@ -31,7 +31,13 @@ def world(monkeypatch):
             raise nvml.CallFailed(state["error"])
         return sorted(state["gpu"].items())
 
-    monkeypatch.setattr(supervisor, "nvml", SimpleNamespace(processes=processes))
+    def memory_info(device):  # the whole GPU: the tree's processes and others' (state["others"])
+        if state["error"]:
+            return nvml.MemoryInfo(None, None, None, None)
+        used = sum(state["gpu"].values()) + state.get("others", 0)
+        return nvml.MemoryInfo(device.total_bytes, used, device.total_bytes - used, 0)
+
+    monkeypatch.setattr(supervisor, "nvml", SimpleNamespace(processes=processes, memory_info=memory_info))
     watch = supervisor._TreeWatch(TARGET, 1000.0, [nvml.Device(0, "GPU-0", None, "test", 80 * GIB)], True)
 
     def tick(seconds=0.6):
@@ -85,6 +91,34 @@ def test_host_memory_is_read_on_its_own_clock(world):
         tick(0.05)
     assert 20 <= watch.host.seen <= 26  # every 0.2 s of 5 s
     assert watch.host.last[1:] == (GIB, GIB)
+
+
+def test_the_gpus_free_memory_is_read_on_its_own_clock_and_left_out_in_an_outage(world):
+    state, watch, tick = world
+    state["gpu"], state["others"] = {TARGET: 2 * GIB}, 30 * GIB
+    for _ in range(100):
+        tick(0.05)
+    series = watch.device_memory[0]
+    assert 20 <= series.seen <= 26  # every 0.2 s of 5 s
+    assert series.last[1:] == (32 * GIB, 48 * GIB)  # used by all, and free
+    state["error"] = "GPU is lost"
+    tick(0.6)  # the poll that finds the outage reads nothing: NVML's figures are n/a
+    seen = series.seen
+    for _ in range(5):
+        tick(0.3)
+    assert series.seen == seen  # a failing device is not read until it answers again
+    assert series.last[1:] == (None, None)
+
+
+def test_a_day_of_the_gpus_free_memory_stays_bounded(world):
+    state, watch, tick = world
+    state["gpu"] = {TARGET: GIB}
+    for i in range(20_000):
+        state["others"] = (i % 7) * GIB
+        tick(4.3)
+    series = watch.device_memory[0]
+    assert series.seen == 20_000 and len(series.points()) < 1000
+    assert "device_memory gpu 0" in watch.downsampling()
 
 
 def test_the_modules_to_prepare_are_imported_while_the_target_runs(tmp_path, monkeypatch):

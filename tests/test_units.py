@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpumemdoctor.units import format_bytes, parse_size
+from gpumemdoctor.units import format_bytes, format_duration, full_words, parse_size
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 
@@ -86,3 +86,37 @@ def test_parse_size_refuses(text):
 @pytest.mark.parametrize("n", [0, 1, 1023, KiB, 1536, MiB, 3 * MiB, 1536 * MiB, 2 * GiB, 512 * GiB])
 def test_what_format_bytes_writes_parse_size_reads_back(n):
     assert parse_size(format_bytes(n)) == n
+
+
+@pytest.mark.parametrize("seconds, text", [
+    (0.2, "under a second"),
+    (1, "about 1 second"),
+    (1.4, "about 1 second"),
+    (44.6, "about 45 seconds"),
+    (89, "about 89 seconds"),
+    (90, "about 2 minutes"),  # 1.5 minutes, rounded half up
+    (720, "about 12 minutes"),
+    (89 * 60, "about 89 minutes"),
+    (90 * 60, "about 2 hours"),
+    (5 * 3600 + 1000, "about 5 hours"),
+    (47 * 3600, "about 47 hours"),
+    (48 * 3600, "about 2 days"),
+    (3.4 * 86400, "about 3 days"),
+    (364 * 86400, "about 364 days"),
+    (365 * 86400, "more than a year"),
+    (1e30, "more than a year"),
+])
+def test_format_duration(seconds, text):
+    assert format_duration(seconds) == text
+
+
+def test_full_words_now_and_for_a_run_that_ended():
+    assert full_words(35 * MiB, 720) == "at 35.0 MiB/s the GPU is full in about 12 minutes"
+    assert full_words(35 * MiB, 720, gpu="GPU 1") == "at 35.0 MiB/s GPU 1 is full in about 12 minutes"
+    assert full_words(35 * MiB, 720, ended=True) == "at 35.0 MiB/s it would have been full in about 12 minutes"
+    assert full_words(2 * GiB, 0.4) == "at 2.00 GiB/s the GPU is full in under a second"
+
+
+def test_full_words_of_a_full_gpu():
+    assert full_words(MiB, 0) == "at 1.00 MiB/s the GPU is already full"
+    assert full_words(MiB, 0, gpu="GPU 0", ended=True) == "at 1.00 MiB/s GPU 0 was already full"

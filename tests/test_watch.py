@@ -12,7 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpumemdoctor.live.watch import WatchSample, alerts, judgement, parse_rate
+from gpumemdoctor.live import watch as live_watch
+from gpumemdoctor.live.watch import TimeToFull, WatchSample, alerts, judgement, parse_rate
+from gpumemdoctor.system import nvml
 
 DOUBLES = str(Path(__file__).parent / "doubles")
 # The test double first, then whatever PYTHONPATH the tests run under (it may name the
@@ -38,6 +40,58 @@ def test_alerts_and_judgement():
     assert alerts(s, 10 * MIB, None, 64 * MIB) == []
     assert len(alerts(s, 100 * MIB, None, 64 * MIB)) == 1
     assert judgement(None) == "not enough data yet" and judgement(0.0).startswith("flat")
+
+
+def test_the_judgement_says_when_the_gpu_is_full():
+    assert judgement(2 * GIB, TimeToFull(gpu=1, rate_bytes_per_s=35 * MIB, free_bytes=0, seconds=720.0)) == \
+        "growing 2.00 GiB/min; at 35.0 MiB/s GPU 1 is full in about 12 minutes"
+    assert judgement(2 * GIB, TimeToFull(1, 35 * MIB, 0, 0.0)) == "growing 2.00 GiB/min; at 35.0 MiB/s GPU 1 is already full"
+    assert judgement(2 * GIB) == "growing 2.00 GiB/min"
+
+
+@pytest.fixture
+def two_gpus(monkeypatch):
+    """This test process watched on two GPUs whose figures the test sets (SYNTHETIC), one sample a
+    second: state["used"] and state["free"] by NVML index."""
+    state = {"now": 0.0, "used": {}, "free": {}}
+    monkeypatch.setattr(live_watch, "time", type("Clock", (), {"monotonic": staticmethod(lambda: state["now"])}))
+    monkeypatch.setattr(live_watch.agent_socket, "query", lambda pid: None)
+    monkeypatch.setattr(live_watch.nvml, "processes",
+                        lambda d: [(os.getpid(), state["used"][d.index])] if d.index in state["used"] else [])
+    monkeypatch.setattr(live_watch.nvml, "memory_info",
+                        lambda d: nvml.MemoryInfo(80 * GIB, None, state["free"].get(d.index), None))
+    watcher = live_watch.Watcher(os.getpid(), [nvml.Device(i, f"GPU-{i}", None, "test", 80 * GIB) for i in (0, 1)])
+
+    def run(seconds, grow):  # grow: NVML index -> bytes per second
+        for _ in range(seconds):
+            state["now"] += 1
+            for index, rate in grow.items():
+                state["used"][index] = state["used"].get(index, GIB) + rate
+            watcher.sample()
+        return watcher.time_to_full(watcher.floor_rate_per_min())
+    return state, watcher, run
+
+
+def test_watch_gives_the_gpu_that_is_full_soonest(two_gpus):
+    """GPU 0 grows faster, but GPU 1 has little left: GPU 1 is full first, at its own rate."""
+    state, watcher, run = two_gpus
+    state["free"] = {0: 40 * GIB, 1: GIB}
+    full = run(40, {0: 10 * MIB, 1: 5 * MIB})
+    assert full.gpu == 1 and full.free_bytes == GIB
+    assert full.rate_bytes_per_s == pytest.approx(5 * MIB, rel=1e-6)
+    assert full.seconds == pytest.approx(GIB / (5 * MIB), rel=1e-6)  # about 205 s
+    assert watcher.samples[-1].free_bytes == {0: 40 * GIB, 1: GIB}
+    state["free"] = {0: 40 * GIB, 1: None}  # NVML does not say GPU 1's: GPU 0 is what is known
+    full = run(1, {0: 10 * MIB, 1: 5 * MIB})
+    assert full.gpu == 0 and full.seconds == pytest.approx(40 * GIB / (10 * MIB), rel=1e-6)
+
+
+def test_watch_says_no_time_to_full_while_the_floor_is_flat(two_gpus):
+    state, watcher, run = two_gpus
+    state["free"] = {0: GIB}
+    assert run(40, {0: 0}) is None and watcher.floor_rate_per_min() == 0
+    state["free"] = {0: None}
+    assert run(40, {0: 10 * MIB}) is None and watcher.floor_rate_per_min() > 0  # growing, free unknown
 
 
 def _write(path: Path, pid: int, used: int) -> None:
@@ -72,6 +126,13 @@ def test_watch_sees_growth_and_alerts(cli, tmp_path, sleeper):
     assert "ALERT" in result.stdout and "an alert (--exit-on-alert)" in result.stdout
     lines = [json.loads(x) for x in (tmp_path / "w.jsonl").read_text().splitlines()]
     assert lines[-1]["floor_rate_bytes_per_min"] > 60 * MIB and lines[-1]["alerts"]
+    # the time until the GPU is full, from its free memory (80 GiB less what the process holds)
+    full, used = lines[-1]["time_to_full"], lines[-1]["gpu_bytes"]["0"]
+    assert lines[-1]["free_bytes"] == {"0": 80 * GIB - used} and full["free_bytes"] == 80 * GIB - used
+    assert full["gpu"] == 0 and full["rate_bytes_per_s"] * 60 == pytest.approx(lines[-1]["floor_rate_bytes_per_min"])
+    assert full["seconds"] == pytest.approx(full["free_bytes"] / full["rate_bytes_per_s"])
+    assert all(line["time_to_full"] is None for line in lines if not line["floor_rate_bytes_per_min"])
+    assert "; at " in result.stdout and "GPU 0 is full in about" in result.stdout
 
 
 def test_watch_flat_process_and_its_exit(cli, tmp_path, sleeper):

@@ -86,15 +86,16 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
             while True:
                 s = watcher.sample()
                 rate = watcher.floor_rate_per_min()
+                full = watcher.time_to_full(rate)
                 now = alerts(s, rate, max_vram, max_growth)
                 for a in now:
                     raised.setdefault(a.limit, [a, 0])[1] += 1
                 if log is not None:
-                    failed = log.write(reporter.jsonl_line(s, rate, now))
+                    failed = log.write(reporter.jsonl_line(s, rate, now, full))
                     if failed:  # a full disk, a reader gone: said once, and watching goes on
                         click.echo(f"gpumemdoctor: warning: {failed}", err=True)
                         log = None
-                show(watcher, s, judgement(rate), now)
+                show(watcher, s, judgement(rate, full), now)
                 if not s.alive:
                     ended = "exited"
                     for _ in range(10):  # NVML drops an exited process within about 0.5 s
@@ -116,6 +117,7 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     finally:
         if log is not None:
             log.close()
-    reporter.summary(console, watcher, ended, judgement(watcher.floor_rate_per_min()),
-                     [(a, n) for a, n in raised.values()])
+    rate = watcher.floor_rate_per_min()
+    full = watcher.time_to_full(rate) if ended != "exited" else None  # an ended process fills nothing
+    reporter.summary(console, watcher, ended, judgement(rate, full), [(a, n) for a, n in raised.values()])
     return status

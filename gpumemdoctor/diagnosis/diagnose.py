@@ -16,6 +16,7 @@ What lies outside PyTorch is itemised, and judged for growth past warm-up, in no
 from __future__ import annotations
 
 from . import child_processes, ends, judgement, job, libraries, machine_faults, non_torch, peak, phases, ranks, suspects
+from .headroom import add_time_to_full
 from .findings import (FINDING_KINDS, INFORMATIVE, PEAK_CATEGORIES, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, PeakComposition, PeakPart, RankRow, choose_verdict)
 from ..growth import MIN_POINTS, GrowthFit, floor_growth, steady_rise
@@ -89,6 +90,7 @@ def _diagnose_recording(recording: Recording) -> Diagnosis:
             f"NVML listed no memory for process {', '.join(map(str, unseen))} although it used CUDA: "
             "in a container, run with the host's PID namespace (docker --pid=host) so NVML's PIDs "
             "match; figures that need NVML are n/a")
+    add_time_to_full(recording, result)
     if not recording.nvml and not result.breakdowns:
         result.notes.append("the target never held GPU memory")
     job.rank_rows(recording, rank_of, result)

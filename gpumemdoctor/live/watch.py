@@ -3,7 +3,9 @@
 Works for any program, Python or not, and needs nothing installed in it: NVML
 gives the VRAM of the process and its descendants on each GPU, psutil the host
 memory. The leak judgement is the floor's growth (growth.floor_growth) over the
-samples so far, given once there are enough of them. Watching a launcher (torchrun) follows
+samples so far, given once there are enough of them; where it grows, each GPU's own floor and
+the free memory NVML says the GPU has left give the time until it is full (`Watcher.time_to_full`).
+Watching a launcher (torchrun) follows
 every rank under it, those that start later or restart too, each labelled with its rank
 (`roles.place`, from its environment where that is ours to read), and a rank's stray context on
 another GPU is flagged (`stray.rank_flags`). Watching for hours or days keeps
@@ -20,9 +22,10 @@ from dataclasses import asdict, dataclass, field
 
 from ..system import agent_socket, nvml, procs
 from . import roles, stray
-from ..growth import floor_growth
+from ..growth import floor_growth, seconds_to_full
 from ..recording.series import Series
 from ..units import format_bytes as fb
+from ..units import full_words
 from ..units import parse_size
 
 HISTORY = 4096  # recent samples kept for the timeline
@@ -46,6 +49,9 @@ class WatchSample:
     processes: list[dict] = field(default_factory=list)
     # What needs a look in the job: each rank's stray contexts (stray.rank_flags)
     flags: list[dict] = field(default_factory=list)
+    # NVML index -> the GPU's free memory (its total less what every process on it uses), for each
+    # GPU the tree holds memory on; None: NVML did not say
+    free_bytes: dict[int, int | None] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:
@@ -88,6 +94,7 @@ class Watcher:
         self.t0 = time.monotonic()
         self.samples: deque[WatchSample] = deque(maxlen=HISTORY)
         self.totals: Series = Series(**FLOOR_SERIES)  # (t, VRAM total) while the process lives
+        self.per_gpu: dict[int, Series] = {}  # NVML index -> (t, the tree's VRAM on it), likewise
         self.peak_bytes = 0
         self.count = 0
         self.known: set[int] = set()  # descendants seen so far: they may outlive the process
@@ -118,9 +125,10 @@ class Watcher:
             if reply is not None:
                 torch[pid] = breakdown(reply)
         processes = self._processes(tree, held)
+        free = {d.index: nvml.memory_info(d).free_bytes for d in self.devices if d.index in gpu_bytes}
         s = WatchSample(t=round(time.monotonic() - self.t0, 3), gpu_bytes=gpu_bytes, rss_bytes=rss,
                         alive=alive, pids=sorted(holders), torch=torch, processes=processes,
-                        flags=job_flags(processes, torch))
+                        flags=job_flags(processes, torch), free_bytes=free)
         for flag in s.flags:
             seen = self.strays.get((flag["pid"], flag.get("gpu")))
             if seen is None or (flag.get("bytes") or 0) > (seen.get("bytes") or 0):
@@ -128,6 +136,8 @@ class Watcher:
         self.samples.append(s)
         if alive:
             self.totals.add((s.t, s.total_bytes))
+            for index in sorted(set(gpu_bytes) | set(self.per_gpu)):
+                self.per_gpu.setdefault(index, Series(**FLOOR_SERIES)).add((s.t, gpu_bytes.get(index, 0)))
         self.peak_bytes = max(self.peak_bytes, s.total_bytes)
         self.count += 1
         return s
@@ -159,6 +169,24 @@ class Watcher:
             return None
         fit = floor_growth([t for t, _ in points], [total for _, total in points], MIN_GROWTH_BYTES)
         return fit.rate_bytes_per_x * 60 if fit is not None else 0.0
+
+    def time_to_full(self, rate_per_min: float | None) -> TimeToFull | None:
+        """The GPU that is full soonest, at the rate its own floor grows and the free memory it has
+        at the latest sample; None while the floor of the total does not grow, or where no GPU's
+        own floor grows on a GPU whose free memory is known."""
+        if not rate_per_min or not self.samples:
+            return None
+        free = self.samples[-1].free_bytes
+        soonest = None
+        for index, series in sorted(self.per_gpu.items()):
+            points = series.points()
+            if len(points) < 8 or free.get(index) is None:
+                continue
+            fit = floor_growth([t for t, _ in points], [used for _, used in points], MIN_GROWTH_BYTES)
+            seconds = seconds_to_full(fit.rate_bytes_per_x, free[index]) if fit is not None else None
+            if seconds is not None and (soonest is None or seconds < soonest.seconds):
+                soonest = TimeToFull(index, fit.rate_bytes_per_x, free[index], seconds)
+        return soonest
 
 
 def job_flags(processes: list[dict], torch: dict[int, list[dict]]) -> list[dict]:
@@ -194,6 +222,19 @@ def breakdown(reply: dict) -> list[dict]:
 
 
 @dataclass(frozen=True)
+class TimeToFull:
+    """How soon a GPU whose floor grows is full, at the rate its floor grows and its free memory now."""
+
+    gpu: int  # NVML index
+    rate_bytes_per_s: float
+    free_bytes: int
+    seconds: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Alert:
     """A limit crossed at one sample: which one, by the option that set it, and the figures."""
 
@@ -213,9 +254,13 @@ def alerts(sample: WatchSample, rate_per_min: float | None, max_vram: int | None
     return found
 
 
-def judgement(rate_per_min: float | None) -> str:
+def judgement(rate_per_min: float | None, full: TimeToFull | None = None) -> str:
+    """The floor in words: 'growing 2.05 GiB/min; at 35.0 MiB/s GPU 0 is full in about 12 minutes'."""
     if rate_per_min is None:
         return "not enough data yet"
     if rate_per_min == 0:
         return "flat: no sustained growth"
-    return f"growing {fb(int(rate_per_min))}/min"
+    growing = f"growing {fb(int(rate_per_min))}/min"
+    if full is None:
+        return growing
+    return f"{growing}; {full_words(full.rate_bytes_per_s, full.seconds, f'GPU {full.gpu}')}"

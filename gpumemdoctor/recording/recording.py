@@ -193,6 +193,9 @@ class Recording:
     # How each long series was kept (series.Series.summary): points seen and kept, marked events.
     downsampling: dict = field(default_factory=dict)
     host: str | None = None  # the supervisor's host name (None in reports of versions before it)
+    # Each GPU's memory, all its processes together, as NVML says: NVML index -> [(t, used, free)].
+    # Empty in recordings of versions before it.
+    device_memory: dict[int, list[tuple[float, int | None, int | None]]] = field(default_factory=dict)
 
     @property
     def target_pid(self) -> int | None:
@@ -220,6 +223,10 @@ class Recording:
             "nvml_failures": self.nvml_failures,
             "downsampling": self.downsampling,
             "host": self.host,
+            # written only where there is something (an older report reads back to itself)
+            **({"device_memory": [{"device": index, "points": [list(p) for p in points]}
+                                  for index, points in sorted(self.device_memory.items())]}
+               if self.device_memory else {}),
         }
 
     @classmethod
@@ -277,6 +284,14 @@ def _host_point(value: Any, what: str) -> tuple[float, int | None, int | None]:
     return tuple(row(NUM, opt(SIZE), opt(SIZE))(value, what))
 
 
+DEVICE_MEMORY = Shape({"device": INT, "points": list_of(row(NUM, opt(SIZE), opt(SIZE)))})
+
+
+def _device_memory(value: Any, what: str) -> dict[int, list[tuple[float, int | None, int | None]]]:
+    """[{device, points: [[t, used_bytes, free_bytes]]}] -> {device: [(t, used, free)]}"""
+    return {s["device"]: [tuple(p) for p in s["points"]] for s in list_of(DEVICE_MEMORY)(value, what)}
+
+
 NVML_FAILURE = Shape({"device": INT, "from_t": NUM, "to_t": opt(NUM), "error": STR,
                       "failed_calls": absent(INT, 1)})
 # "schema" is checked first (Recording.from_json), to say plainly when a file is no recording.
@@ -287,4 +302,5 @@ RECORDING = Shape({
     "nvml": absent(_nvml, {}), "processes": absent(list_of(PROCESS), []), "agents": absent(list_of(AGENT), []),
     "notes": absent(list_of(STR), []), "tool_cost": absent(_tool_cost, {}),
     "host_rss": absent(list_of(_host_point), []), "nvml_failures": absent(list_of(NVML_FAILURE), []),
-    "downsampling": absent(dict_of(STR, DICT), {}), "host": opt(STR)}).into(Recording)
+    "downsampling": absent(dict_of(STR, DICT), {}), "host": opt(STR),
+    "device_memory": absent(_device_memory, {})}).into(Recording)

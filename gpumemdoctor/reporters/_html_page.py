@@ -48,6 +48,7 @@ table.figures th:first-child { text-align: left; }
 .finding h3 .bytes { font-weight: 600; margin-left: 6px; }
 .finding h3 .where { color: var(--muted); font-weight: normal; font-size: 13px; margin-left: 6px; }
 .finding .summary { margin: 4px 0; }
+.finding .time-to-full { margin: 4px 0; }
 .remedy { margin: 8px 0 4px; padding: 6px 10px; background: #eef4fb; border-radius: 4px; }
 details { margin: 6px 0; }
 details > summary { cursor: pointer; }

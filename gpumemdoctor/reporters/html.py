@@ -23,7 +23,8 @@ from ..units import format_bytes as fb
 from . import _html_page as page
 from ._html_parts import (MAX_PEAK_CHARTS, OUTSIDE_PARTS, PARTS, bar_part, over_time, peak_figure, peak_section,
                           within)
-from .terminal import DECIDED_BY, VERDICT_MEANING, peak_order, peaks_text, suspects_heading
+from .terminal import (DECIDED_BY, VERDICT_MEANING, peak_order, peaks_text, suspects_heading,
+                       time_to_full_text)
 
 # Envelope buckets for the whole page, shared among its series: a series keeps at most about twice
 # its buckets in points, whatever the run's length, so the page's weight is bounded (docs/html.md).
@@ -272,6 +273,8 @@ def _header(diagnosis: Diagnosis) -> str:
     headline = next((f for f in diagnosis.findings if f.kind == verdict), None)
     if headline is not None:
         parts.append(f'<p class="headline">{_e(headline.summary)}</p>')
+        if time_to_full_text(headline):
+            parts.append(f'<p class="headline">{_e(time_to_full_text(headline))}</p>')
         decided = headline.evidence.get("decided_by")
         if decided:
             parts.append(f'<p class="decided">Decided by <b>{_e(decided)}</b>'
@@ -374,6 +377,8 @@ def _finding(f: Finding) -> str:
            f'<h3><span class="mark">{mark}</span> {_e(f.kind)} <span class="bytes">{_e(fb(f.bytes))}</span>'
            f' <span class="where">{_e(", ".join(where))}</span></h3>',
            f'<p class="summary">{_e(f.summary)}</p>']
+    if time_to_full_text(f):
+        out.append(f'<p class="time-to-full">{_e(time_to_full_text(f))}</p>')
     out.append(_suspects(f))
     out.append(f'<p class="remedy"><b>What to do:</b> {_e(f.remedy)}</p>')
     out.append('<details class="evidence"><summary>Evidence</summary>'

@@ -131,6 +131,8 @@ VERDICT = opt(one_of(*VERDICTS))
 # A finding's evidence is data; the fields that the reporters draw are checked, the rest kept.
 FINDING_EVIDENCE = Shape({
     "decided_by": may(opt(STR)), "curve": may(null_as([], list_of(pair(NUM, SIZE)))),
+    "rate_bytes_per_s": may(opt(NUM)), "free_bytes": may(opt(SIZE)), "free_t": may(opt(NUM)),
+    "time_to_full_s": may(opt(NUM)),
     "root_cause": may(opt(Shape({"elapsed_s": may(NUM), "step": may(opt(INT)), "when": may(opt(STR)),
                                  "why_not": may(opt(STR))}, rest=ANY))),
     "garbage": may(opt(Shape({"objects_freed": may(opt(INT)), "types": may(null_as([], list_of(pair(STR, INT))))},

@@ -21,9 +21,11 @@ def alert_text(a) -> str:
     return f"the VRAM floor grows {fb(int(a.measured))}/min, over --max-growth {fb(int(a.allowed))}/min"
 
 
-def jsonl_line(s, rate_per_min: float | None, alerts: list) -> str:
-    """One sample as a line of `--jsonl`, with the floor's rate and the alerts (in words)."""
+def jsonl_line(s, rate_per_min: float | None, alerts: list, full=None) -> str:
+    """One sample as a line of `--jsonl`, with the floor's rate, the time until a GPU is full
+    (live.watch.TimeToFull, or null) and the alerts (in words)."""
     return json.dumps(s.to_json() | {"floor_rate_bytes_per_min": rate_per_min,
+                                     "time_to_full": full.to_json() if full is not None else None,
                                      "alerts": [alert_text(a) for a in alerts]}) + "\n"
 
 

@@ -35,6 +35,7 @@ TREE_REFRESH_S = 0.5
 ORPHAN_GRACE_S = 1.0
 AGENT_READ_S = 1.0  # the agents' files are read this often while the target runs
 HOST_RSS_S = 0.2  # the target tree's host memory (RSS) is read this often
+DEVICE_MEMORY_S = 0.2  # each GPU's used and free memory (all its processes) is read this often
 NVML_RETRY_S = 1.0  # a device whose NVML calls fail is tried again this often
 MAX_NVML_FAILURES = 16  # outages recorded; later ones are only counted
 MAX_MEMBERS = 256  # process records; past it, ended processes that never held GPU memory are forgotten
@@ -48,6 +49,7 @@ NVML_SERIES = {"head": 64, "tail": 64, "buckets": 128, "window": 16, "events": 2
 ENDED_SERIES = {"head": 2, "tail": 2, "buckets": 2, "window": 0, "events": 0}
 MAX_ENDED_SERIES = 256
 HOST_SERIES = {"head": 64, "tail": 64, "buckets": 128, "window": 16, "events": 2}
+DEVICE_SERIES = {"head": 16, "tail": 64, "buckets": 64, "window": 0, "events": 0}
 
 
 @dataclass
@@ -66,7 +68,8 @@ class RunOptions:
     prepare: tuple[str, ...] = ()
 
 
-def _host_figures(point: tuple) -> tuple:
+def _two_figures(point: tuple) -> tuple:
+    """The figures a series follows in a point (t, a, b): host memory's, or a GPU's used and free."""
     return point[1], point[2]
 
 
@@ -88,7 +91,9 @@ class _TreeWatch:
         self.members: dict[int, ProcessRecord] = {}
         self.strangers: set[int] = set()
         self.series: dict[tuple[int, int], Series] = {}
-        self.host: Series = Series(figures=_host_figures, **HOST_SERIES)
+        self.host: Series = Series(figures=_two_figures, **HOST_SERIES)
+        # NVML index -> (t, used, free) of the whole GPU: the free memory a growth would fill
+        self.device_memory: dict[int, Series] = {}
         self.failures: list[dict] = []
         self.failures_dropped = 0
         self.forgotten = 0  # process records dropped past MAX_MEMBERS
@@ -99,6 +104,7 @@ class _TreeWatch:
         self._live: list[int] = [target_pid]  # the tree at the last refresh
         self.last_refresh = 0.0
         self.last_host = 0.0
+        self.last_device_memory = 0.0
         self._add(target_pid, is_target=True)
 
     def _add(self, pid: int, is_target: bool = False) -> None:
@@ -165,6 +171,8 @@ class _TreeWatch:
         if not self.measure_gpu:
             return
         t = round(now - self.t0, 6)
+        if now - self.last_device_memory >= DEVICE_MEMORY_S:
+            self.sample_device_memory(now, t)
         for device in self.devices:
             index = device.index
             if index in self._failing and now < self._retry_at[index]:
@@ -190,6 +198,19 @@ class _TreeWatch:
             for (pid, i), series in self.series.items():
                 if i == index and pid not in listed and series.last[1] != 0:
                     series.add((t, 0))  # no context on this device any more
+
+    def sample_device_memory(self, now: float, t: float) -> None:
+        """Each GPU's used and free memory, every process on it counted (NVML's own figures); a
+        device whose NVML calls fail is left out until it answers again."""
+        self.last_device_memory = now
+        for device in self.devices:
+            if device.index in self._failing:
+                continue
+            memory = nvml.memory_info(device)
+            series = self.device_memory.get(device.index)
+            if series is None:
+                series = self.device_memory[device.index] = Series(figures=_two_figures, **DEVICE_SERIES)
+            series.add((t, memory.used_bytes, memory.free_bytes))
 
     def _failed(self, index: int, t: float, now: float, exc: Exception) -> None:
         failure = self._failing.get(index)
@@ -252,6 +273,9 @@ class _TreeWatch:
                 out[f"nvml {pid} gpu {index}"] = series.summary()
         if self.host.seen > self.host.kept:
             out["host_rss"] = self.host.summary()
+        for index, series in sorted(self.device_memory.items()):
+            if series.seen > series.kept:
+                out[f"device_memory gpu {index}"] = series.summary()
         return out
 
 
@@ -371,6 +395,7 @@ def collect(options: RunOptions, watch: _TreeWatch, agents: AgentFiles, pid: int
         agents=agent_list, notes=notes + agent_notes + watch.notes(), tool_cost=cost,
         host_rss=watch.host.points(), nvml_failures=watch.failures,
         downsampling={**watch.downsampling(), **agent_series}, host=host_name(),
+        device_memory={index: series.points() for index, series in watch.device_memory.items()},
     )
 
 

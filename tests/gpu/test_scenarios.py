@@ -207,6 +207,11 @@ def test_leak_suspects_come_with_when_and_the_rate(reports):
     assert leak["evidence"]["rate_bytes_per_step"] == pytest.approx(8 * MIB, rel=0.05)
     growth = next(g for g in report["growth"] if g["series"] == "allocated")
     assert growth["start_step"] is not None and growth["rate_bytes_per_s"] > 0
+    # and how long the GPU had left: its free memory at the last sample, over that rate
+    e = leak["evidence"]
+    total = report["devices"][0]["total_bytes"]
+    assert 0 < e["free_bytes"] < total and e["free_t"] <= report["recording"]["duration_s"]
+    assert e["time_to_full_s"] == pytest.approx(e["free_bytes"] / growth["rate_bytes_per_s"], abs=1e-3)
 
 
 def test_garbage_cycle_names_the_types_in_the_cycle(reports):

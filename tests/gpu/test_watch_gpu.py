@@ -41,10 +41,14 @@ def watch_script(tmp_path, script: str, *args: str, duration: str):
 def test_watch_judges_the_floor(tmp_path, kind):
     _, last, _ = watch_script(tmp_path, SCRIPT, kind, duration="6")
     assert last["total_bytes"] > 500 << 20  # the context and the tensors
+    (free,) = last["free_bytes"].values()
+    assert 0 < free < 200 << 30  # the GPU's free memory, as NVML gives it
     if kind == "leak":
         assert last["floor_rate_bytes_per_min"] > 100 << 20  # about 320 MiB/s is planted
+        full = last["time_to_full"]
+        assert full["free_bytes"] == free and full["seconds"] == pytest.approx(free / full["rate_bytes_per_s"])
     else:
-        assert last["floor_rate_bytes_per_min"] == 0
+        assert last["floor_rate_bytes_per_min"] == 0 and last["time_to_full"] is None
 
 
 ENABLED = """
