@@ -17,7 +17,7 @@ def composition(pid: int = 4242, device: int | None = 0, t: float | None = 2.0, 
                       if given.get(cat) and cat not in ("context", "cache", "fragmentation") else [])
              for i, cat in enumerate(PEAK_CATEGORIES)]
     total = sum(given.values())
-    allocated = sum(p.bytes for p in parts if p.category in PEAK_CATEGORIES[:6])
+    allocated = sum(p.bytes for p in parts if p.category in PEAK_CATEGORIES[:PEAK_CATEGORIES.index("unclassified") + 1])
     reserved = allocated + given.get("fragmentation", 0) + given.get("cache", 0)
     return PeakComposition(pid=pid, device=device, torch_index=device, t=t, step=7, total_bytes=total,
                            allocated_bytes=allocated, reserved_bytes=reserved, parts=parts)

@@ -208,9 +208,12 @@ def test_no_capture_no_composition_and_a_missing_context_is_said():
     assert c.total_bytes == 4 * GiB and any("context was not read" in n for n in c.notes)
 
 
-def test_the_allocated_peak_counter_above_the_reading_is_said():
+def test_the_allocated_peak_counter_above_the_reading_is_kept_and_drawn():
+    from gpumemdoctor.reporters import terminal
+
     c, _ = peak.compose(_Agent([capture(allocated_peak=3 * GiB + 700 * MiB, inside="backward")]), 0, breakdown(), "p")
-    assert any("700 MiB above this moment" in n for n in c.notes), c.notes
+    assert c.allocated_peak_bytes == 3 * GiB + 700 * MiB
+    assert "700 MiB above this moment" in terminal.allocated_peak_note(c)
     assert "inside backward()" in c.part("unclassified").how
 
 

@@ -123,11 +123,6 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
         notes.append("no optimizer stepped and no module was found in the program's names: parameters are "
                      "unclassified")
     add("unclassified", left, how=_unclassified_how(best))
-    if (best["allocated_peak"] or 0) > allocated:
-        notes.append(f"PyTorch's allocated peak counter reached {fb(best['allocated_peak'])} by then, "
-                     f"{fb(best['allocated_peak'] - allocated)} above this moment: tensors that lived between "
-                     "two readings (a step's activations and temporaries), in memory reserved at this moment "
-                     "if it was not emptied since")
     if len(captures) > 1:
         notes.append(f"the highest of {len(captures)} readings made at new highs of this process's memory")
     ordered = [parts[c] for c in _ORDER if c in parts]

@@ -62,7 +62,8 @@ def _small(text: str) -> str:
 # samples: the context (the breakdown's, from its reading on), allocated, the cache (reserved less
 # allocated) and outside PyTorch (NVML less context and reserved, floored at 0).
 PEAK_COLOURS = {"parameters": "#1f77b4", "gradients": "#ff7f0e", "optimizer-state": "#d62728",
-                "graphs-kept": "#9467bd", "temporaries": "#e377c2", "unclassified": "#bcbd22",
+                "graphs-kept": "#9467bd", "temporaries": "#e377c2", "kept-tensors": "#17becf",
+                "unclassified": "#bcbd22",
                 "fragmentation": "#8c564b", "cache": "#4c78a8", "outside-pytorch": "#72b7b2", "context": "#9d9da1"}
 OVER_TIME = (("CUDA context", "#9d9da1"), ("allocated", "#e45756"), ("allocator cache", "#4c78a8"),
              ("outside PyTorch", "#72b7b2"))

@@ -234,8 +234,8 @@ def peaks_text(diagnosis: Diagnosis) -> str:
 
 # What each category of a peak is called where it is drawn (PEAK_CATEGORIES' order is the drawing's).
 PEAK_LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer-state": "optimizer state",
-               "graphs-kept": "graphs kept", "temporaries": "temporaries", "unclassified": "unclassified",
-               "fragmentation": "fragmentation", "cache": "allocator cache", "outside-pytorch": "outside PyTorch",
+               "graphs-kept": "graphs kept", "temporaries": "temporaries", "kept-tensors": "kept tensors",
+               "unclassified": "unclassified", "fragmentation": "fragmentation", "cache": "allocator cache", "outside-pytorch": "outside PyTorch",
                "context": "CUDA context"}
 
 
@@ -273,9 +273,9 @@ def allocated_peak_note(c: PeakComposition) -> str | None:
     """PyTorch's allocated peak counter above the allocated memory of the moment, said as such."""
     if c.allocated_peak_bytes is None or c.allocated_peak_bytes <= c.allocated_bytes:
         return None
-    return (f"PyTorch's allocated peak reached {fb(c.allocated_peak_bytes)}, "
-            f"{fb(c.allocated_peak_bytes - c.allocated_bytes)} above this moment: a step's activations and "
-            "temporaries, between readings, held in the cache after")
+    return (f"PyTorch's allocated peak reached {fb(c.allocated_peak_bytes)} by then, "
+            f"{fb(c.allocated_peak_bytes - c.allocated_bytes)} above this moment: tensors that lived between "
+            "two readings (a step's activations and temporaries)")
 
 
 def share(part: int, total: int) -> str:
