@@ -102,9 +102,54 @@ def test_a_copy_ends_soon_after_its_program(tmp_path):
 
 
 def test_no_copy_when_the_fork_would_pause_the_program_too_long(monkeypatch):
+    monkeypatch.setattr(forked, "_measured", [])
     monkeypatch.setattr(forked, "private_bytes", lambda: 64 << 30)
     why = forked.start(lambda: None, 1.0)
-    assert isinstance(why, str) and "64.0 GiB" in why and "would pause it for about" in why
+    assert isinstance(why, dict), why
+    assert why["why"] == ("a copy of this process (64.0 GiB of its own memory) would pause it for about "
+                          "704 ms; the limit is 20 ms")  # 64 x PAUSE_S_PER_GIB
+    assert why["private_bytes"] == 64 << 30 and why["limit_s"] == 0.020 and why["pause_s"] == 0.704
+
+
+def test_the_limit_is_20_ms_and_counts_the_work_before_the_fork(monkeypatch):
+    """Issue 31: no copy whose estimated pause is over 20 ms, the work already done on the
+    program's thread included; one just under it is made."""
+    assert forked.MAX_PAUSE_S == 0.020
+    monkeypatch.setattr(forked, "_measured", [])
+    gib = 1 << 30
+    monkeypatch.setattr(forked, "private_bytes", lambda: int(1.9 * gib))  # 20.9 ms at 11 ms/GiB
+    assert "about 21 ms; the limit is 20 ms" in forked.declined()["why"]
+    monkeypatch.setattr(forked, "private_bytes", lambda: int(1.7 * gib))  # 18.7 ms
+    assert forked.declined() is None
+    over = forked.declined(spent_s=0.002)  # 18.7 + 2 ms already spent
+    assert over is not None and "about 21 ms" in over["why"] and "1.7 GiB" in over["why"]
+    assert isinstance(forked.start(lambda: None, 1.0, spent_s=0.002), dict)
+
+
+def test_each_fork_calibrates_the_estimate(monkeypatch):
+    """The estimate starts at PAUSE_S_PER_GIB; after a fork it is the highest of the latest measured
+    pauses per GiB: a slower machine than the H100's makes later searches be declined sooner."""
+    monkeypatch.setattr(forked, "_measured", [])
+    gib = 1 << 30
+    assert forked.expected_pause_s(gib) == pytest.approx(0.011)
+    forked.calibrate(0.015, gib)  # a fork of 1 GiB paused the program 15 ms
+    assert forked.expected_pause_s(gib) == pytest.approx(0.015)
+    assert forked.expected_pause_s(2 * gib) == pytest.approx(0.030)
+    forked.calibrate(0.004, gib)  # a quicker one does not hide the slow one ...
+    assert forked.expected_pause_s(gib) == pytest.approx(0.015)
+    for _ in range(forked.CALIBRATION_FORKS):
+        forked.calibrate(0.004, gib)
+    assert forked.expected_pause_s(gib) == pytest.approx(0.004)  # ... until it is no longer recent
+    forked.calibrate(0.003, 1 << 20)  # a tiny process: its fork counted per MIN_GIB, not per MiB
+    assert forked.pause_s_per_gib() == pytest.approx(0.012)
+    # A real fork of this process updates it from its measured pause
+    monkeypatch.setattr(forked, "_measured", [])
+    copy = forked.start(lambda: None, 5.0)
+    assert isinstance(copy, forked.Copy), copy
+    while not copy.poll():
+        time.sleep(0.01)
+    size = max(forked.private_bytes() / gib, forked.MIN_GIB)
+    assert forked._measured == [pytest.approx(copy.pause_s / size, rel=0.2)]
 
 
 def test_the_copy_starts_no_agent_and_leaves_no_trace(tmp_path):

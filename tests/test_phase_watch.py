@@ -148,7 +148,7 @@ def test_a_search_asked_from_the_agents_thread_runs_on_the_main_thread_between_b
     agent, clock = agent_and_clock
     steps(agent, clock, 150)
     ran_on = []
-    agent.growth_watch.search = lambda when: ran_on.append((when, threading.get_ident(), loops))
+    agent.growth_watch.search = lambda when, **_: ran_on.append((when, threading.get_ident(), loops))
     loops = 0
     asker = threading.Thread(target=agent.phase_watch.ask, name="gpumemdoctor-agent")
     asker.start()
@@ -164,7 +164,7 @@ def test_a_search_asked_while_the_main_thread_is_in_the_agent_s_own_work_waits_f
     agent, clock = agent_and_clock
     steps(agent, clock, 150)
     ran = []
-    agent.growth_watch.search = lambda when: ran.append(when)
+    agent.growth_watch.search = lambda when, **_: ran.append(when)
     watch = agent.phase_watch
     watch.ask("search")
     watch._on_main_thread(None)  # as if it ran between two bytecodes of the agent (this test's caller is not)
@@ -184,7 +184,7 @@ def test_a_search_or_the_stacks_asked_in_the_middle_of_an_import_wait_for_a_late
     agent, clock = agent_and_clock
     steps(agent, clock, 150)
     ran = []
-    agent.growth_watch.search = lambda when: ran.append(when)
+    agent.growth_watch.search = lambda when, **_: ran.append(when)
     watch = agent.phase_watch
     for action, mark in (("search", "searched_step"), ("trace", "traced_step")):
         watch.ask(action)
