@@ -176,3 +176,78 @@ def test_the_copy_starts_no_agent_and_leaves_no_trace(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / files[0]).read_text().splitlines()]
     assert [x["type"] for x in lines].count("hello") == 1
     assert {"type": "note", "from": "copy"} in lines
+
+
+def _roots_summary(roots) -> dict:
+    return {"locals": [[label, where, k, id(v)] for label, where, k, v in roots.locals
+                       if not where.startswith("_roots_both_ways()")],  # (this helper's own locals differ)
+            "user_modules": sorted(roots.user_modules), "user_dicts": [n for n, _ in roots.user_dicts],
+            "modules": [n for n, _ in roots.modules if not n.startswith("gpumemdoctor")],
+            "closed": len(roots.closed()) - sum(n.startswith("gpumemdoctor") for n, _ in roots.modules) * 2}
+
+
+def _roots_both_ways() -> tuple[dict, dict]:
+    """The roots as the program's thread listed them before the fork (before issue 31), and as the
+    copy lists them now from the threads captured before the fork."""
+    from gpumemdoctor._agent.roots import Roots
+    from gpumemdoctor._agent.threads import Captured
+
+    before = _roots_summary(Roots(set()))
+    threads = Captured()
+    r, w = os.pipe()
+
+    def search():
+        os.write(w, json.dumps(_roots_summary(Roots(threads.own, threads))).encode())
+
+    copy = forked.start(search, 10.0)
+    assert isinstance(copy, forked.Copy), copy
+    while not copy.poll():
+        time.sleep(0.01)
+    os.close(w)
+    chunks = []
+    while chunk := os.read(r, 1 << 16):
+        chunks.append(chunk)
+    os.close(r)
+    return before, json.loads(b"".join(chunks))
+
+
+def test_the_copy_lists_the_same_roots_as_the_program_did_before_the_fork():
+    """Issue 31: only the threads are captured on the program's thread; the other threads' frames,
+    their callers and locals, and the modules are read in the copy, where those threads are gone."""
+    import threading
+
+    ready, stop = threading.Event(), threading.Event()
+
+    def deep(n, kept):
+        level = [n]  # (a list: the collector tracks it, as the search's roots require)
+        if n:
+            return deep(n - 1, [kept, level])
+        ready.set()
+        stop.wait()
+
+    def loader():
+        batch = [b"x" * 10]  # noqa: F841 - a local the search must see
+        ready2.set()
+        stop.wait()
+
+    ready2 = threading.Event()
+    workers = [threading.Thread(target=deep, args=(6, ["held"]), name="worker"),
+               threading.Thread(target=loader, name="loader")]
+    for t in workers:
+        t.start()
+    ready.wait()
+    ready2.wait()
+    in_test = ["a local of the test's frame"]  # noqa: F841
+    try:
+        before, after = _roots_both_ways()
+    finally:
+        stop.set()
+        for t in workers:
+            t.join()
+    assert after == before
+    labels = {(label, where.split(" at ")[0], k) for label, where, k, _ in after["locals"]}
+    assert ("thread 'worker': ", "deep()", "level") in labels  # a thread the copy no longer has
+    assert len([x for x in after["locals"] if x[0] == "thread 'worker': " and x[2] == "level"]) == 7  # every caller
+    assert ("thread 'loader': ", "loader()", "batch") in labels
+    assert ("thread 'MainThread': ", "test_the_copy_lists_the_same_roots_as_the_program_did_before_the_fork()",
+            "in_test") in labels
