@@ -117,7 +117,12 @@ def test_stacks_are_recorded_from_the_pause_s_rise_to_its_next_step_then_it_is_s
     assert not agent.trace.on and agent.trace.was_on
 
 
-def test_one_search_per_pause_and_at_most_two_in_a_run(agent_and_clock, tmp_path):
+def test_one_search_per_pause_and_at_most_two_in_a_run(agent_and_clock, tmp_path, monkeypatch):
+    from gpumemdoctor._agent import forked
+
+    # When searches are asked for, not what a fork costs: on a loaded machine the first fork's measured
+    # pause can put the second past the 20 ms limit (tested apart, below).
+    monkeypatch.setattr(forked, "MAX_PAUSE_S", 1.0)
     agent, clock = agent_and_clock
     for i in range(4):
         steps(agent, clock, 150)
