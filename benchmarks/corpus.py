@@ -42,7 +42,10 @@ from overhead import RunFailed, _base_env, _cuda_info, _shell  # noqa: E402
 
 FIGURE = re.compile(r"^(STEPS|STEP_TIME_MS|STEP_GAP_MAX_MS|LOOP_FIRST_EPOCH_S|LOOP_LAST_EPOCH_S)\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 SKIP_EXIT = 77
-TARGETS = {"whole_pct": 5.0, "whole_s": 1.0, "gap_ms": 100.0, "exit_search_s": 1.0, "budget_share": 1.1}
+# pause_ms: the longest pause the tool's searches add to the program (issue 31: forked.MAX_PAUSE_S),
+# from the agents' own cost records (the work before the fork included); flagged in the table.
+TARGETS = {"whole_pct": 5.0, "whole_s": 1.0, "gap_ms": 100.0, "exit_search_s": 1.0, "budget_share": 1.1,
+           "pause_ms": 20.0}
 
 
 def workloads() -> list[str]:
@@ -181,16 +184,20 @@ def _from_report(path: str) -> dict:
     """The searches, their budgets, the copies' pauses, the exit costs and the verdict."""
     with open(path, encoding="utf-8") as f:
         report = json.load(f)
-    searches, pauses, exit_costs = [], [], {}
+    searches, pauses, exit_costs, declined = [], [], {}, []
     for agent in report["recording"]["agents"]:
         for s in agent["root"]["investigations"]:
             searches.append({"pid": agent["pid"], "when": s["when"], "forked": bool(s.get("forked")),
                              "elapsed_s": s["elapsed_s"], "budget_s": s.get("budget_s"),
                              "snapshot_s": s.get("snapshot_s"), "heap_objects": s["visited"],
                              "gave_up": s["gave_up"], "phases": s.get("phases")})
+        declined += [d["why"] for d in agent["root"].get("declined", [])]
         cost = (agent.get("exit_info") or {}).get("cost") or {}
-        if cost.get("search_pause_max_s") is not None:
-            pauses.append(cost["search_pause_max_s"])
+        # The longest pause of this process: a search's (capture and fork; before issue 31 the fork
+        # alone) or the search at a pause's height (its whole call on the main thread).
+        mine = [cost[k] for k in ("search_pause_max_s", "phase_pause_s") if cost.get(k) is not None]
+        if mine:
+            pauses.append(max(mine))
         if agent["pid"] == report["target"]["pid"] or not exit_costs:
             exit_costs = {k: v for k, v in cost.items() if k.startswith("exit_")}
     exit_search = [s["elapsed_s"] for s in searches if s["when"] == "exit"]
@@ -200,7 +207,8 @@ def _from_report(path: str) -> dict:
         holder = leak["suspects"][0]["holders"][0]["pattern"]
     return {"verdict": report["verdict"], "holder": holder, "searches": searches,
             "exit_search_s": max(exit_search) if exit_search else None,
-            "copy_pause_max_s": max(pauses) if pauses else None, "exit_costs": exit_costs}
+            "copy_pause_max_s": max(pauses) if pauses else None, "exit_costs": exit_costs,
+            "declined": declined}
 
 
 def _summary(runs: list[dict], mode: str = "tool") -> dict:
@@ -220,14 +228,16 @@ def _summary(runs: list[dict], mode: str = "tool") -> dict:
            "search_budget_share_max": max(over) if over else None,
            "copy_pause_max_s": max((r["copy_pause_max_s"] for r in tool if r["copy_pause_max_s"] is not None),
                                    default=None),
-           "verdicts": sorted({r["verdict"] for r in tool}), "holders": sorted({str(r["holder"]) for r in tool})}
+           "verdicts": sorted({r["verdict"] for r in tool}), "holders": sorted({str(r["holder"]) for r in tool}),
+           "declined": sorted({why for r in tool for why in r.get("declined", [])})}
     for part in ("before_s", "loop_s", "after_s"):
         if all(part in r for r in runs):
             out[f"{part[:-2]}_extra_s"] = med(r[part] for r in tool) - med(r[part] for r in plain)
     allowed = max(TARGETS["whole_pct"] / 100 * wall_plain, TARGETS["whole_s"])
     out["within_targets"] = bool(out["wall_extra_s"] <= allowed and out["gap_added_ms"] <= TARGETS["gap_ms"]
                                  and (out["exit_search_max_s"] or 0) <= TARGETS["exit_search_s"]
-                                 and (out["search_budget_share_max"] or 0) <= TARGETS["budget_share"])
+                                 and (out["search_budget_share_max"] or 0) <= TARGETS["budget_share"]
+                                 and (out["copy_pause_max_s"] or 0) * 1000 <= TARGETS["pause_ms"])
     return out
 
 
@@ -240,13 +250,18 @@ def _table(workloads: dict) -> None:
     print(f"\n{'workload':24s} {'plain s':>8s} {'tool s':>8s} {'extra':>13s} {'before+':>8s} {'loop+':>6s} "
           f"{'after+':>7s} {'gap+ ms':>8s} {'exit s':>7s} {'budget':>7s} {'pause ms':>9s}  verdict")
     for name, s in rows:
-        pause = f"{s['copy_pause_max_s'] * 1000:.1f}" if s["copy_pause_max_s"] is not None else "-"
+        pause = "-"
+        if s["copy_pause_max_s"] is not None:  # the longest pause of the program; "!" over the 20 ms limit
+            pause_ms = s["copy_pause_max_s"] * 1000
+            pause = f"{pause_ms:.1f}" + ("!" if pause_ms > TARGETS["pause_ms"] else "")
         exit_s = f"{s['exit_search_max_s']:.2f}" if s["exit_search_max_s"] is not None else "-"
         share = f"{s['search_budget_share_max']:.0%}" if s["search_budget_share_max"] is not None else "-"
         print(f"{name:24s} {s['wall_plain_s']:8.2f} {s['wall_tool_s']:8.2f} "
               f"{s['wall_extra_s']:+6.2f}/{s['wall_extra_pct']:+5.1f}% {_part(s, 'before'):>8s} "
               f"{_part(s, 'loop'):>6s} {_part(s, 'after'):>7s} {s['gap_added_ms']:+8.1f} {exit_s:>7s} "
               f"{share:>7s} {pause:>9s}  {','.join(s['verdicts'])}{'' if s['within_targets'] else '  MISSED'}")
+        for why in s.get("declined", [])[:2]:
+            print(f"{'':24s} a search not made: {why}")
 
 
 def _part(summary: dict, part: str) -> str:

@@ -181,3 +181,35 @@ def test_the_warning_is_drawn_under_the_verdict():
     text = out.getvalue()
     assert "warning: In process 7 on GPU 0, memory rose during 1 pause" in text
     assert "avoidable-peak  1.23 GiB" in text
+
+
+def test_a_search_declined_at_an_evaluation_s_height_is_said_where_its_holder_would_be():
+    """Issue 31: a copy that would pause the program past the 20 ms limit is not made; the
+    evaluation's warning then names no holder and says why, with the agent's figures."""
+    from gpumemdoctor.recording.recording import Recording
+    from gpumemdoctor.reporters.json_report import build, parse
+
+    recording = synthetic_evaluation_run()
+    root = recording.agents[0].root
+    root["investigations"].clear()  # the search at the height was declined ...
+    why = "a copy of this process (2.4 GiB of its own memory) would pause it for about 27 ms; the limit is 20 ms"
+    root["declined"].append({"t": 1.9, "step": 120, "when": "phase", "why": why, "pause_s": 0.027,
+                             "limit_s": 0.02, "private_bytes": int(2.4 * (1 << 30))})
+    recording = Recording.from_json(json.loads(json.dumps(recording.to_json())))  # as read back
+    assert recording.agents[0].root["declined"][0]["why"] == why
+    d = diagnose(recording)
+    peak = next(f for f in d.findings if f.kind == "avoidable-peak")
+    assert not peak.suspects
+    assert peak.summary.endswith(f"No holder was looked for at its height: {why}.")
+    assert peak.evidence["root_cause"] == {"searched": False, "declined": why,
+                                           "why_not": f"the search at the pause's height was not made: {why}"}
+    assert peak.remedy.startswith("No search was made at its height")
+    _, back = parse(json.loads(json.dumps(build(recording, d))))
+    assert next(f for f in back.findings if f.kind == "avoidable-peak").summary == peak.summary
+
+
+def test_a_recording_without_declined_searches_reads_back_to_itself():
+    recording = synthetic_evaluation_run()
+    written = recording.to_json()
+    assert "declined" not in written["agents"][0]["root"]  # (older reports have none either)
+    assert Recording.from_json(json.loads(json.dumps(written))).agents[0].root["declined"] == []

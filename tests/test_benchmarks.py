@@ -147,3 +147,31 @@ def test_overhead_reads_the_ddp_loops_longest_step(monkeypatch):
     for r in runs:
         del r["worst_step_ms"]  # the single-process workloads print none
     assert overhead._summarise(runs, 1.0)["worst_step_ms_median"] == {}
+
+
+def test_corpus_flags_a_pause_over_20_ms_from_the_agents_cost_records(monkeypatch, tmp_path, capsys):
+    """benchmarks/corpus.py (issue 31): each process's longest pause is the larger of its searches'
+    (the work before the fork included) and the search at a pause's height; over 20 ms is flagged."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import corpus
+
+    def report(pause_s, phase_s):
+        cost = {"search_pause_max_s": pause_s, "phase_pause_s": phase_s}
+        return {"verdict": "clean", "findings": [], "target": {"pid": 1},
+                "recording": {"agents": [{"pid": 1, "exit_info": {"cost": cost}, "root": {
+                    "investigations": [], "declined": [{"why": "a copy ... the limit is 20 ms"}]}}]}}
+
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report(0.012, 0.027)))
+    got = corpus._from_report(str(path))
+    assert got["copy_pause_max_s"] == 0.027 and got["declined"] == ["a copy ... the limit is 20 ms"]
+    run = {"wall_s": 10.0, "step_time_ms": 10.0, "gap_max_ms": 20.0, "before_s": 1, "loop_s": 8, "after_s": 1}
+    runs = [dict(run, mode="plain"), dict(run, mode="tool", exit_search_s=None, searches=[], verdict="clean",
+                                          holder=None, **{k: got[k] for k in ("copy_pause_max_s", "declined")})]
+    summary = corpus._summary(runs)
+    assert not summary["within_targets"]
+    corpus._table({"w": {"summary": summary}})
+    out = capsys.readouterr().out
+    assert "27.0!" in out and "MISSED" in out and "a search not made: a copy" in out
+    runs[1]["copy_pause_max_s"] = 0.015
+    assert corpus._summary(runs)["within_targets"]

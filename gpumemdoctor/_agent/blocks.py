@@ -235,3 +235,15 @@ def thread_entry(frames: list):
             if inner:
                 return inner[-1][0], inner[-1][2]
     return None
+
+
+def take_baseline(torch, kind: TensorKind) -> dict:
+    """What is alive now, so that a search later looks only at what came after (here, not in
+    search.py: taken on the program's thread, which need not import the search for it)."""
+    try:
+        # address -> size: one dict of ints, which the garbage collector does not track
+        blocks = {b["address"]: b["size"] for b in live_blocks(torch)}
+    except Exception:
+        blocks = {}
+    return {"blocks": blocks,
+            "storages": {address for _, address, _ in cuda_tensors(kind)} if not blocks else set()}

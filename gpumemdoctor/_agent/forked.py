@@ -2,7 +2,10 @@
 goes on while the copy searches a frozen image of its heap.
 
 The program pauses only for the fork itself (its page tables are copied: about 11 ms per GiB of
-the process's own memory on an H100 machine); then each page either side writes is copied once.
+the process's own memory on an H100 machine) and the little work before it (roots.capture); then
+each page either side writes is copied once. A fork whose pause, with that work, is expected to
+pass MAX_PAUSE_S is not made (`declined`): the estimate starts at PAUSE_S_PER_GIB and, after each
+fork of the process, takes the highest of its latest measured figures (`calibrate`).
 The copy never touches CUDA: it reads Python objects and the allocator's host-side bookkeeping,
 writes its one record to the agent's file, and leaves with os._exit (no atexit, no flushing of
 the program's buffers, no destructors). Its output goes to /dev/null; it dies at its own deadline
@@ -22,8 +25,18 @@ import time
 import warnings
 
 ORPHAN_CHECK_S = 0.05  # of the copy's CPU time, between two looks at whether its program still runs
-MAX_PAUSE_S = 0.08  # a fork that would pause the program longer than this is not made
-PAUSE_S_PER_GIB = 0.011  # measured on the lent H100 machine (kernel 6.18): 21-23 ms at 1.5 GiB, 104-124 at 9.7
+# The longest pause a copy may cost the program (issue 31): the work on its thread before the fork
+# and the fork itself. A copy expected to pause it longer is not made; the exit search covers growth.
+MAX_PAUSE_S = 0.020
+# The first estimate of a fork's pause, per GiB of the process's own resident memory: measured on the
+# lent H100 machine (kernel 6.18): 21-23 ms at 1.5 GiB, 104-124 at 9.7. After each fork of this
+# process the estimate is the highest of the latest CALIBRATION_FORKS measured figures.
+PAUSE_S_PER_GIB = 0.011
+CALIBRATION_FORKS = 4
+# A fork's fixed cost is not spread over a small process's few pages: its pause is counted per GiB
+# of at least this much memory, measured and estimated alike.
+MIN_GIB = 0.25
+_measured: list = []  # seconds per GiB of this process's latest forks (a child of the program inherits them)
 _in_copy = False  # True in the copy: the agent's own after-fork hook must not start an agent there
 _THREADS_WARNING = r"This process \(pid=\d+\) is multi-threaded"
 _kept: list = []
@@ -44,9 +57,36 @@ def private_bytes() -> int | None:
         return None
 
 
-def expected_pause_s() -> float | None:
+def pause_s_per_gib() -> float:
+    """The estimate's figure: the highest of the latest measured forks, or PAUSE_S_PER_GIB before any."""
+    return max(_measured) if _measured else PAUSE_S_PER_GIB
+
+
+def expected_pause_s(size: int | None = None) -> float | None:
+    """How long a fork of the process would pause it, from its own resident memory."""
+    size = private_bytes() if size is None else size
+    return None if size is None else max(size / (1 << 30), MIN_GIB) * pause_s_per_gib()
+
+
+def calibrate(pause_s: float, size: int) -> None:
+    """A fork of `size` bytes of own memory paused the process `pause_s`: the estimate follows."""
+    _measured.append(pause_s / max(size / (1 << 30), MIN_GIB))
+    del _measured[:-CALIBRATION_FORKS]
+
+
+def declined(spent_s: float = 0.0) -> dict | None:
+    """Why a copy would not be made now, with its figures (`why`, `pause_s`, `limit_s`,
+    `private_bytes`), or None. `spent_s`: the program has already paused this long for it."""
+    if not hasattr(os, "fork"):
+        return {"why": "this platform has no fork", "pause_s": None, "limit_s": MAX_PAUSE_S, "private_bytes": None}
     size = private_bytes()
-    return None if size is None else size / (1 << 30) * PAUSE_S_PER_GIB
+    pause = expected_pause_s(size)
+    if pause is None or pause + spent_s <= MAX_PAUSE_S:
+        return None
+    pause += spent_s
+    return {"why": f"a copy of this process ({size / (1 << 30):.1f} GiB of its own memory) would pause it for "
+                   f"about {pause * 1000:.0f} ms; the limit is {MAX_PAUSE_S * 1000:.0f} ms",
+            "pause_s": round(pause, 4), "limit_s": MAX_PAUSE_S, "private_bytes": size}
 
 
 class Copy:
@@ -81,18 +121,15 @@ class Copy:
         return True
 
 
-def start(search, deadline_s: float) -> Copy | str:
+def start(search, deadline_s: float, spent_s: float = 0.0) -> Copy | dict:
     """Fork; in the copy, run `search()` and leave. In the program, a Copy, or why no copy was
-    made (a string)."""
+    made (`declined`'s dict). `spent_s`: what the program has already paused for this copy."""
     global _in_copy
-    if not hasattr(os, "fork"):
-        return "this platform has no fork"
-    pause = expected_pause_s()
-    if pause is not None and pause > MAX_PAUSE_S:
-        return (f"a copy of this process ({private_bytes() / (1 << 30):.1f} GiB of its own memory) would "
-                f"pause it for about {pause * 1000:.0f} ms")
+    why = declined(spent_s)
+    if why is not None:
+        return why
+    size = private_bytes()
     t = time.monotonic()
-    started = time.perf_counter()
     program = os.getpid()
     _in_copy = True
     try:
@@ -100,14 +137,18 @@ def start(search, deadline_s: float) -> Copy | str:
             # Python 3.12 warns that forking a threaded process may deadlock the child: the copy
             # runs only this code, which takes no lock another thread could hold.
             warnings.filterwarnings("ignore", message=_THREADS_WARNING, category=DeprecationWarning)
+            started = time.perf_counter()
             pid = os.fork()
+            pause_s = time.perf_counter() - started
     except BaseException as exc:  # noqa: BLE001 - a failed fork must never reach the program
         _in_copy = False
-        return f"fork failed: {type(exc).__name__}: {exc}"
+        return {"why": f"fork failed: {type(exc).__name__}: {exc}", "pause_s": None, "limit_s": MAX_PAUSE_S,
+                "private_bytes": size}
     if pid == 0:
         _run_copy(search, deadline_s, program)  # never returns
     _in_copy = False
-    pause_s = time.perf_counter() - started
+    if size is not None:
+        calibrate(pause_s, size)
     return Copy(pid, t, pause_s, time.monotonic() + deadline_s)
 
 

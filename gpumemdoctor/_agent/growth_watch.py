@@ -23,6 +23,7 @@ import threading
 import time
 
 from . import forked
+from .threads import Captured
 from .events import import_in_progress
 from .neutral import quiet_gc
 
@@ -138,7 +139,7 @@ class GrowthWatch:
         return self.kind
 
     def take_baseline(self, why: str) -> None:
-        from .search import take_baseline
+        from .blocks import take_baseline
 
         agent = self.agent
         started = time.monotonic()
@@ -147,10 +148,13 @@ class GrowthWatch:
                              "blocks": len(self.baseline["blocks"]),
                              "elapsed_s": round(time.monotonic() - started, 4)})
 
-    def search(self, when: str, budget: str | None = None) -> dict | None:
+    def search(self, when: str, budget: str | None = None, started: float | None = None) -> dict | None:
         """Group what was allocated since the baseline and is still alive (at exit and at an
         out-of-memory error: all that is alive, each group marked new or not), and find its
-        holders: in a copy of the process during the run, in the process at exit."""
+        holders: in a copy of the process during the run, in the process at exit. `started`: when
+        the program's pause for it began (perf_counter), if before this call (phase_watch)."""
+        if started is None:
+            started = time.perf_counter()
         agent = self.agent
         if when in ("growth", "exit"):
             self.search_at = None
@@ -159,44 +163,12 @@ class GrowthWatch:
         # No baseline at exit or at an out-of-memory error (no growth seen, or seen by time
         # only): all of it counts as new.
         baseline = self.baseline or {"blocks": {}, "storages": set()}
+        budget_s = BUDGET_S[budget or when]
+        if when != "exit":
+            return self._search_in_copy(when, baseline, budget_s, started)
         from .search import Roots, investigate
 
         own = {t.ident for t in threading.enumerate() if t.name.startswith("gpumemdoctor-")}
-        budget_s = BUDGET_S[budget or when]
-        if when != "exit":
-            with quiet_gc():
-                # Made here: the copy will have only this thread, and the others' locals are roots.
-                roots = Roots(own)
-                step = agent.steps
-                trace = agent.trace.on or agent.trace.was_on
-                names = agent.threads.names()
-                t = time.monotonic()
-
-                def in_copy() -> None:
-                    try:
-                        result = investigate(agent.torch, self.tensor_kind(), baseline, budget_s, roots, names,
-                                             all_live=when in ("oom", "phase"))
-                    except Exception as exc:
-                        agent.channel.write({"type": "error", "where": f"investigation ({when}, in a copy)",
-                                             "message": repr(exc)[:500]})
-                        return
-                    agent.channel.write({"type": "investigation", "when": when, "t": t, "step": step,
-                                         "trace": trace, "forked": True, **result})
-
-                self.poll_copies()
-                if when in ("growth", "phase") and self.copies:
-                    return None  # one growth search at a time (an out-of-memory error's is always made)
-                copy = forked.start(in_copy, budget_s + COPY_SLACK_S)
-                del roots
-            if isinstance(copy, str):
-                agent.channel.write({"type": "error", "where": f"investigation ({when})",
-                                     "message": f"not made during the run: {copy}; the exit search covers it"})
-                return None
-            self.copies.append(copy)
-            agent.cost["search_pauses"] = agent.cost.get("search_pauses", 0) + 1
-            agent.cost["search_pause_s"] = agent.cost.get("search_pause_s", 0.0) + copy.pause_s
-            agent.cost["search_pause_max_s"] = max(agent.cost.get("search_pause_max_s", 0.0), copy.pause_s)
-            return None
         own.add(threading.get_ident())  # our frames at exit hold nothing of the program's
         self.wait_for_copies()
         collecting = gc.isenabled()
@@ -213,6 +185,51 @@ class GrowthWatch:
         agent.channel.write({"type": "investigation", "when": when, "t": time.monotonic(), "step": agent.steps,
                              "trace": agent.trace.on or agent.trace.was_on, **result})
         return result
+
+    def _search_in_copy(self, when: str, baseline: dict, budget_s: float, started: float) -> None:
+        """A search during the run, in a copy of the process (forked.py). The program pauses for the
+        threads' capture and the fork only: the roots, the modules and the search are the copy's
+        work. A copy whose pause would pass forked.MAX_PAUSE_S is not made: a `declined` record."""
+        agent = self.agent
+        self.poll_copies()
+        if when in ("growth", "phase") and self.copies:
+            return None  # one growth search at a time (an out-of-memory error's is always made)
+        with quiet_gc():
+            # Taken here: the copy will have only this thread, and the others' locals are roots.
+            threads = Captured()
+            step = agent.steps
+            trace = agent.trace.on or agent.trace.was_on
+            t = time.monotonic()
+
+            def in_copy() -> None:
+                try:
+                    from .search import Roots, investigate
+
+                    roots = Roots(threads.own, threads)
+                    result = investigate(agent.torch, self.tensor_kind(), baseline, budget_s, roots,
+                                         agent.threads.names(threads.alive), all_live=when in ("oom", "phase"))
+                except Exception as exc:
+                    agent.channel.write({"type": "error", "where": f"investigation ({when}, in a copy)",
+                                         "message": repr(exc)[:500]})
+                    return
+                agent.channel.write({"type": "investigation", "when": when, "t": t, "step": step,
+                                     "trace": trace, "forked": True, **result})
+
+            prep_s = time.perf_counter() - started
+            copy = forked.start(in_copy, budget_s + COPY_SLACK_S, spent_s=prep_s)
+        cost = agent.cost
+        if isinstance(copy, dict):
+            cost["searches_declined"] = cost.get("searches_declined", 0) + 1
+            agent.channel.write({"type": "declined", "t": t, "step": step, "when": when, **copy})
+            return None
+        self.copies.append(copy)
+        pause_s = time.perf_counter() - started  # the program's whole pause: the capture and the fork
+        cost["search_pauses"] = cost.get("search_pauses", 0) + 1
+        cost["search_pause_s"] = cost.get("search_pause_s", 0.0) + pause_s
+        cost["search_pause_max_s"] = max(cost.get("search_pause_max_s", 0.0), pause_s)
+        cost["search_prep_max_s"] = max(cost.get("search_prep_max_s", 0.0), prep_s)
+        cost["search_fork_max_s"] = max(cost.get("search_fork_max_s", 0.0), copy.pause_s)
+        return None
 
     def poll_copies(self) -> None:
         """Reap the searching copies that are done (at a step boundary)."""

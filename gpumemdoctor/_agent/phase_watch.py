@@ -151,8 +151,8 @@ class PhaseWatch:
                 watch.poll_copies()
             if not watch.copies and not self.agent.finished:
                 self.searches += 1
-                watch.search("phase")
-                cost = self.agent.cost  # what the program waited for: the roots and the fork
+                watch.search("phase", started=started)  # (the pause limit counts this walk too)
+                cost = self.agent.cost  # what the program waited for: this walk, the threads' capture, the fork
                 spent = time.perf_counter() - started
                 cost["phase_pause_s"] = max(cost.get("phase_pause_s", 0.0), spent)
         except Exception:

@@ -1,14 +1,23 @@
 """Where the holder search's paths start: the program's own modules, the locals of every live
-frame of every thread, and, for the climb, the globals of every module (search.py)."""
+frame of every thread, and, for the climb, the globals of every module (search.py).
+
+During the run the search is made in a copy of the process (forked.py), and everything is read
+there but what the copy cannot see: the other threads. On the program's thread, just before the
+fork, only `threads.Captured` is taken (each thread's innermost frame and the threads' names,
+tens of microseconds); the modules (`_is_user_module` over all of sys.modules, milliseconds in a
+program of thousands) and the frames' callers and locals are read in the copy, from the heap as
+it was at the fork. The other threads are gone there but their frames stay in its memory: the
+interpreter drops the threads' states after a fork without freeing their frame stacks.
+"""
 from __future__ import annotations
 
 import gc
 import sys
-import threading
 import types
 
 from . import edges
 from .blocks import PACKAGE_DIR, is_library_file
+from .threads import Captured
 
 
 def _is_user_module(name: str, module) -> bool:
@@ -17,10 +26,11 @@ def _is_user_module(name: str, module) -> bool:
 
 class Roots:
     """Where paths start: the program's modules, and the locals of every live frame of every
-    thread but those in `skip_threads` (module-level frames are their module). Made where the
-    search is asked for: a copy of the process has only the thread that forked it."""
+    thread but those in `skip_threads` (module-level frames are their module). `threads`: the
+    threads as captured before a fork (the copy has only the thread that forked it); without it,
+    the threads now."""
 
-    def __init__(self, skip_threads: set):
+    def __init__(self, skip_threads: set, threads: Captured | None = None):
         self.user_dicts: list = []
         self.user_modules: set = set()
         self.modules: list = []
@@ -36,8 +46,10 @@ class Roots:
                 self.user_dicts.append((name, attrs))
         self.user_dicts.sort(key=lambda r: r[0] != "__main__")
         self.locals: list = []  # (thread label, where, name, value)
-        names = {t.ident: t.name for t in threading.enumerate()}
-        for ident, frame in sys._current_frames().items():
+        if threads is None:
+            threads = Captured()
+        names = threads.names
+        for ident, frame in threads.frames.items():
             if ident in skip_threads:
                 continue
             label = f"thread {names.get(ident, ident)!r}: "

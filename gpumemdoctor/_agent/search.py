@@ -21,8 +21,8 @@ import time
 import types
 
 from . import edges, graphs, heap
-from .blocks import (Spans, TensorKind, cuda_tensors, live_blocks, storage_span, tensor_field, thread_entry,
-                     user_frames)
+from .blocks import (Spans, TensorKind, cuda_tensors, live_blocks, storage_span, take_baseline,  # noqa: F401
+                     tensor_field, thread_entry, user_frames)
 from .roots import Roots
 
 MAX_FRAMES = 8  # of the allocating stack kept per group
@@ -440,17 +440,6 @@ def _groups(blocks: list, finder: Finder, thread_names: dict) -> list:
         g["unheld_sizes"] = [[size, n] for size, n in g["unheld_sizes"].most_common(MAX_SIZES)]
         g["unheld_why"] = sorted(g["unheld_why"].values(), key=lambda w: -w[1])
     return out
-
-
-def take_baseline(torch, kind: TensorKind) -> dict:
-    """What is alive now, so that a search later looks only at what came after."""
-    try:
-        # address -> size: one dict of ints, which the garbage collector does not track
-        blocks = {b["address"]: b["size"] for b in live_blocks(torch)}
-    except Exception:
-        blocks = {}
-    return {"blocks": blocks,
-            "storages": {address for _, address, _ in cuda_tensors(kind)} if not blocks else set()}
 
 
 def _tensor_storages(kind: TensorKind) -> list[dict]:

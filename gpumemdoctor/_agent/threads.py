@@ -8,12 +8,29 @@ an agent of its own that records that it exists (the package's `_after_fork_in_c
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
 from .neutral import quiet_gc
 
 MAX_THREAD_RECORDS = 1000
+
+
+class Captured:
+    """The program's threads at one moment, taken on the program's thread just before a fork: a copy
+    of the process has only the thread that forked it. No more than the interpreter hands over at
+    once (each thread's innermost frame, the threads' names); the copy reads the rest, frames'
+    callers and their locals, from its frozen image (roots.Roots). `own`: the agent's threads."""
+
+    __slots__ = ("frames", "names", "alive", "own")
+
+    def __init__(self):
+        threads = threading.enumerate()
+        self.own = {t.ident for t in threads if t.name.startswith("gpumemdoctor-")}
+        self.names = {t.ident: t.name for t in threads}
+        self.alive = set(self.names.values())
+        self.frames = sys._current_frames()  # ident -> its innermost frame
 
 
 class ThreadWatch:
@@ -48,9 +65,11 @@ class ThreadWatch:
         self.agent.channel.write({"type": "thread", "name": thread.name, "entry": list(entry) if entry else None,
                                   "t0": t0, "t": time.monotonic(), "d0": before, "d1": after})
 
-    def names(self) -> dict:
-        """(file, function) -> the names of the threads that ran it, for the holder search."""
-        alive = {t.name for t in threading.enumerate()}
+    def names(self, alive: set | None = None) -> dict:
+        """(file, function) -> the names of the threads that ran it, for the holder search; `alive`:
+        the names of the threads running (Captured.alive in a copy of the process), else now."""
+        if alive is None:
+            alive = {t.name for t in threading.enumerate()}
         return {entry: [n if n in alive else f"{n} (ended)" for n in names[:4]]
                 + ([f"and {len(names) - 4} more"] if len(names) > 4 else [])
                 for entry, names in self.entries.items()}

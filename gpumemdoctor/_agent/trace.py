@@ -51,12 +51,18 @@ class Trace:
         window: until `until_step` when given, else for TRACE_WINDOW_S)."""
         agent = self.agent
         error = None
+        started = time.perf_counter()
+        elapsed = None
         try:
             # "state" keeps the stack of each live block and no event history: cheaper, and the
             # snapshot stays quick to take. The event history is kept only for --snapshot.
             enabled = "all" if os.environ.get(ENV_SNAPSHOT) == "1" else "state"
+            # The call alone is timed (`elapsed_s`): on the program's thread it is a pause in its step.
+            # PyTorch's Python side is a plain wrapper; its C++ side registers, at the first call, a
+            # RecordFunction callback for annotations and takes each device allocator's lock.
             agent.torch.cuda.memory._record_memory_history(
                 enabled=enabled, context="alloc", stacks="python", max_entries=TRACE_MAX_ENTRIES)
+            elapsed = time.perf_counter() - started
             self.on = self.was_on = True
             if self.mode == "auto" and os.environ.get(ENV_SNAPSHOT) != "1" and why in ("growth", "start-up", "phase"):
                 self.window = why
@@ -68,8 +74,10 @@ class Trace:
                     self.stop_at, self.stop_step = time.monotonic() + STARTUP_WINDOW_S, agent.steps + STARTUP_STEPS
         except Exception as exc:  # the cudaMallocAsync backend has no history
             error = f"{type(exc).__name__}: {exc}"[:300]
+        if elapsed is None:
+            elapsed = time.perf_counter() - started
         agent.channel.write({"type": "trace", "t": time.monotonic(), "step": agent.steps, "why": why,
-                             "ok": self.on, "error": error})
+                             "ok": self.on, "error": error, "elapsed_s": round(elapsed, 5)})
 
     def stop(self, on_program_thread: bool = False) -> None:
         """The end of --trace auto's window: no more stacks for new allocations; the live
@@ -94,11 +102,13 @@ class Trace:
         else:
             why = f"stopped after {TRACE_WINDOW_S:.0f} s"
         self.stop_at, self.stop_step = None, 1 << 62
+        started = time.perf_counter()
         try:
             agent.torch.cuda.memory._record_memory_history(enabled=None)
             self.on = False
             error = None
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:300]
+        elapsed = time.perf_counter() - started
         agent.channel.write({"type": "trace", "t": time.monotonic(), "step": agent.steps,
-                             "why": why, "ok": error is None, "error": error})
+                             "why": why, "ok": error is None, "error": error, "elapsed_s": round(elapsed, 5)})

@@ -360,6 +360,8 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
     if e.phase_accumulations:
         a = e.phase_accumulations[0]
         held = f" At its height {alike_text(a)} were held by {a['pattern']}."
+    elif (e.phase_search or {}).get("declined"):  # the tool's pause limit: no holder, and why
+        held = f" No holder was looked for at its height: {e.phase_search['declined']}."
     return Judged(
         kind="avoidable-peak", bytes=top.rise,
         summary=f"In {e.where}, memory rose during {len(bound)} pause{'s' if len(bound) > 1 else ''} in the "

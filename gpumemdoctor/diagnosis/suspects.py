@@ -117,7 +117,17 @@ def _why_not(root: dict, torch_index: int) -> str:
                 "afterwards); run again with --trace on to record allocation stacks from the start")
     if failed is not None:
         return f"allocation history could not be turned on ({failed['error']})"
+    if declined(root, "growth") is not None:
+        return (f"the growth search during the run was not made ({declined(root, 'growth')}), and the "
+                f"exit search found no new memory held")
     return "the program ended before the holder search ran"
+
+
+def declined(root: dict, when: str) -> str | None:
+    """Why the last search asked for at `when` during the run was not made (a copy of the process
+    would have paused it past the limit: the figures are in the words), or None."""
+    found = [d for d in root.get("declined", ()) if d["when"] == when]
+    return found[-1]["why"] if found else None
 
 
 def _allocation_suspect(g: dict, released: bool = False) -> dict:
@@ -200,6 +210,8 @@ def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[lis
     if not found:
         why = ("the program ended before the exit search ran, or the recording predates it" if when == "exit"
                else "no search was made at the out-of-memory error")
+        if when == "oom" and declined(root, "oom") is not None:
+            why = f"the search at the out-of-memory error was not made: {declined(root, 'oom')}"
         if when == "exit" and not root["investigations"]:
             why = ("less than 64 MiB of tensors was alive at exit and no growth was seen, so no search "
                    "was made; run again with --trace on for allocation stacks")
@@ -430,6 +442,10 @@ def phase_accumulations(root: dict, torch_index: int, at_exit: list[dict]) -> tu
     search) and the exit search no longer did: what the pause let go of at its end."""
     found = [i for i in root["investigations"] if i["when"] == "phase"]
     if not found:
+        why = declined(root, "phase")
+        if why is not None:
+            return [], {"searched": False, "declined": why,
+                        "why_not": f"the search at the pause's height was not made: {why}"}
         return [], {"searched": False, "why_not": "no search was made at a pause's height"}
     gone = {a["pattern"] for a in at_exit}
     best, chosen = [], found[-1]

@@ -81,7 +81,6 @@ INVESTIGATION = Shape({"when": one_of("growth", "exit", "oom", "phase"), "t": NU
                        "graph_grads": opt(INT), "complete": opt(BOOL),
                        "forked": opt(BOOL), "phases": opt(_NUMBERS)})
 SUSPICION = Shape({"t": NUM, "step": opt(INT), "device": INT, "by": STR, "grown_bytes": INT, "rate": NUM})
-TRACE = Shape({"t": NUM, "step": opt(INT), "why": STR, "ok": BOOL, "error": opt(STR)})
 BASELINE = Shape({"t": NUM, "step": opt(INT), "why": STR, "blocks": INT, "elapsed_s": NUM})
 GARBAGE_TENSOR = Shape({"holder": STR, "cycle": STR, "frames": list_of(frame), "bytes": INT, "count": INT})
 GARBAGE = Shape({"objects": INT, "types": list_of(pair(STR, INT)),
@@ -157,20 +156,29 @@ PEAK_PROBE = Shape({"n": INT, "t": NUM, "elapsed_s": NUM, "stopped": may(opt(STR
                     "error": may(STR),
                     **{k: may(_HELD) for k in ("parameters", "temporaries", "kept-tensors", "graphs-kept")},
                     **{f"{k}_bytes": may(SIZE) for k in ("parameters", "temporaries", "kept-tensors", "graphs-kept")}})
+# A holder search during the run that was not made (_agent/forked.py `declined`): why, and for a copy
+# that would have paused the program too long, the estimate, the limit and the process's own memory.
+# Recordings from before issue 31 have none (the reason was an agent error then).
+DECLINED = Shape({"t": NUM, "step": opt(INT), "when": one_of("growth", "oom", "phase"), "why": STR,
+                  "pause_s": opt(NUM), "limit_s": opt(NUM), "private_bytes": opt(INT)})
+# The call that turned PyTorch's allocation history on or off took `elapsed_s` on the program's (or
+# the agent's) thread; absent from recordings from before issue 31.
+TRACE = Shape({"t": NUM, "step": opt(INT), "why": STR, "ok": BOOL, "error": opt(STR), "elapsed_s": may(NUM)})
 
 # agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record
 RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
            "investigation": ("investigations", INVESTIGATION), "thread": ("threads", THREAD),
            "garbage": ("garbage", GARBAGE), "snapshot": ("snapshot", SNAPSHOT),
            "collection": ("collections", COLLECTION), "oom": ("ooms", OOM), "library": ("libraries", LIBRARY),
-           "groups": ("groups", GROUPS), "peak": ("peaks", PEAK), "peak_probe": ("peak_probes", PEAK_PROBE)}
+           "groups": ("groups", GROUPS), "peak": ("peaks", PEAK), "peak_probe": ("peak_probes", PEAK_PROBE),
+           "declined": ("declined", DECLINED)}
 _SINGLE = ("garbage", "snapshot")
 
 
 def empty_root() -> dict:
     return {"suspicions": [], "traces": [], "baselines": [], "investigations": [], "threads": [],
             "garbage": None, "snapshot": None, "collections": [], "ooms": [], "libraries": [], "groups": [],
-            "peaks": [], "peak_probes": []}
+            "peaks": [], "peak_probes": [], "declined": []}
 
 
 def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:
