@@ -32,7 +32,7 @@ def evaluate():
     return total.item() / 100
 
 
-for round_ in range(2):
-    train_steps(torch, model, opt, 40, (512, 2048))
-    print(f"evaluation {round_}: {evaluate():.4f}")
+train_steps(torch, model, opt, 40, (512, 2048))
+print(f"evaluation: {evaluate():.4f}")
+train_steps(torch, model, opt, 10, (512, 2048))
 print("peak-truth: " + json.dumps(truth), file=sys.stderr)

@@ -28,6 +28,9 @@ ORPHAN_CHECK_S = 0.05  # of the copy's CPU time, between two looks at whether it
 # The longest pause a copy may cost the program (issue 31): the work on its thread before the fork
 # and the fork itself. A copy expected to pause it longer is not made; the exit search covers growth.
 MAX_PAUSE_S = 0.020
+# At an out-of-memory error the program is failing anyway: its search is not a pause in a step, and
+# is held only to the old ceiling.
+MAX_OOM_PAUSE_S = 0.08
 # The first estimate of a fork's pause, per GiB of the process's own resident memory: measured on the
 # lent H100 machine (kernel 6.18): 21-23 ms at 1.5 GiB, 104-124 at 9.7. After each fork of this
 # process the estimate is the highest of the latest CALIBRATION_FORKS measured figures.
@@ -74,19 +77,19 @@ def calibrate(pause_s: float, size: int) -> None:
     del _measured[:-CALIBRATION_FORKS]
 
 
-def declined(spent_s: float = 0.0) -> dict | None:
+def declined(spent_s: float = 0.0, limit_s: float = MAX_PAUSE_S) -> dict | None:
     """Why a copy would not be made now, with its figures (`why`, `pause_s`, `limit_s`,
     `private_bytes`), or None. `spent_s`: the program has already paused this long for it."""
     if not hasattr(os, "fork"):
-        return {"why": "this platform has no fork", "pause_s": None, "limit_s": MAX_PAUSE_S, "private_bytes": None}
+        return {"why": "this platform has no fork", "pause_s": None, "limit_s": limit_s, "private_bytes": None}
     size = private_bytes()
     pause = expected_pause_s(size)
-    if pause is None or pause + spent_s <= MAX_PAUSE_S:
+    if pause is None or pause + spent_s <= limit_s:
         return None
     pause += spent_s
     return {"why": f"a copy of this process ({size / (1 << 30):.1f} GiB of its own memory) would pause it for "
-                   f"about {pause * 1000:.0f} ms; the limit is {MAX_PAUSE_S * 1000:.0f} ms",
-            "pause_s": round(pause, 4), "limit_s": MAX_PAUSE_S, "private_bytes": size}
+                   f"about {pause * 1000:.0f} ms; the limit is {limit_s * 1000:.0f} ms",
+            "pause_s": round(pause, 4), "limit_s": limit_s, "private_bytes": size}
 
 
 class Copy:
@@ -121,11 +124,11 @@ class Copy:
         return True
 
 
-def start(search, deadline_s: float, spent_s: float = 0.0) -> Copy | dict:
+def start(search, deadline_s: float, spent_s: float = 0.0, limit_s: float = MAX_PAUSE_S) -> Copy | dict:
     """Fork; in the copy, run `search()` and leave. In the program, a Copy, or why no copy was
     made (`declined`'s dict). `spent_s`: what the program has already paused for this copy."""
     global _in_copy
-    why = declined(spent_s)
+    why = declined(spent_s, limit_s)
     if why is not None:
         return why
     size = private_bytes()

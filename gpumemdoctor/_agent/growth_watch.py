@@ -216,7 +216,8 @@ class GrowthWatch:
                                      "trace": trace, "forked": True, **result})
 
             prep_s = time.perf_counter() - started
-            copy = forked.start(in_copy, budget_s + COPY_SLACK_S, spent_s=prep_s)
+            copy = forked.start(in_copy, budget_s + COPY_SLACK_S, spent_s=prep_s,
+                                limit_s=forked.MAX_OOM_PAUSE_S if when == "oom" else forked.MAX_PAUSE_S)
         cost = agent.cost
         if isinstance(copy, dict):
             cost["searches_declined"] = cost.get("searches_declined", 0) + 1

@@ -12,9 +12,10 @@ above it, is a capture, read on the thread that sampled, at once:
   and whether it was inside backward() or an optimizer's step.
 A capture made on the agent's thread (the steps paused, or a program without steps) also asks
 the main thread, between two of its bytecodes (`Py_AddPendingCall`), for a probe of at most
-PROBE_BUDGET_S: the tensors that the locals of its running functions and the program's module
-globals hold, and the tensors that their autograd graphs save. A capture made at a step
-boundary runs the probe there, on the program's thread.
+PROBE_BUDGET_S: the tensors that the locals of its running functions and the main module's
+globals hold, and the modules among them. A capture made at a step boundary runs the probe
+there, on the program's thread. What autograd graphs save is read by the holder search, in a
+copy of the process (diagnosis/peak.py takes it from a search made in the same pause).
 
 The capture runs through `Neutral` (the program's collections come when they would have come)
 and writes one line. Captures stop at MAX_CAPTURES, probes at MAX_PROBES; after LATE_CAPTURES
@@ -41,7 +42,6 @@ LATE_RISE = 0.10
 MAX_CAPTURES = 32
 MAX_PROBES = 8
 PROBE_BUDGET_S = 0.008  # of the program's time, on its main thread, per probe
-MAX_GRAPH_NODES = 200_000
 MAX_HOLDERS = 4  # per category in a probe's record
 MAX_OPTIMIZERS = 16
 
@@ -55,13 +55,13 @@ class PeakWatch:
         self.last_optimizer = 0  # id() of the optimizer seen at the last step: one compare a step
         self.best: list = []  # per device slot: the highest total captured
         self.captures = 0
+        self.spent = 0.0  # thread time of the last check's capture and probe (sampler.py leaves it out of its pace)
         self.probes = 0
         self.asked = False
         self.pending_capture = 0
         self.callback = None
         self.add_pending = None
         self.main_ident = threading.main_thread().ident
-        self.names = None  # graphs.SavedNames, made at the first probe
 
     def prepare(self, devices: int) -> None:
         """Made once at CUDA's start, on the program's thread."""
@@ -99,6 +99,7 @@ class PeakWatch:
     # -- the captures -----------------------------------------------------------------
     def check(self, now: float, by: str) -> None:
         """After each sample (the sampler's lock held)."""
+        self.spent = 0.0
         if self.captures >= MAX_CAPTURES:
             return
         sampler = self.agent.sampler
@@ -115,6 +116,7 @@ class PeakWatch:
                 continue
             self.best[i] = total
             started = time.perf_counter()
+            thread_started = time.thread_time()
             if sampler.neutral.read(self._capture, i, by != "step") is NO_ROOM:
                 self.best[i] = best
                 continue
@@ -125,8 +127,10 @@ class PeakWatch:
                 cost["peak_capture_max_s"] = spent
             if by == "step" and threading.get_ident() == self.main_ident:
                 self.probe(self.captures)
-            elif self.agent.run_dir and self.probes < MAX_PROBES and not self.asked:
+            elif (self.agent.run_dir and self.probes < MAX_PROBES and not self.asked
+                  and not self.agent.phase_watch.asked):  # the pause's search first
                 self.ask(self.captures)
+            self.spent = time.thread_time() - thread_started  # kept out of the samples' pacing
             return  # one device a sample
 
     def _capture(self, i: int) -> None:
@@ -244,7 +248,7 @@ class PeakWatch:
         started = time.perf_counter()
         with quiet_gc():
             try:
-                probe = Probe(self.agent.torch, self._saved_names(), started + PROBE_BUDGET_S)
+                probe = Probe(self.agent.torch, started + PROBE_BUDGET_S)
                 probe.optimizers([ref() for ref in self.optimizers])
                 record = probe.run()
                 del probe
@@ -259,34 +263,27 @@ class PeakWatch:
                 cost["peak_probe_max_s"] = spent
             del record
 
-    def _saved_names(self):
-        if self.names is None:
-            from .graphs import SavedNames
-
-            self.names = SavedNames()
-        return self.names
-
 
 class Probe:
     """One probe: the program's names that hold CUDA tensors, by category ("temporaries": a running
-    function's locals; "kept-tensors": the program's module globals; "graphs-kept": what the
-    autograd graphs of those tensors save), each storage counted once, largest holders kept."""
+    function's locals; "kept-tensors": the main module's globals; "parameters": of the modules among
+    them), each storage counted once, largest holders kept. A tensor that carries an autograd graph
+    is named so; what the graph saves is not read here (reading a saved tensor makes a Python object
+    for it that PyTorch then keeps alive with the graph: the holder search reads graphs, in a copy).
 
-    def __init__(self, torch, names, deadline: float, on_device=None):
+    On Python 3.11 and 3.12 a frame's f_locals is a snapshot that the frame keeps until it returns,
+    holding what its locals held then: the probe empties it again (when nothing else holds it and
+    no tracer is set, which refreshes it itself), so nothing lives longer than the program made it."""
+
+    def __init__(self, torch, deadline: float, on_device=None):
         self.tensor = torch.Tensor
-        self.on_device = on_device or _is_cuda  # tests read CPU tensors
         self.module = torch.nn.Module
-        self.names = names
+        self.on_device = on_device or _is_cuda  # tests read CPU tensors
         self.deadline = deadline
         self.seen: set = set()  # storage addresses already counted
-        self.nodes: set = set()
-        self.kept: list = []
-        self.found: dict = {"parameters": {}, "temporaries": {}, "kept-tensors": {}, "graphs-kept": {}}
-        # (holder -> [bytes, line]; "parameters": of modules the names hold, beyond the optimizers')
+        self.found: dict = {"parameters": {}, "temporaries": {}, "kept-tensors": {}}  # holder -> [bytes, line]
         self.stopped = None
-        self.visited = 0
-        self.errors = 0  # saved fields that raised on reading, and the first one's message
-        self.error = None
+        self.graphs = 0  # tensors in the names that carry an autograd graph
 
     def optimizers(self, optimizers: list) -> None:
         """Their parameters, gradients and state are counted by the capture: not again here."""
@@ -306,26 +303,31 @@ class Probe:
         from .blocks import is_library_file
 
         names = []  # (category, holder, line, value): a running function's locals, innermost first
+        traced = sys.gettrace() is not None or sys.getprofile() is not None
         frame = sys._getframe()
         while frame is not None:
             code = frame.f_code
-            if not is_library_file(code.co_filename) and frame.f_locals is not frame.f_globals:
-                where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
-                names += [("temporaries", f"{code.co_name}() local {k}", where, v)
-                          for k, v in list(frame.f_locals.items())]
+            if not traced and not is_library_file(code.co_filename):
+                local = frame.f_locals
+                if local is not frame.f_globals:
+                    where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
+                    names += [("temporaries", f"{code.co_name}() local {k}", where, v) for k, v in list(local.items())]
+                    if type(local) is dict and sys.getrefcount(local) <= 3:  # the frame, ours, the call
+                        local.clear()  # the snapshot (3.11, 3.12); 3.13's f_locals is a view
+                del local
             frame = frame.f_back
         main = sys.modules.get("__main__")
         if main is not None:
             names += [("kept-tensors", f"global {k}", None, v) for k, v in list(vars(main).items())]
-        for _, holder, line, value in names:  # the modules' parameters first: a graph saves weights too
+        for _, holder, line, value in names:  # the modules' parameters first
             if isinstance(value, self.module):
                 self._module(value, holder, line)
         for category, holder, line, value in names:
             if self.stopped:
                 break
             self._value(value, holder, line, category)
-        out = {"stopped": self.stopped, "graph_nodes": self.visited, "graph_errors": self.errors,
-               "graph_error": self.error}
+        del names
+        out = {"stopped": self.stopped, "graphs": self.graphs}
         for category, holders in self.found.items():
             ranked = sorted(holders.items(), key=lambda kv: -kv[1][0])[:MAX_HOLDERS]
             out[category] = [[name, b, line] for name, (b, line) in ranked]
@@ -362,16 +364,16 @@ class Probe:
         try:
             if not self.on_device(t):
                 return
+            if t.requires_grad and not t.is_leaf:  # its autograd graph: named, not read
+                self.graphs += 1
+                name += " (holds its autograd graph)"
             storage = t.untyped_storage()
             address = storage.data_ptr()
             if address not in self.seen:
                 self.seen.add(address)
                 self._add(category, name, storage.nbytes(), line)
-            fn = t.grad_fn
         except Exception:
             return
-        if fn is not None:
-            self._graph(fn, name, line)
 
     def _add(self, category: str, name: str, size: int, line) -> None:
         entry = self.found[category].get(name)
@@ -379,53 +381,6 @@ class Probe:
             self.found[category][name] = [size, line]
         else:
             entry[0] += size
-
-    def _graph(self, root, name: str, line) -> None:
-        """The storages the graph under `root` saves (graphs.py reads them the same way)."""
-        stack = [root]
-        names = self.names
-        while stack:
-            node = stack.pop()
-            if id(node) in self.nodes:
-                continue
-            self.nodes.add(id(node))
-            self.kept.append(node)  # a node's wrapper is made on reading: kept, so that its id is not reused
-            self.visited += 1
-            if self.visited % 64 == 0 and (time.perf_counter() > self.deadline or self.visited > MAX_GRAPH_NODES):
-                self.stopped = "time" if self.visited <= MAX_GRAPH_NODES else "nodes"
-                return
-            raised = present = False
-            for field in names[type(node)]:
-                try:
-                    value = getattr(node, field)
-                except Exception as exc:
-                    raised = True
-                    self.errors += 1
-                    if self.error is None:
-                        self.error = f"{type(node).__name__}.{field}: {type(exc).__name__}: {exc}"[:200]
-                    continue
-                for v in (value if type(value) in (tuple, list) else (value,)):
-                    if v is None or not isinstance(v, self.tensor):
-                        continue
-                    present = True
-                    try:
-                        if not self.on_device(v):
-                            continue
-                        storage = v.untyped_storage()
-                        address = storage.data_ptr()
-                        if address not in self.seen:
-                            self.seen.add(address)
-                            self._add("graphs-kept", f"{name}.grad_fn", storage.nbytes(), line)
-                    except Exception:
-                        continue
-            if raised and not present:  # backward() freed them, and everything below it needed (graphs.py)
-                continue
-            try:
-                for child, _ in node.next_functions:
-                    if child is not None:
-                        stack.append(child)
-            except Exception:
-                continue
 
 
 def _is_cuda(t) -> bool:

@@ -254,7 +254,7 @@ class Sampler:
                 gc.enable()
             spent = time.thread_time() - started
             self.cost.count(self.last_sample_t, spent)
-            self._pace(spent)
+            self._pace(spent - self.agent.peak_watch.spent)  # a rare capture is not the samples' pace
             lock.release()
         return True
 

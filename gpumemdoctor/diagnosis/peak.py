@@ -10,9 +10,11 @@ How each part is recognised:
 - parameters, gradients, optimizer-state: the storages of every optimizer that stepped (its
   parameter groups, their .grad, its state), each counted once, at the same moment; parameters also
   of modules the probe found in the program's names;
-- graphs-kept, temporaries, kept-tensors: the probe, on the main thread just after the capture:
-  what the autograd graphs of tensors in the program's names save, what the locals of running
-  functions hold, what the main module's globals hold;
+- temporaries, kept-tensors: the probe, on the main thread just after the capture: what the
+  locals of running functions hold, what the main module's globals hold;
+- graphs-kept: what the holder search, made in a copy of the process during the same pause in the
+  steps (an evaluation), found held through autograd graphs (holder kind `autograd-graph`): the
+  search that found the most, at its own moment, which can be below the peak's;
 - unclassified: the rest of the allocated memory, never guessed at (what the main thread was
   running says where it came from: inside backward(), activations and gradients being made).
 """
@@ -28,7 +30,7 @@ TEMPORARY_SHARE = 0.25  # of the allocated memory: one running function's local
 STATE_SHARE = 0.25  # of the peak: gradients and optimizer state held through an evaluation
 GRAPHS_SHARE = 0.20  # of the allocated memory: graphs kept by the program's names in a pause
 MIN_HOLDER_BYTES = 64 << 10  # a holder smaller than this is not named (a scalar loss, a step count)
-PROBE_PARTS = ("parameters", "graphs-kept", "temporaries", "kept-tensors")
+PROBE_PARTS = ("parameters", "temporaries", "kept-tensors")
 
 HOW = {
     "context": "the CUDA context, read at the process's first allocation",
@@ -38,7 +40,8 @@ HOW = {
     "parameters": "the parameters of the optimizers that stepped and of modules the program's names hold",
     "gradients": "the .grad of those parameters",
     "optimizer-state": "the optimizers' state (AdamW: exp_avg and exp_avg_sq)",
-    "graphs-kept": "saved by the autograd graphs of tensors the program's names hold (read from the graphs)",
+    "graphs-kept": "saved by autograd graphs that the program's names hold, found by the holder search in a copy "
+                   "of the process during the same pause",
     "temporaries": "held by the locals of functions running at that moment",
     "kept-tensors": "held by the main module's globals",
     "unclassified": "allocated, and held by nothing the readings name",
@@ -91,6 +94,15 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
         holders = [{"name": label.format(o[0]), "bytes": o[column], "line": None}
                    for o in sorted(optimizers, key=lambda o: -o[column]) if o[column]]
         add(category, size, holders)
+    graphs, graph_holders, search = _graphs_from_search(agent, torch_index, best)
+    if graphs:
+        size = min(graphs, left)
+        left -= size
+        add("graphs-kept", size, graph_holders)
+        if search["t"] < best["t"] - 0.05:
+            notes.append(f"graphs kept: read by the holder search at {search['t']:.1f} s, "
+                         f"{best['t'] - search['t']:.1f} s before this moment; what they held more by then is "
+                         "unclassified")
     if probe is not None and "error" not in probe:
         cut = False
         for category in PROBE_PARTS:
@@ -183,6 +195,30 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
                                      "line": top["line"] if top else None},
                            remedy=FINDINGS["graphs-at-peak"]))
     return out
+
+
+def _graphs_from_search(agent, torch_index: int, capture: dict) -> tuple[int, list, dict | None]:
+    """What a holder search made in the capture's pause (same step count; a search at an
+    evaluation's height or at an out-of-memory error) found held through autograd graphs on this
+    device: bytes, holders, the search. The one that found the most."""
+    best = (0, [], None)
+    for search in agent.root.get("investigations", []):
+        if search["when"] not in ("phase", "oom") or search["step"] != capture["step"] or search["t"] > capture["t"]:
+            continue
+        held: dict = {}
+        for group in search["groups"]:
+            if group.get("device") not in (None, torch_index):
+                continue
+            frame = group["frames"][0] if group["frames"] else None
+            line = f"{frame[0].rsplit('/', 1)[-1]}:{frame[1]}" if frame else None
+            for h in group["holders"]:
+                if h["kind"] == "autograd-graph":
+                    entry = held.setdefault(h["path"], {"name": h["path"], "bytes": 0, "line": line})
+                    entry["bytes"] += h["bytes"]
+        total = sum(h["bytes"] for h in held.values())
+        if total > best[0]:
+            best = (total, sorted(held.values(), key=lambda h: -h["bytes"])[:4], search)
+    return best
 
 
 def _unclassified_how(capture: dict) -> str:

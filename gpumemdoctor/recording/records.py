@@ -151,11 +151,10 @@ PEAK = Shape({"n": INT, "t": NUM, "step": opt(INT), "device": INT, "allocated": 
               "optimizers": list_of(row(STR, SIZE, SIZE, SIZE)),
               "where": opt(STR), "inside": opt(STR), "paused": BOOL})
 _HELD = list_of(row(STR, SIZE, opt(STR)))
-PEAK_PROBE = Shape({"n": INT, "t": NUM, "elapsed_s": NUM, "stopped": may(opt(STR)), "graph_nodes": may(INT),
-                    "graph_errors": may(INT), "graph_error": may(opt(STR)),
+PEAK_PROBE = Shape({"n": INT, "t": NUM, "elapsed_s": NUM, "stopped": may(opt(STR)), "graphs": may(INT),
                     "error": may(STR),
-                    **{k: may(_HELD) for k in ("parameters", "temporaries", "kept-tensors", "graphs-kept")},
-                    **{f"{k}_bytes": may(SIZE) for k in ("parameters", "temporaries", "kept-tensors", "graphs-kept")}})
+                    **{k: may(_HELD) for k in ("parameters", "temporaries", "kept-tensors")},
+                    **{f"{k}_bytes": may(SIZE) for k in ("parameters", "temporaries", "kept-tensors")}})
 # A holder search during the run that was not made (_agent/forked.py `declined`): why, and for a copy
 # that would have paused the program too long, the estimate, the limit and the process's own memory.
 # Recordings from before issue 31 have none (the reason was an agent error then).

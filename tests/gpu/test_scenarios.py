@@ -399,11 +399,18 @@ def test_peak_of_adamw_training_is_parameters_gradients_and_twice_their_state(re
 def test_peak_of_an_evaluation_without_no_grad_is_its_kept_graphs(reports):
     report = reports(ROOT / "scenarios" / "peak_eval_graphs.py")
     truth, composition = peak_truth(report), target_peak(report)
-    graphs = parts(composition)["graphs-kept"]
-    # The highest reading comes within a few batches of the evaluation's end.
-    assert 0.6 * truth["graphs_kept"] <= graphs["bytes"] <= 1.05 * truth["graphs_kept"], (graphs, truth)
-    assert graphs["holders"][0]["name"].startswith("evaluate() local total"), graphs
+    found = parts(composition)
+    graphs = found["graphs-kept"]
+    # The graphs are read by the search at the evaluation's height, in a copy; the peak's reading can
+    # come later in the same evaluation, higher: what they held more by then is unclassified, and said.
+    assert graphs["holders"][0]["name"].startswith("thread 'MainThread': evaluate()"), graphs
+    assert "local total" in graphs["holders"][0]["name"], graphs
+    assert 0.25 * truth["graphs_kept"] <= graphs["bytes"] <= 1.05 * truth["graphs_kept"], (graphs, truth)
+    rest = found.get("unclassified", {"bytes": 0})["bytes"]
+    assert graphs["bytes"] + rest >= 0.9 * truth["graphs_kept"], (found, truth)
     assert composition["in_pause"]
+    temporaries = {h["name"] for h in found["temporaries"]["holders"]} if "temporaries" in found else set()
+    assert not temporaries or all(name.startswith("evaluate() local") for name in temporaries), temporaries
 
 
 def test_peak_of_a_fragmented_allocator_is_its_split_free_memory(reports):
