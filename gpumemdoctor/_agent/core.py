@@ -92,8 +92,10 @@ class Agent:
             self.torch = torch
             self.channel.write({"type": "torch", "t": time.monotonic(), "version": str(torch.__version__)})
             try:
-                from torch.optim.optimizer import register_optimizer_step_post_hook
+                from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
                 register_optimizer_step_post_hook(self._on_optimizer_step)
+                if self.run_dir:  # known from its first step on: a reading inside that step counts its parts
+                    register_optimizer_step_pre_hook(self._on_optimizer_pre_step)
             except Exception:
                 pass
             if torch.cuda.is_initialized():
@@ -199,10 +201,11 @@ class Agent:
                 "cuda": bool(torch is not None and torch.cuda.is_initialized()), "devices": rows}
 
     # -- steps ---------------------------------------------------------------
+    def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
+        self.peak_watch.seen(optimizer)
+
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         # PyTorch calls hook(optimizer, args, kwargs): a signature with *args would make a tuple.
-        if self.run_dir:
-            self.peak_watch.seen(optimizer)
         if not self.explicit_steps:
             self.on_step(False)
 

@@ -218,6 +218,11 @@ class GrowthWatch:
             prep_s = time.perf_counter() - started
             copy = forked.start(in_copy, budget_s + COPY_SLACK_S, spent_s=prep_s,
                                 limit_s=forked.MAX_OOM_PAUSE_S if when == "oom" else forked.MAX_PAUSE_S)
+            # The capture holds this very frame (the main thread's innermost), which holds the capture:
+            # a cycle that, once this returns, would keep the program's frames below, and their locals,
+            # until a collection (seen on the H100: an evaluation's 2 GiB of graphs). The copy has its own.
+            threads.frames = None
+            del in_copy, threads
         cost = agent.cost
         if isinstance(copy, dict):
             cost["searches_declined"] = cost.get("searches_declined", 0) + 1
