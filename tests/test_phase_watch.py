@@ -241,3 +241,33 @@ def test_a_later_evaluation_as_high_as_the_first_is_searched_when_the_first_was_
     pause(agent, clock, [GiB + (500 + 100 * k) * MiB for k in range(5)])  # to the same height
     searched, _ = phase_searches(tmp_path, agent)
     assert len(searched) == 1 and searched[0]["step"] == 300
+
+
+def test_a_search_keeps_none_of_the_program_s_frames_alive(agent_and_clock, tmp_path):
+    """The search's capture of the threads holds the frame that makes it, which holds the capture: once
+    that cycle was left behind, the program's frames below it and their locals (an evaluation's
+    graphs) lived until the garbage collector ran."""
+    import gc
+    import weakref
+
+    agent, clock = agent_and_clock
+
+    class Big:
+        pass
+
+    def evaluate():
+        big = Big()  # a local of the program's function, as an evaluation's running sum is
+        steps(agent, clock, 150)
+        pause(agent, clock, [GiB + 100 * MiB, GiB + 300 * MiB, GiB + 500 * MiB, GiB + 700 * MiB])
+        return weakref.ref(big)
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        gone = evaluate()
+        searched, _ = phase_searches(tmp_path, agent)
+        assert len(searched) == 1
+        assert gone() is None  # freed when evaluate() returned, with no collection
+    finally:
+        if was:
+            gc.enable()
