@@ -269,7 +269,7 @@ class Probe:
     function's locals; "kept-tensors": the main module's globals; "parameters": of the modules among
     them), each storage counted once, largest holders kept. A tensor that carries an autograd graph
     is named so; what the graph saves is not read here (reading a saved tensor makes a Python object
-    for it that PyTorch then keeps alive with the graph: the holder search reads graphs, in a copy).
+    for it, which PyTorch can keep alive with the graph: the holder search reads graphs, in a copy).
 
     On Python 3.11 and 3.12 a frame's f_locals is a snapshot that the frame keeps until it returns,
     holding what its locals held then: the probe empties it again (when nothing else holds it and
