@@ -222,7 +222,6 @@ class GrowthWatch:
             # a cycle that, once this returns, would keep the program's frames below, and their locals,
             # until a collection (seen on the H100: an evaluation's 2 GiB of graphs). The copy has its own.
             threads.frames = None
-            del in_copy, threads
         cost = agent.cost
         if isinstance(copy, dict):
             cost["searches_declined"] = cost.get("searches_declined", 0) + 1
