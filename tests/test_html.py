@@ -430,3 +430,13 @@ def test_a_leak_says_when_its_gpu_would_have_been_full():
     sentence = time_to_full_text(next(f for f in diagnosis.findings if f.kind == "leak"))
     assert sentence.startswith(f"At the end of the run ({last:.1f} s), GPU 0 had 40.0 GiB free: at ")
     assert text_of(html.render(recording, diagnosis)).count(sentence) == 2
+
+
+@pytest.mark.parametrize("name, kind", [("peak_fragmented", "fragmented-peak"), ("peak_temporary", "temporary-peak")])
+def test_a_peak_that_could_be_lower_is_a_warning_in_the_header(name, kind):
+    """Recorded on an H100 (tests/fixtures/reports/recorded.txt): the peak's warnings head the page."""
+    page, _, diagnosis = page_of(name)
+    finding = next(f for f in diagnosis.findings if f.kind == kind)
+    header = page[:page.index("</header>")]
+    assert f"Warning: {htmllib.escape(finding.summary)}" in header
+    assert f"k-{kind}" in page and f".finding.k-{kind}" in page

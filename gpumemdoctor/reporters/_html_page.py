@@ -40,7 +40,8 @@ table.figures th:first-child { text-align: left; }
   margin: 12px 0; background: var(--card); }
 .finding.k-context, .finding.k-live-at-exit { border-left-color: #9d9da1; }
 .finding.k-allocator-cache, .finding.k-pending-stream, .finding.k-child-contexts, .finding.k-stray-context,
-.finding.k-rank-imbalance, .finding.k-avoidable-peak { border-left-color: #d4a017; }
+.finding.k-rank-imbalance, .finding.k-avoidable-peak, .finding.k-fragmented-peak, .finding.k-temporary-peak,
+.finding.k-state-at-evaluation { border-left-color: #d4a017; }
 #ranks .job { margin: 4px 0 8px; }
 #ranks td.verdict { text-align: left; }
 .finding h3 .mark { color: #c0392b; }

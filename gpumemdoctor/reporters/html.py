@@ -15,7 +15,7 @@ import json
 import time
 
 from .. import __version__
-from ..diagnosis.diagnose import INFORMATIVE, Breakdown, Diagnosis, Finding
+from ..diagnosis.diagnose import INFORMATIVE, WARNINGS, Breakdown, Diagnosis, Finding
 from .envelope import envelope
 from ..errors import MissingExtraError
 from ..recording.recording import Recording
@@ -280,7 +280,7 @@ def _header(diagnosis: Diagnosis) -> str:
             parts.append(f'<p class="decided">Decided by <b>{_e(decided)}</b>'
                          f'{": " + _e(DECIDED_BY[decided]) if decided in DECIDED_BY else ""}</p>')
     for f in diagnosis.findings:
-        if f.kind in ("orphan-process", "rank-imbalance", "avoidable-peak"):
+        if f.kind in WARNINGS and f.kind != "host-memory":  # (host memory: in the findings below only)
             parts.append(f'<p class="warning">Warning: {_e(f.summary)}</p>')
     parts.append("</div></header>")
     return "\n".join(parts)
