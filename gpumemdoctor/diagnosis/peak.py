@@ -151,7 +151,7 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
 def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
     """The peaks that could be lower; each a warning, never a verdict."""
     out: list[Finding] = []
-    moment = f"At the peak of {where} ({fb(c.total_bytes)}, step {c.step})"
+    moment = f"At the peak of {where} ({fb(c.total_bytes)}{f', step {c.step}' if c.step else ''})"
     evidence = {"decided_by": "peak", "peak_t": c.t, "peak_step": c.step, "peak_bytes": c.total_bytes}
 
     def part(name: str) -> int:
