@@ -248,3 +248,36 @@ def test_the_allocated_peak_counter_above_the_reading_is_kept_and_drawn():
     assert "inside backward()" in c.part("unclassified").how
 
 
+
+
+def test_a_probe_barely_moves_the_collector_s_count(agent_and_clock, tmp_path):
+    """A probe holds automatic collection off and makes few containers of its own (no list of the
+    names it walks; the first version made one and moved the count by 27 and more here), so the
+    program's next automatic collection comes at most a few allocations early, at most MAX_PROBES
+    times in a run."""
+    import gc
+
+    agent, clock = agent_and_clock
+    agent.torch.nn = type("nn", (), {"Module": type("Module", (), {})})
+    keep = [[] for _ in range(50)]  # the program's names: what the probe walks
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        moved = []
+        for n in range(3):
+            before = gc.get_count()[0]
+            agent.peak_watch.probe(n + 1)
+            moved.append(gc.get_count()[0] - before)
+    finally:
+        if was:
+            gc.enable()
+    probes = [r for r in agent_records(tmp_path, agent) if r["type"] == "peak_probe"]
+    assert len(probes) == 3 and not any("error" in p for p in probes), probes
+    # The first also makes the interpreter create a frame object for each frame of the stack it walks
+    # (they live until their frames return, as a traceback's would); the later ones find them made.
+    depth = 0
+    frame = sys._getframe()
+    while frame is not None:
+        depth, frame = depth + 1, frame.f_back
+    assert moved[0] <= depth + 8 and all(abs(m) <= 8 for m in moved[1:]), (moved, depth)
+    del keep

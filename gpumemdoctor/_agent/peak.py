@@ -18,7 +18,7 @@ there, on the program's thread. What autograd graphs save is read by the holder 
 copy of the process (diagnosis/peak.py takes it from a search made in the same pause).
 
 The capture runs through `Neutral` (the program's collections come when they would have come)
-and writes one line. Captures stop at MAX_CAPTURES, probes at MAX_PROBES; after LATE_CAPTURES
+and writes one line; the probe makes few containers and holds automatic collection off. Captures stop at MAX_CAPTURES, probes at MAX_PROBES; after LATE_CAPTURES
 a new high must be LATE_RISE above the last. What each cost is in the exit record (`cost`).
 """
 from __future__ import annotations
@@ -241,27 +241,32 @@ class PeakWatch:
         return 0
 
     def probe(self, capture: int) -> None:
-        """The tensors the program's names hold, on its own thread, within PROBE_BUDGET_S."""
+        """The tensors the program's names hold, on its own thread, within PROBE_BUDGET_S, with
+        automatic collection held off. It makes few containers (Probe.run), and at most MAX_PROBES
+        run in a process: unlike a reading, it does not go through `Neutral`, whose ballast is made
+        for a reading's dicts."""
         if self.probes >= MAX_PROBES or self.agent.torch is None:
             return
         self.probes += 1
-        started = time.perf_counter()
         with quiet_gc():
-            try:
-                probe = Probe(self.agent.torch, started + PROBE_BUDGET_S)
-                probe.optimizers([ref() for ref in self.optimizers])
-                record = probe.run()
-                del probe
-            except Exception as exc:
-                record = {"error": f"{type(exc).__name__}: {exc}"[:200]}
-            spent = time.perf_counter() - started
-            record.update({"type": "peak_probe", "n": capture, "t": time.monotonic(), "elapsed_s": round(spent, 5)})
-            self.agent.channel.write(record)
-            cost = self.agent.cost
-            cost["peak_probe_s"] = cost.get("peak_probe_s", 0.0) + spent
-            if spent > cost.get("peak_probe_max_s", 0.0):
-                cost["peak_probe_max_s"] = spent
-            del record
+            self._probe(capture)
+
+    def _probe(self, capture: int) -> None:
+        started = time.perf_counter()
+        try:
+            probe = Probe(self.agent.torch, started + PROBE_BUDGET_S)
+            probe.optimizers([ref() for ref in self.optimizers])
+            record = probe.run()
+            del probe
+        except Exception as exc:
+            record = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+        spent = time.perf_counter() - started
+        record.update({"type": "peak_probe", "n": capture, "t": time.monotonic(), "elapsed_s": round(spent, 5)})
+        self.agent.channel.write(record)
+        cost = self.agent.cost
+        cost["peak_probe_s"] = cost.get("peak_probe_s", 0.0) + spent
+        if spent > cost.get("peak_probe_max_s", 0.0):
+            cost["peak_probe_max_s"] = spent
 
 
 class Probe:
@@ -300,39 +305,50 @@ class Probe:
                 continue
 
     def run(self) -> dict:
+        """Two passes over the program's frames (innermost first) and the main module's globals: the
+        modules' parameters first (a module's weights are parameters wherever else they appear), then
+        the tensors. It makes few containers of its own (no list of the names it walks), so that it
+        moves the collector's count little."""
         from .blocks import is_library_file
 
-        names = []  # (category, holder, line, value): a running function's locals, innermost first
-        traced = sys.gettrace() is not None or sys.getprofile() is not None
-        frame = sys._getframe()
-        while frame is not None:
-            code = frame.f_code
-            if not traced and not is_library_file(code.co_filename):
-                local = frame.f_locals
-                if local is not frame.f_globals:
-                    where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
-                    names += [("temporaries", f"{code.co_name}() local {k}", where, v) for k, v in list(local.items())]
-                    if type(local) is dict and sys.getrefcount(local) <= 3:  # the frame, ours, the call
-                        local.clear()  # the snapshot (3.11, 3.12); 3.13's f_locals is a view
-                del local
-            frame = frame.f_back
+        frames = []
+        if sys.gettrace() is None and sys.getprofile() is None:  # a tracer refreshes and writes back f_locals
+            frame = sys._getframe()
+            while frame is not None:
+                if not is_library_file(frame.f_code.co_filename) and frame.f_locals is not frame.f_globals:
+                    frames.append(frame)
+                frame = frame.f_back
+            del frame
         main = sys.modules.get("__main__")
-        if main is not None:
-            names += [("kept-tensors", f"global {k}", None, v) for k, v in list(vars(main).items())]
-        for _, holder, line, value in names:  # the modules' parameters first
-            if isinstance(value, self.module):
-                self._module(value, holder, line)
-        for category, holder, line, value in names:
-            if self.stopped:
-                break
-            self._value(value, holder, line, category)
-        del names
+        scope = vars(main) if main is not None else {}
+        for modules in (True, False):
+            for frame in frames:
+                code = frame.f_code
+                where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
+                for k, v in frame.f_locals.items():
+                    if isinstance(v, self.module) is modules and not self.stopped:
+                        self._named(v, f"{code.co_name}() local {k}", where, "temporaries")
+            for k, v in scope.items():
+                if isinstance(v, self.module) is modules and not self.stopped:
+                    self._named(v, f"global {k}", None, "kept-tensors")
+        for frame in frames:
+            local = frame.f_locals
+            if type(local) is dict and sys.getrefcount(local) <= 3:  # the frame, ours, the call
+                local.clear()  # the snapshot (3.11, 3.12) goes: 3.13's f_locals is a view
+            del local
+        del frames
         out = {"stopped": self.stopped, "graphs": self.graphs}
         for category, holders in self.found.items():
             ranked = sorted(holders.items(), key=lambda kv: -kv[1][0])[:MAX_HOLDERS]
             out[category] = [[name, b, line] for name, (b, line) in ranked]
             out[category + "_bytes"] = sum(b for b, _ in holders.values())
         return out
+
+    def _named(self, value, name: str, line, category: str) -> None:
+        if isinstance(value, self.module):
+            self._module(value, name, line)
+        else:
+            self._value(value, name, line, category)
 
     def _value(self, value, name: str, line, category: str) -> None:
         if isinstance(value, self.tensor):
