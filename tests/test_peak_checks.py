@@ -136,3 +136,28 @@ def test_compare_says_what_grew_by_category(cli, tmp_path):
     # reports without compositions (older ones): as before, no part rows
     plain = cli("compare", str(FIXTURES / "clean_adam.json"), str(FIXTURES / "clean_adam.json"), cwd=tmp_path)
     assert "peak:" not in plain.stdout and "largest peak" not in plain.stdout
+
+
+def test_what_changed_lists_the_largest_changes_either_way_and_no_share_of_a_near_empty_part():
+    """Recorded on an H100 (tests/fixtures/reports/recorded.txt): a peak that fell by 76 MiB while its
+    optimizer state grew by a GiB says both."""
+    import io
+
+    from rich.console import Console
+
+    from gpumemdoctor.diagnosis import ci_checks as checks
+    from gpumemdoctor.reporters import ci_checks as drawn
+    from gpumemdoctor.reporters.json_report import load
+
+    fixtures = Path(__file__).parent / "fixtures" / "reports"
+    old = checks.peak_parts(load(str(fixtures / "peak_temporary.json"))[1])
+    new = checks.peak_parts(load(str(fixtures / "peak_adamw.json"))[1])
+    grew = checks.peak_growth(old, new)
+    assert [c for c, _ in grew["parts"][:3]] == ["temporaries", "optimizer-state", "kept-tensors"]
+    text = drawn.growth_text(grew)
+    assert text.startswith("-76.0 MiB, of which temporaries -2.00 GiB, optimizer state +1.00 GiB"), text
+    out = io.StringIO()
+    drawn.render_comparison(Console(file=out, width=100), "clean", "clean", {}, {}, grew=grew,
+                            old_parts=old, new_parts=new)
+    row = next(line for line in out.getvalue().splitlines() if "unclassified" in line)
+    assert row.split()[-1] == "MiB" and "%" not in row, row  # 1016 bytes before: no share

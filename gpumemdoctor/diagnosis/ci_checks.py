@@ -241,14 +241,14 @@ def peak_parts(diagnosis: Diagnosis) -> dict[str, int] | None:
 
 def peak_growth(old: dict[str, int] | None, new: dict[str, int] | None) -> dict | None:
     """How the largest peak changed between two runs, by category: {"change": its total's change, "parts":
-    [(category, change), ...] for each category that changed, the largest growth first}; None unless both
-    runs have parts."""
+    [(category, change), ...] for each category that changed, the largest change first, up or down (a
+    peak that fell by little while one part grew a GiB says both); None unless both runs have parts."""
     if old is None or new is None:
         return None
     categories = list(dict.fromkeys([*new, *old]))
     changes = [(cat, new.get(cat, 0) - old.get(cat, 0)) for cat in categories]
     return {"change": sum(new.values()) - sum(old.values()),
-            "parts": sorted([c for c in changes if c[1]], key=lambda c: -c[1])}
+            "parts": sorted([c for c in changes if c[1]], key=lambda c: (-abs(c[1]), -c[1]))}
 
 
 def _rank_processes(diagnosis: Diagnosis) -> dict[str, set]:

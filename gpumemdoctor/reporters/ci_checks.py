@@ -52,7 +52,7 @@ def parts_text(parts: list[tuple[str, int]], most: int = MAX_PARTS_SAID) -> str:
 
 
 def growth_text(grew: dict) -> str:
-    """'+1.20 GiB, of which optimizer state +1.00 GiB, parameters +200 MiB' (parts that shrank after them)."""
+    """'+1.20 GiB, of which optimizer state +1.00 GiB, parameters +200 MiB': the largest changes, up or down."""
     parts = [(cat, change) for cat, change in grew["parts"] if abs(change) >= MIN_PART_SAID][:MAX_PARTS_SAID]
     said = ", ".join(f"{peak_label(cat)} {fb(change, signed=True)}" for cat, change in parts)
     return fb(grew["change"], signed=True) + (f", of which {said}" if said else "")
@@ -86,10 +86,14 @@ def render_comparison(console: Console, old_verdict: str | None, new_verdict: st
         console.print(f"The largest peak: {growth_text(grew)}")
 
 
+SHARE_FROM_BYTES = 1 << 20  # a change is given as a share of the old figure from this size on
+
+
 def _compared(a: int | None, b: int | None) -> tuple[str, str, str]:
     change = ""
     if a is not None and b is not None:
-        change = fb(b - a, signed=True) + (f" ({(b - a) / a * 100:+.1f}%)" if a else "")
+        # a share of a near-empty part says nothing (+6708359.4% of 1016 bytes)
+        change = fb(b - a, signed=True) + (f" ({(b - a) / a * 100:+.1f}%)" if a >= SHARE_FROM_BYTES else "")
     return fb(a), fb(b), change
 
 
