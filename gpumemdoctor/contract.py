@@ -16,6 +16,7 @@ ENV_INTERVAL = "GPUMEMDOCTOR_INTERVAL_S"  # the agent's shortest sampling interv
 ENV_SOCKET = "GPUMEMDOCTOR_SOCKET"  # "0": no local socket for `gpumemdoctor watch`
 ENV_TRACE = "GPUMEMDOCTOR_TRACE"  # allocation stacks: one of TRACE_MODES
 ENV_SNAPSHOT = "GPUMEMDOCTOR_SNAPSHOT"  # "1": write the allocator snapshot to the run folder at exit
+ENV_MAX_PAUSE = "GPUMEMDOCTOR_MAX_PAUSE_S"  # the longest pause a search during the run may cost the program
 
 # The agent's sampling interval (`run --interval`): its default and the bounds a value must keep.
 INTERVAL_DEFAULT_S = 0.02
@@ -26,9 +27,26 @@ POLL_INTERVAL_DEFAULT_S = 0.005
 POLL_INTERVAL_MIN_S = 0.001
 POLL_INTERVAL_MAX_S = 10
 
+# The longest the program may pause for a holder search during the run (`run --max-pause`): the copy of
+# the process is made by fork, whose pause grows with the process (see _agent/forked.py). 0: no search
+# during the run (the exit search still runs).
+MAX_PAUSE_DEFAULT_S = 0.02
+MAX_PAUSE_MIN_S = 0.0
+MAX_PAUSE_MAX_S = 1.0
+
 # Allocation stacks: "auto" (for a start-up window and when growth is seen), "on", "off". Holders
 # are looked for in every mode once growth is seen.
 TRACE_MODES = ("auto", "on", "off")
+
+
+def max_pause_from_env(environ: Mapping[str, str]) -> float:
+    """The pause limit the supervisor asked for; the default where it is absent, not a number or out
+    of bounds."""
+    try:
+        value = float(environ.get(ENV_MAX_PAUSE, MAX_PAUSE_DEFAULT_S))
+    except (TypeError, ValueError):
+        return MAX_PAUSE_DEFAULT_S
+    return value if MAX_PAUSE_MIN_S <= value <= MAX_PAUSE_MAX_S else MAX_PAUSE_DEFAULT_S
 
 
 def interval_from_env(environ: Mapping[str, str]) -> float:

@@ -107,7 +107,7 @@ def test_no_copy_when_the_fork_would_pause_the_program_too_long(monkeypatch):
     why = forked.start(lambda: None, 1.0)
     assert isinstance(why, dict), why
     assert why["why"] == ("a copy of this process (64.0 GiB of its own memory) would pause it for about "
-                          "704 ms; the limit is 20 ms")  # 64 x PAUSE_S_PER_GIB
+                          "704 ms; the limit is 20 ms (run --max-pause)")  # 64 x PAUSE_S_PER_GIB
     assert why["private_bytes"] == 64 << 30 and why["limit_s"] == 0.020 and why["pause_s"] == 0.704
 
 

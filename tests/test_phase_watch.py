@@ -95,7 +95,7 @@ def test_a_search_whose_copy_would_pause_the_program_past_the_limit_is_declined_
     assert declined["when"] == "phase" and declined["step"] == 150 and declined["limit_s"] == 0.020
     assert declined["private_bytes"] == int(2.4 * GiB) and 0.0264 <= declined["pause_s"] < 0.03
     assert declined["why"].startswith("a copy of this process (2.4 GiB of its own memory) would pause it for "
-                                      "about 2") and declined["why"].endswith("ms; the limit is 20 ms")
+                                      "about 2") and declined["why"].endswith("ms; the limit is 20 ms (run --max-pause)")
     assert agent.cost["searches_declined"] == 1 and "search_pause_max_s" not in agent.cost
     from gpumemdoctor.recording import records as shapes
 

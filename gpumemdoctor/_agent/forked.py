@@ -24,13 +24,15 @@ import sys
 import time
 import warnings
 
+from ..contract import max_pause_from_env
+
 ORPHAN_CHECK_S = 0.05  # of the copy's CPU time, between two looks at whether its program still runs
 # The longest pause a copy may cost the program (issue 31): the work on its thread before the fork
 # and the fork itself. A copy expected to pause it longer is not made; the exit search covers growth.
-MAX_PAUSE_S = 0.020
+MAX_PAUSE_S = max_pause_from_env(os.environ)  # 20 ms unless `run --max-pause` says otherwise
 # At an out-of-memory error the program is failing anyway: its search is not a pause in a step, and
-# is held only to the old ceiling.
-MAX_OOM_PAUSE_S = 0.08
+# is held only to the old ceiling (or to --max-pause, if higher).
+MAX_OOM_PAUSE_S = max(0.08, MAX_PAUSE_S)
 # The first estimate of a fork's pause, per GiB of the process's own resident memory: measured on the
 # lent H100 machine (kernel 6.18): 21-23 ms at 1.5 GiB, 104-124 at 9.7. After each fork of this
 # process the estimate is the highest of the latest CALIBRATION_FORKS measured figures.
@@ -88,7 +90,7 @@ def declined(spent_s: float = 0.0, limit_s: float = MAX_PAUSE_S) -> dict | None:
         return None
     pause += spent_s
     return {"why": f"a copy of this process ({size / (1 << 30):.1f} GiB of its own memory) would pause it for "
-                   f"about {pause * 1000:.0f} ms; the limit is {limit_s * 1000:.0f} ms",
+                   f"about {pause * 1000:.0f} ms; the limit is {limit_s * 1000:.0f} ms (run --max-pause)",
             "pause_s": round(pause, 4), "limit_s": limit_s, "private_bytes": size}
 
 

@@ -91,6 +91,11 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
               help="Record allocation stacks (PyTorch's memory history): from the start (on), only "
                    "once memory is seen growing (auto), or never (off). [default: auto; on with "
                    "--snapshot]")
+@click.option("--max-pause", type=Seconds(contract.MAX_PAUSE_MIN_S, contract.MAX_PAUSE_MAX_S),
+              default=contract.MAX_PAUSE_DEFAULT_S, show_default=True, metavar="SECONDS",
+              help="The longest your program may pause for a holder search during the run (a copy of "
+                   "the process by fork, about 10-30 ms a GiB of its own memory): a search expected to "
+                   "pause it longer is not made, and the report says so. 0: none during the run.")
 @click.option("--snapshot", type=FileName(), metavar="PATH", default=None,
               help="Write PyTorch's allocator snapshot (a pickle for pytorch.org/memory_viz) here at exit.")
 @click.option("--html", "html", type=FileName(), metavar="PATH", default=None,
@@ -106,7 +111,7 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
 @click.pass_context
 def run_command(ctx: click.Context, output: str | None, force: bool, interval: float,
                 poll_interval: float, allow_no_gpu: bool, quiet: bool, trace: str | None,
-                snapshot: str | None, html: str | None, html_next_to_json: bool, max_peak: int | None,
+                max_pause: float, snapshot: str | None, html: str | None, html_next_to_json: bool, max_peak: int | None,
                 max_retained: int | None, fail_on: str | None, tolerance: str,
                 nvml_tolerance: str | None, junit: str | None, baseline: str | None,
                 update_baseline: bool) -> int:
@@ -185,7 +190,7 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
 
     recording = run(RunOptions(target_args=target, poll_interval_s=poll_interval,
                                agent_interval_s=interval, measure_gpu=measure_gpu,
-                               trace=trace or ("on" if snapshot else "auto"),
+                               trace=trace or ("on" if snapshot else "auto"), max_pause_s=max_pause,
                                snapshot_path=os.path.abspath(snapshot) if snapshot else None,
                                prepare=AFTER_RUN_MODULES))
     status = exit_status(recording)

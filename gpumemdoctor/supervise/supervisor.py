@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from .. import __version__
 from ..system import nvml, procs
-from ..contract import (ENV_INTERVAL, ENV_PACKAGE_PARENT, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE,
-                        INTERVAL_DEFAULT_S, POLL_INTERVAL_DEFAULT_S)
+from ..contract import (ENV_INTERVAL, ENV_MAX_PAUSE, ENV_PACKAGE_PARENT, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE,
+                        INTERVAL_DEFAULT_S, MAX_PAUSE_DEFAULT_S, POLL_INTERVAL_DEFAULT_S)
 from ..recording.agent_files import AgentFiles
 from ..recording.recording import ProcessRecord, Recording
 from .recovery import RUN_FILE, RUN_SCHEMA
@@ -62,6 +62,7 @@ class RunOptions:
     measure_gpu: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
     trace: str = "auto"  # allocation stacks: "auto" (once growth is seen), "on", "off"
+    max_pause_s: float = MAX_PAUSE_DEFAULT_S  # the longest pause a search during the run may cost
     snapshot_path: str | None = None  # where the target's allocator snapshot goes
     # Modules the caller needs after the run (the report's): imported on a thread of their own
     # once the target is started, so that their import is off the run's wall time.
@@ -296,6 +297,7 @@ def run(options: RunOptions) -> Recording:
     env[ENV_RUN_DIR] = run_dir
     env[ENV_INTERVAL] = str(options.agent_interval_s)
     env[ENV_TRACE] = options.trace
+    env[ENV_MAX_PAUSE] = str(options.max_pause_s)
     if options.snapshot_path:
         env[ENV_SNAPSHOT] = "1"
     env[ENV_PACKAGE_PARENT] = os.path.dirname(PACKAGE_DIR)
