@@ -235,8 +235,8 @@ def peaks_text(diagnosis: Diagnosis) -> str:
 # What each category of a peak is called where it is drawn (PEAK_CATEGORIES' order is the drawing's).
 PEAK_LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer-state": "optimizer state",
                "graphs-kept": "graphs kept", "temporaries": "temporaries", "kept-tensors": "kept tensors",
-               "unclassified": "unclassified", "fragmentation": "fragmentation", "cache": "allocator cache", "outside-pytorch": "outside PyTorch",
-               "context": "CUDA context"}
+               "unclassified": "unclassified", "fragmentation": "fragmentation", "cache": "allocator cache",
+               "outside-pytorch": "outside PyTorch", "context": "CUDA context"}
 
 
 def peak_label(category: str) -> str:
@@ -258,7 +258,7 @@ def peak_where(c: PeakComposition, with_host: bool = False) -> str:
     out = (f"{c.host or '?'}: " if with_host else "") + f"process {c.pid}, GPU {_or_dash(c.device)}"
     if c.t is not None:
         out += f", at {c.t:.1f} s"
-    if c.step is not None:
+    if c.step:  # (a program that marks no steps is at step 0 all along: no step to name)
         out += f", step {c.step}"
     return out + (", in a pause in the steps" if c.in_pause else "")
 
