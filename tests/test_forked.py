@@ -197,17 +197,19 @@ def _roots_both_ways() -> tuple[dict, dict]:
     r, w = os.pipe()
 
     def search():
-        os.write(w, json.dumps(_roots_summary(Roots(threads.own, threads))).encode())
+        data = memoryview(json.dumps(_roots_summary(Roots(threads.own, threads))).encode())
+        while data:  # a pipe takes 64 KiB at a time, and a signal can cut a write short
+            data = data[os.write(w, data):]
 
     copy = forked.start(search, 10.0)
     assert isinstance(copy, forked.Copy), copy
-    while not copy.poll():
-        time.sleep(0.01)
-    os.close(w)
+    os.close(w)  # the copy has its own: the read below ends when the copy's is closed
     chunks = []
-    while chunk := os.read(r, 1 << 16):
+    while chunk := os.read(r, 1 << 16):  # read as the copy writes: it must not wait on a full pipe
         chunks.append(chunk)
     os.close(r)
+    while not copy.poll():
+        time.sleep(0.01)
     return before, json.loads(b"".join(chunks))
 
 

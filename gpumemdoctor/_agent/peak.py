@@ -29,9 +29,9 @@ import threading
 import time
 import weakref
 
+from . import main_thread
 from .neutral import NO_ROOM, quiet_gc
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TORCH_DIR = os.sep + "torch" + os.sep
 
 MIN_BYTES = 64 << 20  # no capture below this total
@@ -55,7 +55,6 @@ class PeakWatch:
         self.last_optimizer = 0  # id() of the optimizer seen at the last step: one compare a step
         self.best: list = []  # per device slot: the highest total captured
         self.captures = 0
-        self.spent = 0.0  # thread time of the last check's capture and probe (sampler.py leaves it out of its pace)
         self.probes = 0
         self.asked = False
         self.pending_capture = 0
@@ -66,15 +65,7 @@ class PeakWatch:
     def prepare(self, devices: int) -> None:
         """Made once at CUDA's start, on the program's thread."""
         self.best = [0] * devices
-        try:
-            import ctypes
-
-            self.callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(self._on_main_thread)
-            self.add_pending = ctypes.pythonapi.Py_AddPendingCall
-            self.add_pending.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-            self.add_pending.restype = ctypes.c_int
-        except Exception:
-            self.callback = self.add_pending = None
+        self.callback, self.add_pending = main_thread.pending_call(self._on_main_thread)
 
     # -- the optimizers ---------------------------------------------------------------
     def seen(self, optimizer) -> None:
@@ -97,11 +88,11 @@ class PeakWatch:
         self.optimizers.append(weakref.ref(optimizer))
 
     # -- the captures -----------------------------------------------------------------
-    def check(self, now: float, by: str) -> None:
-        """After each sample (the sampler's lock held)."""
-        self.spent = 0.0
+    def check(self, now: float, by: str) -> float:
+        """After each sample (the sampler's lock held). Returns the thread time a capture (and its
+        probe) took, which the sampler leaves out of its pace: a rare capture is not a sample's cost."""
         if self.captures >= MAX_CAPTURES:
-            return
+            return 0.0
         sampler = self.agent.sampler
         rows = sampler.rows
         live = sampler.live
@@ -119,7 +110,7 @@ class PeakWatch:
             thread_started = time.thread_time()
             if sampler.neutral.read(self._capture, i, by != "step") is NO_ROOM:
                 self.best[i] = best
-                continue
+                return 0.0
             cost = self.agent.cost
             spent = time.perf_counter() - started
             cost["peak_capture_s"] = cost.get("peak_capture_s", 0.0) + spent
@@ -130,8 +121,8 @@ class PeakWatch:
             elif (self.agent.run_dir and self.probes < MAX_PROBES and not self.asked
                   and not self.agent.phase_watch.asked):  # the pause's search first
                 self.ask(self.captures)
-            self.spent = time.thread_time() - thread_started  # kept out of the samples' pacing
-            return  # one device a sample
+            return time.thread_time() - thread_started  # one device a sample
+        return 0.0
 
     def _capture(self, i: int) -> None:
         """One capture's line."""
@@ -213,28 +204,16 @@ class PeakWatch:
 
     # -- the probes -------------------------------------------------------------------
     def ask(self, capture: int) -> None:
-        if self.add_pending is None:
-            return
-        self.asked = True
         self.pending_capture = capture
-        try:
-            if self.add_pending(self.callback, None) != 0:
-                self.asked = False
-        except Exception:
+        self.asked = True  # before the call is queued: the main thread may run it at once
+        if not main_thread.ask(self.add_pending, self.callback):
             self.asked = False
 
     def _on_main_thread(self, _) -> int:
-        """Between two of the main thread's bytecodes. Never raises; never inside the agent's own
-        work nor an import."""
+        """Between two of the main thread's bytecodes (main_thread.py). Never raises."""
         try:
             self.asked = False
-            frame = sys._getframe(1)
-            while frame is not None:
-                name = frame.f_code.co_filename
-                if name.startswith(_PACKAGE_DIR) or name.startswith("<frozen importlib"):
-                    return 0
-                frame = frame.f_back
-            if not self.agent.finished:
+            if not main_thread.interrupted(sys._getframe(1)) and not self.agent.finished:
                 self.probe(self.pending_capture)
         except Exception:
             pass

@@ -21,11 +21,10 @@ makes no container the program's collector would count, until a search is asked 
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from . import main_thread
 
 PHASE_RISE_BYTES = 256 << 20  # as the judgement's row 13 (judgement.PEAK_MIN_BYTES)
 PAUSE_STEPS = 4  # as diagnosis/phases.py: a pause lasts this many median steps
@@ -61,15 +60,7 @@ class PhaseWatch:
         """Made once at CUDA's start, on the program's thread."""
         self.level = [0] * devices
         self.steps_peak = [0] * devices
-        try:
-            import ctypes
-
-            self.callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(self._on_main_thread)
-            self.add_pending = ctypes.pythonapi.Py_AddPendingCall
-            self.add_pending.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-            self.add_pending.restype = ctypes.c_int
-        except Exception:
-            self.callback = self.add_pending = None
+        self.callback, self.add_pending = main_thread.pending_call(self._on_main_thread)
 
     def check(self, now: float, by: str) -> None:
         """After each sample (the sampler's lock held)."""
@@ -118,29 +109,20 @@ class PhaseWatch:
         self.action = action
         if action == "search":
             self.searched_step = self.agent.steps
-        try:
-            if self.add_pending(self.callback, None) != 0:
-                self.asked = False  # the queue of pending calls was full: a later sample asks again
-        except Exception:
-            self.asked = False
+        if not main_thread.ask(self.add_pending, self.callback):
+            self.asked = False  # the queue of pending calls was full: a later sample asks again
 
     def _on_main_thread(self, _) -> int:
         """Runs on the program's main thread, between two of its bytecodes. Never raises."""
         started = time.perf_counter()
         try:
             self.asked = False
-            frame = sys._getframe(1)
-            while frame is not None:  # never inside the agent's own work (a step sample, a search, exit),
-                # nor in the middle of an import: the stacks' switch imports too, and a module half
-                # made would be seen (NOTES: torch._inductor's partially initialized module)
-                name = frame.f_code.co_filename
-                if name.startswith(_PACKAGE_DIR) or name.startswith("<frozen importlib"):
-                    if self.action == "search":
-                        self.searched_step = -1  # a later sample of this pause asks again
-                    else:
-                        self.traced_step = -1
-                    return 0
-                frame = frame.f_back
+            if main_thread.interrupted(sys._getframe(1)):
+                if self.action == "search":
+                    self.searched_step = -1  # a later sample of this pause asks again
+                else:
+                    self.traced_step = -1
+                return 0
             agent = self.agent
             if self.action == "trace":
                 if not agent.trace.on and not agent.finished:

@@ -209,6 +209,7 @@ class Sampler:
             return False  # the timer never waits; a step boundary waits for a timer sample (tens of us)
         lock.acquire()
         started = time.thread_time()  # the agent's own work, not its waits for the GIL
+        apart = 0.0  # of it, a peak's capture: not the samples' pace
         enabled = gc.isenabled()  # read before the sample holds collection off itself
         if not enabled:  # the program's doing (gc.disable())
             self.collector_off += 1
@@ -244,7 +245,7 @@ class Sampler:
             if agent.run_dir and (by == "step" or by == "time"):
                 agent.growth_watch.check(now, by)
                 agent.phase_watch.check(now, by)
-                agent.peak_watch.check(now, by)
+                apart = agent.peak_watch.check(now, by)
             if self.samples % SAMPLES_PER_DOUBLING == 0:
                 self.base_interval_s = min(self.base_interval_s * 2, MAX_INTERVAL_S)
         except Exception:
@@ -254,7 +255,7 @@ class Sampler:
                 gc.enable()
             spent = time.thread_time() - started
             self.cost.count(self.last_sample_t, spent)
-            self._pace(spent - self.agent.peak_watch.spent)  # a rare capture is not the samples' pace
+            self._pace(spent - apart)
             lock.release()
         return True
 

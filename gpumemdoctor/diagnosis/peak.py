@@ -20,7 +20,7 @@ How each part is recognised:
 """
 from __future__ import annotations
 
-from .findings import PEAK_CATEGORIES as _ORDER, Breakdown, Finding, PeakComposition, PeakPart
+from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS
 from ..units import format_bytes as fb
 
@@ -137,7 +137,7 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
     add("unclassified", left, how=_unclassified_how(best))
     if len(captures) > 1:
         notes.append(f"the highest of {len(captures)} readings made at new highs of this process's memory")
-    ordered = [parts[c] for c in _ORDER if c in parts]
+    ordered = [parts[c] for c in PEAK_CATEGORIES if c in parts]
     composition = PeakComposition(
         pid=agent.pid, device=_nvml_index(agent, torch_index), torch_index=torch_index, t=best["t"],
         step=best["step"], total_bytes=sum(p.bytes for p in ordered), allocated_bytes=allocated,

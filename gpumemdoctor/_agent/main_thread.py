@@ -1,0 +1,47 @@
+"""Work asked of the program's main thread, between two of its bytecodes (`Py_AddPendingCall`):
+the search at an evaluation's height (phase_watch.py) and the probe of a peak (peak.py). No signal,
+no hook, nothing the program can see; the call runs where a step boundary's work would run."""
+from __future__ import annotations
+
+import os
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pending_call(fn):
+    """(the C callback made of `fn(_) -> int`, CPython's Py_AddPendingCall), made once on the
+    program's thread; (None, None) where ctypes cannot make them."""
+    try:
+        import ctypes
+
+        callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(fn)
+        add = ctypes.pythonapi.Py_AddPendingCall
+        add.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        add.restype = ctypes.c_int
+        return callback, add
+    except Exception:
+        return None, None
+
+
+def ask(add, callback) -> bool:
+    """Queue the callback for the main thread; False when it cannot be (no ctypes, the queue full).
+    The caller marks it asked before: the main thread may run it before this returns."""
+    if add is None:
+        return False
+    try:
+        return add(callback, None) == 0
+    except Exception:
+        return False
+
+
+def interrupted(frame) -> bool:
+    """Whether the main thread was stopped, at `frame` or below it, inside the agent's own work (a
+    step sample, a search, exit) or in the middle of an import: then the call does nothing (the
+    stacks' switch imports too, and a module half made would be seen: NOTES, torch._inductor's
+    partially initialized module)."""
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_PACKAGE_DIR) or name.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
