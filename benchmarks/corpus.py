@@ -194,8 +194,10 @@ def _from_report(path: str) -> dict:
         declined += [d["why"] for d in agent["root"].get("declined", [])]
         cost = (agent.get("exit_info") or {}).get("cost") or {}
         # The longest pause of this process: a search's (capture and fork; before issue 31 the fork
-        # alone) or the search at a pause's height (its whole call on the main thread).
-        mine = [cost[k] for k in ("search_pause_max_s", "phase_pause_s") if cost.get(k) is not None]
+        # alone), the search at a pause's height (its whole call on the main thread), a peak's reading
+        # and its probe of the program's names (the GIL held, or on the main thread).
+        mine = [cost[k] for k in ("search_pause_max_s", "phase_pause_s", "peak_capture_max_s", "peak_probe_max_s")
+                if cost.get(k) is not None]
         if mine:
             pauses.append(max(mine))
         if agent["pid"] == report["target"]["pid"] or not exit_costs:

@@ -1,5 +1,6 @@
 # expect: clean
 # expect-finding: avoidable-peak
+# expect-args: --max-pause 0.1
 """An evaluation without torch.no_grad() that sums its losses without .item(): each batch's autograd
 graph, with what it saved, stays alive through `total` until the function returns. The program
 measures what the graphs held (allocated memory at the end of the loop, less what was allocated

@@ -98,6 +98,37 @@ def test_the_probe_names_the_locals_the_modules_and_a_running_sum_s_graph():
     assert found["parameters_bytes"] == sum(p.untyped_storage().nbytes() for p in model.parameters())
 
 
+def test_the_probe_reads_an_object_s_public_attributes_and_counts_each_graph_s_nodes_once():
+    torch = pytest.importorskip("torch")
+
+    class Metric:
+        pass
+
+    def evaluate():
+        worst = Metric()
+        worst.batches = [torch.empty(1000) for _ in range(3)]  # a local object's attribute: one level down
+        worst._cache = [torch.empty(7000)]  # private: not read
+        model = torch.nn.Linear(4, 4)
+        model.validation_step_outputs = [torch.empty(500), torch.empty(500)]  # a module's own list
+        total = 0.0
+        w = torch.randn(8, 8, requires_grad=True)
+        for _ in range(10):
+            loss = (w * 2).sum()
+            total = total + loss  # keeps every batch's graph: 10 x (mul, sum, add) and w's AccumulateGrad
+        return _probe(torch).run(), worst, model, total, loss
+
+    found, worst, model, total, loss = evaluate()
+    held = {h[0]: h for h in found["temporaries"]}
+    assert held["evaluate() local worst.batches[*]"][1:4:2] == [3 * 4000, 3], held
+    assert not any("_cache" in name for name in held)
+    assert held["evaluate() local model.validation_step_outputs[*]"][1] == 2 * 2000, held
+    top = found["graph_holders"][0]
+    assert top[0] == "evaluate() local total (holds its autograd graph)", found["graph_holders"]
+    assert top[4] == 31 and found["graph_nodes"] == 31, found
+    # the last batch's loss is inside total's graph: its nodes were counted once, with total's
+    assert all(h[4] == 0 for h in found["graph_holders"][1:]), found["graph_holders"]
+
+
 def test_the_probe_keeps_nothing_alive_that_the_program_let_go_of():
     """Python 3.11 and 3.12 keep a frame's f_locals snapshot until the frame returns: a tensor the
     function deleted after the probe would live on in it."""

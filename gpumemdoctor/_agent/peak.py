@@ -27,7 +27,9 @@ import os
 import sys
 import threading
 import time
+import types
 import weakref
+from itertools import islice
 
 from . import main_thread
 from .neutral import NO_ROOM, quiet_gc
@@ -40,10 +42,12 @@ RISE_SHARE = 0.02  # a new high: above the last capture by RISE_BYTES and by thi
 LATE_CAPTURES = 8
 LATE_RISE = 0.10
 MAX_CAPTURES = 32
-MAX_PROBES = 8
+MAX_PROBES = 16
 PROBE_BUDGET_S = 0.008  # of the program's time, on its main thread, per probe
 MAX_HOLDERS = 4  # per category in a probe's record
+MAX_ITEMS = 4096  # of a list, tuple or dict, read by a probe
 MAX_OPTIMIZERS = 16
+_NOT_OBJECTS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 
 
 class PeakWatch:
@@ -251,9 +255,13 @@ class PeakWatch:
 class Probe:
     """One probe: the program's names that hold CUDA tensors, by category ("temporaries": a running
     function's locals; "kept-tensors": the main module's globals; "parameters": of the modules among
-    them), each storage counted once, largest holders kept. A tensor that carries an autograd graph
-    is named so; what the graph saves is not read here (reading a saved tensor makes a Python object
-    for it, which PyTorch can keep alive with the graph: the holder search reads graphs, in a copy).
+    them), each storage counted once, largest holders kept. A name is read one level down: a list,
+    tuple or dict of tensors (`name[*]`), and an object's or a module's public attributes that are
+    tensors or such containers (`name.attr[*]`). A tensor that carries an autograd graph is named so,
+    and the graph's nodes are counted (`next_functions`, each node once, within the budget): what the
+    graph saves is not read here (unpacking a saved tensor runs the program's saved-tensor hooks, if
+    it set any: the holder search reads graphs, in a copy), but its size in nodes tells the name that
+    keeps many batches' graphs (a running sum) from one that keeps its own.
 
     On Python 3.11 and 3.12 a frame's f_locals is a snapshot that the frame keeps until it returns,
     holding what its locals held then: the probe empties it again (when nothing else holds it and
@@ -265,9 +273,11 @@ class Probe:
         self.on_device = on_device or _is_cuda  # tests read CPU tensors
         self.deadline = deadline
         self.seen: set = set()  # storage addresses already counted
-        self.found: dict = {"parameters": {}, "temporaries": {}, "kept-tensors": {}}  # holder -> [bytes, line]
+        # holder -> [bytes, line, tensors, graph nodes]
+        self.found: dict = {"parameters": {}, "temporaries": {}, "kept-tensors": {}}
         self.stopped = None
         self.graphs = 0  # tensors in the names that carry an autograd graph
+        self.nodes: dict = {}  # id -> graph node, kept while the probe runs (a freed one's id comes back)
 
     def optimizers(self, optimizers: list) -> None:
         """Their parameters, gradients and state are counted by the capture: not again here."""
@@ -305,43 +315,68 @@ class Probe:
                 code = frame.f_code
                 where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
                 for k, v in frame.f_locals.items():
-                    if isinstance(v, self.module) is modules and not self.stopped:
-                        self._named(v, f"{code.co_name}() local {k}", where, "temporaries")
+                    if not self.stopped:
+                        self._named(v, f"{code.co_name}() local {k}", where, "temporaries", modules)
             for k, v in scope.items():
-                if isinstance(v, self.module) is modules and not self.stopped:
-                    self._named(v, f"global {k}", None, "kept-tensors")
+                if not self.stopped:
+                    self._named(v, f"global {k}", None, "kept-tensors", modules)
         for frame in frames:
             local = frame.f_locals
             if type(local) is dict and sys.getrefcount(local) <= 3:  # the frame, ours, the call
                 local.clear()  # the snapshot (3.11, 3.12) goes: 3.13's f_locals is a view
             del local
         del frames
-        out = {"stopped": self.stopped, "graphs": self.graphs}
+        out = {"stopped": self.stopped, "graphs": self.graphs, "graph_nodes": len(self.nodes)}
+        self.nodes.clear()
+        graphs = []
         for category, holders in self.found.items():
             ranked = sorted(holders.items(), key=lambda kv: -kv[1][0])[:MAX_HOLDERS]
-            out[category] = [[name, b, line] for name, (b, line) in ranked]
-            out[category + "_bytes"] = sum(b for b, _ in holders.values())
+            out[category] = [[name, b, line, n, nodes] for name, (b, line, n, nodes) in ranked]
+            out[category + "_bytes"] = sum(h[0] for h in holders.values())
+            graphs.extend((name, h) for name, h in holders.items() if h[3])
+        graphs.sort(key=lambda kv: -kv[1][3])
+        out["graph_holders"] = [[name, b, line, n, nodes] for name, (b, line, n, nodes) in graphs[:MAX_HOLDERS]]
         return out
 
-    def _named(self, value, name: str, line, category: str) -> None:
+    def _named(self, value, name: str, line, category: str, modules: bool) -> None:
+        """Pass one (`modules`): a module's parameters. Pass two: the tensors, one level down."""
         if isinstance(value, self.module):
-            self._module(value, name, line)
-        else:
-            self._value(value, name, line, category)
-
-    def _value(self, value, name: str, line, category: str) -> None:
-        if isinstance(value, self.tensor):
-            self._tensor(value, name, line, category)
-        elif type(value) in (list, tuple):
-            for v in value[:4096]:
-                if isinstance(v, self.tensor):
-                    self._tensor(v, f"{name}[*]", line, category)
-        elif type(value) is dict:
-            for v in list(value.values())[:4096]:
-                if isinstance(v, self.tensor):
-                    self._tensor(v, f"{name}[*]", line, category)
+            if modules:
+                self._module(value, name, line)
+            else:
+                self._attributes(value, name, line, category)
+        elif not modules and not self._value(value, name, line, category):
+            self._attributes(value, name, line, category)
         if time.perf_counter() > self.deadline:
             self.stopped = "time"
+
+    def _value(self, value, name: str, line, category: str) -> bool:
+        """A tensor, or a list, tuple or dict of tensors: True when value was one of those."""
+        kind = type(value)
+        if isinstance(value, self.tensor):
+            self._tensor(value, name, line, category)
+        elif kind is list or kind is tuple or kind is dict:  # (islice: no copy of a big container)
+            for v in islice(value.values() if kind is dict else value, MAX_ITEMS):
+                if isinstance(v, self.tensor):
+                    self._tensor(v, f"{name}[*]", line, category)
+        else:
+            return False
+        return True
+
+    def _attributes(self, value, name: str, line, category: str) -> None:
+        """An object's public attributes (its own __dict__, read without running its code): the
+        tensors they hold, one level down. Classes, functions and modules of code are left alone."""
+        if isinstance(value, _NOT_OBJECTS) or not getattr(type(value), "__dictoffset__", 0):
+            return  # (ints, strings and the like have no __dict__ to read)
+        try:
+            attributes = object.__getattribute__(value, "__dict__")
+        except Exception:
+            return
+        if type(attributes) is not dict:
+            return
+        for k, v in attributes.items():
+            if k[:1] != "_" and (type(v) in (list, tuple, dict) or isinstance(v, self.tensor)):
+                self._value(v, f"{name}.{k}", line, category)
 
     def _module(self, module, name: str, line) -> None:
         try:
@@ -359,23 +394,51 @@ class Probe:
         try:
             if not self.on_device(t):
                 return
-            if t.requires_grad and not t.is_leaf:  # its autograd graph: named, not read
+            nodes = 0
+            if t.requires_grad and not t.is_leaf:  # its autograd graph: its nodes counted, not read
                 self.graphs += 1
                 name += " (holds its autograd graph)"
+                nodes = self._graph(t.grad_fn)
             storage = t.untyped_storage()
             address = storage.data_ptr()
+            size = 0
             if address not in self.seen:
                 self.seen.add(address)
-                self._add(category, name, storage.nbytes(), line)
+                size = storage.nbytes()
+            if size or nodes:
+                self._add(category, name, size, line, 1 if size else 0, nodes)
         except Exception:
             return
 
-    def _add(self, category: str, name: str, size: int, line) -> None:
+    def _graph(self, fn) -> int:
+        """The nodes of an autograd graph not counted yet, down its next_functions, until the budget."""
+        nodes = self.nodes
+        before = len(nodes)
+        stack = [fn]
+        while stack:
+            fn = stack.pop()
+            if fn is None or id(fn) in nodes:
+                continue
+            nodes[id(fn)] = fn
+            try:
+                for nxt, _ in fn.next_functions:
+                    if nxt is not None and id(nxt) not in nodes:
+                        stack.append(nxt)
+            except Exception:
+                pass
+            if len(nodes) % 256 == 0 and time.perf_counter() > self.deadline:
+                self.stopped = "time"
+                break
+        return len(nodes) - before
+
+    def _add(self, category: str, name: str, size: int, line, tensors: int = 1, nodes: int = 0) -> None:
         entry = self.found[category].get(name)
         if entry is None:
-            self.found[category][name] = [size, line]
+            self.found[category][name] = [size, line, tensors, nodes]
         else:
             entry[0] += size
+            entry[2] += tensors
+            entry[3] += nodes
 
 
 def _is_cuda(t) -> bool:

@@ -15,7 +15,8 @@ What lies outside PyTorch is itemised, and judged for growth past warm-up, in no
 """
 from __future__ import annotations
 
-from . import child_processes, ends, judgement, job, libraries, machine_faults, non_torch, peak, phases, ranks, suspects
+from . import (child_processes, ends, judgement, job, libraries, machine_faults, non_torch, peak, phases, probed,
+               ranks, suspects)
 from .headroom import add_time_to_full
 from .findings import (FINDING_KINDS, INFORMATIVE, PEAK_CATEGORIES, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, PeakComposition, PeakPart, RankRow, choose_verdict)
@@ -202,6 +203,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         if j.kind == "leak" and j.evidence["decided_by"] == "growth":
             released = bool(j.evidence.get("released"))
             j.suspects, j.evidence["root_cause"] = suspects.leak_suspects(agent.root, torch_index, released)
+            j.suspects = probed.growth_suspects(j.evidence["root_cause"], agent, torch_index, released) or j.suspects
             held = j.suspects and j.suspects[0]["holders"]
             j.remedy = j.suspects[0]["remedy"] if held else FINDINGS["leak-unsearched"]
         elif j.kind == "live-at-exit":
@@ -344,10 +346,15 @@ def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, w
                            biggest_at=_biggest_collection(freeing, torch_index))
     in_order = [(s.by, s.t, s.step, r.allocated_bytes, r.allocated_peak_bytes)
                 for s, r in _readings(agent.samples, torch_index)]
+    pauses = phases.pauses(in_order, b.live_tensor_bytes if b.exit_probes else None)
     phase_held, phase_meta = suspects.phase_accumulations(agent.root, torch_index, held)
+    if not phase_meta["searched"] and pauses:  # no copy searched its height (the pause limit): the probe
+        found, meta = probed.phase_holders(agent, torch_index, max(p.rise for p in pauses))
+        if meta is not None:
+            phase_held, phase_meta["probed"] = found, meta
     return judgement.Evidence(
         pid=agent.pid, device=nvml_index, torch_index=torch_index, where=where, samples=samples, by=by,
-        pauses=phases.pauses(in_order, b.live_tensor_bytes if b.exit_probes else None),
+        pauses=pauses,
         phase_accumulations=phase_held, phase_search=phase_meta,
         enough_samples=samples >= MIN_POINTS and unseen < near and watched_after >= MIN_WATCHED_AFTER,
         unseen_bytes=unseen, watched_after=watched_after, growth=growth,

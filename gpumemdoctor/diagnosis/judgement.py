@@ -67,6 +67,7 @@ more than the device, or than the memory the program may use), `fragmentation`
 from __future__ import annotations
 
 from .evidence import Evidence, Judged, at_line, brief, oom_brief, samples_of, too_short
+from .probed import suspect as probed_suspect, summary as probed_summary
 from .remedies import FINDINGS
 from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
 from ..units import format_bytes as fb
@@ -355,9 +356,15 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
         return None
     top = max(bound, key=lambda p: p.rise)
     heights = ", ".join(fb(p.rise) for p in bound[:6]) + (" ..." if len(bound) > 6 else "")
-    suspects = [accumulation_suspect(x, phase=True) for x in e.phase_accumulations[:MAX_SUSPECTS]]
+    suspects = [probed_suspect(x, phase=True) if x.get("probed") else accumulation_suspect(x, phase=True)
+                for x in e.phase_accumulations[:MAX_SUSPECTS]]
     held = ""
-    if e.phase_accumulations:
+    if e.phase_accumulations and e.phase_accumulations[0].get("probed"):
+        a, search = e.phase_accumulations[0], e.phase_search or {}
+        why = search.get("declined") or "no search was made at a pause's height"
+        held = (f" No copy of the process was searched at its height ({why}); the probe of the program's "
+                f"names there found {probed_summary(a)}.")
+    elif e.phase_accumulations:
         a = e.phase_accumulations[0]
         held = f" At its height {alike_text(a)} were held by {a['pattern']}."
     elif (e.phase_search or {}).get("declined"):  # the tool's pause limit: no holder, and why

@@ -150,9 +150,11 @@ PEAK = Shape({"n": INT, "t": NUM, "step": opt(INT), "device": INT, "allocated": 
               "gradients": SIZE, "optimizer_state": SIZE,
               "optimizers": list_of(row(STR, SIZE, SIZE, SIZE)),
               "where": opt(STR), "inside": opt(STR), "paused": BOOL})
-_HELD = list_of(row(STR, SIZE, opt(STR)))
+# [holder, bytes, line]; from issue 31's second part also the tensors counted and the autograd graph
+# nodes reached from them ("graph_holders": the holders whose tensors carry graphs, most nodes first).
+_HELD = list_of(row(STR, SIZE, opt(STR), INT, INT, least=3))
 PEAK_PROBE = Shape({"n": INT, "t": NUM, "elapsed_s": NUM, "stopped": may(opt(STR)), "graphs": may(INT),
-                    "error": may(STR),
+                    "graph_nodes": may(INT), "graph_holders": may(_HELD), "error": may(STR),
                     **{k: may(_HELD) for k in ("parameters", "temporaries", "kept-tensors")},
                     **{f"{k}_bytes": may(SIZE) for k in ("parameters", "temporaries", "kept-tensors")}})
 # A holder search during the run that was not made (_agent/forked.py `declined`): why, and for a copy

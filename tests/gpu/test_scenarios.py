@@ -199,6 +199,31 @@ def test_suspects_name_the_allocating_line_and_the_holder(path, reports):
     check_suspect(path, reports(path))
 
 
+# Their holders are seen only during the run (an evaluation's, a function's that returned): with no
+# copy of the process searched during the run, the probes at new highs must name them.
+DURING_THE_RUN = ["clean_eval_sum_without_no_grad", "clean_validation_outputs_cleared", "leak_released_at_return",
+                  "leak_outputs_in_cycle"]
+
+
+@pytest.mark.parametrize("name", DURING_THE_RUN)
+def test_without_a_copy_during_the_run_the_probes_name_the_holder(name, tmp_path):
+    path = ROOT / "scenarios" / f"{name}.py"
+    report = run_scenario(path, tmp_path, args=("--max-pause", "0"))
+    verdict, kinds = expectations(path)
+    assert report["verdict"] == verdict, (report["findings"], report["_stderr"][-2000:])
+    assert set(kinds) <= {f["kind"] for f in report["findings"]}
+    check_suspect(path, report)
+    want = root_cause(path)
+    finding = next(f for f in report["findings"] if f["kind"] == want.get("suspects-on", verdict))
+    assert finding["evidence"]["root_cause"]["probed"]["elapsed_s"] <= 0.0085, finding["evidence"]["root_cause"]
+    for agent in report["recording"]["agents"]:
+        assert all(i["when"] == "exit" for i in agent["root"]["investigations"]), "a copy was made during the run"
+        cost = (agent.get("exit_info") or {}).get("cost") or {}
+        # what the program's thread waited for: a probe within its budget, a capture, no fork
+        assert cost.get("peak_probe_max_s", 0) <= 0.0085 and cost.get("peak_capture_max_s", 0) <= 0.005, cost
+        assert "search_pause_max_s" not in cost and cost.get("phase_pause_s", 0) <= 0.005, cost
+
+
 def test_leak_suspects_come_with_when_and_the_rate(reports):
     report = reports(next(p for p in SCENARIOS if p.stem == "leak_training_list"))
     leak = next(f for f in report["findings"] if f["kind"] == "leak")
@@ -364,7 +389,11 @@ def test_the_agent_does_not_change_when_the_program_collects_its_garbage(tmp_pat
     assert collections_tool == collections_plain, (plain.stdout, tool.stdout)
     report = json.loads((tmp_path / "r.json").read_text())
     agent = next(a for a in report["recording"]["agents"] if a["pid"] == report["target"]["pid"])
-    assert len(agent["samples"]) >= 20, "the agent must have sampled throughout the loop"
+    # Sampled throughout the loop (about 1.2 s): how often depends on what a sample costs, which the
+    # sampler holds to 1% of the program's time (with eight such tests at once on one H100 a sample
+    # cost enough to lengthen the interval past 100 ms: 7 samples).
+    timed = [s["t"] for s in agent["samples"] if s["by"] == "time"]
+    assert len(timed) >= 5 and timed[-1] - timed[0] >= 0.6, timed
 
 
 # -- what made the peak (issue 31): each part against the program's own sums ------------------------

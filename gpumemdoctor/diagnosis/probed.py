@@ -1,0 +1,161 @@
+"""Holders named by the peak's probes, for when no copy of the process was searched. Pure.
+
+By default the tool makes no copy of the process during the run: a fork of a CUDA process pauses it
+longer than the 20 ms allowed (`run --max-pause`; forked.py). What the agent read of the program's
+names at its new highs (the probe, on the main thread, within 8 ms: _agent/peak.py) then names the
+holders:
+- of an accumulation a pause in the steps let go of (judgement row 13): the names that held the
+  most at the pause's highest probe, or, when none held much, the name whose autograd graph had the
+  most nodes (a running sum without .item());
+- of a growth (rows 2, 2b) that no search saw held: the names whose tensors, or whose graph's nodes,
+  grew from one probe to a later one.
+The probe reads the main thread's running functions, the main module's globals and one level of
+their attributes and containers: a holder further down (a hook's closure, another thread's frame)
+is not named here, and the words say that no search was made. Each holder is made in the shape of
+the search's accumulations (suspects.accumulations), with `probed` set and the nodes it carried.
+"""
+from __future__ import annotations
+
+from . import remedies
+from ..units import format_bytes as fb
+
+GRAPH_MARK = " (holds its autograd graph)"
+LOCAL = "() local "
+MIN_NODES = 64  # graph nodes a name must carry to be named as an accumulation through its graph
+MIN_BYTES = 16 << 20  # (the judgement's MIN_LEAK_BYTES) bytes a name must hold, or have grown by
+GROWTH_SHARE = 0.5  # of what allocated memory grew between two probes, that one name's growth must be
+CATEGORIES = ("kept-tensors", "temporaries")
+MAX_SUSPECTS = 5  # as suspects.py
+
+
+def holders(probe: dict) -> list[dict]:
+    """A probe's holders of kept tensors and temporaries, and of graphs, as accumulations."""
+    out: dict = {}
+    for category in CATEGORIES:
+        for h in probe.get(category) or []:
+            out.setdefault(h[0], _holder(h))
+    for h in probe.get("graph_holders") or []:
+        out.setdefault(h[0], _holder(h))
+    return list(out.values())
+
+
+def _holder(h: list) -> dict:
+    """[name, bytes, line, tensors, nodes] as the search names it: `__main__.x[*]`,
+    `thread 'MainThread': f() at file.py local x`."""
+    name, size, line = h[0], h[1], h[2]
+    tensors, nodes = (h[3], h[4]) if len(h) >= 5 else (1, 0)
+    graph = name.endswith(GRAPH_MARK)
+    name = name[:-len(GRAPH_MARK)] if graph else name
+    if LOCAL in name:
+        function, _, local = name.partition(LOCAL)
+        pattern = f"thread 'MainThread': {function}(){' at ' + line.rsplit(':', 1)[0] if line else ''} local {local}"
+        path = f"thread 'MainThread': {function}(){' at ' + line if line else ''} local {local}"
+        kind, thread = "frame-local", ["MainThread"]
+    else:
+        local = name.removeprefix("global ")
+        pattern = path = f"__main__.{local}"
+        kind, thread = ("attribute" if "." in local.split("[")[0] else "global"), None
+    if graph and nodes:
+        kind = "autograd-graph"
+    return {"path": path, "pattern": pattern, "kind": kind, "count": tensors, "bytes": size,
+            "sizes": [], "where": None, "thread": thread, "probed": True, "nodes": nodes, "line": line}
+
+
+def _probes(agent, torch_index: int, paused: bool | None = None) -> list[tuple[dict, dict]]:
+    """(capture, probe) of this device, in time order; only the captures in a pause when `paused`."""
+    captures = {c["n"]: c for c in agent.root.get("peaks", []) if c["device"] == torch_index}
+    out = []
+    for p in agent.root.get("peak_probes", []):
+        c = captures.get(p["n"])
+        if c is not None and "error" not in p and (paused is None or c["paused"] == paused):
+            out.append((c, p))
+    return sorted(out, key=lambda cp: cp[0]["t"])
+
+
+def phase_holders(agent, torch_index: int, rise: int) -> tuple[list[dict], dict | None]:
+    """What the names held at the highest probe made in a pause in the steps: the holders of at
+    least a quarter of the pause's rise, biggest first; else the one whose graph had the most
+    nodes. With the probe's figures (`meta`), or ([], None) when no probe was made in a pause."""
+    made = _probes(agent, torch_index, paused=True)
+    if not made:
+        return [], None
+    capture, probe = max(made, key=lambda cp: (cp[0]["allocated"] or 0, cp[0]["t"]))
+    found = holders(probe)
+    big = sorted((h for h in found if h["bytes"] >= max(MIN_BYTES, rise // 4)), key=lambda h: -h["bytes"])
+    graphs = sorted((h for h in found if h["nodes"] >= MIN_NODES), key=lambda h: -h["nodes"])
+    chosen = big or graphs[:1]
+    return chosen, _meta(capture, probe)
+
+
+def growth_holders(agent, torch_index: int) -> tuple[list[dict], dict | None]:
+    """The names whose tensors grew from the first probe that saw them to the last by MIN_BYTES and by
+    half of what allocated memory grew between those two moments, or whose graph grew by MIN_NODES
+    nodes: most grown first, each with its growth (`grew_bytes`, `grew_nodes`, `first_t`). ([], None)
+    without two probes."""
+    made = _probes(agent, torch_index)
+    if len(made) < 2:
+        return [], None
+    first: dict = {}
+    last: dict = {}
+    for capture, probe in made:
+        for h in holders(probe):
+            first.setdefault(h["pattern"], (capture, h))
+            last[h["pattern"]] = (capture, h, probe)
+    out = []
+    for pattern, (capture, h, _) in last.items():
+        c0, h0 = first[pattern]
+        if c0 is capture:
+            continue
+        grew, more = h["bytes"] - h0["bytes"], h["nodes"] - h0["nodes"]
+        allocated = (capture["allocated"] or 0) - (c0["allocated"] or 0)
+        if grew >= max(MIN_BYTES, allocated * GROWTH_SHARE) or (h["kind"] == "autograd-graph" and more >= MIN_NODES):
+            out.append({**h, "grew_bytes": grew, "grew_nodes": more, "first_t": c0["t"], "first_step": c0["step"]})
+    if not out:
+        return [], None
+    out.sort(key=lambda h: (-h["grew_bytes"], -h["grew_nodes"]))
+    capture, _, probe = last[out[0]["pattern"]]
+    return out, _meta(capture, probe)
+
+
+def growth_suspects(searched: dict, agent, torch_index: int, released: bool) -> list[dict]:
+    """A growth leak's suspects from the probes, when no search saw it held: none was made during the
+    run (the pause limit), or only the one at exit, after the memory was let go of (`released`).
+    Adds the probe's figures to `searched` (the finding's root_cause). [] otherwise."""
+    if searched["searched"] and not (released and searched["when"] == "exit"):
+        return []
+    grew, meta = growth_holders(agent, torch_index)
+    if meta is None:
+        return []
+    searched["probed"] = meta
+    return [suspect(a, released=released) for a in grew[:MAX_SUSPECTS]]
+
+
+def _meta(capture: dict, probe: dict) -> dict:
+    return {"probed": True, "t": capture["t"], "step": capture["step"], "elapsed_s": probe["elapsed_s"],
+            "stopped": probe.get("stopped"), "graph_nodes": probe.get("graph_nodes")}
+
+
+def summary(a: dict) -> str:
+    """A probed holder in words: what it held, and how that was read."""
+    at = f" ({a['line']})" if a.get("line") and a["line"] not in a["path"] else ""
+    if a["kind"] == "autograd-graph" and a["nodes"]:
+        text = (f"{a['path']}{at} carried an autograd graph of {a['nodes']:,} nodes (what the graph saves "
+                "was not measured: no copy of the process was searched)")
+    else:
+        text = f"{fb(a['bytes'])} in {a['count']} tensor{'s' if a['count'] != 1 else ''} held by {a['path']}{at}"
+    if a.get("grew_bytes") or a.get("grew_nodes"):
+        grew = (f"{fb(a['grew_bytes'])}" if a.get("grew_bytes", 0) >= MIN_BYTES
+                else f"{a['grew_nodes']:,} graph nodes")
+        text += f"; it grew by {grew} from the probe at {a['first_t']:.1f} s to a later one"
+    return text
+
+
+def suspect(a: dict, phase: bool = False, released: bool = False) -> dict:
+    """A suspect made of a probed holder, in the shape of suspects.accumulation_suspect's: no
+    allocating line (the probe reads names, not allocations), the remedy of its holder's kind."""
+    holder = {"path": a["path"], "pattern": a["pattern"], "kind": a["kind"], "count": a["count"],
+              "bytes": a["bytes"], "sizes": a["sizes"]}
+    situation = "phase" if phase else "released" if released else "leak"
+    return {"kind": "allocation", "bytes": a["bytes"], "count": a["count"], "where": None, "stack": [],
+            "thread": a["thread"], "holders": [holder], "unheld_bytes": None, "summary": summary(a),
+            "remedy": remedies.remedy(holder, None, situation)}

@@ -1,0 +1,103 @@
+"""Holders named by the peak's probes when no copy of the process was searched (diagnosis/probed.py),
+from SYNTHETIC records in the agent's shapes: an evaluation's running sum, a gathered list, a
+training list that grows from one probe to the next."""
+from __future__ import annotations
+
+import json
+
+from gpumemdoctor.diagnosis import probed
+from gpumemdoctor.diagnosis.diagnose import diagnose
+from gpumemdoctor.recording.recording import Recording
+from gpumemdoctor.reporters.json_report import build, parse
+from tests.test_accumulations import synthetic_evaluation_run
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def capture(n, t, step, allocated, paused):
+    return {"n": n, "t": t, "step": step, "device": 0, "allocated": allocated, "reserved": 2 * GiB,
+            "nvml": 2 * GiB + 500 * MiB, "allocated_peak": allocated, "inactive_split": 0, "parameters": 0,
+            "gradients": 0, "optimizer_state": 0, "optimizers": [], "where": "e.py:12 in evaluate()",
+            "inside": None, "paused": paused}
+
+
+def probe(n, t, temporaries=(), kept=(), graphs=()):
+    return {"n": n, "t": t, "elapsed_s": 0.0004, "stopped": None, "graphs": len(graphs), "graph_nodes": 0,
+            "temporaries": [list(h) for h in temporaries], "temporaries_bytes": sum(h[1] for h in temporaries),
+            "kept-tensors": [list(h) for h in kept], "kept-tensors_bytes": sum(h[1] for h in kept),
+            "graph_holders": [list(h) for h in graphs]}
+
+
+def evaluation_without_a_copy(probes):
+    """The synthetic evaluation of test_accumulations, its search at the height declined (the pause
+    limit), with a capture in the pause and the probes given."""
+    recording = synthetic_evaluation_run()
+    root = recording.agents[0].root
+    root["investigations"].clear()
+    why = "a copy of this process (1.0 GiB of its own memory) would pause it for about 30 ms; the limit is 20 ms"
+    root["declined"].append({"t": 1.7, "step": 120, "when": "phase", "why": why, "pause_s": 0.03,
+                             "limit_s": 0.02, "private_bytes": GiB})
+    root["peaks"] += [capture(1, 1.3, 60, 600 * MiB, False), capture(2, 1.85, 120, 1700 * MiB, True)]
+    root["peak_probes"] += probes
+    return Recording.from_json(json.loads(json.dumps(recording.to_json()))), why
+
+
+def test_an_evaluation_s_running_sum_is_named_by_its_graph_s_nodes_when_no_copy_searched_it():
+    total = "evaluate() local total (holds its autograd graph)"
+    recording, why = evaluation_without_a_copy([
+        probe(1, 1.3, temporaries=[("train() local x", 4 * MiB, "e.py:30", 1, 0)]),
+        probe(2, 1.86, temporaries=[("evaluate() local x", 4 * MiB, "e.py:12", 1, 0),
+                                    (total, 4, "e.py:12", 1, 4200)],
+              graphs=[(total, 4, "e.py:12", 1, 4200), ("evaluate() local loss (holds its autograd graph)", 4,
+                                                       "e.py:12", 1, 70)])])
+    d = diagnose(recording)
+    peak = next(f for f in d.findings if f.kind == "avoidable-peak")
+    top = peak.suspects[0]
+    holder = top["holders"][0]
+    assert holder["pattern"] == "thread 'MainThread': evaluate() at e.py local total"
+    assert holder["kind"] == "autograd-graph" and top["where"] is None
+    assert "autograd graph of 4,200 nodes" in top["summary"] and "not measured" in top["summary"]
+    assert f"No copy of the process was searched at its height ({why})" in peak.summary
+    assert peak.evidence["root_cause"]["probed"]["t"] == 1.85
+    assert "torch.no_grad()" in peak.remedy
+    _, back = parse(json.loads(json.dumps(build(recording, d))))
+    assert next(f for f in back.findings if f.kind == "avoidable-peak").suspects[0]["summary"] == top["summary"]
+
+
+def test_a_gathered_list_is_named_by_its_bytes_before_any_graph():
+    recording, _ = evaluation_without_a_copy([
+        probe(2, 1.86, kept=[("global validation_step_outputs[*]", 1100 * MiB, None, 55, 0)],
+              graphs=[("evaluate() local loss (holds its autograd graph)", 4, "e.py:12", 1, 70)])])
+    peak = next(f for f in diagnose(recording).findings if f.kind == "avoidable-peak")
+    holder = peak.suspects[0]["holders"][0]
+    assert holder["pattern"] == "__main__.validation_step_outputs[*]" and holder["kind"] == "global"
+    assert peak.suspects[0]["summary"].startswith("1.07 GiB in 55 tensors held by __main__.validation_step_outputs[*]")
+    assert len(peak.suspects) == 1  # the loss's 70 nodes are one batch's graph, not what rose
+
+
+def test_a_probe_out_of_the_pause_names_nothing_there():
+    recording, why = evaluation_without_a_copy([probe(1, 1.3, kept=[("global data", GiB, None, 1, 0)])])
+    peak = next(f for f in diagnose(recording).findings if f.kind == "avoidable-peak")
+    assert not peak.suspects and peak.summary.endswith(f"No holder was looked for at its height: {why}.")
+
+
+def test_a_local_that_grew_between_two_probes_holds_a_growth_nobody_searched():
+    """A training function's list grew by 448 MiB between two probes while allocated memory grew by
+    460 MiB; an attribute that stayed the same size, and a list that grew by less than half, are not named."""
+    agent = type("A", (), {})()
+    agent.root = {"peaks": [capture(1, 2.0, 4, 1 * GiB, False), capture(2, 3.0, 12, GiB + 460 * MiB, False)],
+                  "peak_probes": [
+                      probe(1, 2.0, temporaries=[("train() local outputs[*]", 64 * MiB, "r.py:20", 1, 0),
+                                                 ("train() local model.cache[*]", 32 * MiB, "r.py:20", 2, 0)],
+                            kept=[("global small[*]", 0, None, 0, 0)]),
+                      probe(2, 3.0, temporaries=[("train() local outputs[*]", 512 * MiB, "r.py:20", 8, 0),
+                                                 ("train() local model.cache[*]", 32 * MiB, "r.py:20", 2, 0)],
+                            kept=[("global small[*]", 100 * MiB, None, 10, 0)])]}
+    found, meta = probed.growth_holders(agent, 0)
+    assert [h["pattern"] for h in found] == ["thread 'MainThread': train() at r.py local outputs[*]"]
+    assert found[0]["grew_bytes"] == 448 * MiB and found[0]["kind"] == "frame-local" and found[0]["count"] == 8
+    assert meta["t"] == 3.0 and meta["step"] == 12
+    assert "grew by 448 MiB from the probe at 2.0 s" in probed.summary(found[0])
+    agent.root["peak_probes"] = agent.root["peak_probes"][:1]
+    assert probed.growth_holders(agent, 0) == ([], None)  # one probe: nothing to compare
