@@ -163,8 +163,10 @@ def lasting_growth(xs: list[float], ys: list[int | None], warmup_x: float, min_s
        x0 being the first point.
     2. Enough: at least MIN_POINTS points after warm-up, reaching at least `min_span_x` past
        its end. Otherwise the growth cannot be told from warm-up (`enough` False, no fit).
-    3. Lasting: the points after warm-up are cut into three consecutive windows of equal count,
-       each window's lowest point its floor. The series kept growing when the floor rose from
+    3. Lasting: the span after warm-up is cut into three consecutive windows of equal length
+       (of equal count when one of them has no point), each window's lowest point its floor:
+       samples come further apart as their cost or the run's length grows (the sampler's pacing),
+       and windows of equal count would then put most of a run's time into the last one. The series kept growing when the floor rose from
        the first window to the second and from the second to the last, each by more than
        `tolerance_bytes`, and by at least `min_growth_bytes` in all: a rise that stops (the
        last of the kernels loading) or that comes once late in the run (an evaluation's new
@@ -182,9 +184,7 @@ def lasting_growth(xs: list[float], ys: list[int | None], warmup_x: float, min_s
     enough = len(after) >= MIN_POINTS and span >= min_span_x
     fit = None
     if enough:
-        size = len(after) // LASTING_WINDOWS
-        windows = [after[i * size:(i + 1) * size] for i in range(LASTING_WINDOWS - 1)]
-        windows.append(after[(LASTING_WINDOWS - 1) * size:])
+        windows = _windows(after, end, span)
         floors = [min(window, key=lambda p: p[1]) for window in windows]
         rises = [b[1] - a[1] for a, b in zip(floors, floors[1:])]
         grown = floors[-1][1] - floors[0][1]
@@ -193,6 +193,20 @@ def lasting_growth(xs: list[float], ys: list[int | None], warmup_x: float, min_s
                             start_floor_bytes=int(floors[0][1]), end_floor_bytes=int(floors[-1][1]),
                             points=len(after))
     return AfterWarmup(warmup_end_x=end, points=len(after), span_x=span, enough=enough, fit=fit)
+
+
+def _windows(after: list[tuple[float, int]], start: float, span: float) -> list[list]:
+    """The points after warm-up in LASTING_WINDOWS windows of equal length, or of equal count."""
+    if span > 0:
+        windows: list[list] = [[] for _ in range(LASTING_WINDOWS)]
+        for x, y in after:
+            windows[min(LASTING_WINDOWS - 1, int((x - start) / span * LASTING_WINDOWS))].append((x, y))
+        if all(windows):
+            return windows
+    size = len(after) // LASTING_WINDOWS
+    windows = [after[i * size:(i + 1) * size] for i in range(LASTING_WINDOWS - 1)]
+    windows.append(after[(LASTING_WINDOWS - 1) * size:])
+    return windows
 
 
 # -- time to out-of-memory --------------------------------------------------------------

@@ -189,3 +189,23 @@ def test_seconds_to_full_of_a_full_gpu_is_zero():
                                         (float("nan"), 1024 * MiB), (MiB, None), (MiB, -1)])
 def test_seconds_to_full_is_none_without_a_growth_or_a_free_figure(rate, free):
     assert seconds_to_full(rate, free) is None
+
+
+def test_lasting_growth_cuts_windows_by_time_when_samples_come_further_apart():
+    """non_torch_threads.py on the H100 with seven other programs beside it (2026-11-25): a sample
+    cost about 1 ms, the sampler's pacing stretched the interval from 30 to 170 ms, and windows of
+    equal count put 220, 220 and 348 MiB as floors (not growing) where each 0.37 s after warm-up
+    rose by 64 MiB (the outside-PyTorch series read from that recording, in MiB)."""
+    from gpumemdoctor.growth import lasting_growth
+
+    mib = 1 << 20
+    points = [(3.68, 0), (3.72, 92), (3.75, 92), (3.78, 92), (3.81, 92), (3.84, 92), (3.87, 92), (3.89, 156),
+              (3.92, 156), (3.95, 156), (3.98, 156), (4.01, 156), (4.04, 156), (4.07, 156), (4.1, 156),
+              (4.13, 156), (4.16, 156), (4.19, 220), (4.22, 220), (4.27, 220), (4.49, 220), (4.67, 284),
+              (4.84, 348), (5.0, 348), (5.15, 412), (5.28, 412)]
+    judged = lasting_growth([x for x, _ in points], [y * mib for _, y in points], 0.5, 0.5, 16 * mib)
+    assert judged.enough and judged.fit is not None
+    assert (judged.fit.start_floor_bytes, judged.fit.end_floor_bytes) == (220 * mib, 348 * mib)
+    # a window without a point (a stall in the samples) falls back to windows of equal count
+    sparse = [(0.0, 0), *[(0.6 + 0.01 * i, 100) for i in range(8)], (2.0, 300)]
+    assert lasting_growth([x for x, _ in sparse], [y * mib for _, y in sparse], 0.5, 0.5, 16 * mib).fit is None

@@ -108,6 +108,7 @@ def test_the_probe_reads_an_object_s_public_attributes_and_counts_each_graph_s_n
         worst = Metric()
         worst.batches = [torch.empty(1000) for _ in range(3)]  # a local object's attribute: one level down
         worst._cache = [torch.empty(7000)]  # private: not read
+        worst.pairs = [(torch.empty(10), torch.empty(20))]  # a list of (images, losses): one level more
         model = torch.nn.Linear(4, 4)
         model.validation_step_outputs = [torch.empty(500), torch.empty(500)]  # a module's own list
         total = 0.0
@@ -121,6 +122,7 @@ def test_the_probe_reads_an_object_s_public_attributes_and_counts_each_graph_s_n
     held = {h[0]: h for h in found["temporaries"]}
     assert held["evaluate() local worst.batches[*]"][1:4:2] == [3 * 4000, 3], held
     assert not any("_cache" in name for name in held)
+    assert held["evaluate() local worst.pairs[*]"][1:4:2] == [120, 2], held
     assert held["evaluate() local model.validation_step_outputs[*]"][1] == 2 * 2000, held
     top = found["graph_holders"][0]
     assert top[0] == "evaluate() local total (holds its autograd graph)", found["graph_holders"]

@@ -101,3 +101,35 @@ def test_a_local_that_grew_between_two_probes_holds_a_growth_nobody_searched():
     assert "grew by 448 MiB from the probe at 2.0 s" in probed.summary(found[0])
     agent.root["peak_probes"] = agent.root["peak_probes"][:1]
     assert probed.growth_holders(agent, 0) == ([], None)  # one probe: nothing to compare
+
+
+def _growing_agent():
+    agent = type("A", (), {})()
+    agent.root = {"peaks": [capture(1, 2.0, 4, GiB, False), capture(2, 3.0, 12, GiB + 460 * MiB, False)],
+                  "peak_probes": [probe(1, 2.0, temporaries=[("train() local outputs[*]", 64 * MiB, "r.py:20", 1, 0)]),
+                                  probe(2, 3.0, temporaries=[("train() local outputs[*]", 512 * MiB, "r.py:20", 8, 0)])],
+                  "declined": [{"t": 2.5, "step": 8, "when": "growth", "why": "a copy ... 25 ms; the limit is 20 ms"}]}
+    return agent
+
+
+def test_a_growth_released_before_the_exit_search_is_named_by_the_probes_and_said_so():
+    from gpumemdoctor.reporters.terminal import suspects_heading
+
+    exit_search = {"searched": True, "when": "exit", "t": 9.0, "step": 80, "allocation_stacks": True,
+                   "elapsed_s": 0.05, "gave_up": None}
+    found, cause = probed.growth_suspects(exit_search, _growing_agent(), 0, released=True)
+    assert found[0]["holders"][0]["pattern"] == "thread 'MainThread': train() at r.py local outputs[*]"
+    assert found[0]["where"] is None and found[0]["remedy"].startswith("A local variable kept every step's tensors")
+    assert cause["searched"] is False and cause["exit_search_t"] == 9.0 and "allocation_stacks" not in cause
+    assert cause["why_not"] == ("the search at exit came after the memory was let go of; the one during the run "
+                                "was not made (a copy ... 25 ms; the limit is 20 ms)")
+    assert suspects_heading(cause) == (
+        "Suspects (named by the probe of the program's names at step 12, 3.0 s, 0.4 ms; no holder search then: "
+        "the search at exit came after the memory was let go of; the one during the run was not made (a copy ... "
+        "25 ms; the limit is 20 ms))")
+    # a growth the exit search saw held keeps the exit search's suspects
+    assert probed.growth_suspects(exit_search, _growing_agent(), 0, released=False) is None
+    unsearched = {"searched": False, "why_not": "the growth search during the run was not made (...)"}
+    found, cause = probed.growth_suspects(unsearched, _growing_agent(), 0, released=False)
+    assert cause["why_not"] == unsearched["why_not"] and cause["probed"]["step"] == 12
+    assert found[0]["remedy"].startswith("A local variable of a function that is still running keeps them")

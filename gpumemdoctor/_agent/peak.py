@@ -62,6 +62,7 @@ class PeakWatch:
         self.probes = 0
         self.asked = False
         self.pending_capture = 0
+        self.asked_t = 0.0
         self.callback = None
         self.add_pending = None
         self.main_ident = threading.main_thread().ident
@@ -122,9 +123,8 @@ class PeakWatch:
                 cost["peak_capture_max_s"] = spent
             if by == "step" and threading.get_ident() == self.main_ident:
                 self.probe(self.captures)
-            elif (self.agent.run_dir and self.probes < MAX_PROBES and not self.asked
-                  and not self.agent.phase_watch.asked):  # the pause's search first
-                self.ask(self.captures)
+            elif self.agent.run_dir and self.probes < MAX_PROBES and not self.asked:
+                self.ask(self.captures)  # (after the pause's search, if one was asked for: see _on_main_thread)
             return time.thread_time() - thread_started  # one device a sample
         return 0.0
 
@@ -209,15 +209,19 @@ class PeakWatch:
     # -- the probes -------------------------------------------------------------------
     def ask(self, capture: int) -> None:
         self.pending_capture = capture
+        self.asked_t = time.monotonic()
         self.asked = True  # before the call is queued: the main thread may run it at once
         if not main_thread.ask(self.add_pending, self.callback):
             self.asked = False
 
     def _on_main_thread(self, _) -> int:
-        """Between two of the main thread's bytecodes (main_thread.py). Never raises."""
+        """Between two of the main thread's bytecodes (main_thread.py). Never raises. Not when the
+        pause's search, asked for at the same sample and run just before, made a copy: the program
+        has paused for that already, and the copy reads more than the probe would."""
         try:
             self.asked = False
-            if not main_thread.interrupted(sys._getframe(1)) and not self.agent.finished:
+            copied = any(c.t >= self.asked_t for c in self.agent.growth_watch.copies)
+            if not copied and not main_thread.interrupted(sys._getframe(1)) and not self.agent.finished:
                 self.probe(self.pending_capture)
         except Exception:
             pass
@@ -310,16 +314,16 @@ class Probe:
             del frame
         main = sys.modules.get("__main__")
         scope = vars(main) if main is not None else {}
-        for modules in (True, False):
+        for modules in (True, False):  # globals first: what a global holds outlives the frames
+            for k, v in scope.items():
+                if not self.stopped:
+                    self._named(v, f"global {k}", None, "kept-tensors", modules)
             for frame in frames:
                 code = frame.f_code
                 where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
                 for k, v in frame.f_locals.items():
                     if not self.stopped:
                         self._named(v, f"{code.co_name}() local {k}", where, "temporaries", modules)
-            for k, v in scope.items():
-                if not self.stopped:
-                    self._named(v, f"global {k}", None, "kept-tensors", modules)
         for frame in frames:
             local = frame.f_locals
             if type(local) is dict and sys.getrefcount(local) <= 3:  # the frame, ours, the call
@@ -359,6 +363,10 @@ class Probe:
             for v in islice(value.values() if kind is dict else value, MAX_ITEMS):
                 if isinstance(v, self.tensor):
                     self._tensor(v, f"{name}[*]", line, category)
+                elif type(v) is tuple or type(v) is list:  # a list of (images, losses): its tensors too
+                    for w in islice(v, MAX_ITEMS):
+                        if isinstance(w, self.tensor):
+                            self._tensor(w, f"{name}[*]", line, category)
         else:
             return False
         return True

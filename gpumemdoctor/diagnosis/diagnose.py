@@ -203,7 +203,8 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
         if j.kind == "leak" and j.evidence["decided_by"] == "growth":
             released = bool(j.evidence.get("released"))
             j.suspects, j.evidence["root_cause"] = suspects.leak_suspects(agent.root, torch_index, released)
-            j.suspects = probed.growth_suspects(j.evidence["root_cause"], agent, torch_index, released) or j.suspects
+            named = probed.growth_suspects(j.evidence["root_cause"], agent, torch_index, released)
+            j.suspects, j.evidence["root_cause"] = named or (j.suspects, j.evidence["root_cause"])
             held = j.suspects and j.suspects[0]["holders"]
             j.remedy = j.suspects[0]["remedy"] if held else FINDINGS["leak-unsearched"]
         elif j.kind == "live-at-exit":

@@ -117,17 +117,24 @@ def growth_holders(agent, torch_index: int) -> tuple[list[dict], dict | None]:
     return out, _meta(capture, probe)
 
 
-def growth_suspects(searched: dict, agent, torch_index: int, released: bool) -> list[dict]:
-    """A growth leak's suspects from the probes, when no search saw it held: none was made during the
-    run (the pause limit), or only the one at exit, after the memory was let go of (`released`).
-    Adds the probe's figures to `searched` (the finding's root_cause). [] otherwise."""
-    if searched["searched"] and not (released and searched["when"] == "exit"):
-        return []
+def growth_suspects(searched: dict, agent, torch_index: int, released: bool) -> tuple[list[dict], dict] | None:
+    """A growth leak's suspects from the probes, and the finding's root_cause then, when no search saw
+    the growth held: none was made during the run (the pause limit), or only the one at exit, after
+    the memory was let go of (`released`). None otherwise, or when the probes named nothing."""
+    at_exit = searched["searched"] and searched["when"] == "exit"
+    if searched["searched"] and not (released and at_exit):
+        return None
     grew, meta = growth_holders(agent, torch_index)
     if meta is None:
-        return []
-    searched["probed"] = meta
-    return [suspect(a, released=released) for a in grew[:MAX_SUSPECTS]]
+        return None
+    if at_exit:
+        why = next((d["why"] for d in reversed(agent.root.get("declined", [])) if d["when"] == "growth"), None)
+        cause = {"searched": False, "probed": meta, "exit_search_t": searched["t"],
+                 "why_not": f"the search at exit came after the memory was let go of"
+                            f"{f'; the one during the run was not made ({why})' if why else ''}"}
+    else:
+        cause = {**searched, "probed": meta}
+    return [suspect(a, released=released) for a in grew[:MAX_SUSPECTS]], cause
 
 
 def _meta(capture: dict, probe: dict) -> dict:

@@ -390,7 +390,8 @@ def _finding(f: Finding) -> str:
 def _suspects(f: Finding) -> str:
     out = []
     searched = f.evidence.get("root_cause")
-    if f.kind in ("leak", "live-at-exit") and isinstance(searched, dict) and not searched.get("searched"):
+    if (f.kind in ("leak", "live-at-exit") and isinstance(searched, dict) and not searched.get("searched")
+            and not searched.get("probed")):
         return f'<p class="searched">Suspects: none looked for: {_e(searched.get("why_not"))}.</p>'
     garbage = f.evidence.get("garbage")
     if f.kind == "garbage-cycle" and isinstance(garbage, dict) and garbage.get("types"):

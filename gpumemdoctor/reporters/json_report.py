@@ -134,7 +134,9 @@ FINDING_EVIDENCE = Shape({
     "rate_bytes_per_s": may(opt(NUM)), "free_bytes": may(opt(SIZE)), "free_t": may(opt(NUM)),
     "time_to_full_s": may(opt(NUM)),
     "root_cause": may(opt(Shape({"elapsed_s": may(NUM), "step": may(opt(INT)), "when": may(opt(STR)),
-                                 "why_not": may(opt(STR))}, rest=ANY))),
+                                 "why_not": may(opt(STR)), "declined": may(opt(STR)),
+                                 "probed": may(opt(Shape({"t": NUM, "step": opt(INT), "elapsed_s": NUM},
+                                                         rest=ANY)))}, rest=ANY))),
     "garbage": may(opt(Shape({"objects_freed": may(opt(INT)), "types": may(null_as([], list_of(pair(STR, INT))))},
                              rest=ANY)))}, rest=ANY)
 FINDING = Shape({"kind": one_of(*FINDING_KINDS), "bytes": SIZE, "summary": STR, "evidence": FINDING_EVIDENCE,

@@ -387,7 +387,12 @@ def suspects_heading(searched) -> str:
     """The heading over a finding's suspects, with when the search ran and how it ended ("Suspects
     (searched at exit, 0.07 s)"); `searched` is the finding's `root_cause` evidence. The HTML report's too."""
     head = "Suspects"
-    if isinstance(searched, dict) and searched.get("searched"):
+    if isinstance(searched, dict) and searched.get("probed"):  # the probes named them (probed.py)
+        p = searched["probed"]
+        at = f"step {p['step']}, {p['t']:.1f} s" if p.get("step") else f"{p['t']:.1f} s"
+        head += (f" (named by the probe of the program's names at {at}, {p['elapsed_s'] * 1000:.1f} ms; "
+                 f"no holder search then: {searched.get('declined') or searched.get('why_not')})")
+    elif isinstance(searched, dict) and searched.get("searched"):
         when = "at exit" if searched.get("when") == "exit" else f"at step {searched.get('step')}"
         head += f" (searched {when}, {searched.get('elapsed_s', 0):.2f} s"
         head += f"; {gave_up_text(searched['gave_up'])})" if searched.get("gave_up") else ")"
@@ -397,7 +402,8 @@ def suspects_heading(searched) -> str:
 def _suspects(table: Table, f) -> None:
     """Where the memory was allocated and who holds it, biggest first."""
     searched = f.evidence.get("root_cause")
-    if f.kind in ("leak", "live-at-exit") and isinstance(searched, dict) and not searched.get("searched"):
+    if (f.kind in ("leak", "live-at-exit") and isinstance(searched, dict) and not searched.get("searched")
+            and not searched.get("probed")):
         table.add_row("", Text(f"Suspects: none looked for: {searched.get('why_not')}.", style="italic"))
         return
     garbage = f.evidence.get("garbage")
