@@ -434,7 +434,7 @@ class Probe:
                         stack.append(nxt)
             except Exception:
                 pass
-            if len(nodes) % 256 == 0 and time.perf_counter() > self.deadline:
+            if len(nodes) % 64 == 0 and time.perf_counter() > self.deadline:
                 self.stopped = "time"
                 break
         return len(nodes) - before
