@@ -233,3 +233,17 @@ def run_steps_spent(agent, clock, steps: int, step_s: float) -> None:
         agent.on_step(explicit=True)
         s.mean_cost_s = mean
         s._pace(mean)
+
+
+def test_the_first_samples_do_not_set_the_pace(agent_and_clock, monkeypatch):
+    """The first reading costs what its first calls do (13.6 ms once on the H100): as the running
+    mean's start it made a short program's interval 1.4 s. The pace starts after UNPACED_SAMPLES."""
+    agent, clock = agent_and_clock
+    s = agent.sampler
+    paced = []
+    monkeypatch.setattr(s, "_pace", paced.append)
+    agent.torch.set(64 * MiB, 64 * MiB)
+    for _ in range(sampler.UNPACED_SAMPLES + 2):
+        clock.now += 1
+        assert s._sample("time", True)
+    assert len(paced) == 2 and s.interval_s == s.base_interval_s

@@ -434,7 +434,10 @@ def test_peak_of_an_evaluation_without_no_grad_is_its_kept_graphs(reports):
     # come later in the same evaluation, higher: what they held more by then is unclassified, and said.
     assert graphs["holders"][0]["name"].startswith("thread 'MainThread': evaluate()"), graphs
     assert "local total" in graphs["holders"][0]["name"], graphs
-    assert 0.25 * truth["graphs_kept"] <= graphs["bytes"] <= 1.05 * truth["graphs_kept"], (graphs, truth)
+    # The search is asked for once the evaluation has risen 256 MiB (and 64 MiB more with stacks on):
+    # where in the evaluation it lands depends on the machine's load (1.09 GiB, then 276 MiB with
+    # seven other programs beside it, of 1.95 GiB); never more than the program's own sum.
+    assert 200 * MIB <= graphs["bytes"] <= 1.05 * truth["graphs_kept"], (graphs, truth)
     rest = found.get("unclassified", {"bytes": 0})["bytes"]
     assert graphs["bytes"] + rest >= 0.9 * truth["graphs_kept"], (found, truth)
     assert composition["in_pause"]
