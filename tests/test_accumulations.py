@@ -66,7 +66,10 @@ def test_an_accumulation_a_pause_lets_go_of_is_the_avoidable_peak_never_a_leak(n
     assert peak.evidence["decided_by"] == "phases" and peak.evidence["pauses"]
     assert all(p["kept_bytes"] <= 0.25 * p["rise_bytes"] or p["kept_bytes"] <= 16 << 20
                for p in peak.evidence["pauses"])
-    assert phase_searches(report), "no search was made at a pause's height"
+    # A search at the pause's height (in a copy), or, where that copy would have paused the program
+    # past the limit, the probe made there (issue 31): either names the holder.
+    cause = peak.evidence["root_cause"]
+    assert phase_searches(report) or cause.get("probed"), "neither a search nor a probe at a pause's height"
     want = root_cause(program)
     top = peak.suspects[0]
     assert top["holders"][0]["pattern"].startswith(want["holder"]), top

@@ -134,7 +134,10 @@ def test_compare_says_what_grew_by_category(cli, tmp_path):
     assert "peak: optimizer state 1.00 GiB 2.00 GiB +1.00 GiB (+100.0%)" in out
     assert "what filled it (process 4242, GPU 0, 4.70 GiB): optimizer state 2.00 GiB" in out
     # reports without compositions (older ones): as before, no part rows
-    plain = cli("compare", str(FIXTURES / "clean_adam.json"), str(FIXTURES / "clean_adam.json"), cwd=tmp_path)
+    from tests.older import write_older
+
+    before = write_older("clean_adam", tmp_path)
+    plain = cli("compare", str(before), str(before), cwd=tmp_path)
     assert "peak:" not in plain.stdout and "largest peak" not in plain.stdout
 
 

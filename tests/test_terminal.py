@@ -163,6 +163,13 @@ def test_a_peak_context_of_0_bytes_is_still_drawn_and_a_pause_is_said():
 
 
 def test_reports_without_compositions_draw_no_peak_table():
+    from tests.older import older_fixture
+
     assert _drawn_peak([]) == ""
     for name in GOLDEN:
-        assert "What made the peak" not in render(name)
+        assert "What made the peak" in render(name)
+        recording = Recording.from_json(older_fixture(name)["recording"])
+        out = io.StringIO()
+        terminal.render(Console(file=out, width=80, no_color=True, color_system=None), recording,
+                        diagnose(recording), f"{name}.json")
+        assert "What made the peak" not in out.getvalue()
