@@ -12,10 +12,12 @@ above it, is a capture, read on the thread that sampled, at once:
   and whether it was inside backward() or an optimizer's step.
 A capture made on the agent's thread (the steps paused, or a program without steps) also asks
 the main thread, between two of its bytecodes (`Py_AddPendingCall`), for a probe of at most
-PROBE_BUDGET_S: the tensors that the locals of its running functions and the main module's
-globals hold, and the modules among them. A capture made at a step boundary runs the probe
-there, on the program's thread. What autograd graphs save is read by the holder search, in a
-copy of the process (diagnosis/peak.py takes it from a search made in the same pause).
+PROBE_BUDGET_S: the tensors that the main module's globals and the locals of its running functions
+hold, one level down (containers, public attributes), the modules among them, and the size in nodes
+of the autograd graphs they carry (Probe). A capture made at a step boundary runs the probe there,
+on the program's thread. What autograd graphs save is read by the holder search, in a copy of the
+process (diagnosis/peak.py takes it from a search made in the same pause); where no copy is made
+(the pause limit), the probes name the holders (diagnosis/probed.py).
 
 The capture runs through `Neutral` (the program's collections come when they would have come)
 and writes one line; the probe makes few containers and holds automatic collection off. Captures stop at MAX_CAPTURES, probes at MAX_PROBES; after LATE_CAPTURES

@@ -94,8 +94,9 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
 @click.option("--max-pause", type=Seconds(contract.MAX_PAUSE_MIN_S, contract.MAX_PAUSE_MAX_S),
               default=contract.MAX_PAUSE_DEFAULT_S, show_default=True, metavar="SECONDS",
               help="The longest your program may pause for a holder search during the run (a copy of "
-                   "the process by fork, about 10-30 ms a GiB of its own memory): a search expected to "
-                   "pause it longer is not made, and the report says so. 0: none during the run.")
+                   "the process by fork, about 30 ms a GiB of its own memory): a search expected to "
+                   "pause it longer is not made, the report says so, and the probes at its new highs "
+                   "name the holders. 0.1: the deep search in most programs. 0: none during the run.")
 @click.option("--snapshot", type=FileName(), metavar="PATH", default=None,
               help="Write PyTorch's allocator snapshot (a pickle for pytorch.org/memory_viz) here at exit.")
 @click.option("--html", "html", type=FileName(), metavar="PATH", default=None,
