@@ -3,7 +3,6 @@
 # expect-suspects-on: avoidable-peak
 # expect-holder: thread 'MainThread': evaluate() at clean_eval_sum_without_no_grad.py local total
 # expect-holder-kind: autograd-graph
-# run-alone: its pauses last 0.1-0.2 s; samples must come tens of ms apart
 """An evaluation that sums its losses without .item() and without torch.no_grad(): model.eval()
 does not stop autograd, so each batch's graph, with the activations it saved (20 MiB), stays alive
 through `total`'s grad_fn chain until evaluate() returns: about 2.3 GiB for a third of a second,

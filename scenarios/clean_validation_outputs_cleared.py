@@ -3,7 +3,6 @@
 # expect-suspects-on: avoidable-peak
 # expect-holder: __main__.validation_step_outputs[*]
 # expect-holder-kind: global
-# run-alone: its pauses last 0.1-0.2 s; samples must come tens of ms apart
 """Lightning's documented pattern, in plain PyTorch: each validation batch's outputs go into
 `validation_step_outputs`, the epoch's metric is computed from them at the validation's end, and
 the list is cleared (on_validation_epoch_end). Three epochs; each validation gathers 64 outputs of

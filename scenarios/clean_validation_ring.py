@@ -1,5 +1,4 @@
 # expect: clean
-# run-alone: its pauses last 0.1-0.2 s; samples must come tens of ms apart
 """A validation after each of three epochs keeps the last 16 predictions (32 MiB each) in a ring,
 collections.deque(maxlen=16), to show them at the end. The first validation fills it (512 MiB, one
 step up); the later ones replace what is in it, so memory stays at that height: filled once, not a

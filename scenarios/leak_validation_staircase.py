@@ -1,7 +1,6 @@
 # expect: leak
 # expect-holder: __main__.kept_predictions[*]
 # expect-holder-kind: global
-# run-alone: its pauses last 0.1-0.2 s; samples must come tens of ms apart
 """Training with a validation after each of two epochs that keeps every batch's predictions "to
 look at later" (32 MiB each, 16 a validation) and never lets them go. Memory is flat while the
 model trains and steps up by 512 MiB at each validation: a staircase, with no steady slope for the

@@ -1,5 +1,4 @@
 # expect: non-torch
-# run-alone: its growth outside PyTorch lasts 1.5 s: samples must come tens of ms apart
 """Raw device memory allocated by threads that end without freeing it (CuPy's runtime
 malloc, outside any pool): five worker threads, one after another, 64 MiB each."""
 import sys

@@ -1,6 +1,5 @@
 # expect: clean
 # expect-finding: fragmented-peak
-# run-alone: a short program: its peak is read only if samples come tens of ms apart
 """A fragmented allocator at the peak: a 1 GiB segment is carved into 64 blocks of 15 MiB, every other
 one is freed, and the 200 MiB tensors that follow fit in none of the holes, so PyTorch reserves new
 segments while 544 MiB sits free inside the split one. The program reads PyTorch's own

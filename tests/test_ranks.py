@@ -33,6 +33,11 @@ REPORTS = sorted([*FIXTURES.glob("*.json"), *(FIXTURES.parent / "ranks").glob("*
                   *(p for p in (FIXTURES.parent / "ranks_two_gpus").glob("*.json") if not p.name.startswith("ps_"))])
 
 
+# Findings a rule changed after the recording takes out (the report keeps what the tool said then):
+# temporary-peak for a local's list of tensors, an accumulation (2026-11-25, after the recordings).
+CHANGED_SINCE = {"oom_eval_without_no_grad_local": {"temporary-peak"}, "leak_outputs_in_cycle": {"temporary-peak"}}
+
+
 def kinds(diagnosis) -> list[str]:
     return [f.kind for f in diagnosis.findings]
 
@@ -52,7 +57,8 @@ def test_recorded_reports_load_and_diagnose_as_they_were(path):
     recording, _ = parse(report)
     diagnosis = diagnose(recording)
     assert diagnosis.verdict == report["verdict"]
-    assert sorted(kinds(diagnosis)) == sorted(f["kind"] for f in report["findings"])
+    said = [f["kind"] for f in report["findings"] if f["kind"] not in CHANGED_SINCE.get(path.stem, ())]
+    assert sorted(kinds(diagnosis)) == sorted(said)
     rank_of = ranks.rank_processes(recording)
     assert {r.pid for r in diagnosis.ranks} == set(rank_of)
     if not rank_of:

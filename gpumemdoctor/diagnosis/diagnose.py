@@ -205,6 +205,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
             j.suspects, j.evidence["root_cause"] = suspects.leak_suspects(agent.root, torch_index, released)
             named = probed.growth_suspects(j.evidence["root_cause"], agent, torch_index, released)
             j.suspects, j.evidence["root_cause"] = named or (j.suspects, j.evidence["root_cause"])
+            j.summary += f" No search named its holder ({j.evidence['root_cause']['why_not']})." if named else ""
             held = j.suspects and j.suspects[0]["holders"]
             j.remedy = j.suspects[0]["remedy"] if held else FINDINGS["leak-unsearched"]
         elif j.kind == "live-at-exit":

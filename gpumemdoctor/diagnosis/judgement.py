@@ -362,8 +362,8 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
     if e.phase_accumulations and e.phase_accumulations[0].get("probed"):
         a, search = e.phase_accumulations[0], e.phase_search or {}
         why = search.get("declined") or "no search was made at a pause's height"
-        held = (f" No copy of the process was searched at its height ({why}); the probe of the program's "
-                f"names there found {probed_summary(a)}.")
+        held = (f" At its height the probe of the program's names found {probed_summary(a)}; no copy of the "
+                f"process was searched there ({why}).")
     elif e.phase_accumulations:
         a = e.phase_accumulations[0]
         held = f" At its height {alike_text(a)} were held by {a['pattern']}."

@@ -166,8 +166,11 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
                            evidence={**evidence, "inactive_split_bytes": split, "reserved_bytes": c.reserved_bytes},
                            remedy=FINDINGS["fragmented-peak"]))
     temporaries = c.part("temporaries")
-    if temporaries and temporaries.holders:
-        top = temporaries.holders[0]
+    # One tensor of a running function's: a container's many (`x[*]`) are an accumulation, which the
+    # leak and pause rows judge, not a temporary to free sooner.
+    single = [h for h in (temporaries.holders if temporaries else []) if "[*]" not in h["name"]]
+    if single:
+        top = single[0]
         if top["bytes"] >= max(MIN_FINDING_BYTES, TEMPORARY_SHARE * c.allocated_bytes):
             at = f" ({top['line']})" if top["line"] else ""
             out.append(Finding(kind="temporary-peak", bytes=top["bytes"], pid=c.pid, device=c.device,

@@ -146,8 +146,7 @@ def summary(a: dict) -> str:
     """A probed holder in words: what it held, and how that was read."""
     at = f" ({a['line']})" if a.get("line") and a["line"] not in a["path"] else ""
     if a["kind"] == "autograd-graph" and a["nodes"]:
-        text = (f"{a['path']}{at} carried an autograd graph of {a['nodes']:,} nodes (what the graph saves "
-                "was not measured: no copy of the process was searched)")
+        text = f"{a['path']}{at} carried an autograd graph of {a['nodes']:,} nodes (its saved tensors not measured)"
     else:
         text = f"{fb(a['bytes'])} in {a['count']} tensor{'s' if a['count'] != 1 else ''} held by {a['path']}{at}"
     if a.get("grew_bytes") or a.get("grew_nodes"):

@@ -390,8 +390,7 @@ def suspects_heading(searched) -> str:
     if isinstance(searched, dict) and searched.get("probed"):  # the probes named them (probed.py)
         p = searched["probed"]
         at = f"step {p['step']}, {p['t']:.1f} s" if p.get("step") else f"{p['t']:.1f} s"
-        head += (f" (named by the probe of the program's names at {at}, {p['elapsed_s'] * 1000:.1f} ms; "
-                 f"no holder search then: {searched.get('declined') or searched.get('why_not')})")
+        head += f" (named by the probe of the program's names at {at}, {p['elapsed_s'] * 1000:.1f} ms, not by a search)"
     elif isinstance(searched, dict) and searched.get("searched"):
         when = "at exit" if searched.get("when") == "exit" else f"at step {searched.get('step')}"
         head += f" (searched {when}, {searched.get('elapsed_s', 0):.2f} s"
