@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="write each run's step times here (WORKLOAD-MODE-ROUND.txt, milliseconds per line)")
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--check", action="store_true")
+    p.add_argument("--no-compile", action="store_true",
+                   help="leave the package without bytecode (by default it is compiled first, as an install is)")
     args = p.parse_args(argv)
     info = _cuda_info()
     if not info or not info.get("cuda"):
@@ -76,9 +78,16 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run([sys.executable, "-c", "import torch, importlib.util as u\n"
                     "for m in ('transformers', 'pytorch_lightning', 'torchvision'):\n"
                     "    u.find_spec(m) and __import__(m)"], env=env, capture_output=True, timeout=600)
+    # The tool's own bytecode, as a user's install has it: the lent GPU machines' image sets
+    # PYTHONDONTWRITEBYTECODE=1, so without this every tool run compiles the package from source
+    # (0.38-0.40 s of its start there against 0.16 s with bytecode: NOTES.md), a cost before the
+    # first step that no user pays. (Measured before 2026-11-26 without it: the corpus results say.)
+    compiled = not args.no_compile and subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", os.path.join(REPO_ROOT, "gpumemdoctor")],
+        capture_output=True, timeout=300).returncode == 0
     if args.samples:
         env["CORPUS_SAMPLES"] = str(args.samples)
-    results = {"meta": {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
+    results = {"meta": {"compiled": compiled, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": platform.node(),
                         "python": sys.version.split()[0], "torch": info.get("torch"),
                         "device": info.get("device"), "repeats": args.repeats, "samples": args.samples,
                         "targets": TARGETS, "argv": sys.argv},
