@@ -25,6 +25,7 @@ a new high must be LATE_RISE above the last. What each cost is in the exit recor
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
@@ -375,10 +376,16 @@ class Probe:
 
     def _attributes(self, value, name: str, line, category: str) -> None:
         """An object's public attributes (its own __dict__, read without running its code): the
-        tensors they hold, one level down. Classes, functions and modules of code are left alone."""
+        tensors they hold, one level down. Classes, functions and modules of code are left alone.
+        Python 3.11+ keeps an object's attributes without a dict until something asks for its
+        __dict__, which then makes one for good (a container the collector counts): it is asked for
+        only when what the object refers to (gc.get_referents, which makes none) holds a tensor, a
+        list or tuple that starts with one (or with a tuple), or a dict."""
         if isinstance(value, _NOT_OBJECTS) or not getattr(type(value), "__dictoffset__", 0):
             return  # (ints, strings and the like have no __dict__ to read)
         try:
+            if not any(map(self._may_hold, gc.get_referents(value))):
+                return
             attributes = object.__getattribute__(value, "__dict__")
         except Exception:
             return
@@ -387,6 +394,13 @@ class Probe:
         for k, v in attributes.items():
             if k[:1] != "_" and (type(v) in (list, tuple, dict) or isinstance(v, self.tensor)):
                 self._value(v, f"{name}.{k}", line, category)
+
+    def _may_hold(self, v) -> bool:
+        """Whether an object's referent may hold tensors the probe reads: checked without a copy."""
+        kind = type(v)
+        if kind is dict or isinstance(v, self.tensor):
+            return True
+        return (kind is list or kind is tuple) and len(v) > 0 and (type(v[0]) is tuple or isinstance(v[0], self.tensor))
 
     def _module(self, module, name: str, line) -> None:
         try:
