@@ -124,11 +124,42 @@ def test_the_probe_reads_an_object_s_public_attributes_and_counts_each_graph_s_n
     assert not any("_cache" in name for name in held)
     assert held["evaluate() local worst.pairs[*]"][1:4:2] == [120, 2], held
     assert held["evaluate() local model.validation_step_outputs[*]"][1] == 2 * 2000, held
-    top = found["graph_holders"][0]
-    assert top[0] == "evaluate() local total (holds its autograd graph)", found["graph_holders"]
-    assert top[4] == 31 and found["graph_nodes"] == 31, found
-    # the last batch's loss is inside total's graph: its nodes were counted once, with total's
-    assert all(h[4] == 0 for h in found["graph_holders"][1:]), found["graph_holders"]
+    # total's graph chains its ten additions (one a batch); the last loss's own graph, one sum
+    chains = {h[0]: h[5] for h in found["graph_holders"]}
+    assert found["graph_holders"][0][0] == "evaluate() local total (holds its autograd graph)", chains
+    assert chains["evaluate() local total (holds its autograd graph)"] == 10, chains
+    assert chains.get("evaluate() local loss (holds its autograd graph)", 1) == 1, chains
+    # nodes read: ten along total's chain (the last finds no more), one for the loss's
+    assert found["graph_links"] == 11 and all(h[4] == 0 for h in found["graph_holders"]), found
+
+
+def test_the_probe_reads_no_tensor_subclass_with_a_torch_function_of_its_own_and_no_proxy_s_class():
+    """Reading such a tensor's attributes would run its __torch_function__; asking a proxy for its
+    __class__ (isinstance does) would run the proxy's code."""
+    torch = pytest.importorskip("torch")
+    ran = []
+
+    class Traced(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            ran.append(func)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    class Proxy:
+        @property
+        def __class__(self):
+            ran.append("__class__")
+            return list
+
+    def evaluate():
+        traced = torch.empty(100).as_subclass(Traced)
+        proxy = Proxy()
+        plain = torch.empty(10)
+        return _probe(torch).run(), traced, proxy, plain
+
+    found, *_ = evaluate()
+    held = {h[0]: h[1] for h in found["temporaries"]}
+    assert held == {"evaluate() local plain": 40} and ran == [], (held, ran)
 
 
 def test_the_probe_keeps_nothing_alive_that_the_program_let_go_of():

@@ -13,9 +13,9 @@ above it, is a capture, read on the thread that sampled, at once:
 A capture made on the agent's thread (the steps paused, or a program without steps) also asks
 the main thread, between two of its bytecodes (`Py_AddPendingCall`), for a probe of at most
 PROBE_BUDGET_S: the tensors that the main module's globals and the locals of its running functions
-hold, one level down (containers, public attributes), the modules among them, and the size in nodes
-of the autograd graphs they carry (Probe). A capture made at a step boundary runs the probe there,
-on the program's thread. What autograd graphs save is read by the holder search, in a copy of the
+hold, one level down (containers, public attributes), the modules among them, and how long a chain
+of one operation the autograd graphs they carry repeat (a running sum's additions): probe.py. A
+capture made at a step boundary runs the probe there, on the program's thread. What autograd graphs save is read by the holder search, in a copy of the
 process (diagnosis/peak.py takes it from a search made in the same pause); where no copy is made
 (the pause limit), the probes name the holders (diagnosis/probed.py).
 
@@ -25,16 +25,14 @@ a new high must be LATE_RISE above the last. What each cost is in the exit recor
 """
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import threading
 import time
-import types
 import weakref
-from itertools import islice
 
 from . import main_thread
+from .probe import Probe
 from .neutral import NO_ROOM, quiet_gc
 
 _TORCH_DIR = os.sep + "torch" + os.sep
@@ -47,10 +45,7 @@ LATE_RISE = 0.10
 MAX_CAPTURES = 32
 MAX_PROBES = 16
 PROBE_BUDGET_S = 0.008  # of the program's time, on its main thread, per probe
-MAX_HOLDERS = 4  # per category in a probe's record
-MAX_ITEMS = 4096  # of a list, tuple or dict, read by a probe
 MAX_OPTIMIZERS = 16
-_NOT_OBJECTS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 
 
 class PeakWatch:
@@ -66,6 +61,7 @@ class PeakWatch:
         self.asked = False
         self.pending_capture = 0
         self.asked_t = 0.0
+        self.pending_device = 0
         self.callback = None
         self.add_pending = None
         self.main_ident = threading.main_thread().ident
@@ -124,6 +120,8 @@ class PeakWatch:
             cost["peak_capture_s"] = cost.get("peak_capture_s", 0.0) + spent
             if spent > cost.get("peak_capture_max_s", 0.0):
                 cost["peak_capture_max_s"] = spent
+            if not self.asked:
+                self.pending_device = row[0]  # the probe counts this device's tensors only
             if by == "step" and threading.get_ident() == self.main_ident:
                 self.probe(self.captures)
             elif self.agent.run_dir and self.probes < MAX_PROBES and not self.asked:
@@ -244,7 +242,9 @@ class PeakWatch:
     def _probe(self, capture: int) -> None:
         started = time.perf_counter()
         try:
-            probe = Probe(self.agent.torch, started + PROBE_BUDGET_S)
+            device = self.pending_device
+            probe = Probe(self.agent.torch, started + PROBE_BUDGET_S,
+                          on_device=lambda t: t.is_cuda and t.get_device() == device)
             probe.optimizers([ref() for ref in self.optimizers])
             record = probe.run()
             del probe
@@ -257,216 +257,6 @@ class PeakWatch:
         cost["peak_probe_s"] = cost.get("peak_probe_s", 0.0) + spent
         if spent > cost.get("peak_probe_max_s", 0.0):
             cost["peak_probe_max_s"] = spent
-
-
-class Probe:
-    """One probe: the program's names that hold CUDA tensors, by category ("temporaries": a running
-    function's locals; "kept-tensors": the main module's globals; "parameters": of the modules among
-    them), each storage counted once, largest holders kept. A name is read one level down: a list,
-    tuple or dict of tensors (`name[*]`), and an object's or a module's public attributes that are
-    tensors or such containers (`name.attr[*]`). A tensor that carries an autograd graph is named so,
-    and the graph's nodes are counted (`next_functions`, each node once, within the budget): what the
-    graph saves is not read here (unpacking a saved tensor runs the program's saved-tensor hooks, if
-    it set any: the holder search reads graphs, in a copy), but its size in nodes tells the name that
-    keeps many batches' graphs (a running sum) from one that keeps its own.
-
-    On Python 3.11 and 3.12 a frame's f_locals is a snapshot that the frame keeps until it returns,
-    holding what its locals held then: the probe empties it again (when nothing else holds it and
-    no tracer is set, which refreshes it itself), so nothing lives longer than the program made it."""
-
-    def __init__(self, torch, deadline: float, on_device=None):
-        self.tensor = torch.Tensor
-        self.module = torch.nn.Module
-        self.on_device = on_device or _is_cuda  # tests read CPU tensors
-        self.deadline = deadline
-        self.seen: set = set()  # storage addresses already counted
-        # holder -> [bytes, line, tensors, graph nodes]
-        self.found: dict = {"parameters": {}, "temporaries": {}, "kept-tensors": {}}
-        self.stopped = None
-        self.graphs = 0  # tensors in the names that carry an autograd graph
-        self.nodes: dict = {}  # id -> graph node, kept while the probe runs (a freed one's id comes back)
-
-    def optimizers(self, optimizers: list) -> None:
-        """Their parameters, gradients and state are counted by the capture: not again here."""
-        for opt in optimizers:
-            if opt is None:
-                continue
-            try:
-                for group in opt.param_groups:
-                    for p in group["params"]:
-                        for t in (p, p.grad, *(opt.state.get(p) or {}).values()):
-                            if isinstance(t, self.tensor) and self.on_device(t):
-                                self.seen.add(t.untyped_storage().data_ptr())
-            except Exception:
-                continue
-
-    def run(self) -> dict:
-        """Two passes over the program's frames (innermost first) and the main module's globals: the
-        modules' parameters first (a module's weights are parameters wherever else they appear), then
-        the tensors. It makes few containers of its own (no list of the names it walks), so that it
-        moves the collector's count little."""
-        from .blocks import is_library_file
-
-        frames = []
-        if sys.gettrace() is None and sys.getprofile() is None:  # a tracer refreshes and writes back f_locals
-            frame = sys._getframe()
-            while frame is not None:
-                if not is_library_file(frame.f_code.co_filename) and frame.f_locals is not frame.f_globals:
-                    frames.append(frame)
-                frame = frame.f_back
-            del frame
-        main = sys.modules.get("__main__")
-        scope = vars(main) if main is not None else {}
-        for modules in (True, False):  # globals first: what a global holds outlives the frames
-            for k, v in scope.items():
-                if not self.stopped:
-                    self._named(v, f"global {k}", None, "kept-tensors", modules)
-            for frame in frames:
-                code = frame.f_code
-                where = f"{os.path.basename(code.co_filename)}:{frame.f_lineno}"
-                for k, v in frame.f_locals.items():
-                    if not self.stopped:
-                        self._named(v, f"{code.co_name}() local {k}", where, "temporaries", modules)
-        for frame in frames:
-            local = frame.f_locals
-            if type(local) is dict and sys.getrefcount(local) <= 3:  # the frame, ours, the call
-                local.clear()  # the snapshot (3.11, 3.12) goes: 3.13's f_locals is a view
-            del local
-        del frames
-        out = {"stopped": self.stopped, "graphs": self.graphs, "graph_nodes": len(self.nodes)}
-        self.nodes.clear()
-        graphs = []
-        for category, holders in self.found.items():
-            ranked = sorted(holders.items(), key=lambda kv: -kv[1][0])[:MAX_HOLDERS]
-            out[category] = [[name, b, line, n, nodes] for name, (b, line, n, nodes) in ranked]
-            out[category + "_bytes"] = sum(h[0] for h in holders.values())
-            graphs.extend((name, h) for name, h in holders.items() if h[3])
-        graphs.sort(key=lambda kv: -kv[1][3])
-        out["graph_holders"] = [[name, b, line, n, nodes] for name, (b, line, n, nodes) in graphs[:MAX_HOLDERS]]
-        return out
-
-    def _named(self, value, name: str, line, category: str, modules: bool) -> None:
-        """Pass one (`modules`): a module's parameters. Pass two: the tensors, one level down."""
-        if isinstance(value, self.module):
-            if modules:
-                self._module(value, name, line)
-            else:
-                self._attributes(value, name, line, category)
-        elif not modules and not self._value(value, name, line, category):
-            self._attributes(value, name, line, category)
-        if time.perf_counter() > self.deadline:
-            self.stopped = "time"
-
-    def _value(self, value, name: str, line, category: str) -> bool:
-        """A tensor, or a list, tuple or dict of tensors: True when value was one of those."""
-        kind = type(value)
-        if isinstance(value, self.tensor):
-            self._tensor(value, name, line, category)
-        elif kind is list or kind is tuple or kind is dict:  # (islice: no copy of a big container)
-            for v in islice(value.values() if kind is dict else value, MAX_ITEMS):
-                if isinstance(v, self.tensor):
-                    self._tensor(v, f"{name}[*]", line, category)
-                elif type(v) is tuple or type(v) is list:  # a list of (images, losses): its tensors too
-                    for w in islice(v, MAX_ITEMS):
-                        if isinstance(w, self.tensor):
-                            self._tensor(w, f"{name}[*]", line, category)
-        else:
-            return False
-        return True
-
-    def _attributes(self, value, name: str, line, category: str) -> None:
-        """An object's public attributes (its own __dict__, read without running its code): the
-        tensors they hold, one level down. Classes, functions and modules of code are left alone.
-        Python 3.11+ keeps an object's attributes without a dict until something asks for its
-        __dict__, which then makes one for good (a container the collector counts): it is asked for
-        only when what the object refers to (gc.get_referents, which makes none) holds a tensor, a
-        list or tuple that starts with one (or with a tuple), or a dict."""
-        if isinstance(value, _NOT_OBJECTS) or not getattr(type(value), "__dictoffset__", 0):
-            return  # (ints, strings and the like have no __dict__ to read)
-        try:
-            if not any(map(self._may_hold, gc.get_referents(value))):
-                return
-            attributes = object.__getattribute__(value, "__dict__")
-        except Exception:
-            return
-        if type(attributes) is not dict:
-            return
-        for k, v in attributes.items():
-            if k[:1] != "_" and (type(v) in (list, tuple, dict) or isinstance(v, self.tensor)):
-                self._value(v, f"{name}.{k}", line, category)
-
-    def _may_hold(self, v) -> bool:
-        """Whether an object's referent may hold tensors the probe reads: checked without a copy."""
-        kind = type(v)
-        if kind is dict or isinstance(v, self.tensor):
-            return True
-        return (kind is list or kind is tuple) and len(v) > 0 and (type(v[0]) is tuple or isinstance(v[0], self.tensor))
-
-    def _module(self, module, name: str, line) -> None:
-        try:
-            for t in (*module.parameters(), *module.buffers()):
-                if self.on_device(t):
-                    storage = t.untyped_storage()
-                    address = storage.data_ptr()
-                    if address not in self.seen:
-                        self.seen.add(address)
-                        self._add("parameters", f"{name} ({type(module).__name__})", storage.nbytes(), line)
-        except Exception:
-            pass
-
-    def _tensor(self, t, name: str, line, category: str) -> None:
-        try:
-            if not self.on_device(t):
-                return
-            nodes = 0
-            if t.requires_grad and not t.is_leaf:  # its autograd graph: its nodes counted, not read
-                self.graphs += 1
-                name += " (holds its autograd graph)"
-                nodes = self._graph(t.grad_fn)
-            storage = t.untyped_storage()
-            address = storage.data_ptr()
-            size = 0
-            if address not in self.seen:
-                self.seen.add(address)
-                size = storage.nbytes()
-            if size or nodes:
-                self._add(category, name, size, line, 1 if size else 0, nodes)
-        except Exception:
-            return
-
-    def _graph(self, fn) -> int:
-        """The nodes of an autograd graph not counted yet, down its next_functions, until the budget."""
-        nodes = self.nodes
-        before = len(nodes)
-        stack = [fn]
-        while stack:
-            fn = stack.pop()
-            if fn is None or id(fn) in nodes:
-                continue
-            nodes[id(fn)] = fn
-            try:
-                for nxt, _ in fn.next_functions:
-                    if nxt is not None and id(nxt) not in nodes:
-                        stack.append(nxt)
-            except Exception:
-                pass
-            if len(nodes) % 64 == 0 and time.perf_counter() > self.deadline:
-                self.stopped = "time"
-                break
-        return len(nodes) - before
-
-    def _add(self, category: str, name: str, size: int, line, tensors: int = 1, nodes: int = 0) -> None:
-        entry = self.found[category].get(name)
-        if entry is None:
-            self.found[category][name] = [size, line, tensors, nodes]
-        else:
-            entry[0] += size
-            entry[2] += tensors
-            entry[3] += nodes
-
-
-def _is_cuda(t) -> bool:
-    return t.is_cuda
 
 
 def _count(t, index: int, seen: dict, category: int) -> int:

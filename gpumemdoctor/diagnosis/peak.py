@@ -124,8 +124,9 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
             notes.append(f"the probe ran {probe['elapsed_s'] * 1000:.0f} ms after the reading and found more "
                          "than its allocated memory: its parts are cut to fit")
         if probe.get("stopped"):
-            notes.append(f"the probe stopped at its budget ({probe['stopped']}, {probe.get('graph_nodes', 0):,} "
-                         "graph nodes read): what it did not reach is unclassified")
+            read = probe.get("graph_links", probe.get("graph_nodes", 0))
+            notes.append(f"the probe stopped at its budget ({probe['stopped']}, {read:,} graph nodes read): what "
+                         "it did not reach is unclassified")
     elif probe is not None:
         notes.append(f"the probe of the program's names failed ({probe['error']})")
     else:
@@ -166,9 +167,11 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
                            evidence={**evidence, "inactive_split_bytes": split, "reserved_bytes": c.reserved_bytes},
                            remedy=FINDINGS["fragmented-peak"]))
     temporaries = c.part("temporaries")
-    # One tensor of a running function's: a container's many (`x[*]`) are an accumulation, which the
-    # leak and pause rows judge, not a temporary to free sooner.
-    single = [h for h in (temporaries.holders if temporaries else []) if "[*]" not in h["name"]]
+    # One tensor of a running function's own: a container's many (`x[*]`) are an accumulation, which
+    # the leak and pause rows judge, not a temporary to free sooner.
+    # Nor an attribute (`forward() local self.mask`): an object's state, which outlives the call.
+    single = [h for h in (temporaries.holders if temporaries else [])
+              if "[*]" not in h["name"] and "." not in h["name"].split(" local ", 1)[-1]]
     if single:
         top = single[0]
         if top["bytes"] >= max(MIN_FINDING_BYTES, TEMPORARY_SHARE * c.allocated_bytes):

@@ -5,14 +5,15 @@ longer than the 20 ms allowed (`run --max-pause`; forked.py). What the agent rea
 names at its new highs (the probe, on the main thread, within 8 ms: _agent/peak.py) then names the
 holders:
 - of an accumulation a pause in the steps let go of (judgement row 13): the names that held the
-  most at the pause's highest probe, or, when none held much, the name whose autograd graph had the
-  most nodes (a running sum without .item());
-- of a growth (rows 2, 2b) that no search saw held: the names whose tensors, or whose graph's nodes,
+  most at the pause's highest probe, or, when none held much, the name whose autograd graph chains
+  the most operations of one kind (a running sum without .item(): one addition a batch);
+- of a growth (rows 2, 2b) that no search saw held: the names whose tensors, or whose graph's chain,
   grew from one probe to a later one.
 The probe reads the main thread's running functions, the main module's globals and one level of
 their attributes and containers: a holder further down (a hook's closure, another thread's frame)
 is not named here, and the words say that no search was made. Each holder is made in the shape of
-the search's accumulations (suspects.accumulations), with `probed` set and the nodes it carried.
+the search's accumulations (suspects.accumulations), with `probed` set and its graph's chain (or,
+in the recordings of 2026-11-25 that counted them, its graph's nodes).
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from ..units import format_bytes as fb
 
 GRAPH_MARK = " (holds its autograd graph)"
 LOCAL = "() local "
-MIN_NODES = 64  # graph nodes a name must carry to be named as an accumulation through its graph
+MIN_CHAIN = 8  # links of one operation a name's graph must repeat to be named as an accumulation
+CHAIN_CAP = 32  # as _agent/peak.py's MAX_CHAIN: a chain this long may go on further
+MIN_NODES = 64  # graph nodes, in recordings that counted them (2026-11-25's), for the same
 MIN_BYTES = 16 << 20  # (the judgement's MIN_LEAK_BYTES) bytes a name must hold, or have grown by
 GROWTH_SHARE = 0.5  # of what allocated memory grew between two probes, that one name's growth must be
 CATEGORIES = ("kept-tensors", "temporaries")
@@ -30,20 +33,30 @@ MAX_SUSPECTS = 5  # as suspects.py
 
 def holders(probe: dict) -> list[dict]:
     """A probe's holders of kept tensors and temporaries, and of graphs, as accumulations."""
-    out: dict = {}
-    for category in CATEGORIES:
-        for h in probe.get(category) or []:
-            out.setdefault(h[0], _holder(h))
-    for h in probe.get("graph_holders") or []:
-        out.setdefault(h[0], _holder(h))
+    rows: dict = {}  # each row once (a holder can be both among the biggest and the graphs)
+    for key in (*CATEGORIES, "graph_holders"):
+        for h in probe.get(key) or []:
+            rows.setdefault(h[0], h)
+    out: dict = {}  # by pattern: `x[*]` and `x[*] (holds its autograd graph)` are one holder
+    for h in map(_holder, rows.values()):
+        same = out.get(h["pattern"])
+        if same is None:
+            out[h["pattern"]] = h
+        else:
+            same["bytes"] += h["bytes"]
+            same["count"] += h["count"]
+            same["nodes"], same["chain"] = max(same["nodes"], h["nodes"]), max(same["chain"], h["chain"])
+            if h["kind"] == "autograd-graph":
+                same["kind"] = "autograd-graph"
     return list(out.values())
 
 
 def _holder(h: list) -> dict:
-    """[name, bytes, line, tensors, nodes] as the search names it: `__main__.x[*]`,
+    """[name, bytes, line, tensors, nodes, chain] as the search names it: `__main__.x[*]`,
     `thread 'MainThread': f() at file.py local x`."""
     name, size, line = h[0], h[1], h[2]
     tensors, nodes = (h[3], h[4]) if len(h) >= 5 else (1, 0)
+    chain = h[5] if len(h) >= 6 else 0
     graph = name.endswith(GRAPH_MARK)
     name = name[:-len(GRAPH_MARK)] if graph else name
     if LOCAL in name:
@@ -55,10 +68,16 @@ def _holder(h: list) -> dict:
         local = name.removeprefix("global ")
         pattern = path = f"__main__.{local}"
         kind, thread = ("attribute" if "." in local.split("[")[0] else "global"), None
-    if graph and nodes:
+    if graph and (nodes or chain > 1):
         kind = "autograd-graph"
     return {"path": path, "pattern": pattern, "kind": kind, "count": tensors, "bytes": size,
-            "sizes": [], "where": None, "thread": thread, "probed": True, "nodes": nodes, "line": line}
+            "sizes": [], "where": None, "thread": thread, "probed": True, "nodes": nodes, "chain": chain,
+            "line": line}
+
+
+def _accumulates(h: dict) -> bool:
+    """A graph that repeats one operation (a running sum), or, in recordings that counted nodes, a big one."""
+    return h["chain"] >= MIN_CHAIN or h["nodes"] >= MIN_NODES
 
 
 def _probes(agent, torch_index: int, paused: bool | None = None) -> list[tuple[dict, dict]]:
@@ -82,7 +101,7 @@ def phase_holders(agent, torch_index: int, rise: int) -> tuple[list[dict], dict 
     capture, probe = max(made, key=lambda cp: (cp[0]["allocated"] or 0, cp[0]["t"]))
     found = holders(probe)
     big = sorted((h for h in found if h["bytes"] >= max(MIN_BYTES, rise // 4)), key=lambda h: -h["bytes"])
-    graphs = sorted((h for h in found if h["nodes"] >= MIN_NODES), key=lambda h: -h["nodes"])
+    graphs = sorted((h for h in found if _accumulates(h)), key=lambda h: (-h["chain"], -h["nodes"]))
     chosen = big or graphs[:1]
     return chosen, _meta(capture, probe)
 
@@ -106,13 +125,15 @@ def growth_holders(agent, torch_index: int) -> tuple[list[dict], dict | None]:
         c0, h0 = first[pattern]
         if c0 is capture:
             continue
-        grew, more = h["bytes"] - h0["bytes"], h["nodes"] - h0["nodes"]
+        grew, nodes, chain = h["bytes"] - h0["bytes"], h["nodes"] - h0["nodes"], h["chain"] - h0["chain"]
         allocated = (capture["allocated"] or 0) - (c0["allocated"] or 0)
-        if grew >= max(MIN_BYTES, allocated * GROWTH_SHARE) or (h["kind"] == "autograd-graph" and more >= MIN_NODES):
-            out.append({**h, "grew_bytes": grew, "grew_nodes": more, "first_t": c0["t"], "first_step": c0["step"]})
+        graph = h["kind"] == "autograd-graph" and (nodes >= MIN_NODES or chain >= MIN_CHAIN)
+        if grew >= max(MIN_BYTES, allocated * GROWTH_SHARE) or graph:
+            out.append({**h, "grew_bytes": grew, "grew_nodes": nodes, "grew_chain": chain, "first_t": c0["t"],
+                        "first_step": c0["step"]})
     if not out:
         return [], None
-    out.sort(key=lambda h: (-h["grew_bytes"], -h["grew_nodes"]))
+    out.sort(key=lambda h: (-h["grew_bytes"], -h["grew_chain"], -h["grew_nodes"]))
     capture, _, probe = last[out[0]["pattern"]]
     return out, _meta(capture, probe)
 
@@ -139,20 +160,26 @@ def growth_suspects(searched: dict, agent, torch_index: int, released: bool) -> 
 
 def _meta(capture: dict, probe: dict) -> dict:
     return {"probed": True, "t": capture["t"], "step": capture["step"], "elapsed_s": probe["elapsed_s"],
-            "stopped": probe.get("stopped"), "graph_nodes": probe.get("graph_nodes")}
+            "stopped": probe.get("stopped"), "graph_links": probe.get("graph_links", probe.get("graph_nodes"))}
 
 
 def summary(a: dict) -> str:
     """A probed holder in words: what it held, and how that was read."""
     at = f" ({a['line']})" if a.get("line") and a["line"] not in a["path"] else ""
-    if a["kind"] == "autograd-graph" and a["nodes"]:
+    if a["kind"] == "autograd-graph" and a["chain"] > 1:
+        more = "+" if a["chain"] >= CHAIN_CAP else ""
+        text = (f"{a['path']}{at} carried an autograd graph that chains {a['chain']}{more} operations of one "
+                "kind (a running sum or a concatenation: each link keeps its batch's graph; the saved "
+                "tensors not measured)")
+    elif a["kind"] == "autograd-graph" and a["nodes"]:
         text = f"{a['path']}{at} carried an autograd graph of {a['nodes']:,} nodes (its saved tensors not measured)"
     else:
         text = f"{fb(a['bytes'])} in {a['count']} tensor{'s' if a['count'] != 1 else ''} held by {a['path']}{at}"
-    if a.get("grew_bytes") or a.get("grew_nodes"):
-        grew = (f"{fb(a['grew_bytes'])}" if a.get("grew_bytes", 0) >= MIN_BYTES
-                else f"{a['grew_nodes']:,} graph nodes")
-        text += f"; it grew by {grew} from the probe at {a['first_t']:.1f} s to a later one"
+    if a.get("grew_bytes", 0) >= MIN_BYTES:
+        text += f"; it grew by {fb(a['grew_bytes'])} from the probe at {a['first_t']:.1f} s to a later one"
+    elif a.get("grew_chain") or a.get("grew_nodes"):
+        more = f"{a['grew_chain']} links" if a.get("grew_chain") else f"{a['grew_nodes']:,} graph nodes"
+        text += f"; its graph grew by {more} from the probe at {a['first_t']:.1f} s to a later one"
     return text
 
 

@@ -151,10 +151,13 @@ PEAK = Shape({"n": INT, "t": NUM, "step": opt(INT), "device": INT, "allocated": 
               "optimizers": list_of(row(STR, SIZE, SIZE, SIZE)),
               "where": opt(STR), "inside": opt(STR), "paused": BOOL})
 # [holder, bytes, line]; from issue 31's second part also the tensors counted and the autograd graph
-# nodes reached from them ("graph_holders": the holders whose tensors carry graphs, most nodes first).
-_HELD = list_of(row(STR, SIZE, opt(STR), INT, INT, least=3))
+# nodes reached from them ("graph_holders": the holders whose tensors carry graphs, most first), and
+# since 2026-11-25 (its last recordings had the nodes) instead of the nodes, 0, the length of the
+# chain of one operation the graph repeats (a running sum's additions; `graph_links`: read in all).
+_HELD = list_of(row(STR, SIZE, opt(STR), INT, INT, INT, least=3))
 PEAK_PROBE = Shape({"n": INT, "t": NUM, "elapsed_s": NUM, "stopped": may(opt(STR)), "graphs": may(INT),
-                    "graph_nodes": may(INT), "graph_holders": may(_HELD), "error": may(STR),
+                    "graph_nodes": may(INT), "graph_links": may(INT), "graph_holders": may(_HELD),
+                    "error": may(STR),
                     **{k: may(_HELD) for k in ("parameters", "temporaries", "kept-tensors")},
                     **{f"{k}_bytes": may(SIZE) for k in ("parameters", "temporaries", "kept-tensors")}})
 # A holder search during the run that was not made (_agent/forked.py `declined`): why, and for a copy
