@@ -351,3 +351,20 @@ def test_a_probe_barely_moves_the_collector_s_count(agent_and_clock, tmp_path):
         depth, frame = depth + 1, frame.f_back
     assert moved[0] <= depth + 8 and all(abs(m) <= 8 for m in moved[1:]), (moved, depth)
     del keep
+
+
+def test_the_probe_looks_at_its_budget_inside_a_long_list_and_reads_few_graph_nodes():
+    """A list of 4,096 losses that keep their graphs: the probe stops at its budget inside the list
+    (it ran 89.9 ms against 8 before it looked there), and reads at most MAX_LINKS graph nodes."""
+    torch = pytest.importorskip("torch")
+    from gpumemdoctor._agent import probe as agent_probe
+
+    w = torch.randn(4, requires_grad=True)
+
+    def evaluate():
+        losses = [(w * i).sum() for i in range(4096)]
+        return _probe(torch, deadline_s=0.0005).run(), losses
+
+    found, _ = evaluate()
+    assert found["stopped"] == "time", found
+    assert found["graph_links"] <= agent_probe.MAX_LINKS

@@ -133,3 +133,14 @@ def test_a_growth_released_before_the_exit_search_is_named_by_the_probes_and_sai
     found, cause = probed.growth_suspects(unsearched, _growing_agent(), 0, released=False)
     assert cause["why_not"] == unsearched["why_not"] and cause["probed"]["step"] == 12
     assert found[0]["remedy"].startswith("A local variable of a function that is still running keeps them")
+
+
+def test_a_name_with_and_without_its_graph_mark_is_one_holder():
+    """`x[*]` (tensors without graphs) and `x[*] (holds its autograd graph)` are one list: its rows
+    are added up, and it is an autograd graph's holder when any of them chains."""
+    rows = probe(1, 1.0, temporaries=[("f() local x[*]", 64 * MiB, "f.py:3", 4, 0, 0),
+                                      ("f() local x[*] (holds its autograd graph)", 32 * MiB, "f.py:3", 2, 0, 12)])
+    (h,) = probed.holders(rows)
+    assert (h["bytes"], h["count"], h["chain"], h["kind"]) == (96 * MiB, 6, 12, "autograd-graph")
+    old = probe(1, 1.0, graphs=[("f() local total (holds its autograd graph)", 4, "f.py:3", 1, 812)])
+    assert probed.holders(old)[0]["nodes"] == 812  # a recording that counted the graph's nodes
