@@ -368,3 +368,18 @@ def test_the_probe_looks_at_its_budget_inside_a_long_list_and_reads_few_graph_no
     found, _ = evaluate()
     assert found["stopped"] == "time", found
     assert found["graph_links"] <= agent_probe.MAX_LINKS
+
+
+def test_the_probe_does_not_look_through_a_list_of_lists_of_numbers():
+    """Only a list whose items start with a tensor is read item by item one level further: a
+    dataset kept as lists of floats (5,000 x 1,000 here) costs the probe one look per list."""
+    torch = pytest.importorskip("torch")
+
+    def evaluate():
+        rows = [[0.5] * 1000 for _ in range(5000)]
+        pairs = [(torch.empty(3), torch.empty(5))]
+        return _probe(torch, deadline_s=0.2).run(), rows, pairs
+
+    found, *_ = evaluate()
+    # read within a budget of 0.2 s, after the rows (four million looks would have run past it)
+    assert found["stopped"] is None and {h[0]: h[1] for h in found["temporaries"]} == {"evaluate() local pairs[*]": 32}

@@ -131,10 +131,12 @@ class Probe:
             self._tensor(value, name, line, category)
         elif kind is list or kind is tuple or kind is dict:  # (islice: no copy of a big container)
             for v in islice(value.values() if kind is dict else value, MAX_ITEMS):
+                if self.stopped:
+                    break
                 if issubclass(type(v), self.tensor):
                     self._tensor(v, f"{name}[*]", line, category)
-                elif type(v) is tuple or type(v) is list:  # a list of (images, losses): its tensors too
-                    for w in islice(v, MAX_ITEMS):
+                elif (type(v) is tuple or type(v) is list) and v and issubclass(type(v[0]), self.tensor):
+                    for w in islice(v, MAX_ITEMS):  # a list of (images, losses): its tensors too
                         if issubclass(type(w), self.tensor):
                             self._tensor(w, f"{name}[*]", line, category)
         else:
@@ -168,7 +170,8 @@ class Probe:
         kind = type(v)
         if kind is dict or issubclass(type(v), self.tensor):
             return True
-        return (kind is list or kind is tuple) and len(v) > 0 and (type(v[0]) is tuple or issubclass(type(v[0]), self.tensor))
+        return ((kind is list or kind is tuple) and len(v) > 0
+                and (type(v[0]) is tuple or issubclass(type(v[0]), self.tensor)))
 
     def _module(self, module, name: str, line) -> None:
         try:
