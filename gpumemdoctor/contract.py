@@ -40,20 +40,20 @@ TRACE_MODES = ("auto", "on", "off")
 
 
 def max_pause_from_env(environ: Mapping[str, str]) -> float:
-    """The pause limit the supervisor asked for; the default where it is absent, not a number or out
-    of bounds."""
-    try:
-        value = float(environ.get(ENV_MAX_PAUSE, MAX_PAUSE_DEFAULT_S))
-    except (TypeError, ValueError):
-        return MAX_PAUSE_DEFAULT_S
-    return value if MAX_PAUSE_MIN_S <= value <= MAX_PAUSE_MAX_S else MAX_PAUSE_DEFAULT_S
+    """The pause limit the supervisor asked for (see _seconds_from_env)."""
+    return _seconds_from_env(environ, ENV_MAX_PAUSE, MAX_PAUSE_DEFAULT_S, MAX_PAUSE_MIN_S, MAX_PAUSE_MAX_S)
 
 
 def interval_from_env(environ: Mapping[str, str]) -> float:
-    """The interval the supervisor asked for; the default where it is absent, not a number or out
+    """The interval the supervisor asked for (see _seconds_from_env)."""
+    return _seconds_from_env(environ, ENV_INTERVAL, INTERVAL_DEFAULT_S, INTERVAL_MIN_S, INTERVAL_MAX_S)
+
+
+def _seconds_from_env(environ: Mapping[str, str], name: str, default: float, least: float, most: float) -> float:
+    """A number of seconds from the environment; the default where it is absent, not a number or out
     of bounds (the agent must start whatever its environment holds)."""
     try:
-        value = float(environ.get(ENV_INTERVAL, INTERVAL_DEFAULT_S))
+        value = float(environ.get(name, default))
     except (TypeError, ValueError):
-        return INTERVAL_DEFAULT_S
-    return value if INTERVAL_MIN_S <= value <= INTERVAL_MAX_S else INTERVAL_DEFAULT_S
+        return default
+    return value if least <= value <= most else default

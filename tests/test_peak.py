@@ -11,6 +11,7 @@ import time
 import pytest
 
 from gpumemdoctor._agent import peak as agent_peak
+from gpumemdoctor._agent import probe as agent_probe
 from gpumemdoctor.diagnosis import peak
 from gpumemdoctor.diagnosis.findings import PEAK_CATEGORIES, Breakdown
 from gpumemdoctor.recording import records
@@ -74,7 +75,7 @@ def test_the_capture_counts_the_stepped_optimizers_parts_once_each():
 
 
 def _probe(torch, deadline_s=1.0):
-    return agent_peak.Probe(torch, time.perf_counter() + deadline_s, on_device=lambda t: True)
+    return agent_probe.Probe(torch, time.perf_counter() + deadline_s, on_device=lambda t: True)
 
 
 def test_the_probe_names_the_locals_the_modules_and_a_running_sum_s_graph():
@@ -357,7 +358,7 @@ def test_the_probe_looks_at_its_budget_inside_a_long_list_and_reads_few_graph_no
     """A list of 4,096 losses that keep their graphs: the probe stops at its budget inside the list
     (it ran 89.9 ms against 8 before it looked there), and reads at most MAX_LINKS graph nodes."""
     torch = pytest.importorskip("torch")
-    from gpumemdoctor._agent import probe as agent_probe
+
 
     w = torch.randn(4, requires_grad=True)
 

@@ -146,8 +146,8 @@ def test_what_made_the_peak_is_a_table_of_the_largest_process_within_80_columns(
     assert not any("graphs kept" in line or "fragmentation" in line for line in lines)
     joined = " ".join(line.strip() for line in lines)
     assert "note: the holders of 768 MiB were not searched at this moment: read from the exit search" in joined
-    assert ("note: PyTorch's allocated peak reached 2.94 GiB by then, 192 MiB above this moment: tensors that "
-            "lived between two readings (a step's activations and temporaries)") in joined
+    assert ("note: PyTorch's allocated peak reached 2.94 GiB by then, 192 MiB above this moment, at a moment of "
+            "its own that this reading did not see (the counter is never reset: any before this one)") in joined
     # the other process: one line, its total and its two largest parts
     assert "also: process 99, GPU 0, at 2.0 s, step 7: 1.55 GiB (gradients 1.00 GiB, CUDA context 500 MiB)" in joined
 

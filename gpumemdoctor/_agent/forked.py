@@ -81,19 +81,25 @@ def calibrate(pause_s: float, size: int) -> None:
     del _measured[:-CALIBRATION_FORKS]
 
 
-def declined(spent_s: float = 0.0, limit_s: float = MAX_PAUSE_S) -> dict | None:
+def declined(spent_s: float = 0.0, limit_s: float | None = None, size: int | None = None) -> dict | None:
     """Why a copy would not be made now, with its figures (`why`, `pause_s`, `limit_s`,
-    `private_bytes`), or None. `spent_s`: the program has already paused this long for it."""
+    `private_bytes`), or None. `spent_s`: the program has already paused this long for it; `limit_s`:
+    MAX_PAUSE_S as it is when asked (a benchmark lifts it); `size`: the process's own memory, if read."""
+    limit_s = MAX_PAUSE_S if limit_s is None else limit_s
     if not hasattr(os, "fork"):
-        return {"why": "this platform has no fork", "pause_s": None, "limit_s": limit_s, "private_bytes": None}
-    size = private_bytes()
+        return _not_made("this platform has no fork", None, limit_s, None)
+    size = private_bytes() if size is None else size
     pause = expected_pause_s(size)
     if pause is None or pause + spent_s <= limit_s:
         return None
     pause += spent_s
-    return {"why": f"a copy of this process ({size / (1 << 30):.1f} GiB of its own memory) would pause it for "
-                   f"about {pause * 1000:.0f} ms; the limit is {limit_s * 1000:.0f} ms (run --max-pause)",
-            "pause_s": round(pause, 4), "limit_s": limit_s, "private_bytes": size}
+    return _not_made(f"a copy of this process ({size / (1 << 30):.1f} GiB of its own memory) would pause it for "
+                     f"about {pause * 1000:.0f} ms; the limit is {limit_s * 1000:.0f} ms (run --max-pause)",
+                     round(pause, 4), limit_s, size)
+
+
+def _not_made(why: str, pause_s: float | None, limit_s: float, size: int | None) -> dict:
+    return {"why": why, "pause_s": pause_s, "limit_s": limit_s, "private_bytes": size}
 
 
 class Copy:
@@ -128,14 +134,15 @@ class Copy:
         return True
 
 
-def start(search, deadline_s: float, spent_s: float = 0.0, limit_s: float = MAX_PAUSE_S) -> Copy | dict:
+def start(search, deadline_s: float, spent_s: float = 0.0, limit_s: float | None = None) -> Copy | dict:
     """Fork; in the copy, run `search()` and leave. In the program, a Copy, or why no copy was
     made (`declined`'s dict). `spent_s`: what the program has already paused for this copy."""
     global _in_copy
-    why = declined(spent_s, limit_s)
+    limit_s = MAX_PAUSE_S if limit_s is None else limit_s
+    size = private_bytes()  # (read once: the program is paused already)
+    why = declined(spent_s, limit_s, size)
     if why is not None:
         return why
-    size = private_bytes()
     t = time.monotonic()
     program = os.getpid()
     _in_copy = True
@@ -149,8 +156,7 @@ def start(search, deadline_s: float, spent_s: float = 0.0, limit_s: float = MAX_
             pause_s = time.perf_counter() - started
     except BaseException as exc:  # noqa: BLE001 - a failed fork must never reach the program
         _in_copy = False
-        return {"why": f"fork failed: {type(exc).__name__}: {exc}", "pause_s": None, "limit_s": MAX_PAUSE_S,
-                "private_bytes": size}
+        return _not_made(f"fork failed: {type(exc).__name__}: {exc}", None, limit_s, size)
     if pid == 0:
         _run_copy(search, deadline_s, program)  # never returns
     _in_copy = False

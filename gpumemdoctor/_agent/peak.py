@@ -30,8 +30,11 @@ import sys
 import threading
 import time
 import weakref
+from json.encoder import encode_basestring
 
 from . import main_thread
+# Imported with the agent, not at the first probe: an import there (compiled from source where
+# PYTHONDONTWRITEBYTECODE is set) would be part of the program's pause, as the search's once was.
 from .probe import Probe
 from .neutral import NO_ROOM, quiet_gc
 
@@ -100,13 +103,13 @@ class PeakWatch:
         sampler = self.agent.sampler
         rows = sampler.rows
         live = sampler.live
+        share = LATE_RISE if self.captures >= LATE_CAPTURES else RISE_SHARE
         for i in range(len(rows)):
             if not live[i]:
                 continue
             row = rows[i]
             total = row[5] or row[3] or 0
             best = self.best[i]
-            share = LATE_RISE if self.captures >= LATE_CAPTURES else RISE_SHARE
             if total < MIN_BYTES or total < best + RISE_BYTES or total < best * (1 + share):
                 continue
             self.best[i] = total
@@ -124,7 +127,7 @@ class PeakWatch:
                 self.pending_device = row[0]  # the probe counts this device's tensors only
             if by == "step" and threading.get_ident() == self.main_ident:
                 self.probe(self.captures)
-            elif self.agent.run_dir and self.probes < MAX_PROBES and not self.asked:
+            elif self.probes < MAX_PROBES and not self.asked:  # (check runs only with a run folder)
                 self.ask(self.captures)  # (after the pause's search, if one was asked for: see _on_main_thread)
             return time.thread_time() - thread_started  # one device a sample
         return 0.0
@@ -177,12 +180,7 @@ class PeakWatch:
             f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(self._paused())}}}')
 
     def _paused(self) -> bool:
-        agent = self.agent
-        if not agent.steps:
-            return False
-        watch = agent.phase_watch
-        least = 4 * watch.step_s
-        return time.monotonic() - agent.last_step_t >= (least if least > 0.05 else 0.05)
+        return bool(self.agent.steps) and self.agent.phase_watch.pausing(time.monotonic())
 
     def _main_thread_place(self):
         """The main thread's innermost frame in the program's own files ("file:line in f()"), and
@@ -283,6 +281,5 @@ def _bool(value: bool) -> str:
 
 
 def _text(value) -> str:
-    if value is None:
-        return "null"
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A JSON string (json's own C escaping: quotes, backslashes and control characters), or null."""
+    return "null" if value is None else encode_basestring(value)

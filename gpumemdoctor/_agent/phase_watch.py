@@ -83,8 +83,7 @@ class PhaseWatch:
             return
         if by != "time" or self.step_samples < MIN_STEP_SAMPLES:
             return
-        least = PAUSE_STEPS * self.step_s
-        if now - agent.last_step_t < (least if least > PAUSE_MIN_S else PAUSE_MIN_S):
+        if not self.pausing(now):
             return  # a slow step, sampled over time: not a pause
         self.paused = True
         if (self.asked or self.add_pending is None or self.searches >= MAX_PHASE_SEARCHES
@@ -102,6 +101,11 @@ class PhaseWatch:
                 elif self.traced_step != agent.steps or allocated >= self.traced_bytes + TRACED_BYTES:
                     self.ask("search")
                 return
+
+    def pausing(self, now: float) -> bool:
+        """No step for PAUSE_STEPS median steps (and PAUSE_MIN_S): the steps pause, a slow step does not."""
+        least = PAUSE_STEPS * self.step_s
+        return now - self.agent.last_step_t >= (least if least > PAUSE_MIN_S else PAUSE_MIN_S)
 
     def ask(self, action: str = "search") -> None:
         """Ask the main thread for the search (or the stacks), at its next bytecode boundary."""

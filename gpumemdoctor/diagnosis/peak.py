@@ -183,7 +183,7 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
     state = part("gradients") + part("optimizer-state")
     if c.in_pause and state >= max(MIN_FINDING_BYTES, STATE_SHARE * c.total_bytes):
         out.append(Finding(kind="state-at-evaluation", bytes=state, pid=c.pid, device=c.device,
-                           summary=f"{moment}, during a pause in the steps (an evaluation), gradients "
+                           summary=f"{moment}, during a pause in the steps (an evaluation, a validation), gradients "
                                    f"({fb(part('gradients'))}) and optimizer state ({fb(part('optimizer-state'))}) "
                                    "were held",
                            evidence={**evidence, "gradients_bytes": part("gradients"),
@@ -196,7 +196,9 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
         held = f" by {top['name']}" + (f" ({top['line']})" if top and top["line"] else "") if top else ""
         out.append(Finding(kind="avoidable-peak", bytes=graphs.bytes, pid=c.pid, device=c.device,
                            summary=f"{moment}, autograd graphs held{held} kept {fb(graphs.bytes)} of saved "
-                                   "tensors that no backward() would use",
+                                   "tensors, " + ("during a pause in the steps (an evaluation, a validation, the "
+                                                  "work after the last step)" if c.in_pause
+                                                  else "in a program that marks no steps"),
                            evidence={**evidence, "holder": top["name"] if top else None,
                                      "line": top["line"] if top else None},
                            remedy=FINDINGS["graphs-at-peak"]))

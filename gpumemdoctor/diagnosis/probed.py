@@ -17,7 +17,7 @@ in the recordings of 2026-11-25 that counted them, its graph's nodes).
 """
 from __future__ import annotations
 
-from . import remedies
+from .suspects import MAX_SUSPECTS, accumulation_suspect, declined
 from ..units import format_bytes as fb
 
 GRAPH_MARK = " (holds its autograd graph)"
@@ -28,7 +28,6 @@ MIN_NODES = 64  # graph nodes, in recordings that counted them (2026-11-25's), f
 MIN_BYTES = 16 << 20  # (the judgement's MIN_LEAK_BYTES) bytes a name must hold, or have grown by
 GROWTH_SHARE = 0.5  # of what allocated memory grew between two probes, that one name's growth must be
 CATEGORIES = ("kept-tensors", "temporaries")
-MAX_SUSPECTS = 5  # as suspects.py
 
 
 def holders(probe: dict) -> list[dict]:
@@ -149,7 +148,7 @@ def growth_suspects(searched: dict, agent, torch_index: int, released: bool) -> 
     if meta is None:
         return None
     if at_exit:
-        why = next((d["why"] for d in reversed(agent.root.get("declined", [])) if d["when"] == "growth"), None)
+        why = declined(agent.root, "growth")
         cause = {"searched": False, "probed": meta, "exit_search_t": searched["t"],
                  "why_not": f"the search at exit came after the memory was let go of"
                             f"{f'; the one during the run was not made ({why})' if why else ''}"}
@@ -184,11 +183,8 @@ def summary(a: dict) -> str:
 
 
 def suspect(a: dict, phase: bool = False, released: bool = False) -> dict:
-    """A suspect made of a probed holder, in the shape of suspects.accumulation_suspect's: no
-    allocating line (the probe reads names, not allocations), the remedy of its holder's kind."""
-    holder = {"path": a["path"], "pattern": a["pattern"], "kind": a["kind"], "count": a["count"],
-              "bytes": a["bytes"], "sizes": a["sizes"]}
-    situation = "phase" if phase else "released" if released else "leak"
-    return {"kind": "allocation", "bytes": a["bytes"], "count": a["count"], "where": None, "stack": [],
-            "thread": a["thread"], "holders": [holder], "unheld_bytes": None, "summary": summary(a),
-            "remedy": remedies.remedy(holder, None, situation)}
+    """A suspect made of a probed holder: the search's accumulation's, in the probe's words (no
+    allocating line: the probe reads names, not allocations)."""
+    made = accumulation_suspect(a, phase=phase, released=released)
+    made["summary"] = summary(a)
+    return made

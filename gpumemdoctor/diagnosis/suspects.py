@@ -409,8 +409,9 @@ def alike_text(a: dict) -> str:
     return f"{a['count']} {what}"
 
 
-def accumulation_suspect(a: dict, phase: bool = False) -> dict:
-    """A suspect made of a held accumulation (`phase`: gathered during a pause, let go of at its end)."""
+def accumulation_suspect(a: dict, phase: bool = False, released: bool = False) -> dict:
+    """A suspect made of a held accumulation (`phase`: gathered during a pause, let go of at its end;
+    `released`: held through the loop, let go of after it)."""
     holder = {"path": a["path"], "pattern": a["pattern"], "kind": a["kind"], "count": a["count"],
               "bytes": a["bytes"], "sizes": a["sizes"]}
     summary = f"{fb(a['bytes'])} in {alike_text(a)} held by {a['path']}"
@@ -423,7 +424,8 @@ def accumulation_suspect(a: dict, phase: bool = False) -> dict:
     return {"kind": "allocation", "bytes": a["bytes"], "count": a["count"], "where": a["where"],
             "stack": [a["where"]] if a["where"] else [], "thread": a["thread"], "holders": [holder],
             "unheld_bytes": None, "summary": summary,
-            "remedy": _remedy(holder, a["where"], a["thread"], situation="phase" if phase else "leak")}
+            "remedy": _remedy(holder, a["where"], a["thread"], released=released,
+                              situation="phase" if phase else "leak")}
 
 
 def unheld_suspect(u: dict) -> dict:

@@ -274,8 +274,8 @@ def allocated_peak_note(c: PeakComposition) -> str | None:
     if c.allocated_peak_bytes is None or c.allocated_peak_bytes <= c.allocated_bytes:
         return None
     return (f"PyTorch's allocated peak reached {fb(c.allocated_peak_bytes)} by then, "
-            f"{fb(c.allocated_peak_bytes - c.allocated_bytes)} above this moment: tensors that lived between "
-            "two readings (a step's activations and temporaries)")
+            f"{fb(c.allocated_peak_bytes - c.allocated_bytes)} above this moment, at a moment of its own "
+            "that this reading did not see (the counter is never reset: any before this one)")
 
 
 def share(part: int, total: int) -> str:
