@@ -214,6 +214,89 @@ def test_the_probe_runs_on_the_main_thread_when_the_agent_s_thread_asks(agent_an
     records.apply_record(root, "peak_probe", probes[0], 0.0)
 
 
+def _result_of(kind: str, ask):
+    """The main thread's place when a call asked of it from another thread runs: inside
+    time.sleep (a call that lets the GIL go, as a CUDA operation does) in each shape of statement."""
+    asker = threading.Timer(0.02, ask)
+    asker.start()
+    holder = type("Holder", (), {})()
+    if kind == "x = f()":
+        x = time.sleep(0.1)
+        del x
+    elif kind == "o.x = f()":
+        holder.x = time.sleep(0.1)
+    elif kind == "return f()":
+        return time.sleep(0.1)
+    else:  # "xs.append(f())": the list holds it once the call returns
+        xs = []
+        xs.append(time.sleep(0.1))
+    asker.join()
+
+
+def test_a_call_s_result_about_to_be_named_is_told_from_one_already_held():
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("pending calls run on the main thread")
+    from gpumemdoctor._agent import main_thread
+
+    seen = []
+    callback, add = main_thread.pending_call(lambda _: seen.append(main_thread.binding(sys._getframe(1))) or 0)
+    for kind in ("x = f()", "o.x = f()", "return f()", "xs.append(f())"):
+        _result_of(kind, lambda: main_thread.ask(add, callback))
+        for _ in range(1000):  # the program's bytecodes: the pending call runs between two of them
+            pass
+    assert seen == [True, True, True, False]
+
+
+def test_the_probe_waits_for_a_new_high_s_tensor_to_be_named(agent_and_clock, tmp_path):
+    """A new high seen while the call that made it runs: the probe, asked then, runs as the call
+    returns, before its result is named. It waits for the next sample instead, and names it."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("pending calls run on the main thread")
+    torch = pytest.importorskip("torch")
+    agent, clock = agent_and_clock
+    agent.torch.nn = torch.nn
+    agent.torch.Tensor = torch.Tensor
+    agent.torch._C = torch._C
+    watch = agent.peak_watch
+    # tensors on the CPU count as the capture's device here
+    watch.pending_device = 0
+    real_probe = agent_probe.Probe
+
+    def cpu_probe(torch_, deadline, on_device=None):
+        return real_probe(torch_, deadline, on_device=lambda t: True)
+
+    made = torch.futures.Future()
+
+    def operation():  # the agent's thread samples while the program waits for a result
+        clock.now += 1
+        agent.torch.set(GiB, GiB)
+        agent.sampler._sample("time", True)
+        made.set_result(torch.ones(1024))
+
+    agent_peak.Probe = cpu_probe
+    try:
+        asker = threading.Thread(target=operation, name="gpumemdoctor-agent")
+        asker.start()
+        wide = made.wait()  # a call that lets the GIL go, as a CUDA operation does, and returns a tensor
+        asker.join()
+        for _ in range(1000):
+            pass
+        first = [r for r in agent_records(tmp_path, agent) if r["type"] == "peak_probe"]
+        assert first == [] and watch.retry == 1 and watch.deferred == 1
+        again = threading.Thread(target=agent.sampler._sample, args=("time", True), name="gpumemdoctor-agent")
+        again.start()
+        again.join()
+        for _ in range(1000):
+            pass
+    finally:
+        agent_peak.Probe = real_probe
+    probes = [r for r in agent_records(tmp_path, agent) if r["type"] == "peak_probe"]
+    assert len(probes) == 1 and probes[0]["n"] == 1, probes
+    named = [h[0] for h in probes[0]["temporaries"]]
+    assert any("local wide" in n for n in named), probes[0]
+    del wide
+
+
 # -- the composition (diagnosis/peak.py), from SYNTHETIC records ------------------------------------
 
 class _Agent:

@@ -3,6 +3,7 @@ the search at an evaluation's height (phase_watch.py) and the probe of a peak (p
 no hook, nothing the program can see; the call runs where a step boundary's work would run."""
 from __future__ import annotations
 
+import opcode
 import os
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,6 +31,41 @@ def ask(add, callback) -> bool:
         return False
     try:
         return add(callback, None) == 0
+    except Exception:
+        return False
+
+
+# The call runs at the end of a call instruction (or at a loop's jump back): there, what the call
+# returned is still on the frame's stack, and `x = f()` names it only at the next instruction.
+_CALLS = frozenset(code for name, code in opcode.opmap.items() if name.startswith("CALL"))
+_BINDS = frozenset(code for name, code in opcode.opmap.items()
+                   if name.startswith(("STORE_", "UNPACK_", "RETURN_")))
+_OPERANDS = frozenset(code for name, code in opcode.opmap.items()  # `self.x = f()`: self is loaded first
+                      if name in ("LOAD_FAST", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CONST"))
+_CACHE = opcode.opmap.get("CACHE", -1)
+
+
+def binding(frame) -> bool:
+    """Whether `frame` stopped right after a call whose result it binds next (`x = f()`,
+    `self.x = f()`, `return f()`): the result has no name yet. Read from the code's bytes (Python
+    3.11+: the instruction at f_lasti, then the next ones, CACHE entries skipped); False where they
+    cannot be read."""
+    try:
+        code = frame.f_code.co_code
+        i = frame.f_lasti
+        if code[i] not in _CALLS:
+            return False
+        for _ in range(4):
+            i += 2
+            while i < len(code) and code[i] == _CACHE:
+                i += 2
+            if i >= len(code):
+                return False
+            if code[i] in _BINDS:
+                return True
+            if code[i] not in _OPERANDS:
+                return False
+        return False
     except Exception:
         return False
 

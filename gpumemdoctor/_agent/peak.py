@@ -15,7 +15,10 @@ the main thread, between two of its bytecodes (`Py_AddPendingCall`), for a probe
 PROBE_BUDGET_S: the tensors that the main module's globals and the locals of its running functions
 hold, one level down (containers, public attributes), the modules among them, and how long a chain
 of one operation the autograd graphs they carry repeat (a running sum's additions): probe.py. A
-capture made at a step boundary runs the probe there, on the program's thread. What autograd graphs save is read by the holder search, in a copy of the
+capture made at a step boundary runs the probe there, on the program's thread. A new high is
+often seen while the call that made it runs (`wide = data.float()`); the main thread then runs the
+probe as that call returns, before its result has a name: the probe waits for the next sample
+(at most MAX_DEFERRED times). What autograd graphs save is read by the holder search, in a copy of the
 process (diagnosis/peak.py takes it from a search made in the same pause); where no copy is made
 (the pause limit), the probes name the holders (diagnosis/probed.py).
 
@@ -47,6 +50,7 @@ LATE_CAPTURES = 8
 LATE_RISE = 0.10
 MAX_CAPTURES = 32
 MAX_PROBES = 16
+MAX_DEFERRED = 3  # samples a probe waits at most for a call's result to be named (_on_main_thread)
 PROBE_BUDGET_S = 0.008  # of the program's time, on its main thread, per probe
 MAX_OPTIMIZERS = 16
 
@@ -65,6 +69,8 @@ class PeakWatch:
         self.pending_capture = 0
         self.asked_t = 0.0
         self.pending_device = 0
+        self.deferred = 0  # times the pending probe waited for a call's result to be named
+        self.retry = 0  # the capture whose probe waits for the next sample
         self.callback = None
         self.add_pending = None
         self.main_ident = threading.main_thread().ident
@@ -98,6 +104,9 @@ class PeakWatch:
     def check(self, now: float, by: str) -> float:
         """After each sample (the sampler's lock held). Returns the thread time a capture (and its
         probe) took, which the sampler leaves out of its pace: a rare capture is not a sample's cost."""
+        if self.retry and not self.asked:  # a probe put off (see _on_main_thread): asked again
+            capture, self.retry = self.retry, 0
+            self.ask(capture)
         if self.captures >= MAX_CAPTURES:
             return 0.0
         sampler = self.agent.sampler
@@ -128,6 +137,8 @@ class PeakWatch:
             if by == "step" and threading.get_ident() == self.main_ident:
                 self.probe(self.captures)
             elif self.probes < MAX_PROBES and not self.asked:  # (check runs only with a run folder)
+                self.deferred = 0
+                self.retry = 0
                 self.ask(self.captures)  # (after the pause's search, if one was asked for: see _on_main_thread)
             return time.thread_time() - thread_started  # one device a sample
         return 0.0
@@ -216,11 +227,19 @@ class PeakWatch:
     def _on_main_thread(self, _) -> int:
         """Between two of the main thread's bytecodes (main_thread.py). Never raises. Not when the
         pause's search, asked for at the same sample and run just before, made a copy: the program
-        has paused for that already, and the copy reads more than the probe would."""
+        has paused for that already, and the copy reads more than the probe would. Put off to the
+        next sample (MAX_DEFERRED times) when the program is about to name what a call just returned
+        (`wide = data.float()`, a new high seen while the call ran): the probe would miss it."""
         try:
+            frame = sys._getframe(1)
+            if self.deferred < MAX_DEFERRED and main_thread.binding(frame):
+                self.deferred += 1
+                self.retry = self.pending_capture
+                self.asked = False
+                return 0
             self.asked = False
             copied = any(c.t >= self.asked_t for c in self.agent.growth_watch.copies)
-            if not copied and not main_thread.interrupted(sys._getframe(1)) and not self.agent.finished:
+            if not copied and not main_thread.interrupted(frame) and not self.agent.finished:
                 self.probe(self.pending_capture)
         except Exception:
             pass
