@@ -60,6 +60,43 @@ def test_captures_stop_at_their_bound_and_late_ones_need_a_larger_rise(agent_and
     assert all(b["reserved"] >= a["reserved"] * (1 + agent_peak.LATE_RISE) for a, b in zip(late, late[1:]))
 
 
+def test_a_rise_after_the_last_sample_is_captured_at_exit(agent_and_clock, tmp_path):
+    """A leak's highest moment is often its end: the exit's first reading is a capture when it is
+    a new high, marked as read at the end (never in a pause), and the composition says so."""
+    from gpumemdoctor._agent import exit as exit_probes
+
+    agent, clock = agent_and_clock
+    for level in (512 * MiB, GiB):
+        clock.now += 0.05
+        agent.torch.set(level, level)
+        agent.on_step(explicit=True)
+    clock.now += 5.0  # the program grows on after its last step, then ends
+    agent.torch.set(3 * GiB, 3 * GiB)
+    exit_probes.finish(agent)
+    found = captures(tmp_path, agent)
+    assert [c["reserved"] for c in found] == [512 * MiB, GiB, 3 * GiB]
+    last = found[-1]
+    assert last["inside"] == "exit" and last["where"] is None and last["paused"] is False
+    root = records.empty_root()
+    for c in found:
+        records.apply_record(root, "peak", c, 0.0)
+    composition, _ = peak.compose(_Agent(root["peaks"]), 0, breakdown(), "process 7 on GPU 0")
+    assert composition.total_bytes >= 3 * GiB
+    assert any("the exit's first reading" in n for n in composition.notes), composition.notes
+
+
+def test_an_end_below_the_highest_capture_is_no_capture(agent_and_clock, tmp_path):
+    from gpumemdoctor._agent import exit as exit_probes
+
+    agent, clock = agent_and_clock
+    clock.now += 0.05
+    agent.torch.set(2 * GiB, 2 * GiB)
+    agent.on_step(explicit=True)
+    agent.torch.set(GiB, GiB)
+    exit_probes.finish(agent)
+    assert [c["reserved"] for c in captures(tmp_path, agent)] == [2 * GiB]
+
+
 def test_the_capture_counts_the_stepped_optimizers_parts_once_each():
     torch = pytest.importorskip("torch")
     model = torch.nn.Linear(64, 64)
@@ -268,6 +305,12 @@ def test_the_probe_waits_for_a_new_high_s_tensor_to_be_named(agent_and_clock, tm
     made = torch.futures.Future()
 
     def operation():  # the agent's thread samples while the program waits for a result
+        from gpumemdoctor._agent import main_thread
+
+        main_ident = threading.main_thread().ident
+        until = time.monotonic() + 5
+        while not main_thread.binding(sys._current_frames()[main_ident]) and time.monotonic() < until:
+            time.sleep(0.001)  # until the program is inside made.wait()
         clock.now += 1
         agent.torch.set(GiB, GiB)
         agent.sampler._sample("time", True)

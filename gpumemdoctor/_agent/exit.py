@@ -144,6 +144,8 @@ def _exit_probes(agent, torch, parts: dict) -> None:
     try:
         end = agent.sampler.read_devices()  # the memory as the program left it
         agent.channel.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
+        agent.peak_watch.at_exit()  # the end as a new high: a leak's peak is often its end
+        took("peak")
         stats = agent.sampler.stats_fn or torch.cuda.memory_stats_as_nested_dict
         touched = [row[0] for row in end]
         parts.update(parts_of.measure_at_end(torch, stats, touched))

@@ -104,7 +104,7 @@ class PeakWatch:
     def check(self, now: float, by: str) -> float:
         """After each sample (the sampler's lock held). Returns the thread time a capture (and its
         probe) took, which the sampler leaves out of its pace: a rare capture is not a sample's cost."""
-        if self.retry and not self.asked:  # a probe put off (see _on_main_thread): asked again
+        if self.retry and not self.asked and by != "exit":  # a probe put off (_on_main_thread): asked again
             capture, self.retry = self.retry, 0
             self.ask(capture)
         if self.captures >= MAX_CAPTURES:
@@ -134,14 +134,28 @@ class PeakWatch:
                 cost["peak_capture_max_s"] = spent
             if not self.asked:
                 self.pending_device = row[0]  # the probe counts this device's tensors only
-            if by == "step" and threading.get_ident() == self.main_ident:
+            if (by == "step" or by == "exit") and threading.get_ident() == self.main_ident:
                 self.probe(self.captures)
-            elif self.probes < MAX_PROBES and not self.asked:  # (check runs only with a run folder)
+            elif self.probes < MAX_PROBES and not self.asked and by != "exit":  # (check runs only with a run folder)
                 self.deferred = 0
                 self.retry = 0
                 self.ask(self.captures)  # (after the pause's search, if one was asked for: see _on_main_thread)
             return time.thread_time() - thread_started  # one device a sample
         return 0.0
+
+    def at_exit(self) -> None:
+        """The exit's first reading (in the sampler's rows): a capture if it is a new high, probed
+        here when this is the main thread (its globals: the program's frames are gone). A leak's
+        highest moment is often its end, after the last sample."""
+        sampler = self.agent.sampler
+        if not self.agent.run_dir or not self.best:
+            return
+        locked = sampler.lock.acquire(timeout=0.05)
+        try:
+            self.check(time.monotonic(), "exit")
+        finally:
+            if locked:
+                sampler.lock.release()
 
     def _capture(self, i: int) -> None:
         """One capture's line."""
@@ -181,14 +195,14 @@ class PeakWatch:
             names = (f'{names},["{name}",{p_bytes},{g_bytes},{s_bytes}]' if names
                      else f'["{name}",{p_bytes},{g_bytes},{s_bytes}]')
             del opt
-        where, inside = self._main_thread_place()
+        where, inside = (None, "exit") if agent.finished else self._main_thread_place()
         self.captures += 1
         agent.channel.write_line(
             f'{{"type":"peak","n":{self.captures},"t":{time.monotonic()!r},"step":{agent.steps},'
             f'"device":{index},"allocated":{_int(row[1])},"reserved":{_int(row[3])},"nvml":{_int(row[5])},'
             f'"allocated_peak":{_int(row[6])},"inactive_split":{_int(split)},"parameters":{params},'
             f'"gradients":{grads},"optimizer_state":{state},"optimizers":[{names}],'
-            f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(self._paused())}}}')
+            f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(not agent.finished and self._paused())}}}')
 
     def _paused(self) -> bool:
         return bool(self.agent.steps) and self.agent.phase_watch.pausing(time.monotonic())

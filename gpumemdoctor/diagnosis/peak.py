@@ -136,6 +136,9 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
         notes.append("no optimizer stepped and no module was found in the program's names: parameters are "
                      "unclassified")
     add("unclassified", left, how=_unclassified_how(best))
+    if best.get("inside") == "exit":
+        notes.append("read at the program's end, by the exit's first reading: the memory rose after the last "
+                     "sample; the running functions' locals were gone by then")
     if len(captures) > 1:
         notes.append(f"the highest of {len(captures)} readings made at new highs of this process's memory")
     ordered = [parts[c] for c in PEAK_CATEGORIES if c in parts]
