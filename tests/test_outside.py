@@ -156,7 +156,10 @@ def test_the_recorded_threads_scenario_still_grows_past_warm_up():
     b = diagnosis.breakdowns[0]
     assert b.non_torch_bytes == b.non_torch_warmup_bytes + b.non_torch_cupy_bytes + b.non_torch_rest_bytes
     assert b.non_torch_cupy_bytes == 0  # CuPy was imported; its pool held nothing (raw mallocs)
-    assert finding.bytes == b.non_torch_rest_bytes == 192 * MIB  # the three mallocs after warm-up
+    # whole mallocs after warm-up (how many fell in it depends on when the first samples came: 3 or 4
+    # in the H100 recordings), at least two of them: growth
+    rest = b.non_torch_rest_bytes
+    assert finding.bytes == rest and rest % (64 * MIB) == 0 and 2 * 64 * MIB <= rest <= 5 * 64 * MIB
     assert finding.evidence["after_warmup"]["growing"] is True
 
 

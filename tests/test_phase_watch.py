@@ -271,3 +271,26 @@ def test_a_search_keeps_none_of_the_program_s_frames_alive(agent_and_clock, tmp_
     finally:
         if was:
             gc.enable()
+
+
+def test_a_rising_pause_is_sampled_at_least_every_rising_interval(agent_and_clock, tmp_path):
+    """A paced interval longer than a validation left it one sample on the H100: while a pause
+    rises above the steps, the agent's thread samples at least every RISING_INTERVAL_S, and at its
+    own pace again once the steps come back."""
+    from gpumemdoctor._agent.sampler import SamplingThread
+
+    agent, clock = agent_and_clock
+    thread = SamplingThread(agent)
+    steps(agent, clock, 150)
+    agent.sampler.interval_s = 0.2  # paced long
+    assert thread._interval() == 0.2
+    pause(agent, clock, [GiB + 100 * MiB], every_s=0.06)  # paused, not yet above the steps
+    agent.sampler.interval_s = 0.2  # (each sample paces it again)
+    assert thread._interval() == 0.2
+    pause(agent, clock, [GiB + 300 * MiB], every_s=0.06)
+    agent.sampler.interval_s = 0.2
+    assert agent.phase_watch.rising_step == agent.steps
+    assert thread._interval() == phase_watch.RISING_INTERVAL_S
+    steps(agent, clock, 1)
+    agent.sampler.interval_s = 0.2
+    assert thread._interval() == 0.2

@@ -17,6 +17,7 @@ import time
 
 from .events import import_in_progress
 from .neutral import NO_ROOM, Neutral
+from .phase_watch import RISING_INTERVAL_S
 
 MAX_INTERVAL_S = 5.0
 SAMPLES_PER_DOUBLING = 1000  # long runs sample more slowly so a recording stays small
@@ -350,16 +351,27 @@ class SamplingThread:
                 agent.attach_observers()
             self._wait_for_first_allocation()
             trace = agent.trace
-            while not self.nap(sampler.interval_s):
+            while not self.nap(self._interval()):
                 now = time.monotonic()
+                interval = self._interval()
                 # While the program marks steps, samples are taken at step boundaries instead.
-                if now - sampler.last_sample_t >= sampler.interval_s and now - agent.last_step_t >= sampler.interval_s:
+                if now - sampler.last_sample_t >= interval and now - agent.last_step_t >= interval:
                     sampler.sample("time")
                 if (trace.stop_at is not None and now >= trace.stop_at and not agent.steps
                         and not import_in_progress()):
                     trace.stop()  # growth seen over time: the stacks are turned off from here too
         except Exception:
             pass
+
+    def _interval(self) -> float:
+        """The interval in force, or RISING_INTERVAL_S while a pause in the steps rises above them
+        (phase_watch.py): its height comes within the pause."""
+        agent = self.agent
+        interval = agent.sampler.interval_s
+        rising = agent.phase_watch.rising_step
+        if rising >= 0 and rising == agent.steps and interval > RISING_INTERVAL_S:
+            return RISING_INTERVAL_S
+        return interval
 
     def nap(self, seconds: float) -> bool:
         """Sleep; True when the agent is stopping. Short naps with time.sleep, not
