@@ -100,3 +100,27 @@ def test_leaky_workloads_were_searched_during_the_run_or_said_why_not():
         made = [s for _, s in searches(report) if s["when"] in ("growth", "phase") and s["forked"]]
         assert made or any(d["when"] in ("growth", "phase") and d["pause_s"] > d["limit_s"] for d in declined), \
             path.stem
+
+
+# Recorded with copies allowed during the run (`run --max-pause 0.1`; tests/fixtures/corpus/README.md).
+DEEP = sorted((RECORDINGS / "max_pause").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", DEEP, ids=[p.stem for p in DEEP])
+def test_with_copies_allowed_a_phase_bound_holder_gets_its_allocating_line(path):
+    """At the default limit an evaluation's holder is named by the probe, without a line; with
+    `--max-pause 0.1` the search at the evaluation's height, in a copy, names it with the workload's
+    marked line, and the copy paused the program within that limit."""
+    report, recording = load(path)
+    workload = WORKLOADS[path.stem]
+    want = root_cause(workload)
+    diagnosis = diagnose(recording)
+    assert diagnosis.verdict in CLEAN
+    finding = next(f for f in diagnosis.findings if f.kind == want["suspects-on"])
+    top = finding.suspects[0]
+    assert top["holders"][0]["pattern"].startswith(want["holder"]), top
+    assert Path(top["where"][0]).name == workload.name and top["where"][1] == want["line"], top["where"]
+    phase = [s for _, s in searches(report) if s["when"] == "phase"]
+    assert phase and all(s["forked"] for s in phase)
+    cost = report["recording"]["agents"][0]["exit_info"]["cost"]
+    assert 0 < cost["search_pause_max_s"] <= 0.1

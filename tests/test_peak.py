@@ -253,21 +253,41 @@ def test_the_probe_runs_on_the_main_thread_when_the_agent_s_thread_asks(agent_an
 
 def _result_of(kind: str, ask):
     """The main thread's place when a call asked of it from another thread runs: inside
-    time.sleep (a call that lets the GIL go, as a CUDA operation does) in each shape of statement."""
-    asker = threading.Timer(0.02, ask)
-    asker.start()
+    lock.acquire (a call that lets the GIL go, as a CUDA operation does), in each shape of
+    statement. The asker asks once the main thread waits there, then lets it go on."""
+    lock = threading.Lock()
+    lock.acquire()
+    code = (_returned if kind == "return f()" else _result_of).__code__
+    main = threading.get_ident()
+
+    def asker():
+        until = time.perf_counter() + 5
+        while time.perf_counter() < until:
+            frame = sys._current_frames().get(main)
+            if frame is not None and frame.f_code is code:  # waiting in lock.acquire, called from here
+                break
+            time.sleep(0.001)
+        ask()
+        lock.release()
+
+    helper = threading.Thread(target=asker)
+    helper.start()
     holder = type("Holder", (), {})()
     if kind == "x = f()":
-        x = time.sleep(0.1)
+        x = lock.acquire()
         del x
     elif kind == "o.x = f()":
-        holder.x = time.sleep(0.1)
+        holder.x = lock.acquire()
     elif kind == "return f()":
-        return time.sleep(0.1)
+        _returned(lock)
     else:  # "xs.append(f())": the list holds it once the call returns
         xs = []
-        xs.append(time.sleep(0.1))
-    asker.join()
+        xs.append(lock.acquire())
+    helper.join()
+
+
+def _returned(lock):
+    return lock.acquire()
 
 
 def test_a_call_s_result_about_to_be_named_is_told_from_one_already_held():
@@ -284,9 +304,12 @@ def test_a_call_s_result_about_to_be_named_is_told_from_one_already_held():
     assert seen == [True, True, True, False]
 
 
-def test_the_probe_waits_for_a_new_high_s_tensor_to_be_named(agent_and_clock, tmp_path):
+@pytest.mark.parametrize("then", ["time sample", "step sample", "deferred enough"])
+def test_the_probe_waits_for_a_new_high_s_tensor_to_be_named(agent_and_clock, tmp_path, then, monkeypatch):
     """A new high seen while the call that made it runs: the probe, asked then, runs as the call
-    returns, before its result is named. It waits for the next sample instead, and names it."""
+    returns, before its result is named. It waits for the next sample instead (the agent's thread
+    asks again; a step sample probes at once, on the program's thread), and names it. Put off
+    MAX_DEFERRED times already (here: none allowed), it runs at once."""
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("pending calls run on the main thread")
     torch = pytest.importorskip("torch")
@@ -303,20 +326,27 @@ def test_the_probe_waits_for_a_new_high_s_tensor_to_be_named(agent_and_clock, tm
         return real_probe(torch_, deadline, on_device=lambda t: True)
 
     made = torch.futures.Future()
+    test_code = sys._getframe().f_code
 
     def operation():  # the agent's thread samples while the program waits for a result
         from gpumemdoctor._agent import main_thread
 
         main_ident = threading.main_thread().ident
         until = time.monotonic() + 5
-        while not main_thread.binding(sys._current_frames()[main_ident]) and time.monotonic() < until:
-            time.sleep(0.001)  # until the program is inside made.wait()
+        while time.monotonic() < until:  # until the program is inside made.wait(), called from the test
+            frame = sys._current_frames()[main_ident]
+            # (Future.wait is a Python method that returns the C call's result: its frame, or ours)
+            if test_code in (frame.f_code, frame.f_back.f_code) and main_thread.binding(frame):
+                break
+            time.sleep(0.001)
         clock.now += 1
         agent.torch.set(GiB, GiB)
         agent.sampler._sample("time", True)
         made.set_result(torch.ones(1024))
 
     agent_peak.Probe = cpu_probe
+    if then == "deferred enough":
+        monkeypatch.setattr(agent_peak, "MAX_DEFERRED", 0)
     try:
         asker = threading.Thread(target=operation, name="gpumemdoctor-agent")
         asker.start()
@@ -325,10 +355,17 @@ def test_the_probe_waits_for_a_new_high_s_tensor_to_be_named(agent_and_clock, tm
         for _ in range(1000):
             pass
         first = [r for r in agent_records(tmp_path, agent) if r["type"] == "peak_probe"]
+        if then == "deferred enough":
+            assert len(first) == 1 and watch.retry == 0, first  # at once, whatever it missed
+            return
         assert first == [] and watch.retry == 1 and watch.deferred == 1
-        again = threading.Thread(target=agent.sampler._sample, args=("time", True), name="gpumemdoctor-agent")
-        again.start()
-        again.join()
+        if then == "time sample":
+            again = threading.Thread(target=agent.sampler._sample, args=("time", True), name="gpumemdoctor-agent")
+            again.start()
+            again.join()
+        else:
+            clock.now += 0.01
+            agent.sampler._sample("step", False)  # at a step boundary, on the program's thread
         for _ in range(1000):
             pass
     finally:
@@ -337,6 +374,7 @@ def test_the_probe_waits_for_a_new_high_s_tensor_to_be_named(agent_and_clock, tm
     assert len(probes) == 1 and probes[0]["n"] == 1, probes
     named = [h[0] for h in probes[0]["temporaries"]]
     assert any("local wide" in n for n in named), probes[0]
+    assert watch.retry == 0
     del wide
 
 

@@ -291,6 +291,8 @@ def test_a_rising_pause_is_sampled_at_least_every_rising_interval(agent_and_cloc
     agent.sampler.interval_s = 0.2
     assert agent.phase_watch.rising_step == agent.steps
     assert thread._interval() == phase_watch.RISING_INTERVAL_S
+    clock.now += phase_watch.RISING_FOR_S + 0.1  # a pause that never ends is paced again
+    assert thread._interval() == 0.2
     steps(agent, clock, 1)
     agent.sampler.interval_s = 0.2
     assert thread._interval() == 0.2

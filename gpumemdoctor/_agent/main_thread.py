@@ -37,29 +37,32 @@ def ask(add, callback) -> bool:
 
 # The call runs at the end of a call instruction (or at a loop's jump back): there, what the call
 # returned is still on the frame's stack, and `x = f()` names it only at the next instruction.
-_CALLS = frozenset(code for name, code in opcode.opmap.items() if name.startswith("CALL"))
-_BINDS = frozenset(code for name, code in opcode.opmap.items()
-                   if name.startswith(("STORE_", "UNPACK_", "RETURN_")))
-_OPERANDS = frozenset(code for name, code in opcode.opmap.items()  # `self.x = f()`: self is loaded first
-                      if name in ("LOAD_FAST", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CONST"))
-_CACHE = opcode.opmap.get("CACHE", -1)
+# (3.11's specialised PRECALL makes some calls itself and stops there, before its CALL.)
+_OP = opcode.opmap
+_CALLS = frozenset(_OP[n] for n in ("CALL", "CALL_FUNCTION_EX", "CALL_KW", "PRECALL") if n in _OP)
+_BINDS = frozenset(code for name, code in _OP.items() if name.startswith(("STORE_", "UNPACK_", "RETURN_")))
+_OPERANDS = frozenset(_OP[n] for n in (  # what `self.a.x = f()`, `d[k] = f()`, `x = y = f()` load first
+    "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_LOAD_FAST", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF",
+    "LOAD_CONST", "LOAD_ATTR", "COPY") if n in _OP)
+_SKIPPED = frozenset(_OP[n] for n in ("CACHE", "EXTENDED_ARG", "PRECALL", "CALL") if n in _OP)
 
 
 def binding(frame) -> bool:
     """Whether `frame` stopped right after a call whose result it binds next (`x = f()`,
     `self.x = f()`, `return f()`): the result has no name yet. Read from the code's bytes (Python
-    3.11+: the instruction at f_lasti, then the next ones, CACHE entries skipped); False where they
-    cannot be read."""
+    3.11+: the instruction at f_lasti, then the next ones, CACHE and EXTENDED_ARG entries skipped,
+    and a PRECALL's CALL); False where they cannot be read."""
     try:
         code = frame.f_code.co_code
         i = frame.f_lasti
         if code[i] not in _CALLS:
             return False
-        for _ in range(4):
+        end = len(code)
+        for _ in range(6):
             i += 2
-            while i < len(code) and code[i] == _CACHE:
+            while i < end and code[i] in _SKIPPED:
                 i += 2
-            if i >= len(code):
+            if i >= end:
                 return False
             if code[i] in _BINDS:
                 return True

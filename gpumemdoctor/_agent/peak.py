@@ -51,6 +51,7 @@ LATE_RISE = 0.10
 MAX_CAPTURES = 32
 MAX_PROBES = 16
 MAX_DEFERRED = 3  # samples a probe waits at most for a call's result to be named (_on_main_thread)
+RETRY_S = 0.5  # a probe put off longer than this after its capture is dropped: what it saw has moved on
 PROBE_BUDGET_S = 0.008  # of the program's time, on its main thread, per probe
 MAX_OPTIMIZERS = 16
 
@@ -71,6 +72,7 @@ class PeakWatch:
         self.pending_device = 0
         self.deferred = 0  # times the pending probe waited for a call's result to be named
         self.retry = 0  # the capture whose probe waits for the next sample
+        self.exiting = False  # the exit's capture is being made (at_exit)
         self.callback = None
         self.add_pending = None
         self.main_ident = threading.main_thread().ident
@@ -104,9 +106,14 @@ class PeakWatch:
     def check(self, now: float, by: str) -> float:
         """After each sample (the sampler's lock held). Returns the thread time a capture (and its
         probe) took, which the sampler leaves out of its pace: a rare capture is not a sample's cost."""
-        if self.retry and not self.asked and by != "exit":  # a probe put off (_on_main_thread): asked again
+        if self.retry and not self.asked and by != "exit":  # a probe put off (_on_main_thread)
             capture, self.retry = self.retry, 0
-            self.ask(capture)
+            if time.monotonic() - self.asked_t > RETRY_S:  # (this module's clock, as asked_t's)
+                pass  # dropped: the moment it was to describe is gone
+            elif by == "step" and threading.get_ident() == self.main_ident:
+                self.probe(capture)  # a step boundary: the program's own thread, names bound
+            else:
+                self.ask(capture, again=True)
         if self.captures >= MAX_CAPTURES:
             return 0.0
         sampler = self.agent.sampler
@@ -135,7 +142,7 @@ class PeakWatch:
             if not self.asked:
                 self.pending_device = row[0]  # the probe counts this device's tensors only
             if (by == "step" or by == "exit") and threading.get_ident() == self.main_ident:
-                self.probe(self.captures)
+                self.probe(self.captures, row[0])
             elif self.probes < MAX_PROBES and not self.asked and by != "exit":  # (check runs only with a run folder)
                 self.deferred = 0
                 self.retry = 0
@@ -151,9 +158,11 @@ class PeakWatch:
         if not self.agent.run_dir or not self.best:
             return
         locked = sampler.lock.acquire(timeout=0.05)
+        self.exiting = True
         try:
             self.check(time.monotonic(), "exit")
         finally:
+            self.exiting = False
             if locked:
                 sampler.lock.release()
 
@@ -195,14 +204,14 @@ class PeakWatch:
             names = (f'{names},["{name}",{p_bytes},{g_bytes},{s_bytes}]' if names
                      else f'["{name}",{p_bytes},{g_bytes},{s_bytes}]')
             del opt
-        where, inside = (None, "exit") if agent.finished else self._main_thread_place()
+        where, inside = (None, "exit") if self.exiting else self._main_thread_place()
         self.captures += 1
         agent.channel.write_line(
             f'{{"type":"peak","n":{self.captures},"t":{time.monotonic()!r},"step":{agent.steps},'
             f'"device":{index},"allocated":{_int(row[1])},"reserved":{_int(row[3])},"nvml":{_int(row[5])},'
             f'"allocated_peak":{_int(row[6])},"inactive_split":{_int(split)},"parameters":{params},'
             f'"gradients":{grads},"optimizer_state":{state},"optimizers":[{names}],'
-            f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(not agent.finished and self._paused())}}}')
+            f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(not self.exiting and self._paused())}}}')
 
     def _paused(self) -> bool:
         return bool(self.agent.steps) and self.agent.phase_watch.pausing(time.monotonic())
@@ -231,9 +240,10 @@ class PeakWatch:
         return where, inside
 
     # -- the probes -------------------------------------------------------------------
-    def ask(self, capture: int) -> None:
+    def ask(self, capture: int, again: bool = False) -> None:
         self.pending_capture = capture
-        self.asked_t = time.monotonic()
+        if not again:  # (a probe asked again keeps its capture's time)
+            self.asked_t = time.monotonic()
         self.asked = True  # before the call is queued: the main thread may run it at once
         if not main_thread.ask(self.add_pending, self.callback):
             self.asked = False
@@ -246,20 +256,21 @@ class PeakWatch:
         (`wide = data.float()`, a new high seen while the call ran): the probe would miss it."""
         try:
             frame = sys._getframe(1)
-            if self.deferred < MAX_DEFERRED and main_thread.binding(frame):
+            inside = main_thread.interrupted(frame)  # the agent's own work, or an import: later
+            if self.deferred < MAX_DEFERRED and (inside or main_thread.binding(frame)):
                 self.deferred += 1
                 self.retry = self.pending_capture
                 self.asked = False
                 return 0
             self.asked = False
             copied = any(c.t >= self.asked_t for c in self.agent.growth_watch.copies)
-            if not copied and not main_thread.interrupted(frame) and not self.agent.finished:
+            if not copied and not inside and not self.agent.finished:
                 self.probe(self.pending_capture)
         except Exception:
             pass
         return 0
 
-    def probe(self, capture: int) -> None:
+    def probe(self, capture: int, device: int | None = None) -> None:
         """The tensors the program's names hold, on its own thread, within PROBE_BUDGET_S, with
         automatic collection held off. It makes few containers (Probe.run), and at most MAX_PROBES
         run in a process: unlike a reading, it does not go through `Neutral`, whose ballast is made
@@ -268,12 +279,11 @@ class PeakWatch:
             return
         self.probes += 1
         with quiet_gc():
-            self._probe(capture)
+            self._probe(capture, self.pending_device if device is None else device)
 
-    def _probe(self, capture: int) -> None:
+    def _probe(self, capture: int, device: int) -> None:
         started = time.perf_counter()
         try:
-            device = self.pending_device
             probe = Probe(self.agent.torch, started + PROBE_BUDGET_S,
                           on_device=lambda t: t.is_cuda and t.get_device() == device)
             probe.optimizers([ref() for ref in self.optimizers])

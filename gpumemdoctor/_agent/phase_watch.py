@@ -15,8 +15,9 @@ steps; at most MAX_PHASE_SEARCHES per process, one per pause, never while a copy
 --trace auto and no stacks being recorded, the first such sample of a pause asks for the stacks
 instead (trace.start("phase"), until the next step), and a later one, TRACED_BYTES higher, for
 the search: the pause's allocating line is then known. While a pause rises so (`rising_step`), the
-agent's thread samples at least every RISING_INTERVAL_S (sampler.py), so that a short evaluation
-gets its stacks, its height and its search before it ends, whatever the samples' pace.
+agent's thread samples at least every RISING_INTERVAL_S (sampler.py), for RISING_FOR_S at most, so
+that a short evaluation gets its stacks, its height and its search before it ends, whatever the
+samples' pace.
 
 Everything here on the sampling path is ints and floats kept in lists made once (`prepare`): it
 makes no container the program's collector would count, until a search is asked for.
@@ -38,6 +39,7 @@ STEP_WEIGHT = 0.1  # of the newest step in the running mean of the seconds per s
 # The longest interval between time samples while a pause rises above the steps. A Lightning
 # validation of 0.22 s on the H100 got one sample when a paced interval had grown to 0.21 s.
 RISING_INTERVAL_S = 0.05
+RISING_FOR_S = 5.0  # at most this long a pause: one that never ends (inference after training) is paced again
 
 
 class PhaseWatch:
@@ -57,7 +59,8 @@ class PhaseWatch:
         self.traced_bytes = 0
         self.action = "search"  # what the main thread is asked for: "trace" or "search"
         self.searches = 0
-        self.rising_step = -1  # the pause (its step count) that rose above the steps
+        self.rising_step = -1  # the pause (its step count) that rose above the steps, until when
+        self.rising_until = 0.0
         self.asked = False  # a search was asked for and has not run yet
         self.callback = None  # the C callback for Py_AddPendingCall, made once
         self.add_pending = None
@@ -100,7 +103,9 @@ class PhaseWatch:
             allocated = rows[i][1]
             if (live[i] and allocated is not None and allocated - self.level[i] >= PHASE_RISE_BYTES
                     and allocated > self.steps_peak[i]):
-                self.rising_step = agent.steps
+                if self.rising_step != agent.steps:
+                    self.rising_step = agent.steps
+                    self.rising_until = now + RISING_FOR_S
                 if trace.mode == "auto" and not trace.on and self.traced_step != agent.steps:
                     self.traced_step = agent.steps
                     self.traced_bytes = allocated

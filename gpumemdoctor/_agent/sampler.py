@@ -365,11 +365,12 @@ class SamplingThread:
 
     def _interval(self) -> float:
         """The interval in force, or RISING_INTERVAL_S while a pause in the steps rises above them
-        (phase_watch.py): its height comes within the pause."""
+        (phase_watch.py; RISING_FOR_S at most): its height comes within the pause."""
         agent = self.agent
         interval = agent.sampler.interval_s
-        rising = agent.phase_watch.rising_step
-        if rising >= 0 and rising == agent.steps and interval > RISING_INTERVAL_S:
+        watch = agent.phase_watch
+        if (watch.rising_step == agent.steps and interval > RISING_INTERVAL_S
+                and time.monotonic() < watch.rising_until):
             return RISING_INTERVAL_S
         return interval
 
