@@ -38,6 +38,7 @@ from json.encoder import encode_basestring
 from . import main_thread
 # Imported with the agent, not at the first probe: an import there (compiled from source where
 # PYTHONDONTWRITEBYTECODE is set) would be part of the program's pause, as the search's once was.
+from .blocks import is_library_file
 from .probe import Probe
 from .neutral import NO_ROOM, quiet_gc
 
@@ -224,8 +225,6 @@ class PeakWatch:
         except Exception:
             return None, None
         where = inside = None
-        from .blocks import is_library_file
-
         while frame is not None:
             code = frame.f_code
             name = code.co_filename
@@ -252,19 +251,22 @@ class PeakWatch:
         """Between two of the main thread's bytecodes (main_thread.py). Never raises. Not when the
         pause's search, asked for at the same sample and run just before, made a copy: the program
         has paused for that already, and the copy reads more than the probe would. Put off to the
-        next sample (MAX_DEFERRED times) when the program is about to name what a call just returned
-        (`wide = data.float()`, a new high seen while the call ran): the probe would miss it."""
+        next sample (MAX_DEFERRED times) when the program's own code is about to name what a call
+        just returned (`wide = data.float()`, a new high seen while the call ran): the probe would
+        miss it. Not in a library's frame: the probe reads no library's locals, and one that waits
+        there for each `x = f()` comes after an evaluation has ended (two corpus programs on the
+        H100 lost the holders at their evaluations' height so)."""
         try:
             frame = sys._getframe(1)
-            inside = main_thread.interrupted(frame)  # the agent's own work, or an import: later
-            if self.deferred < MAX_DEFERRED and (inside or main_thread.binding(frame)):
+            if (self.deferred < MAX_DEFERRED and not is_library_file(frame.f_code.co_filename)
+                    and main_thread.binding(frame)):
                 self.deferred += 1
                 self.retry = self.pending_capture
                 self.asked = False
                 return 0
             self.asked = False
             copied = any(c.t >= self.asked_t for c in self.agent.growth_watch.copies)
-            if not copied and not inside and not self.agent.finished:
+            if not copied and not main_thread.interrupted(frame) and not self.agent.finished:
                 self.probe(self.pending_capture)
         except Exception:
             pass
