@@ -166,8 +166,8 @@ def lasting_growth(xs: list[float], ys: list[int | None], warmup_x: float, min_s
     3. Lasting: the span after warm-up is cut into three consecutive windows of equal length
        (of equal count when one of them has no point), each window's lowest point its floor:
        samples come further apart as their cost or the run's length grows (the sampler's pacing),
-       and windows of equal count would then put most of a run's time into the last one. The series kept growing when the floor rose from
-       the first window to the second and from the second to the last, each by more than
+       and windows of equal count would then put most of a run's time into the last one. The
+       series kept growing when the floor rose from the first window to the second and from the second to the last, each by more than
        `tolerance_bytes`, and by at least `min_growth_bytes` in all: a rise that stops (the
        last of the kernels loading) or that comes once late in the run (an evaluation's new
        kernels) is not growth, and neither is a floor that falls back.

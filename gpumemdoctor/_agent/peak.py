@@ -109,12 +109,11 @@ class PeakWatch:
         probe) took, which the sampler leaves out of its pace: a rare capture is not a sample's cost."""
         if self.retry and not self.asked and by != "exit":  # a probe put off (_on_main_thread)
             capture, self.retry = self.retry, 0
-            if time.monotonic() - self.asked_t > RETRY_S:  # (this module's clock, as asked_t's)
-                pass  # dropped: the moment it was to describe is gone
-            elif by == "step" and threading.get_ident() == self.main_ident:
-                self.probe(capture)  # a step boundary: the program's own thread, names bound
-            else:
-                self.ask(capture, again=True)
+            if time.monotonic() - self.asked_t <= RETRY_S:  # (asked_t's clock); later, dropped: gone by
+                if by == "step" and threading.get_ident() == self.main_ident:
+                    self.probe(capture)  # a step boundary: the program's own thread, names bound
+                else:
+                    self.ask(capture, again=True)
         if self.captures >= MAX_CAPTURES:
             return 0.0
         sampler = self.agent.sampler

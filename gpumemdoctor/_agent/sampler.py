@@ -351,7 +351,8 @@ class SamplingThread:
                 agent.attach_observers()
             self._wait_for_first_allocation()
             trace = agent.trace
-            while not self.nap(self._interval()):
+            interval = self._interval()
+            while not self.nap(interval):
                 now = time.monotonic()
                 interval = self._interval()
                 # While the program marks steps, samples are taken at step boundaries instead.

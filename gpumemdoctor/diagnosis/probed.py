@@ -23,7 +23,7 @@ from ..units import format_bytes as fb
 GRAPH_MARK = " (holds its autograd graph)"
 LOCAL = "() local "
 MIN_CHAIN = 8  # links of one operation a name's graph must repeat to be named as an accumulation
-CHAIN_CAP = 32  # as _agent/peak.py's MAX_CHAIN: a chain this long may go on further
+CHAIN_CAP = 32  # as _agent/probe.py's MAX_CHAIN: a chain this long may go on further
 MIN_NODES = 64  # graph nodes, in recordings that counted them (2026-11-25's), for the same
 MIN_BYTES = 16 << 20  # (the judgement's MIN_LEAK_BYTES) bytes a name must hold, or have grown by
 GROWTH_SHARE = 0.5  # of what allocated memory grew between two probes, that one name's growth must be
@@ -92,8 +92,8 @@ def _probes(agent, torch_index: int, paused: bool | None = None) -> list[tuple[d
 
 def phase_holders(agent, torch_index: int, rise: int) -> tuple[list[dict], dict | None]:
     """What the names held at the highest probe made in a pause in the steps: the holders of at
-    least a quarter of the pause's rise, biggest first; else the one whose graph had the most
-    nodes. With the probe's figures (`meta`), or ([], None) when no probe was made in a pause."""
+    least a quarter of the pause's rise, biggest first; else the one whose graph chains the most
+    operations of one kind (MIN_CHAIN; in older recordings, the most nodes). With the probe's figures (`meta`), or ([], None) when no probe was made in a pause."""
     made = _probes(agent, torch_index, paused=True)
     if not made:
         return [], None
@@ -107,8 +107,9 @@ def phase_holders(agent, torch_index: int, rise: int) -> tuple[list[dict], dict 
 
 def growth_holders(agent, torch_index: int) -> tuple[list[dict], dict | None]:
     """The names whose tensors grew from the first probe that saw them to the last by MIN_BYTES and by
-    half of what allocated memory grew between those two moments, or whose graph grew by MIN_NODES
-    nodes: most grown first, each with its growth (`grew_bytes`, `grew_nodes`, `first_t`). ([], None)
+    half of what allocated memory grew between those two moments, or whose graph's chain grew by
+    MIN_CHAIN links (MIN_NODES nodes in older recordings): most grown first, each with its growth
+    (`grew_bytes`, `grew_chain`, `grew_nodes`, `first_t`). ([], None)
     without two probes."""
     made = _probes(agent, torch_index)
     if len(made) < 2:

@@ -131,7 +131,8 @@ def peak_section(compositions: list[PeakComposition], charts: dict[int, str], wi
         return ""
     e = html.escape
     out = ['<section id="peak-section"><h2>What made the peak</h2><p class="hint">Each process\'s highest '
-           "observed moment on each GPU, in its parts; the parts add up to the peak's total (NVML's figure for the process then, or the context and PyTorch's reserved memory without it). "
+           "observed moment on each GPU, in its parts; the parts add up to the peak's total (NVML's figure "
+           "for the process then, or the context and PyTorch's reserved memory without it). "
            "The chart stacks the memory over time (the CUDA context, PyTorch's allocated memory, its cache, "
            "and the rest NVML sees outside PyTorch); the dotted line is the peak's moment, the bar its parts."
            "</p>"]

@@ -23,7 +23,7 @@ from ..units import format_bytes as fb
 from . import _html_page as page
 from ._html_parts import (MAX_PEAK_CHARTS, OUTSIDE_PARTS, PARTS, bar_part, over_time, peak_figure, peak_section,
                           within)
-from .terminal import (DECIDED_BY, VERDICT_MEANING, peak_order, peaks_text, suspects_heading,
+from .terminal import (DECIDED_BY, VERDICT_MEANING, none_looked_for, peak_order, peaks_text, suspects_heading,
                        time_to_full_text)
 
 # Envelope buckets for the whole page, shared among its series: a series keeps at most about twice
@@ -389,10 +389,9 @@ def _finding(f: Finding) -> str:
 
 def _suspects(f: Finding) -> str:
     out = []
-    searched = f.evidence.get("root_cause")
-    if (f.kind in ("leak", "live-at-exit") and isinstance(searched, dict) and not searched.get("searched")
-            and not searched.get("probed")):
-        return f'<p class="searched">Suspects: none looked for: {_e(searched.get("why_not"))}.</p>'
+    why = none_looked_for(f)
+    if why is not None:
+        return f'<p class="searched">Suspects: none looked for: {_e(why)}.</p>'
     garbage = f.evidence.get("garbage")
     if f.kind == "garbage-cycle" and isinstance(garbage, dict) and garbage.get("types"):
         types = ", ".join(f"{name} ×{count}" for name, count in garbage["types"][:8])
@@ -400,7 +399,7 @@ def _suspects(f: Finding) -> str:
                    f'{_e(types)}</p>')
     if not f.suspects:
         return "".join(out)
-    out.append(f'<h4>{_e(suspects_heading(searched))}</h4><div class="suspects">')
+    out.append(f'<h4>{_e(suspects_heading(f.evidence.get("root_cause")))}</h4><div class="suspects">')
     for i, s in enumerate(f.suspects, 1):
         out.append(_suspect(i, s, f.remedy))
     out.append("</div>")

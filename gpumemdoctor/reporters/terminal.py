@@ -398,12 +398,21 @@ def suspects_heading(searched) -> str:
     return head
 
 
-def _suspects(table: Table, f) -> None:
-    """Where the memory was allocated and who holds it, biggest first."""
+def none_looked_for(f) -> str | None:
+    """Why a leak's or live-at-exit's holders were neither searched for nor probed, or None (the
+    HTML report's too)."""
     searched = f.evidence.get("root_cause")
     if (f.kind in ("leak", "live-at-exit") and isinstance(searched, dict) and not searched.get("searched")
             and not searched.get("probed")):
-        table.add_row("", Text(f"Suspects: none looked for: {searched.get('why_not')}.", style="italic"))
+        return str(searched.get("why_not"))
+    return None
+
+
+def _suspects(table: Table, f) -> None:
+    """Where the memory was allocated and who holds it, biggest first."""
+    why = none_looked_for(f)
+    if why is not None:
+        table.add_row("", Text(f"Suspects: none looked for: {why}.", style="italic"))
         return
     garbage = f.evidence.get("garbage")
     if f.kind == "garbage-cycle" and isinstance(garbage, dict) and garbage.get("types"):
@@ -412,6 +421,6 @@ def _suspects(table: Table, f) -> None:
                           f"cycles: {types}")
     if not f.suspects:
         return
-    table.add_row("", Text(suspects_heading(searched) + ":", style="bold"))
+    table.add_row("", Text(suspects_heading(f.evidence.get("root_cause")) + ":", style="bold"))
     for i, s in enumerate(f.suspects, 1):
         table.add_row("", f" {i}. {s['summary']}")
