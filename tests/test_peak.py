@@ -493,6 +493,29 @@ def test_the_allocated_peak_counter_above_the_reading_is_kept_and_drawn():
     assert "inside backward()" in c.part("unclassified").how
 
 
+@pytest.mark.parametrize("cublas, shown", [
+    # leak_training_list on the H100: 65.0 MiB unclassified in an optimizer's step, all of it cuBLAS's
+    # workspaces as measured at exit (the exit's breakdown: 65.0 MiB of the live tensors)
+    (GiB, "cuBLAS workspaces at exit 1.00 GiB"),
+    # peak_adamw: 577 MiB unclassified, 65.0 MiB of it the workspaces, the rest AdamW's temporaries
+    (65 * MiB, "cuBLAS workspaces at exit 65.0 MiB; the rest read inside an optimizer's step: its temporaries"),
+    (None, "read inside an optimizer's step: its temporaries"),
+])
+def test_unclassified_memory_names_cublas_s_workspaces_as_measured_at_exit(cublas, shown):
+    from gpumemdoctor.reporters import terminal
+
+    b = breakdown()
+    b.cublas_workspace_bytes = cublas
+    c, _ = peak.compose(_Agent([capture(inside="optimizer step")]), 0, b, "p")
+    part = c.part("unclassified")
+    assert part.bytes == GiB  # the parts still add up: the workspaces are named inside the rest, not moved
+    assert sum(p.bytes for p in c.parts) == c.total_bytes
+    assert terminal.unclassified_reason(part) == shown
+    if cublas:
+        assert part.holders == [{"name": "cuBLAS workspaces at exit", "bytes": min(cublas, GiB), "line": None}]
+        assert "not read at this moment" in part.how
+
+
 
 
 def test_a_probe_barely_moves_the_collector_s_count(agent_and_clock, tmp_path):

@@ -152,6 +152,25 @@ def test_what_made_the_peak_is_a_table_of_the_largest_process_within_80_columns(
     assert "also: process 99, GPU 0, at 2.0 s, step 7: 1.55 GiB (gradients 1.00 GiB, CUDA context 500 MiB)" in joined
 
 
+@pytest.mark.parametrize("inside, shown", [
+    ("optimizer step", "read inside an optimizer's step: its temporaries"),
+    ("backward", "read while the program was inside backward(): activations saved"),
+    (None, None),
+])
+def test_an_unclassified_part_says_where_it_was_read_when_that_tells_what_it_is(inside, shown):
+    from gpumemdoctor.diagnosis.peak import _unclassified_how
+    from tests.peak_samples import MiB, composition
+
+    c = composition(parameters=512 * MiB, unclassified=577 * MiB, context=500 * MiB)
+    part = next(p for p in c.parts if p.category == "unclassified")
+    part.holders, part.how = [], _unclassified_how({"inside": inside} if inside else {})
+    row = next(line for line in _drawn_peak([c], width=200).splitlines() if "unclassified" in line)
+    if shown:
+        assert row.split("%", 1)[1].strip().startswith(shown)
+    else:
+        assert row.rstrip().endswith("%")  # nothing told: the holder's column stays empty
+
+
 def test_a_peak_context_of_0_bytes_is_still_drawn_and_a_pause_is_said():
     from tests.peak_samples import MiB, composition
 

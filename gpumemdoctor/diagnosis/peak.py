@@ -16,7 +16,9 @@ How each part is recognised:
   steps (an evaluation), found held through autograd graphs (holder kind `autograd-graph`): the
   search that found the most, at its own moment, which can be below the peak's;
 - unclassified: the rest of the allocated memory, never guessed at (what the main thread was
-  running says where it came from: inside backward(), activations and gradients being made).
+  running says where it came from: inside backward(), activations and gradients being made); of it,
+  cuBLAS's workspaces as measured at exit, where they were (they stay from a stream's first matrix
+  product on, and are not read at the peak).
 """
 from __future__ import annotations
 
@@ -135,7 +137,11 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
     if not optimizers and not (probe and probe.get("parameters_bytes")):
         notes.append("no optimizer stepped and no module was found in the program's names: parameters are "
                      "unclassified")
-    add("unclassified", left, how=_unclassified_how(best))
+    # cuBLAS's workspaces are allocated tensors that nothing in Python holds; their size is read only
+    # at exit (what clearing them frees), and they stay from a stream's first matrix product on.
+    cublas = min(b.cublas_workspace_bytes or 0, left)
+    cublas_holder = [{"name": "cuBLAS workspaces at exit", "bytes": cublas, "line": None}] if cublas else []
+    add("unclassified", left, cublas_holder, how=_unclassified_how(best, cublas, left - cublas))
     if best.get("inside") == "exit":
         notes.append("read at the program's end, by the exit's first reading: the memory rose after the last "
                      "sample; the running functions' locals were gone by then")
@@ -232,14 +238,23 @@ def _graphs_from_search(agent, torch_index: int, capture: dict) -> tuple[int, li
     return best
 
 
-def _unclassified_how(capture: dict) -> str:
+def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None) -> str:
+    """HOW's words, then what is known of the part: cuBLAS's workspaces as measured at exit, and where
+    the main thread was when the rest was read (each after '; ', the terminal shows them)."""
+    out = HOW["unclassified"]
+    if cublas:
+        out += (f"; of it, cuBLAS's workspaces, {fb(cublas)} at exit (kept from a stream's first matrix "
+                "product on; not read at this moment)")
+    if rest is not None and rest < MIN_HOLDER_BYTES:  # all of it the workspaces
+        return out
+    rest_read = "; the rest read" if cublas else "; read"
     inside = capture.get("inside")
     if inside == "backward":
-        return (HOW["unclassified"] + "; read while the program was inside backward(): activations saved "
-                "for backward, gradients being made and backward's temporaries")
+        return (out + f"{rest_read} while the program was inside backward(): activations saved for backward, "
+                "gradients being made and backward's temporaries")
     if inside == "optimizer step":
-        return HOW["unclassified"] + "; read inside an optimizer's step: its temporaries"
-    return HOW["unclassified"]
+        return out + f"{rest_read} inside an optimizer's step: its temporaries"
+    return out
 
 
 def _libraries(agent) -> str:

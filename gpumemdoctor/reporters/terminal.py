@@ -278,6 +278,15 @@ def allocated_peak_note(c: PeakComposition) -> str | None:
             "that this reading did not see (the counter is never reset: any before this one)")
 
 
+def unclassified_reason(p) -> str:
+    """What is known of an unclassified part: cuBLAS's workspaces at exit, and where the rest was read
+    where that tells what it is ('the rest read inside an optimizer's step: its temporaries');
+    diagnosis/peak.py appends them to the part's `how`, each after '; '."""
+    said = [holder_text(h) for h in p.holders[:1]]
+    said += [s for s in (p.how or "").split("; ")[1:] if s.startswith(("read ", "the rest read "))]
+    return "; ".join(said)
+
+
 def share(part: int, total: int) -> str:
     return f"{part / total * 100:.0f}%" if total else "-"
 
@@ -298,7 +307,8 @@ def _peak_compositions(console: Console, diagnosis: Diagnosis) -> None:
     table.add_column("share", justify="right", no_wrap=True)
     table.add_column("largest holder, its line", overflow="fold")
     for p in shown_parts(top):
-        holder = holder_text(p.holders[0]) if p.holders else ""
+        holder = (unclassified_reason(p) if p.category == "unclassified"
+                  else holder_text(p.holders[0]) if p.holders else "")
         table.add_row(f"  {peak_label(p.category)}", fb(p.bytes), share(p.bytes, top.total_bytes), holder)
     console.print(table)
     lines = [("  note:", note) for note in [*top.notes, allocated_peak_note(top)] if note]
