@@ -124,3 +124,28 @@ def test_with_copies_allowed_a_phase_bound_holder_gets_its_allocating_line(path)
     assert phase and all(s["forked"] for s in phase)
     cost = report["recording"]["agents"][0]["exit_info"]["cost"]
     assert 0 < cost["search_pause_max_s"] <= 0.1
+
+
+@pytest.mark.parametrize("name, holder", [
+    # The evaluation's graphs: evaluate()'s running sum (a probe names it; no copy was searched).
+    ("hf_eval_without_no_grad", "evaluate() at hf_eval_without_no_grad.py:34 local total carried an autograd graph"),
+    # The validation's outputs, a list on the module, held until the epoch's end.
+    ("lightning_validation_cleared", "global model.validation_step_outputs[*]"),
+])
+def test_an_evaluation_s_peak_is_read_at_its_height_not_in_the_cache_it_left(name, holder):
+    """NVML's highest reading of these runs came just after the evaluation let its memory go: most of
+    it was PyTorch's cache (17.2 GiB of 18.4 on the H100, for GPT-2). What made the peak is read at
+    the reading with the most memory in use, and says so."""
+    from gpumemdoctor.reporters.terminal import holder_text, unclassified_reason
+
+    report, recording = load(RECORDINGS / f"{name}.json")
+    (c,) = [c for c in diagnose(recording).peak_compositions if c.pid == recording.target_pid]
+    captures = next(a for a in report["recording"]["agents"] if a["pid"] == c.pid)["root"]["peaks"]
+    highest = max(captures, key=lambda x: x["nvml"])
+    assert c.t < highest["t"] and c.in_pause, (c.t, highest["t"])
+    cache = c.part("cache").bytes if c.part("cache") else 0
+    assert cache < 0.05 * c.total_bytes, c.parts
+    assert any(n.startswith("the reading with the most memory in use: NVML's highest") for n in c.notes), c.notes
+    told = [unclassified_reason(p) if p.category == "unclassified" else holder_text(p.holders[0])
+            for p in c.parts if p.holders or p.category == "unclassified"]
+    assert any(holder in text for text in told), told

@@ -487,10 +487,65 @@ def test_no_capture_no_composition_and_a_missing_context_is_said():
 def test_the_allocated_peak_counter_above_the_reading_is_kept_and_drawn():
     from gpumemdoctor.reporters import terminal
 
-    c, _ = peak.compose(_Agent([capture(allocated_peak=3 * GiB + 700 * MiB, inside="backward")]), 0, breakdown(), "p")
+    probe = {"n": 1, "t": 5.0, "elapsed_s": 0.001}
+    c, _ = peak.compose(_Agent([capture(allocated_peak=3 * GiB + 700 * MiB, inside="backward")], [probe]), 0,
+                        breakdown(), "p")
     assert c.allocated_peak_bytes == 3 * GiB + 700 * MiB
     assert "700 MiB above this moment" in terminal.allocated_peak_note(c)
     assert "inside backward()" in c.part("unclassified").how
+    # without a probe, kept tensors and graphs are in the rest too: where it was read tells nothing
+    c, _ = peak.compose(_Agent([capture(inside="backward")]), 0, breakdown(), "p")
+    assert c.part("unclassified").how == peak.HOW["unclassified"]
+    # a few MiB above the moment are its own small tensors come and gone: not said
+    c, _ = peak.compose(_Agent([capture(allocated_peak=3 * GiB + 3 * MiB)]), 0, breakdown(), "p")
+    assert terminal.allocated_peak_note(c) is None
+
+
+def evaluation_then_cache(**after) -> list[dict]:
+    """An evaluation at its height (16 GiB allocated), then the next new high just after it let go:
+    its memory is the allocator's cache, and PyTorch's allocated peak counter says it rose higher."""
+    height = capture(1, t=12.8, allocated=16 * GiB, reserved=16 * GiB, nvml=17 * GiB, allocated_peak=16 * GiB,
+                     paused=True)
+    later = capture(2, t=12.9, allocated=GiB, reserved=18 * GiB, nvml=18 * GiB + 800 * MiB,
+                    allocated_peak=17 * GiB + 600 * MiB, paused=False)
+    return [height, {**later, **after}]
+
+
+def test_an_evaluation_s_peak_is_read_at_its_height_when_the_highest_reading_is_its_cache():
+    c, _ = peak.compose(_Agent(evaluation_then_cache()), 0, breakdown(), "process 7 on GPU 0")
+    assert c.t == 12.8 and c.in_pause and c.total_bytes == 17 * GiB
+    assert c.part("cache") is None  # reserved == allocated at the height
+    note = next(n for n in c.notes if n.startswith("the reading with the most memory in use"))
+    assert "NVML's highest, 18.8 GiB at 12.9 s, held 17.0 GiB of PyTorch's cache" in note, note
+    assert "rose 1.59 GiB above this reading's at a moment between the two" in note, note
+
+
+@pytest.mark.parametrize("after, why", [
+    # tensors of varying shapes: each size cached apart, a cache that no moment filled (the counter
+    # below ONE_MOMENT of reserved): the cache itself made the peak
+    ({"reserved": 24 * GiB, "nvml": 25 * GiB, "allocated_peak": 16 * GiB + 100 * MiB}, "no moment filled the cache"),
+    # a capture hardly busier: the highest stays (BUSIER_BYTES, BUSIER_SHARE)
+    ({"allocated": 15 * GiB, "reserved": 16 * GiB + 512 * MiB, "nvml": 17 * GiB + 512 * MiB,
+      "allocated_peak": 16 * GiB + 100 * MiB}, "hardly busier"),
+])
+def test_the_highest_reading_stays_unless_a_busier_one_tells_more(after, why):
+    c, _ = peak.compose(_Agent(evaluation_then_cache(**after)), 0, breakdown(), "p")
+    assert c.t == 12.9, why
+    assert not any(n.startswith("the reading with the most memory in use") for n in c.notes), c.notes
+
+
+def test_an_unclassified_part_names_the_graph_the_probe_found_repeating_one_operation():
+    from gpumemdoctor.reporters import terminal
+
+    probe = {"n": 1, "t": 5.0, "elapsed_s": 0.001, "graph_links": 40,
+             "graph_holders": [["evaluate() local total (holds its autograd graph)", 4, "eval.py:34", 1, 0, 32]]}
+    c, _ = peak.compose(_Agent([capture(1, paused=True)], [probe]), 0, breakdown(), "p")
+    assert terminal.unclassified_reason(c.part("unclassified")) == (
+        "read while evaluate() at eval.py:34 local total carried an autograd graph that chains 32+ operations "
+        "of one kind")
+    short = {**probe, "graph_holders": [["evaluate() local total (holds its autograd graph)", 4, "eval.py:34", 1, 0, 3]]}
+    c, _ = peak.compose(_Agent([capture(1, paused=True)], [short]), 0, breakdown(), "p")
+    assert terminal.unclassified_reason(c.part("unclassified")) == ""  # 3 links: no accumulation
 
 
 @pytest.mark.parametrize("cublas, shown", [
@@ -506,7 +561,7 @@ def test_unclassified_memory_names_cublas_s_workspaces_as_measured_at_exit(cubla
 
     b = breakdown()
     b.cublas_workspace_bytes = cublas
-    c, _ = peak.compose(_Agent([capture(inside="optimizer step")]), 0, b, "p")
+    c, _ = peak.compose(_Agent([capture(inside="optimizer step")], [{"n": 1, "t": 5.0, "elapsed_s": 0.001}]), 0, b, "p")
     part = c.part("unclassified")
     assert part.bytes == GiB  # the parts still add up: the workspaces are named inside the rest, not moved
     assert sum(p.bytes for p in c.parts) == c.total_bytes

@@ -163,7 +163,7 @@ def test_an_unclassified_part_says_where_it_was_read_when_that_tells_what_it_is(
 
     c = composition(parameters=512 * MiB, unclassified=577 * MiB, context=500 * MiB)
     part = next(p for p in c.parts if p.category == "unclassified")
-    part.holders, part.how = [], _unclassified_how({"inside": inside} if inside else {})
+    part.holders, part.how = [], _unclassified_how({"inside": inside}, probe={"n": 1, "elapsed_s": 0.001})
     row = next(line for line in _drawn_peak([c], width=200).splitlines() if "unclassified" in line)
     if shown:
         assert row.split("%", 1)[1].strip().startswith(shown)

@@ -22,6 +22,7 @@ How each part is recognised:
 """
 from __future__ import annotations
 
+from . import probed
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS
 from ..units import format_bytes as fb
@@ -33,6 +34,9 @@ STATE_SHARE = 0.25  # of the peak: gradients and optimizer state held through an
 GRAPHS_SHARE = 0.20  # of the allocated memory: graphs kept by the program's names in a pause
 MIN_HOLDER_BYTES = 64 << 10  # a holder smaller than this is not named (a scalar loss, a step count)
 PROBE_PARTS = ("parameters", "temporaries", "kept-tensors")
+BUSIER_BYTES = 256 << 20  # a capture with this much more memory in use than NVML's highest
+BUSIER_SHARE = 0.10  # and this share of the highest tells what made the peak instead (_busiest)
+ONE_MOMENT = 0.8  # of the highest's reserved memory, that PyTorch's allocated peak counter must reach
 
 HOW = {
     "context": "the CUDA context, read at the process's first allocation",
@@ -60,7 +64,7 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
     def total(c: dict) -> int:
         return c["nvml"] if c["nvml"] else (context or 0) + (c["reserved"] or 0)
 
-    best = max(captures, key=total)
+    best, highest = _busiest(captures, total)
     probe = next((p for p in agent.root.get("peak_probes", []) if p["n"] == best["n"]), None)
     peak_total = total(best)
     allocated = best["allocated"] or 0
@@ -141,7 +145,11 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
     # at exit (what clearing them frees), and they stay from a stream's first matrix product on.
     cublas = min(b.cublas_workspace_bytes or 0, left)
     cublas_holder = [{"name": "cuBLAS workspaces at exit", "bytes": cublas, "line": None}] if cublas else []
-    add("unclassified", left, cublas_holder, how=_unclassified_how(best, cublas, left - cublas))
+    add("unclassified", left, cublas_holder, how=_unclassified_how(best, cublas, left - cublas, probe))
+    if highest is not None:
+        notes.append(f"the reading with the most memory in use: NVML's highest, {fb(total(highest))} at "
+                     f"{highest['t']:.1f} s, held {fb(_cache(highest))} of PyTorch's cache (memory freed and kept "
+                     "for reuse)" + _risen(best, highest))
     if best.get("inside") == "exit":
         notes.append("read at the program's end, by the exit's first reading: the memory rose after the last "
                      "sample; the running functions' locals were gone by then")
@@ -156,6 +164,41 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
     return composition, findings(composition, best, where)
 
 
+
+
+def _cache(capture: dict) -> int:
+    """Reserved, neither allocated nor split: what the allocator keeps of memory freed."""
+    allocated = capture["allocated"] or 0
+    free = max(capture["reserved"] or 0, allocated) - allocated
+    return free - min(capture["inactive_split"] or 0, free)
+
+
+def _busiest(captures: list[dict], total) -> tuple[dict, dict | None]:
+    """The capture whose parts tell what made the peak, and NVML's highest where that is another.
+    The highest total, unless another capture had more in use (all but the allocator's cache) by
+    BUSIER_BYTES and BUSIER_SHARE of it, and the highest's cache was allocated memory once: PyTorch's
+    allocated peak counter there covers ONE_MOMENT of its reserved memory. After an evaluation that
+    freed its graphs, the next new high is mostly the cache they left (an H100's GPT-2 evaluation
+    without no_grad: 17.2 GiB of 18.4); a cache that no moment filled (tensors of varying shapes,
+    each size cached apart) is itself what made the peak."""
+    highest = max(captures, key=total)
+    busiest = max(captures, key=lambda c: total(c) - _cache(c))
+    more = (total(busiest) - _cache(busiest)) - (total(highest) - _cache(highest))
+    reserved = max(highest["reserved"] or 0, highest["allocated"] or 0)
+    once = (highest["allocated_peak"] or 0) >= ONE_MOMENT * reserved
+    if once and more > max(BUSIER_BYTES, BUSIER_SHARE * total(highest)):
+        return busiest, highest
+    return highest, None
+
+
+def _risen(busiest: dict, highest: dict) -> str:
+    """What PyTorch's allocated peak counter, read at NVML's highest, says of the moments between."""
+    seen = max(busiest["allocated"] or 0, busiest["allocated_peak"] or 0)
+    counter = highest["allocated_peak"] or 0
+    if counter <= seen:
+        return ""
+    return (f"; PyTorch's allocated peak counter, {fb(counter)} there, says its allocated memory rose "
+            f"{fb(counter - seen)} above this reading's at a moment between the two")
 
 
 def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
@@ -238,14 +281,17 @@ def _graphs_from_search(agent, torch_index: int, capture: dict) -> tuple[int, li
     return best
 
 
-def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None) -> str:
+def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None, probe: dict | None = None) -> str:
     """HOW's words, then what is known of the part: cuBLAS's workspaces as measured at exit, and where
-    the main thread was when the rest was read (each after '; ', the terminal shows them)."""
+    the main thread was when the rest was read, or the name whose autograd graph the probe found
+    repeating one operation (each after '; ', the terminal shows them)."""
     out = HOW["unclassified"]
     if cublas:
         out += (f"; of it, cuBLAS's workspaces, {fb(cublas)} at exit (kept from a stream's first matrix "
                 "product on; not read at this moment)")
     if rest is not None and rest < MIN_HOLDER_BYTES:  # all of it the workspaces
+        return out
+    if not probe or "error" in probe:  # kept tensors, graphs and temporaries not told apart: no guess
         return out
     rest_read = "; the rest read" if cublas else "; read"
     inside = capture.get("inside")
@@ -254,6 +300,15 @@ def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None) -
                 "gradients being made and backward's temporaries")
     if inside == "optimizer step":
         return out + f"{rest_read} inside an optimizer's step: its temporaries"
+    graphs = [h for h in probed.holders(probe) if probed.accumulates(h)]
+    if graphs:
+        h = max(graphs, key=lambda h: (h["chain"], h["nodes"]))
+        name = h["path"].removeprefix("thread 'MainThread': ")
+        if h["chain"] > 1:
+            more = "+" if h["chain"] >= probed.CHAIN_CAP else ""
+            return out + (f"{rest_read} while {name} carried an autograd graph that chains {h['chain']}{more} "
+                          "operations of one kind")
+        return out + f"{rest_read} while {name} carried an autograd graph of {h['nodes']:,} nodes"
     return out
 
 

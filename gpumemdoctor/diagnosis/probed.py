@@ -74,7 +74,7 @@ def _holder(h: list) -> dict:
             "line": line}
 
 
-def _accumulates(h: dict) -> bool:
+def accumulates(h: dict) -> bool:
     """A graph that repeats one operation (a running sum), or, in recordings that counted nodes, a big one."""
     return h["chain"] >= MIN_CHAIN or h["nodes"] >= MIN_NODES
 
@@ -100,7 +100,7 @@ def phase_holders(agent, torch_index: int, rise: int) -> tuple[list[dict], dict 
     capture, probe = max(made, key=lambda cp: (cp[0]["allocated"] or 0, cp[0]["t"]))
     found = holders(probe)
     big = sorted((h for h in found if h["bytes"] >= max(MIN_BYTES, rise // 4)), key=lambda h: -h["bytes"])
-    graphs = sorted((h for h in found if _accumulates(h)), key=lambda h: (-h["chain"], -h["nodes"]))
+    graphs = sorted((h for h in found if accumulates(h)), key=lambda h: (-h["chain"], -h["nodes"]))
     chosen = big or graphs[:1]
     return chosen, _meta(capture, probe)
 

@@ -270,8 +270,9 @@ def holder_text(h: dict) -> str:
 
 
 def allocated_peak_note(c: PeakComposition) -> str | None:
-    """PyTorch's allocated peak counter above the allocated memory of the moment, said as such."""
-    if c.allocated_peak_bytes is None or c.allocated_peak_bytes <= c.allocated_bytes:
+    """PyTorch's allocated peak counter above the allocated memory of the moment, said as such when
+    it is by 16 MiB or more (a few MiB are the moment's own small tensors come and gone)."""
+    if c.allocated_peak_bytes is None or c.allocated_peak_bytes < c.allocated_bytes + (16 << 20):
         return None
     return (f"PyTorch's allocated peak reached {fb(c.allocated_peak_bytes)} by then, "
             f"{fb(c.allocated_peak_bytes - c.allocated_bytes)} above this moment, at a moment of its own "
@@ -280,10 +281,13 @@ def allocated_peak_note(c: PeakComposition) -> str | None:
 
 def unclassified_reason(p) -> str:
     """What is known of an unclassified part: cuBLAS's workspaces at exit, and where the rest was read
-    where that tells what it is ('the rest read inside an optimizer's step: its temporaries');
-    diagnosis/peak.py appends them to the part's `how`, each after '; '."""
+    where that tells what it is ('the rest read inside an optimizer's step: its temporaries'), to the
+    end of the part's `how` (diagnosis/peak.py appends them there)."""
     said = [holder_text(h) for h in p.holders[:1]]
-    said += [s for s in (p.how or "").split("; ")[1:] if s.startswith(("read ", "the rest read "))]
+    how = p.how or ""
+    at = min((i for i in (how.find("; read "), how.find("; the rest read ")) if i >= 0), default=-1)
+    if at >= 0:
+        said.append(how[at + 2:])
     return "; ".join(said)
 
 
