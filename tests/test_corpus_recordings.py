@@ -136,7 +136,8 @@ def test_an_evaluation_s_peak_is_read_at_its_height_not_in_the_cache_it_left(nam
     """NVML's highest reading of these runs came just after the evaluation let its memory go: most of
     it was PyTorch's cache (17.2 GiB of 18.4 on the H100, for GPT-2). What made the peak is read at
     the reading with the most memory in use, and says so."""
-    from gpumemdoctor.reporters.terminal import holder_text, unclassified_reason
+    from gpumemdoctor.diagnosis.peak import unclassified_told
+    from gpumemdoctor.reporters.terminal import holder_text
 
     report, recording = load(RECORDINGS / f"{name}.json")
     (c,) = [c for c in diagnose(recording).peak_compositions if c.pid == recording.target_pid]
@@ -146,6 +147,7 @@ def test_an_evaluation_s_peak_is_read_at_its_height_not_in_the_cache_it_left(nam
     cache = c.part("cache").bytes if c.part("cache") else 0
     assert cache < 0.05 * c.total_bytes, c.parts
     assert any(n.startswith("the reading with the most memory in use: NVML's highest") for n in c.notes), c.notes
-    told = [unclassified_reason(p) if p.category == "unclassified" else holder_text(p.holders[0])
+    assert c.highest["t"] == highest["t"] and c.peak_bytes == highest["nvml"] > c.total_bytes
+    told = [unclassified_told(p) if p.category == "unclassified" else holder_text(p.holders[0])
             for p in c.parts if p.holders or p.category == "unclassified"]
     assert any(holder in text for text in told), told

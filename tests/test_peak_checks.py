@@ -50,6 +50,17 @@ def test_a_failed_max_peak_says_what_filled_the_peak_largest_first():
     assert "optimizer state 1.00 GiB" in reporter.markdown_summary("t", "clean", {}, [peak])
 
 
+def test_a_failed_max_peak_described_at_the_reading_with_the_most_in_use_says_so():
+    busy = training_peak()
+    busy.highest = {"t": 2.1, "total_bytes": 5 * GiB, "cache_bytes": 3 * GiB}
+    other = composition(pid=99, gradients=4 * GiB)  # larger than busy's 3.57 GiB, smaller than its 5 GiB peak
+    recording, diagnosis = run(compositions=[other, busy])
+    (peak,) = checks.evaluate(recording, diagnosis, checks.Policy(max_peak_bytes=1 << 20))
+    assert peak.peak is busy  # ranked by its peak, not by the reading described
+    assert "what filled it (process 4242, GPU 0, 3.57 GiB, the reading with the most memory in use): " in \
+        reporter.message(peak)
+
+
 def test_a_passed_max_peak_and_a_run_without_compositions_say_no_parts():
     recording, diagnosis = run(compositions=[training_peak()])
     (ok,) = checks.evaluate(recording, diagnosis, checks.Policy(max_peak_bytes=1 << 50))

@@ -162,8 +162,10 @@ class PeakPart:
 
 @dataclass
 class PeakComposition:
-    """What one process held on one GPU at its highest observed moment; the parts add up to
-    `total_bytes` (NVML's figure for the process then; without NVML, context plus reserved)."""
+    """What one process held on one GPU at its highest observed moment (or, where that was mostly
+    the cache an earlier moment left, at the reading with the most memory in use: `highest`); the
+    parts add up to `total_bytes` (NVML's figure for the process then; without NVML, context plus
+    reserved)."""
 
     pid: int
     device: int | None  # NVML index
@@ -181,6 +183,14 @@ class PeakComposition:
     where: str | None = None  # what the program's main thread was running then, its own line
     notes: list[str] = field(default_factory=list)  # where the evidence is thin, and what decided
     host: str | None = None
+    # NVML's highest reading where it was mostly the cache an earlier moment left, and this one, with
+    # more in use, is described instead (diagnosis/peak.py): {"t", "total_bytes", "cache_bytes"}.
+    highest: dict | None = None
+
+    @property
+    def peak_bytes(self) -> int:
+        """The process's highest total on this GPU: what ranks it among the others."""
+        return self.highest["total_bytes"] if self.highest else self.total_bytes
 
     def part(self, category: str) -> PeakPart | None:
         return next((p for p in self.parts if p.category == category), None)

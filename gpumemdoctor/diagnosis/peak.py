@@ -37,6 +37,7 @@ PROBE_PARTS = ("parameters", "temporaries", "kept-tensors")
 BUSIER_BYTES = 256 << 20  # a capture with this much more memory in use than NVML's highest
 BUSIER_SHARE = 0.10  # and this share of the highest tells what made the peak instead (_busiest)
 ONE_MOMENT = 0.8  # of the highest's reserved memory, that PyTorch's allocated peak counter must reach
+HIGHEST_CACHE_SHARE = 0.5  # of the highest's total, its cache
 
 HOW = {
     "context": "the CUDA context, read at the process's first allocation",
@@ -143,24 +144,30 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
                      "unclassified")
     # cuBLAS's workspaces are allocated tensors that nothing in Python holds; their size is read only
     # at exit (what clearing them frees), and they stay from a stream's first matrix product on.
-    cublas = min(b.cublas_workspace_bytes or 0, left)
+    # More than is left: the peak came before some of them were made (or they are not all there).
+    cublas = b.cublas_workspace_bytes or 0
+    cublas = cublas if cublas <= left else 0
     cublas_holder = [{"name": "cuBLAS workspaces at exit", "bytes": cublas, "line": None}] if cublas else []
     add("unclassified", left, cublas_holder, how=_unclassified_how(best, cublas, left - cublas, probe))
     if highest is not None:
-        notes.append(f"the reading with the most memory in use: NVML's highest, {fb(total(highest))} at "
+        whose = "NVML's highest" if highest["nvml"] else "the highest reading"
+        notes.append(f"the reading with the most memory in use: {whose}, {fb(total(highest))} at "
                      f"{highest['t']:.1f} s, held {fb(_cache(highest))} of PyTorch's cache (memory freed and kept "
                      "for reuse)" + _risen(best, highest))
     if best.get("inside") == "exit":
         notes.append("read at the program's end, by the exit's first reading: the memory rose after the last "
                      "sample; the running functions' locals were gone by then")
     if len(captures) > 1:
-        notes.append(f"the highest of {len(captures)} readings made at new highs of this process's memory")
+        which = "one" if highest is not None else "the highest"
+        notes.append(f"{which} of {len(captures)} readings made at new highs of this process's memory")
     ordered = [parts[c] for c in PEAK_CATEGORIES if c in parts]
     composition = PeakComposition(
         pid=agent.pid, device=_nvml_index(agent, torch_index), torch_index=torch_index, t=best["t"],
         step=best["step"], total_bytes=sum(p.bytes for p in ordered), allocated_bytes=allocated,
         reserved_bytes=reserved, parts=ordered, allocated_peak_bytes=best["allocated_peak"],
-        in_pause=best["paused"], where=best["where"], notes=notes)
+        in_pause=best["paused"], where=best["where"], notes=notes,
+        highest=None if highest is None else {"t": highest["t"], "total_bytes": total(highest),
+                                              "cache_bytes": _cache(highest)})
     return composition, findings(composition, best, where)
 
 
@@ -175,9 +182,10 @@ def _cache(capture: dict) -> int:
 
 def _busiest(captures: list[dict], total) -> tuple[dict, dict | None]:
     """The capture whose parts tell what made the peak, and NVML's highest where that is another.
-    The highest total, unless another capture had more in use (all but the allocator's cache) by
-    BUSIER_BYTES and BUSIER_SHARE of it, and the highest's cache was allocated memory once: PyTorch's
-    allocated peak counter there covers ONE_MOMENT of its reserved memory. After an evaluation that
+    The highest total, unless it was mostly (HIGHEST_CACHE_SHARE) the allocator's cache, another
+    capture had more in use (all but the cache) by BUSIER_BYTES and BUSIER_SHARE of it, and the
+    highest's cache was allocated memory once: PyTorch's allocated peak counter there covers
+    ONE_MOMENT of its reserved memory. After an evaluation that
     freed its graphs, the next new high is mostly the cache they left (an H100's GPT-2 evaluation
     without no_grad: 17.2 GiB of 18.4); a cache that no moment filled (tensors of varying shapes,
     each size cached apart) is itself what made the peak."""
@@ -186,7 +194,8 @@ def _busiest(captures: list[dict], total) -> tuple[dict, dict | None]:
     more = (total(busiest) - _cache(busiest)) - (total(highest) - _cache(highest))
     reserved = max(highest["reserved"] or 0, highest["allocated"] or 0)
     once = (highest["allocated_peak"] or 0) >= ONE_MOMENT * reserved
-    if once and more > max(BUSIER_BYTES, BUSIER_SHARE * total(highest)):
+    mostly_cache = _cache(highest) >= HIGHEST_CACHE_SHARE * total(highest)
+    if mostly_cache and once and more > max(BUSIER_BYTES, BUSIER_SHARE * total(highest)):
         return busiest, highest
     return highest, None
 
@@ -204,7 +213,8 @@ def _risen(busiest: dict, highest: dict) -> str:
 def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
     """The peaks that could be lower; each a warning, never a verdict."""
     out: list[Finding] = []
-    moment = f"At the peak of {where} ({fb(c.total_bytes)}{f', step {c.step}' if c.step else ''})"
+    busiest = ", the reading with the most memory in use" if c.highest else ""
+    moment = f"At the peak of {where} ({fb(c.total_bytes)}{f', step {c.step}' if c.step else ''}{busiest})"
     evidence = {"decided_by": "peak", "peak_t": c.t, "peak_step": c.step, "peak_bytes": c.total_bytes}
 
     def part(name: str) -> int:
@@ -287,7 +297,7 @@ def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None, p
     repeating one operation (each after '; ', the terminal shows them)."""
     out = HOW["unclassified"]
     if cublas:
-        out += (f"; of it, cuBLAS's workspaces, {fb(cublas)} at exit (kept from a stream's first matrix "
+        out += ("; of it, cuBLAS's workspaces, as measured at exit (kept from a stream's first matrix "
                 "product on; not read at this moment)")
     if rest is not None and rest < MIN_HOLDER_BYTES:  # all of it the workspaces
         return out
@@ -300,16 +310,21 @@ def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None, p
                 "gradients being made and backward's temporaries")
     if inside == "optimizer step":
         return out + f"{rest_read} inside an optimizer's step: its temporaries"
-    graphs = [h for h in probed.holders(probe) if probed.accumulates(h)]
-    if graphs:
-        h = max(graphs, key=lambda h: (h["chain"], h["nodes"]))
-        name = h["path"].removeprefix("thread 'MainThread': ")
-        if h["chain"] > 1:
-            more = "+" if h["chain"] >= probed.CHAIN_CAP else ""
-            return out + (f"{rest_read} while {name} carried an autograd graph that chains {h['chain']}{more} "
-                          "operations of one kind")
-        return out + f"{rest_read} while {name} carried an autograd graph of {h['nodes']:,} nodes"
+    graph = probed.longest_graph(probed.holders(probe))
+    if graph is not None:
+        name = graph["path"].removeprefix("thread 'MainThread': ")
+        return out + f"{rest_read} while {name} carried {probed.graph_words(graph)}"
     return out
+
+
+def unclassified_told(part: PeakPart) -> str:
+    """What is known of an unclassified part, in a few words: its one holder (cuBLAS's workspaces at
+    exit) and where the rest was read, the end of the `how` that _unclassified_how wrote."""
+    said = [f"{h['name']} {fb(h['bytes'])}" for h in part.holders[:1]]
+    at = [i for i in (part.how.find("; read "), part.how.find("; the rest read ")) if i >= 0]
+    if at:
+        said.append(part.how[min(at) + 2:])
+    return "; ".join(said)
 
 
 def _libraries(agent) -> str:

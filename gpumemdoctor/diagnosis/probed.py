@@ -74,7 +74,7 @@ def _holder(h: list) -> dict:
             "line": line}
 
 
-def accumulates(h: dict) -> bool:
+def _accumulates(h: dict) -> bool:
     """A graph that repeats one operation (a running sum), or, in recordings that counted nodes, a big one."""
     return h["chain"] >= MIN_CHAIN or h["nodes"] >= MIN_NODES
 
@@ -100,8 +100,8 @@ def phase_holders(agent, torch_index: int, rise: int) -> tuple[list[dict], dict 
     capture, probe = max(made, key=lambda cp: (cp[0]["allocated"] or 0, cp[0]["t"]))
     found = holders(probe)
     big = sorted((h for h in found if h["bytes"] >= max(MIN_BYTES, rise // 4)), key=lambda h: -h["bytes"])
-    graphs = sorted((h for h in found if accumulates(h)), key=lambda h: (-h["chain"], -h["nodes"]))
-    chosen = big or graphs[:1]
+    graph = longest_graph(found)
+    chosen = big or ([graph] if graph is not None else [])
     return chosen, _meta(capture, probe)
 
 
@@ -163,16 +163,27 @@ def _meta(capture: dict, probe: dict) -> dict:
             "stopped": probe.get("stopped"), "graph_links": probe.get("graph_links", probe.get("graph_nodes"))}
 
 
+def longest_graph(found: list[dict]) -> dict | None:
+    """Of a probe's holders, the one whose graph chains the most operations of one kind (MIN_CHAIN; in
+    older recordings, the most nodes), or None."""
+    return min((h for h in found if _accumulates(h)), key=lambda h: (-h["chain"], -h["nodes"]), default=None)
+
+
+def graph_words(a: dict) -> str:
+    """'an autograd graph that chains 32+ operations of one kind' (or, in older recordings, 'of N nodes')."""
+    if a["chain"] > 1:
+        return f"an autograd graph that chains {a['chain']}{'+' if a['chain'] >= CHAIN_CAP else ''} operations of one kind"
+    return f"an autograd graph of {a['nodes']:,} nodes"
+
+
 def summary(a: dict) -> str:
     """A probed holder in words: what it held, and how that was read."""
     at = f" ({a['line']})" if a.get("line") and a["line"] not in a["path"] else ""
     if a["kind"] == "autograd-graph" and a["chain"] > 1:
-        more = "+" if a["chain"] >= CHAIN_CAP else ""
-        text = (f"{a['path']}{at} carried an autograd graph that chains {a['chain']}{more} operations of one "
-                "kind (a running sum or a concatenation: each link keeps its batch's graph; the saved "
-                "tensors not measured)")
+        text = (f"{a['path']}{at} carried {graph_words(a)} (a running sum or a concatenation: each link keeps "
+                "its batch's graph; the saved tensors not measured)")
     elif a["kind"] == "autograd-graph" and a["nodes"]:
-        text = f"{a['path']}{at} carried an autograd graph of {a['nodes']:,} nodes (its saved tensors not measured)"
+        text = f"{a['path']}{at} carried {graph_words(a)} (its saved tensors not measured)"
     else:
         text = f"{fb(a['bytes'])} in {a['count']} tensor{'s' if a['count'] != 1 else ''} held by {a['path']}{at}"
     if a.get("grew_bytes", 0) >= MIN_BYTES:

@@ -113,7 +113,7 @@ def peak_figure(rows: list[tuple], c: PeakComposition, buckets: int) -> dict:
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": c.t, "x1": c.t, "y0": 0, "y1": 1,
                        "line": {"color": "#c0392b", "width": 1.5, "dash": "dot"}})
         notes.append({"xref": "x", "yref": "paper", "x": c.t, "y": 1, "yanchor": "bottom", "xanchor": "right",
-                      "text": f"peak, {fb(c.total_bytes)}", "showarrow": False,
+                      "text": f"{'most in use' if c.highest else 'peak'}, {fb(c.total_bytes)}", "showarrow": False,
                       "font": {"color": "#c0392b", "size": 11}})
     layout = {"height": 380, "margin": {"l": 64, "r": 24, "t": 36, "b": 48}, "barmode": "stack",
               "hovermode": "x unified", "legend": {"orientation": "h", "y": -0.2, "x": 0},
@@ -132,7 +132,9 @@ def peak_section(compositions: list[PeakComposition], charts: dict[int, str], wi
     e = html.escape
     out = ['<section id="peak-section"><h2>What made the peak</h2><p class="hint">Each process\'s highest '
            "observed moment on each GPU, in its parts; the parts add up to the peak's total (NVML's figure "
-           "for the process then, or the context and PyTorch's reserved memory without it). "
+           "for the process then, or the context and PyTorch's reserved memory without it). Where the highest "
+           "moment was mostly the cache an earlier one left (an evaluation that had let its graphs go), the "
+           "reading with the most memory in use is shown, and its note says so. "
            "The chart stacks the memory over time (the CUDA context, PyTorch's allocated memory, its cache, "
            "and the rest NVML sees outside PyTorch); the dotted line is the peak's moment, the bar its parts."
            "</p>"]

@@ -38,7 +38,8 @@ def message(r: CheckResult) -> str:
     if r.made_of and not r.passed and r.peak is not None:
         c = r.peak
         where = f"process {c.pid}{f' on {c.host}' if c.host else ''}, GPU {'?' if c.device is None else c.device}"
-        text += f"; what filled it ({where}, {fb(c.total_bytes)}): {parts_text(r.made_of)}"
+        busiest = ", the reading with the most memory in use" if c.highest else ""
+        text += f"; what filled it ({where}, {fb(c.total_bytes)}{busiest}): {parts_text(r.made_of)}"
     if r.grew_by is not None and r.grew_by["change"] > 0:
         text += f"; the largest peak's parts against the baseline: {growth_text(r.grew_by)}"
     return text

@@ -187,7 +187,8 @@ PEAK_PART = Shape({"category": one_of(*PEAK_CATEGORIES), "bytes": SIZE, "how": S
 PEAK_COMPOSITION = Shape({
     "pid": INT, "device": opt(INT), "torch_index": opt(INT), "t": opt(NUM), "step": opt(INT), "total_bytes": SIZE,
     "allocated_bytes": SIZE, "reserved_bytes": SIZE, "parts": list_of(PEAK_PART), "allocated_peak_bytes": opt(SIZE),
-    "in_pause": BOOL, "where": opt(STR), "notes": list_of(STR), "host": opt(STR)}).into(PeakComposition)
+    "in_pause": BOOL, "where": opt(STR), "notes": list_of(STR), "host": opt(STR),
+    "highest": absent(opt(Shape({"t": opt(NUM), "total_bytes": SIZE, "cache_bytes": SIZE})), None)}).into(PeakComposition)
 # The report's own fields (timeline, target, devices and versions are drawn from the recording).
 REPORT = Shape({"verdict": VERDICT, "findings": list_of(FINDING), "breakdown": list_of(BREAKDOWN),
                 "growth": absent(list_of(GROWTH), []), "peaks": PEAKS, "notes": absent(list_of(STR), []),

@@ -7,6 +7,7 @@ from rich.text import Text
 
 from ..diagnosis.diagnose import INFORMATIVE, WARNINGS, Breakdown, Diagnosis, PeakComposition
 from ..recording.recording import Recording
+from ..diagnosis.peak import unclassified_told
 from ..diagnosis.suspects import gave_up_text
 from ..units import format_bytes as fb
 from ..units import full_words
@@ -245,7 +246,7 @@ def peak_label(category: str) -> str:
 
 def peak_order(compositions: list[PeakComposition]) -> list[PeakComposition]:
     """The compositions, the largest total first (then by host, PID and GPU)."""
-    return sorted(compositions, key=lambda c: (-c.total_bytes, c.host or "", c.pid, -1 if c.device is None else c.device))
+    return sorted(compositions, key=lambda c: (-c.peak_bytes, c.host or "", c.pid, -1 if c.device is None else c.device))
 
 
 def shown_parts(c: PeakComposition) -> list:
@@ -279,18 +280,6 @@ def allocated_peak_note(c: PeakComposition) -> str | None:
             "that this reading did not see (the counter is never reset: any before this one)")
 
 
-def unclassified_reason(p) -> str:
-    """What is known of an unclassified part: cuBLAS's workspaces at exit, and where the rest was read
-    where that tells what it is ('the rest read inside an optimizer's step: its temporaries'), to the
-    end of the part's `how` (diagnosis/peak.py appends them there)."""
-    said = [holder_text(h) for h in p.holders[:1]]
-    how = p.how or ""
-    at = min((i for i in (how.find("; read "), how.find("; the rest read ")) if i >= 0), default=-1)
-    if at >= 0:
-        said.append(how[at + 2:])
-    return "; ".join(said)
-
-
 def share(part: int, total: int) -> str:
     return f"{part / total * 100:.0f}%" if total else "-"
 
@@ -311,7 +300,7 @@ def _peak_compositions(console: Console, diagnosis: Diagnosis) -> None:
     table.add_column("share", justify="right", no_wrap=True)
     table.add_column("largest holder, its line", overflow="fold")
     for p in shown_parts(top):
-        holder = (unclassified_reason(p) if p.category == "unclassified"
+        holder = (unclassified_told(p) if p.category == "unclassified"
                   else holder_text(p.holders[0]) if p.holders else "")
         table.add_row(f"  {peak_label(p.category)}", fb(p.bytes), share(p.bytes, top.total_bytes), holder)
     console.print(table)
