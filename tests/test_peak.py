@@ -573,7 +573,6 @@ def test_a_busier_reading_must_have_256_mib_more_in_use_even_in_a_small_process(
 
 
 def test_an_unclassified_part_names_the_graph_the_probe_found_repeating_one_operation():
-    from gpumemdoctor.reporters import terminal
 
     probe = {"n": 1, "t": 5.0, "elapsed_s": 0.001, "graph_links": 40,
              "graph_holders": [["evaluate() local total (holds its autograd graph)", 4, "eval.py:34", 1, 0, 32]]}
@@ -597,7 +596,6 @@ def test_an_unclassified_part_names_the_graph_the_probe_found_repeating_one_oper
     (GiB + 65 * MiB, "read inside an optimizer's step: its temporaries"),
 ])
 def test_unclassified_memory_names_cublas_s_workspaces_as_measured_at_exit(cublas, shown):
-    from gpumemdoctor.reporters import terminal
 
     b = breakdown()
     b.cublas_workspace_bytes = cublas
