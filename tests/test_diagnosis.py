@@ -319,3 +319,34 @@ def test_a_released_leak_held_by_a_local_is_not_told_to_let_the_function_return(
     assert leak.suspects[0]["holders"][0]["kind"] == "frame-local"
     assert "still running" not in leak.remedy and "let the function return" not in leak.remedy
     assert "while the loop ran" in leak.remedy and ".item()" in leak.remedy
+
+
+def test_a_growth_the_collector_freed_as_much_of_while_it_rose_is_its_sawtooth_not_a_leak():
+    """tests/fixtures/caught: garbage_cycles_neutral on a loaded H100, its 10 samples each at a peak
+    of the collector's sawtooth (80 MiB of rise, while automatic collections freed 80-96 MiB each)."""
+    path = Path(__file__).parent / "fixtures" / "caught" / "garbage_cycles_neutral.json"
+    report = json.loads(path.read_text())
+    assert report["verdict"] == "leak"  # what the recording's own version said
+    recording = Recording.from_json(report["recording"])
+    agent = recording.agent(recording.target_pid)
+    freeing = [c for c in agent.root["collections"] if c["t"] <= agent.samples[-1].t]
+    assert len(freeing) >= 10 and all(n >= 64 << 20 for c in freeing[:-1] for _, n in c["freed"])
+    diagnosis = diagnose(recording)
+    assert diagnosis.verdict == "garbage-cycle"
+    cycle = next(f for f in diagnosis.findings if f.kind == "garbage-cycle")
+    assert cycle.evidence["decided_by"] == "gc-during-run"
+    assert not any(f.kind == "leak" for f in diagnosis.findings)
+
+
+def test_of_two_suspects_about_the_same_size_the_one_held_directly_comes_before_its_graph_s():
+    """tests/fixtures/caught: at the error, the inputs that the outputs' graphs keep (line 16) came to
+    a little more than the outputs (line 17, marked); the outputs' line comes first."""
+    path = Path(__file__).parent / "fixtures" / "caught" / "oom_eval_without_no_grad_local.json"
+    report = json.loads(path.read_text())
+    saved = next(f for f in report["findings"] if f["kind"] == "out-of-memory")["suspects"]
+    assert [s["where"][1] for s in saved[:2]] == [16, 17]  # what the recording's own version said
+    assert saved[0]["bytes"] > saved[1]["bytes"] >= 0.95 * saved[0]["bytes"]
+    found = next(f for f in diagnose(Recording.from_json(report["recording"])).findings if f.kind == "out-of-memory")
+    assert [s["where"][1] for s in found.suspects[:2]] == [17, 16]
+    assert found.suspects[0]["holders"][0]["kind"] == "frame-local"
+    assert found.suspects[1]["holders"][0]["pattern"].endswith("outputs[*].grad_fn (autograd graph)")

@@ -13,11 +13,25 @@ from ..units import format_bytes as fb
 MIB = 1 << 20
 THREAD_MIN_BYTES = 1 * MIB  # a thread that changed memory by less is not named
 MAX_SUSPECTS = 5
+DIRECT_SHARE = 0.95  # of a suspect kept through a holder's graphs, that the one it holds directly must be
 
 
 def _on(group: dict, torch_index: int, new: bool | None = None) -> bool:
     return (group["device"] in (torch_index, None)
             and (new is None or (group["new"] is not False) is new))
+
+
+def _direct_first(suspects: list[dict]) -> None:
+    """Of two suspects about the same size (DIRECT_SHARE) where the larger is kept through the autograd
+    graphs of what the other's holder holds (`outputs[*].grad_fn` beside `outputs[*]`: an evaluation's
+    inputs beside its outputs), the one held directly comes first: its line is where the program
+    makes what it keeps. Their sizes race at an out-of-memory error (one input more, or one less)."""
+    for i in range(len(suspects) - 1):
+        a, b = suspects[i], suspects[i + 1]
+        if (a["holders"] and b["holders"] and a["holders"][0]["kind"] == "autograd-graph"
+                and b["holders"][0]["kind"] != "autograd-graph" and b["bytes"] >= DIRECT_SHARE * a["bytes"]
+                and a["holders"][0]["pattern"] == b["holders"][0]["pattern"] + GRAPH_PART):
+            suspects[i], suspects[i + 1] = b, a
 
 
 def leak_suspects(root: dict, torch_index: int, released: bool = False) -> tuple[list[dict], dict]:
@@ -241,6 +255,7 @@ def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[lis
     # What someone holds comes first; blocks without a holder (mostly PyTorch's own buffers)
     # come last, and keep at least one line.
     suspects.sort(key=lambda s: -s["bytes"])
+    _direct_first(suspects)
     held = [s for s in suspects if s["holders"]]
     unheld = [s for s in suspects if not s["holders"]]
     suspects = held[:MAX_SUSPECTS - (1 if unheld else 0)]

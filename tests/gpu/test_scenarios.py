@@ -16,7 +16,7 @@ import pytest
 
 from gpumemdoctor.growth import MIN_POINTS
 from tests.expect import exit_status, expectations, header, root_cause, scenarios
-from tests.gpu.runs import cached_report, check_suspect, run_scenario
+from tests.gpu.runs import cached_report, check_suspect, gpu_turn, run_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = scenarios()
@@ -161,8 +161,9 @@ def test_a_killed_target_still_gets_a_report_from_what_was_streamed(tmp_path):
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
     report_path = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "gpumemdoctor", "run", "-o", str(report_path), str(script)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    with gpu_turn(alone=False):  # not beside a program that fills the GPU (one did, once, under -n 6)
+        proc = subprocess.run([sys.executable, "-m", "gpumemdoctor", "run", "-o", str(report_path), str(script)],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 128 + signal.SIGKILL, proc.stderr
     report = json.loads(report_path.read_text())
     assert report["target"]["signal"] == signal.SIGKILL
@@ -381,11 +382,12 @@ def test_the_agent_does_not_change_when_the_program_collects_its_garbage(tmp_pat
     """The same reference-cycle program holds the same bytes in cycles at its end, and its
     collector ran the same number of times, plainly and under gpumemdoctor run."""
     path = ROOT / "scenarios" / "garbage_cycles_neutral.py"
-    plain = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=300)
+    with gpu_turn(alone=False):
+        plain = subprocess.run([sys.executable, str(path)], cwd=tmp_path, capture_output=True, text=True,
+                               timeout=300)
+        tool = subprocess.run([sys.executable, "-m", "gpumemdoctor", "run", "-q", "-o", str(tmp_path / "r.json"),
+                               str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert plain.returncode == 0, plain.stderr
-    tool = subprocess.run([sys.executable, "-m", "gpumemdoctor", "run", "-q", "-o", str(tmp_path / "r.json"),
-                           str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert tool.returncode == 0, tool.stderr
     held_plain, *collections_plain = _cycles_line(plain.stdout)
     held_tool, *collections_tool = _cycles_line(tool.stdout)
