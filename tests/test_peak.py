@@ -172,6 +172,38 @@ def test_the_probe_reads_an_object_s_public_attributes_and_counts_each_graph_s_n
     assert found["graph_links"] == 11 and all(h[4] == 0 for h in found["graph_holders"]), found
 
 
+def test_the_probe_reads_the_dicts_in_a_list_without_running_a_subclass_s_code():
+    """A list of a model's outputs (hf_gpt2_kept_outputs on the H100: `history`, 4.3 GiB of
+    transformers' ModelOutput dicts, was not read one level further, and its peak's table called it
+    unclassified). A dict subclass is read as a dict: its own methods never run."""
+    torch = pytest.importorskip("torch")
+    ran = []
+
+    class Output(dict):  # transformers' ModelOutput is an OrderedDict subclass with its own methods
+        def values(self):
+            ran.append("values")
+            return super().values()
+
+        def __getitem__(self, key):
+            ran.append("getitem")
+            return super().__getitem__(key)
+
+    class Trainer:
+        pass
+
+    def evaluate():
+        history = [Output(logits=torch.empty(1000), loss=torch.empty(1)) for _ in range(4)]
+        trainer = Trainer()
+        trainer.outputs = [{"preds": torch.empty(250)} for _ in range(2)]  # an attribute: a list of dicts
+        return _probe(torch).run(), history, trainer
+
+    found, history, trainer = evaluate()
+    held = {h[0]: h for h in found["temporaries"]}
+    assert held["evaluate() local history[*]"][1:4:2] == [4 * 4004, 8], held
+    assert held["evaluate() local trainer.outputs[*]"][1:4:2] == [2 * 1000, 2], held
+    assert ran == []
+
+
 def test_the_probe_reads_no_tensor_subclass_with_a_torch_function_of_its_own_and_no_proxy_s_class():
     """Reading such a tensor's attributes would run its __torch_function__; asking a proxy for its
     __class__ (isinstance does) would run the proxy's code."""
@@ -583,6 +615,37 @@ def test_an_unclassified_part_names_the_graph_the_probe_found_repeating_one_oper
     short = {**probe, "graph_holders": [["evaluate() local total (holds its autograd graph)", 4, "eval.py:34", 1, 0, 3]]}
     c, _ = peak.compose(_Agent([capture(1, paused=True)], [short]), 0, breakdown(), "p")
     assert peak.unclassified_told(c.part("unclassified")) == ""  # 3 links: no accumulation
+
+
+def test_an_optimizer_s_step_is_said_to_hold_its_temporaries_only_up_to_its_own_size():
+    """hf_gpt2_kept_outputs on the H100: 4.38 GiB unclassified, read inside AdamW's step, of a model
+    whose parameters, gradients and state came to 258 MiB: not its temporaries."""
+    probe = {"n": 1, "t": 5.0, "elapsed_s": 0.001}
+    small = capture(1, inside="optimizer step")  # 2 GiB of the optimizer's own, 1 GiB left
+    c, _ = peak.compose(_Agent([small], [probe]), 0, breakdown(), "p")
+    assert peak.unclassified_told(c.part("unclassified")) == "read inside an optimizer's step: its temporaries"
+    big = capture(1, inside="optimizer step", parameters=64 * MiB, gradients=64 * MiB, optimizer_state=128 * MiB,
+                  optimizers=[["AdamW", 64 * MiB, 64 * MiB, 128 * MiB]])
+    c, _ = peak.compose(_Agent([big], [probe]), 0, breakdown(), "p")
+    assert peak.unclassified_told(c.part("unclassified")) == (
+        "read inside an optimizer's step, more than its parameters, gradients and state together (256 MiB): "
+        "held further than the probe reads (names, and one level below them)")
+
+
+def test_a_capture_without_a_probe_is_told_by_one_made_earlier_in_its_pause():
+    """hf_eval_without_no_grad on the H100: the evaluation's highest reading got no probe (the program
+    ended first); the one 0.08 s before, in the same pause, had found its running sum."""
+    graph = {"n": 1, "t": 5.0, "elapsed_s": 0.001, "graph_links": 40,
+             "graph_holders": [["evaluate() local total (holds its autograd graph)", 4, "eval.py:34", 1, 0, 32]]}
+    first = capture(1, t=4.92, paused=True, allocated=2 * GiB, nvml=4 * GiB)
+    c, _ = peak.compose(_Agent([first, capture(2, paused=True)], [graph]), 0, breakdown(), "p")
+    assert c.t == 5.0 and any("no probe" in n for n in c.notes)
+    assert peak.unclassified_told(c.part("unclassified")) == (
+        "read 0.08 s after a probe in the same pause found evaluate() at eval.py:34 local total carrying an "
+        "autograd graph that chains 32+ operations of one kind")
+    for other in ({"step": 9}, {"paused": False}, {"t": 3.9}):  # another pause, none, too long before
+        c, _ = peak.compose(_Agent([{**first, **other}, capture(2, paused=True)], [graph]), 0, breakdown(), "p")
+        assert peak.unclassified_told(c.part("unclassified")) == "", other
 
 
 @pytest.mark.parametrize("cublas, shown", [

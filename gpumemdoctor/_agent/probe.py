@@ -139,6 +139,10 @@ class Probe:
                     for w in islice(v, MAX_ITEMS):  # a list of (images, losses): its tensors too
                         if issubclass(type(w), self.tensor):
                             self._tensor(w, f"{name}[*]", line, category)
+                elif issubclass(type(v), dict):  # a list of a model's outputs (transformers' ModelOutput
+                    for w in islice(dict.values(v), MAX_ITEMS):  # is a dict): read as a dict, no code of its own
+                        if issubclass(type(w), self.tensor):
+                            self._tensor(w, f"{name}[*]", line, category)
         else:
             return False
         return True
@@ -171,7 +175,7 @@ class Probe:
         if kind is dict or issubclass(type(v), self.tensor):
             return True
         return ((kind is list or kind is tuple) and len(v) > 0
-                and (type(v[0]) is tuple or issubclass(type(v[0]), self.tensor)))
+                and (type(v[0]) is tuple or issubclass(type(v[0]), (self.tensor, dict))))
 
     def _module(self, module, name: str, line) -> None:
         try:

@@ -38,6 +38,7 @@ BUSIER_BYTES = 256 << 20  # a capture with this much more memory in use than NVM
 BUSIER_SHARE = 0.10  # and this share of the highest tells what made the peak instead (_busiest)
 ONE_MOMENT = 0.8  # of the highest's reserved memory, that PyTorch's allocated peak counter must reach
 HIGHEST_CACHE_SHARE = 0.5  # of the highest's total, its cache
+EARLIER_S = 1.0  # a probe made this long before a capture without one still tells its pause's graph
 
 HOW = {
     "context": "the CUDA context, read at the process's first allocation",
@@ -148,7 +149,8 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
     cublas = b.cublas_workspace_bytes or 0
     cublas = cublas if cublas <= left else 0
     cublas_holder = [{"name": "cuBLAS workspaces at exit", "bytes": cublas, "line": None}] if cublas else []
-    add("unclassified", left, cublas_holder, how=_unclassified_how(best, cublas, left - cublas, probe))
+    earlier = None if probe is not None else _earlier_probe(agent, best)
+    add("unclassified", left, cublas_holder, how=_unclassified_how(best, cublas, left - cublas, probe, earlier))
     if highest is not None:
         whose = "NVML's highest" if highest["nvml"] else "the highest reading"
         notes.append(f"the reading with the most memory in use: {whose}, {fb(total(highest))} at "
@@ -291,30 +293,55 @@ def _graphs_from_search(agent, torch_index: int, capture: dict) -> tuple[int, li
     return best
 
 
-def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None, probe: dict | None = None) -> str:
+def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None, probe: dict | None = None,
+                      earlier: tuple[dict, dict] | None = None) -> str:
     """HOW's words, then what is known of the part: cuBLAS's workspaces as measured at exit, and where
     the main thread was when the rest was read, or the name whose autograd graph the probe found
-    repeating one operation (each after '; ', the terminal shows them)."""
+    repeating one operation, or, with no probe at this moment, one made earlier in the same pause
+    found (`earlier`: its capture and probe). Each after '; ', the terminal shows them."""
     out = HOW["unclassified"]
     if cublas:
         out += ("; of it, cuBLAS's workspaces, as measured at exit (kept from a stream's first matrix "
                 "product on; not read at this moment)")
     if rest is not None and rest < MIN_HOLDER_BYTES:  # all of it the workspaces
         return out
+    rest_read = "; the rest read" if cublas else "; read"
+    if earlier is not None:
+        graph = probed.longest_graph(probed.holders(earlier[1]))
+        if graph is not None:
+            name = graph["path"].removeprefix("thread 'MainThread': ")
+            return out + (f"{rest_read} {capture['t'] - earlier[0]['t']:.2f} s after a probe in the same pause "
+                          f"found {name} carrying {probed.graph_words(graph)}")
     if not probe or "error" in probe:  # kept tensors, graphs and temporaries not told apart: no guess
         return out
-    rest_read = "; the rest read" if cublas else "; read"
     inside = capture.get("inside")
     if inside == "backward":
         return (out + f"{rest_read} while the program was inside backward(): activations saved for backward, "
                 "gradients being made and backward's temporaries")
     if inside == "optimizer step":
-        return out + f"{rest_read} inside an optimizer's step: its temporaries"
+        own = (capture.get("parameters") or 0) + (capture.get("gradients") or 0) + (capture.get("optimizer_state") or 0)
+        if rest is None or rest <= own:
+            return out + f"{rest_read} inside an optimizer's step: its temporaries"
+        return out + (f"{rest_read} inside an optimizer's step, more than its parameters, gradients and state "
+                      f"together ({fb(own)}): held further than the probe reads (names, and one level below them)")
     graph = probed.longest_graph(probed.holders(probe))
     if graph is not None:
         name = graph["path"].removeprefix("thread 'MainThread': ")
         return out + f"{rest_read} while {name} carried {probed.graph_words(graph)}"
     return out
+
+
+def _earlier_probe(agent, capture: dict) -> tuple[dict, dict] | None:
+    """The latest probe made before this capture, within EARLIER_S, in the same pause in the steps
+    (its capture and the probe), for a capture whose own probe was not made."""
+    if not capture["paused"]:
+        return None
+    captures = {c["n"]: c for c in agent.root.get("peaks", []) if c["device"] == capture["device"]}
+    made = [(captures[p["n"]], p) for p in agent.root.get("peak_probes", [])
+            if p["n"] in captures and "error" not in p]
+    same = [(c, p) for c, p in made if c["paused"] and c["step"] == capture["step"]
+            and capture["t"] - EARLIER_S <= c["t"] < capture["t"]]
+    return max(same, key=lambda cp: cp[0]["t"], default=None)
 
 
 def unclassified_told(part: PeakPart) -> str:
