@@ -78,6 +78,19 @@ def test_a_gathered_list_is_named_by_its_bytes_before_any_graph():
     assert len(peak.suspects) == 1  # the loss's 70 nodes are one batch's graph, not what rose
 
 
+def test_of_a_capture_s_two_probes_the_one_that_found_the_most_names_the_holder():
+    """The probe made as a call returned, before the validation's list was cleared, found the list; the
+    second, at the next sample, after it (clean_validation_outputs_cleared on the H100 lost its holder
+    when only the second was made)."""
+    gathered = probe(2, 1.86, kept=[("global validation_step_outputs[*]", 1100 * MiB, None, 55, 0)])
+    after = probe(2, 1.92, temporaries=[("train_steps() local x", MiB, "c.py:31", 1, 0)])
+    for order in ([gathered, after], [after, gathered]):
+        recording, _ = evaluation_without_a_copy(order)
+        peak = next(f for f in diagnose(recording).findings if f.kind == "avoidable-peak")
+        assert peak.suspects[0]["holders"][0]["pattern"] == "__main__.validation_step_outputs[*]"
+        assert probed.probe_of(recording.agents[0], 2)["t"] == 1.86  # (the recording copies its records)
+
+
 def test_a_probe_out_of_the_pause_names_nothing_there():
     recording, why = evaluation_without_a_copy([probe(1, 1.3, kept=[("global data", GiB, None, 1, 0)])])
     peak = next(f for f in diagnose(recording).findings if f.kind == "avoidable-peak")

@@ -17,8 +17,8 @@ hold, one level down (containers, public attributes), the modules among them, an
 of one operation the autograd graphs they carry repeat (a running sum's additions): probe.py. A
 capture made at a step boundary runs the probe there, on the program's thread. A new high is
 often seen while the call that made it runs (`wide = data.float()`); the main thread then runs the
-probe as that call returns, before its result has a name: the probe waits for the next sample
-(at most MAX_DEFERRED times). What autograd graphs save is read by the holder search, in a copy of the
+probe as that call returns, before its result has a name: a second probe follows at the next
+sample (at most MAX_DEFERRED samples later). What autograd graphs save is read by the holder search, in a copy of the
 process (diagnosis/peak.py takes it from a search made in the same pause); where no copy is made
 (the pause limit), the probes name the holders (diagnosis/probed.py).
 
@@ -50,7 +50,9 @@ RISE_SHARE = 0.02  # a new high: above the last capture by RISE_BYTES and by thi
 LATE_CAPTURES = 8
 LATE_RISE = 0.10
 MAX_CAPTURES = 32
-MAX_PROBES = MAX_CAPTURES  # one a capture: a leak's last highs are the ones that tell (16 left hf_gpt2_kept_outputs' last 3 unread)
+# Two a capture: one as it is asked, one when a call's result is bound (_on_main_thread); a leak's
+# last highs are the ones that tell (16 a process left hf_gpt2_kept_outputs' last 3 unread).
+MAX_PROBES = 2 * MAX_CAPTURES
 MAX_DEFERRED = 3  # samples a probe waits at most for a call's result to be named (_on_main_thread)
 RETRY_S = 0.5  # a probe put off longer than this after its capture is dropped: what it saw has moved on
 PROBE_BUDGET_S = 0.008  # of the program's time, on its main thread, per probe
@@ -249,23 +251,27 @@ class PeakWatch:
     def _on_main_thread(self, _) -> int:
         """Between two of the main thread's bytecodes (main_thread.py). Never raises. Not when the
         pause's search, asked for at the same sample and run just before, made a copy: the program
-        has paused for that already, and the copy reads more than the probe would. Put off to the
-        next sample (MAX_DEFERRED times) when the program's own code is about to name what a call
-        just returned (`wide = data.float()`, a new high seen while the call ran): the probe would
-        miss it. Not in a library's frame: the probe reads no library's locals, and one that waits
+        has paused for that already, and the copy reads more than the probe would. When the
+        program's own code is about to name what a call just returned (`wide = data.float()`, a new
+        high seen while the call ran), the probe is made now (what the names hold before the moment
+        moves on: a validation's outputs, just before the list is cleared) and once more at the next
+        sample (at most MAX_DEFERRED samples later), when the result has its name; the diagnosis
+        takes the one that found the most. Not in a library's frame: the probe reads no library's locals, and one that waits
         there for each `x = f()` comes after an evaluation has ended (two corpus programs on the
         H100 lost the holders at their evaluations' height so)."""
         try:
             frame = sys._getframe(1)
-            if (self.deferred < MAX_DEFERRED and not is_library_file(frame.f_code.co_filename)
-                    and main_thread.binding(frame)):
-                self.deferred += 1
-                self.retry = self.pending_capture
-                self.asked = False
-                return 0
             self.asked = False
             copied = any(c.t >= self.asked_t for c in self.agent.growth_watch.copies)
-            if not copied and not main_thread.interrupted(frame) and not self.agent.finished:
+            now = not copied and not main_thread.interrupted(frame) and not self.agent.finished
+            if (self.deferred < MAX_DEFERRED and not is_library_file(frame.f_code.co_filename)
+                    and main_thread.binding(frame)):
+                if now and self.deferred == 0:  # what the names hold now, before the moment moves on
+                    self.probe(self.pending_capture)
+                self.deferred += 1
+                self.retry = self.pending_capture
+                return 0
+            if now:
                 self.probe(self.pending_capture)
         except Exception:
             pass

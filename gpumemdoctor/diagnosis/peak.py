@@ -67,7 +67,7 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
         return c["nvml"] if c["nvml"] else (context or 0) + (c["reserved"] or 0)
 
     best, highest = _busiest(captures, total)
-    probe = next((p for p in agent.root.get("peak_probes", []) if p["n"] == best["n"]), None)
+    probe = probed.probe_of(agent, best["n"])
     peak_total = total(best)
     allocated = best["allocated"] or 0
     reserved = max(best["reserved"] or 0, allocated)
@@ -336,12 +336,9 @@ def _earlier_probe(agent, capture: dict) -> tuple[dict, dict] | None:
     (its capture and the probe), for a capture whose own probe was not made."""
     if not capture["paused"]:
         return None
-    captures = {c["n"]: c for c in agent.root.get("peaks", []) if c["device"] == capture["device"]}
-    made = [(captures[p["n"]], p) for p in agent.root.get("peak_probes", [])
-            if p["n"] in captures and "error" not in p]
-    same = [(c, p) for c, p in made if c["paused"] and c["step"] == capture["step"]
-            and capture["t"] - EARLIER_S <= c["t"] < capture["t"]]
-    return max(same, key=lambda cp: cp[0]["t"], default=None)
+    same = [(c, p) for c, p in probed.probes_of(agent, capture["device"], paused=True)
+            if c["step"] == capture["step"] and capture["t"] - EARLIER_S <= c["t"] < capture["t"]]
+    return same[-1] if same else None  # (in time order)
 
 
 def unclassified_told(part: PeakPart) -> str:

@@ -79,22 +79,36 @@ def _accumulates(h: dict) -> bool:
     return h["chain"] >= MIN_CHAIN or h["nodes"] >= MIN_NODES
 
 
-def _probes(agent, torch_index: int, paused: bool | None = None) -> list[tuple[dict, dict]]:
-    """(capture, probe) of this device, in time order; only the captures in a pause when `paused`."""
+def found(probe: dict) -> int:
+    """What a probe found held: its temporaries and kept tensors, and the links of the graphs it read."""
+    return (probe.get("temporaries_bytes", 0) + probe.get("kept-tensors_bytes", 0)
+            + probe.get("graph_links", probe.get("graph_nodes", 0)))
+
+
+def probe_of(agent, n: int) -> dict | None:
+    """The probe of capture n that found the most (a capture can have two: one as it was asked, one
+    once a call's result was named; _agent/peak.py), or None."""
+    return max((p for p in agent.root.get("peak_probes", []) if p["n"] == n), key=found, default=None)
+
+
+def probes_of(agent, torch_index: int, paused: bool | None = None) -> list[tuple[dict, dict]]:
+    """(capture, probe) of this device, in time order, each capture's probe that found the most; only
+    the captures in a pause when `paused`."""
     captures = {c["n"]: c for c in agent.root.get("peaks", []) if c["device"] == torch_index}
-    out = []
+    best: dict = {}
     for p in agent.root.get("peak_probes", []):
         c = captures.get(p["n"])
         if c is not None and "error" not in p and (paused is None or c["paused"] == paused):
-            out.append((c, p))
-    return sorted(out, key=lambda cp: cp[0]["t"])
+            if p["n"] not in best or found(p) > found(best[p["n"]][1]):
+                best[p["n"]] = (c, p)
+    return sorted(best.values(), key=lambda cp: cp[0]["t"])
 
 
 def phase_holders(agent, torch_index: int, rise: int) -> tuple[list[dict], dict | None]:
     """What the names held at the highest probe made in a pause in the steps: the holders of at
     least a quarter of the pause's rise, biggest first; else the one whose graph chains the most
     operations of one kind (MIN_CHAIN; in older recordings, the most nodes). With the probe's figures (`meta`), or ([], None) when no probe was made in a pause."""
-    made = _probes(agent, torch_index, paused=True)
+    made = probes_of(agent, torch_index, paused=True)
     if not made:
         return [], None
     capture, probe = max(made, key=lambda cp: (cp[0]["allocated"] or 0, cp[0]["t"]))
@@ -111,7 +125,7 @@ def growth_holders(agent, torch_index: int) -> tuple[list[dict], dict | None]:
     MIN_CHAIN links (MIN_NODES nodes in older recordings): most grown first, each with its growth
     (`grew_bytes`, `grew_chain`, `grew_nodes`, `first_t`). ([], None)
     without two probes."""
-    made = _probes(agent, torch_index)
+    made = probes_of(agent, torch_index)
     if len(made) < 2:
         return [], None
     first: dict = {}
