@@ -126,20 +126,22 @@ def test_with_copies_allowed_a_phase_bound_holder_gets_its_allocating_line(path)
     assert 0 < cost["search_pause_max_s"] <= 0.1
 
 
-@pytest.mark.parametrize("name, holder", [
+@pytest.mark.parametrize("path, holder", [
     # The evaluation's graphs: evaluate()'s running sum (a probe names it; no copy was searched).
-    ("hf_eval_without_no_grad", "evaluate() at hf_eval_without_no_grad.py:34 local total carried an autograd graph"),
+    # (tests/fixtures/caught: the run of e424ee6; the later runs read their highest at the height.)
+    (RECORDINGS.parent / "caught" / "hf_eval_without_no_grad.json",
+     "evaluate() at hf_eval_without_no_grad.py:34 local total carried an autograd graph"),
     # The validation's outputs, a list on the module, held until the epoch's end.
-    ("lightning_validation_cleared", "global model.validation_step_outputs[*]"),
-])
-def test_an_evaluation_s_peak_is_read_at_its_height_not_in_the_cache_it_left(name, holder):
+    (RECORDINGS / "lightning_validation_cleared.json", "global model.validation_step_outputs[*]"),
+], ids=["hf_eval_without_no_grad", "lightning_validation_cleared"])
+def test_an_evaluation_s_peak_is_read_at_its_height_not_in_the_cache_it_left(path, holder):
     """NVML's highest reading of these runs came just after the evaluation let its memory go: most of
     it was PyTorch's cache (17.2 GiB of 18.4 on the H100, for GPT-2). What made the peak is read at
     the reading with the most memory in use, and says so."""
     from gpumemdoctor.diagnosis.peak import unclassified_told
     from gpumemdoctor.reporters.terminal import holder_text
 
-    report, recording = load(RECORDINGS / f"{name}.json")
+    report, recording = load(path)
     (c,) = [c for c in diagnose(recording).peak_compositions if c.pid == recording.target_pid]
     captures = next(a for a in report["recording"]["agents"] if a["pid"] == c.pid)["root"]["peaks"]
     highest = max(captures, key=lambda x: x["nvml"])

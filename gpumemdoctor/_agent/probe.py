@@ -175,7 +175,7 @@ class Probe:
         if kind is dict or issubclass(type(v), self.tensor):
             return True
         return ((kind is list or kind is tuple) and len(v) > 0
-                and (type(v[0]) is tuple or issubclass(type(v[0]), (self.tensor, dict))))
+                and (type(v[0]) is tuple or issubclass(type(v[0]), self.tensor)))
 
     def _module(self, module, name: str, line) -> None:
         try:
