@@ -27,8 +27,10 @@ def recorded(name: str) -> Recording:
 
 
 def with_free(recording: Recording, free_bytes: int, late: float = 0.0) -> Recording:
-    """The recording with GPU 0's free memory read once, `late` seconds after the target's last sample."""
-    t = recording.agent(recording.target_pid).samples[-1].t + late
+    """The recording with GPU 0's free memory read once, `late` seconds after the target's last sample
+    (or its exit probes' reading, for a run too short to sample: leak_then_raise, some runs)."""
+    agent = recording.agent(recording.target_pid)
+    t = (agent.samples[-1].t if agent.samples else agent.probes["end"].t) + late
     total = recording.devices[0]["total_bytes"]
     recording.device_memory = {0: [(t, total - free_bytes, free_bytes)]}
     return recording

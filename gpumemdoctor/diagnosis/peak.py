@@ -25,6 +25,7 @@ from __future__ import annotations
 from . import probed
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS
+from ..units import MAX_SIZE_BYTES
 from ..units import format_bytes as fb
 
 MIN_FINDING_BYTES = 256 << 20
@@ -163,6 +164,8 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
         which = "one" if highest is not None else "the highest"
         notes.append(f"{which} of {len(captures)} readings made at new highs of this process's memory")
     ordered = [parts[c] for c in PEAK_CATEGORIES if c in parts]
+    if max(sum(p.bytes for p in ordered), total(best), total(highest or best)) > MAX_SIZE_BYTES:
+        return None, []  # readings no GPU could give (a corrupt record): no peak to split
     composition = PeakComposition(
         pid=agent.pid, device=_nvml_index(agent, torch_index), torch_index=torch_index, t=best["t"],
         step=best["step"], total_bytes=sum(p.bytes for p in ordered), allocated_bytes=allocated,
