@@ -40,6 +40,7 @@ BUSIER_SHARE = 0.10  # and this share of the highest tells what made the peak in
 ONE_MOMENT = 0.8  # of the highest's reserved memory, that PyTorch's allocated peak counter must reach
 HIGHEST_CACHE_SHARE = 0.5  # of the highest's total, its cache
 EARLIER_S = 1.0  # a probe made this long before a capture without one still tells its pause's graph
+MAIN_THREAD = "thread 'MainThread': "  # how a holder's path starts: the probe reads that thread alone
 
 HOW = {
     "context": "the CUDA context, read at the process's first allocation",
@@ -190,10 +191,10 @@ def _busiest(captures: list[dict], total) -> tuple[dict, dict | None]:
     The highest total, unless it was mostly (HIGHEST_CACHE_SHARE) the allocator's cache, another
     capture had more in use (all but the cache) by BUSIER_BYTES and BUSIER_SHARE of it, and the
     highest's cache was allocated memory once: PyTorch's allocated peak counter there covers
-    ONE_MOMENT of its reserved memory. After an evaluation that
-    freed its graphs, the next new high is mostly the cache they left (an H100's GPT-2 evaluation
-    without no_grad: 17.2 GiB of 18.4); a cache that no moment filled (tensors of varying shapes,
-    each size cached apart) is itself what made the peak."""
+    ONE_MOMENT of its reserved memory. After an evaluation that freed its graphs, the next new high
+    is mostly the cache they left (an H100's GPT-2 evaluation without no_grad: 17.2 GiB of 18.4); a
+    cache that no moment filled (tensors of varying shapes, each size cached apart) is itself what
+    made the peak."""
     highest = max(captures, key=total)
     busiest = max(captures, key=lambda c: total(c) - _cache(c))
     more = (total(busiest) - _cache(busiest)) - (total(highest) - _cache(highest))
@@ -310,11 +311,9 @@ def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None, p
         return out
     rest_read = "; the rest read" if cublas else "; read"
     if earlier is not None:
-        graph = probed.longest_graph(probed.holders(earlier[1]))
-        if graph is not None:
-            name = graph["path"].removeprefix("thread 'MainThread': ")
-            return out + (f"{rest_read} {capture['t'] - earlier[0]['t']:.2f} s after a probe in the same pause "
-                          f"found {name} carrying {probed.graph_words(graph)}")
+        graph = _graph_said(earlier[1], "carrying")
+        if graph:
+            return out + f"{rest_read} {capture['t'] - earlier[0]['t']:.2f} s after a probe in the same pause found {graph}"
     if not probe or "error" in probe:  # kept tensors, graphs and temporaries not told apart: no guess
         return out
     inside = capture.get("inside")
@@ -327,11 +326,17 @@ def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None, p
             return out + f"{rest_read} inside an optimizer's step: its temporaries"
         return out + (f"{rest_read} inside an optimizer's step, more than its parameters, gradients and state "
                       f"together ({fb(own)}): held further than the probe reads (names, and one level below them)")
+    graph = _graph_said(probe, "carried")
+    return out + f"{rest_read} while {graph}" if graph else out
+
+
+def _graph_said(probe: dict, verb: str) -> str:
+    """'evaluate() at e.py:34 local total carried an autograd graph that chains 32+ operations of one
+    kind': the probe's name whose graph repeats one operation the most, or ''."""
     graph = probed.longest_graph(probed.holders(probe))
-    if graph is not None:
-        name = graph["path"].removeprefix("thread 'MainThread': ")
-        return out + f"{rest_read} while {name} carried {probed.graph_words(graph)}"
-    return out
+    if graph is None:
+        return ""
+    return f"{graph['path'].removeprefix(MAIN_THREAD)} {verb} {probed.graph_words(graph)}"
 
 
 def _earlier_probe(agent, capture: dict) -> tuple[dict, dict] | None:
