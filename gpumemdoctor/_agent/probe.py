@@ -130,8 +130,10 @@ class Probe:
         if issubclass(type(value), self.tensor):
             self._tensor(value, name, line, category)
         elif kind is list or kind is tuple or kind is dict:  # (islice: no copy of a big container)
+            n = 0
             for v in islice(value.values() if kind is dict else value, MAX_ITEMS):
-                if self.stopped:
+                n += 1
+                if self.stopped or (n % 256 == 0 and self._late()):  # (a long list of other things)
                     break
                 if issubclass(type(v), self.tensor):
                     self._tensor(v, f"{name}[*]", line, category)
@@ -139,8 +141,10 @@ class Probe:
                     for w in islice(v, MAX_ITEMS):  # a list of (images, losses): its tensors too
                         if issubclass(type(w), self.tensor):
                             self._tensor(w, f"{name}[*]", line, category)
-                elif issubclass(type(v), dict):  # a list of a model's outputs (transformers' ModelOutput
-                    for w in islice(dict.values(v), MAX_ITEMS):  # is a dict): read as a dict, no code of its own
+                elif issubclass(type(v), dict) and v and issubclass(type(next(iter(dict.values(v)))), self.tensor):
+                    # a list of a model's outputs (transformers' ModelOutput is a dict; read as one, no code
+                    # of its own runs), when its first value is a tensor: a heap of dicts of numbers is not
+                    for w in islice(dict.values(v), MAX_ITEMS):
                         if issubclass(type(w), self.tensor):
                             self._tensor(w, f"{name}[*]", line, category)
         else:
@@ -188,6 +192,11 @@ class Probe:
                         self._add("parameters", f"{name} ({type(module).__name__})", storage.nbytes(), line)
         except Exception:
             pass
+
+    def _late(self) -> bool:
+        if time.perf_counter() > self.deadline:
+            self.stopped = "time"
+        return bool(self.stopped)
 
     def _tensor(self, t, name: str, line, category: str) -> None:
         self.tensors += 1
