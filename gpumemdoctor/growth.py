@@ -167,10 +167,10 @@ def lasting_growth(xs: list[float], ys: list[int | None], warmup_x: float, min_s
        (of equal count when one of them has no point), each window's lowest point its floor:
        samples come further apart as their cost or the run's length grows (the sampler's pacing),
        and windows of equal count would then put most of a run's time into the last one. The
-       series kept growing when the floor rose from the first window to the second and from the second to the last, each by more than
-       `tolerance_bytes`, and by at least `min_growth_bytes` in all: a rise that stops (the
-       last of the kernels loading) or that comes once late in the run (an evaluation's new
-       kernels) is not growth, and neither is a floor that falls back.
+       series kept growing when the floor rose from the first window to the second and from the
+       second to the last, each by more than `tolerance_bytes`, and by at least `min_growth_bytes`
+       in all: a rise that stops (the last of the kernels loading) or that comes once late in the
+       run (an evaluation's new kernels) is not growth, and neither is a floor that falls back.
 
     None for a series without points. Runs in the diagnosis only (never inside the program).
     """

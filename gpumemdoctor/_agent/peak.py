@@ -18,9 +18,9 @@ of one operation the autograd graphs they carry repeat (a running sum's addition
 capture made at a step boundary runs the probe there, on the program's thread. A new high is
 often seen while the call that made it runs (`wide = data.float()`); the main thread then runs the
 probe as that call returns, before its result has a name: a second probe follows at the next
-sample (at most MAX_DEFERRED samples later). What autograd graphs save is read by the holder search, in a copy of the
-process (diagnosis/peak.py takes it from a search made in the same pause); where no copy is made
-(the pause limit), the probes name the holders (diagnosis/probed.py).
+sample (at most MAX_DEFERRED samples later). What autograd graphs save is read by the holder
+search, in a copy of the process (diagnosis/peak.py takes it from a search made in the same
+pause); where no copy is made (the pause limit), the probes name the holders (diagnosis/probed.py).
 
 The capture runs through `Neutral` (the program's collections come when they would have come)
 and writes one line; the probe makes few containers and holds automatic collection off. Captures stop at MAX_CAPTURES, probes at MAX_PROBES; after LATE_CAPTURES
@@ -256,9 +256,9 @@ class PeakWatch:
         high seen while the call ran), the probe is made now (what the names hold before the moment
         moves on: a validation's outputs, just before the list is cleared) and once more at the next
         sample (at most MAX_DEFERRED samples later), when the result has its name; the diagnosis
-        takes the one that found the most. Not in a library's frame: the probe reads no library's locals, and one that waits
-        there for each `x = f()` comes after an evaluation has ended (two corpus programs on the
-        H100 lost the holders at their evaluations' height so)."""
+        takes the one that found the most. Not in a library's frame: the probe reads no library's
+        locals, and one that waits there for each `x = f()` comes after an evaluation has ended (two
+        corpus programs on the H100 lost the holders at their evaluations' height so)."""
         try:
             frame = sys._getframe(1)
             self.asked = False

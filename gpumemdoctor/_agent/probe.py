@@ -121,8 +121,7 @@ class Probe:
                 self._attributes(value, name, line, category)
         elif not modules and not self._value(value, name, line, category):
             self._attributes(value, name, line, category)
-        if time.perf_counter() > self.deadline:
-            self.stopped = "time"
+        self._late()
 
     def _value(self, value, name: str, line, category: str) -> bool:
         """A tensor, or a list, tuple or dict of tensors: True when value was one of those."""
@@ -137,14 +136,19 @@ class Probe:
                     break
                 if issubclass(type(v), self.tensor):
                     self._tensor(v, f"{name}[*]", line, category)
-                elif (type(v) is tuple or type(v) is list) and v and issubclass(type(v[0]), self.tensor):
-                    for w in islice(v, MAX_ITEMS):  # a list of (images, losses): its tensors too
-                        if issubclass(type(w), self.tensor):
-                            self._tensor(w, f"{name}[*]", line, category)
-                elif issubclass(type(v), dict) and v and issubclass(type(next(iter(dict.values(v)))), self.tensor):
-                    # a list of a model's outputs (transformers' ModelOutput is a dict; read as one, no code
-                    # of its own runs), when its first value is a tensor: a heap of dicts of numbers is not
-                    for w in islice(dict.values(v), MAX_ITEMS):
+                    continue
+                # One level further, when the first item is a tensor (a heap of dicts or lists of
+                # numbers is not read): a list of (images, losses), or of a model's outputs
+                # (transformers' ModelOutput is a dict, read as one: no code of its own runs).
+                if (type(v) is tuple or type(v) is list) and v:
+                    inner, first = v, v[0]
+                elif issubclass(type(v), dict) and v:
+                    inner = dict.values(v)
+                    first = next(iter(inner))
+                else:
+                    continue
+                if issubclass(type(first), self.tensor):
+                    for w in islice(inner, MAX_ITEMS):
                         if issubclass(type(w), self.tensor):
                             self._tensor(w, f"{name}[*]", line, category)
         else:
@@ -194,15 +198,15 @@ class Probe:
             pass
 
     def _late(self) -> bool:
+        """Whether the probe has stopped, now that its budget is looked at."""
         if time.perf_counter() > self.deadline:
             self.stopped = "time"
         return bool(self.stopped)
 
     def _tensor(self, t, name: str, line, category: str) -> None:
         self.tensors += 1
-        if self.stopped or (self.tensors % 256 == 0 and time.perf_counter() > self.deadline):
-            self.stopped = "time"  # (a list of thousands: the budget is looked at inside it too)
-            return
+        if self.stopped or (self.tensors % 256 == 0 and self._late()):
+            return  # (a list of thousands: the budget is looked at inside it too)
         try:
             kind = type(t)
             if kind is not self.tensor:

@@ -223,8 +223,7 @@ def evaluate(recording: Recording, diagnosis: Diagnosis, policy: Policy) -> list
 
 def largest_peak(compositions: list[PeakComposition]) -> PeakComposition | None:
     """The composition with the largest peak (the lowest PID, then GPU, among equals); None without any."""
-    return min(compositions, key=lambda c: (-c.peak_bytes, c.host or "", c.pid, -1 if c.device is None else c.device),
-               default=None)
+    return min(compositions, key=PeakComposition.rank, default=None)
 
 
 def peak_parts(diagnosis: Diagnosis) -> dict[str, int] | None:

@@ -192,6 +192,10 @@ class PeakComposition:
         """The process's highest total on this GPU: what ranks it among the others."""
         return self.highest["total_bytes"] if self.highest else self.total_bytes
 
+    def rank(self) -> tuple:
+        """The order of compositions: the largest peak first, then by host, PID and GPU."""
+        return -self.peak_bytes, self.host or "", self.pid, -1 if self.device is None else self.device
+
     def part(self, category: str) -> PeakPart | None:
         return next((p for p in self.parts if p.category == category), None)
 

@@ -94,20 +94,16 @@ def probe_of(agent, n: int) -> dict | None:
 def probes_of(agent, torch_index: int, paused: bool | None = None) -> list[tuple[dict, dict]]:
     """(capture, probe) of this device, in time order, each capture's probe that found the most; only
     the captures in a pause when `paused`."""
-    captures = {c["n"]: c for c in agent.root.get("peaks", []) if c["device"] == torch_index}
-    best: dict = {}
-    for p in agent.root.get("peak_probes", []):
-        c = captures.get(p["n"])
-        if c is not None and "error" not in p and (paused is None or c["paused"] == paused):
-            if p["n"] not in best or found(p) > found(best[p["n"]][1]):
-                best[p["n"]] = (c, p)
-    return sorted(best.values(), key=lambda cp: cp[0]["t"])
+    made = ((c, probe_of(agent, c["n"])) for c in agent.root.get("peaks", [])
+            if c["device"] == torch_index and (paused is None or c["paused"] == paused))
+    return sorted(((c, p) for c, p in made if p is not None and "error" not in p), key=lambda cp: cp[0]["t"])
 
 
 def phase_holders(agent, torch_index: int, rise: int) -> tuple[list[dict], dict | None]:
     """What the names held at the highest probe made in a pause in the steps: the holders of at
     least a quarter of the pause's rise, biggest first; else the one whose graph chains the most
-    operations of one kind (MIN_CHAIN; in older recordings, the most nodes). With the probe's figures (`meta`), or ([], None) when no probe was made in a pause."""
+    operations of one kind (MIN_CHAIN; in older recordings, the most nodes). With the probe's
+    figures (`meta`), or ([], None) when no probe was made in a pause."""
     made = probes_of(agent, torch_index, paused=True)
     if not made:
         return [], None

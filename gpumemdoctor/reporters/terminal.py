@@ -6,9 +6,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..diagnosis.diagnose import INFORMATIVE, WARNINGS, Breakdown, Diagnosis, PeakComposition
-from ..recording.recording import Recording
 from ..diagnosis.peak import unclassified_told
 from ..diagnosis.suspects import gave_up_text
+from ..recording.recording import Recording
 from ..units import format_bytes as fb
 from ..units import full_words
 
@@ -245,8 +245,8 @@ def peak_label(category: str) -> str:
 
 
 def peak_order(compositions: list[PeakComposition]) -> list[PeakComposition]:
-    """The compositions, the largest total first (then by host, PID and GPU)."""
-    return sorted(compositions, key=lambda c: (-c.peak_bytes, c.host or "", c.pid, -1 if c.device is None else c.device))
+    """The compositions, the largest peak first (then by host, PID and GPU)."""
+    return sorted(compositions, key=PeakComposition.rank)
 
 
 def shown_parts(c: PeakComposition) -> list:
