@@ -720,13 +720,16 @@ def test_a_probe_barely_moves_the_collector_s_count(agent_and_clock, tmp_path):
             gc.enable()
     probes = [r for r in agent_records(tmp_path, agent) if r["type"] == "peak_probe"]
     assert len(probes) == 3 and not any("error" in p for p in probes), probes
-    # The first also makes the interpreter create a frame object for each frame of the stack it walks
+    # The first also makes the interpreter create, for each frame of the stack it walks, a frame
+    # object and (Python 3.11, 3.12) the snapshot of its locals, where nothing asked for them before
     # (they live until their frames return, as a traceback's would); the later ones find them made.
+    # (depth + 8 was seen exceeded, 45-46 at a depth of 33, in a whole serial run of the suite, with
+    # this session's agent and with the one before it alike.)
     depth = 0
     frame = sys._getframe()
     while frame is not None:
         depth, frame = depth + 1, frame.f_back
-    assert moved[0] <= depth + 8 and all(abs(m) <= 8 for m in moved[1:]), (moved, depth)
+    assert moved[0] <= 2 * depth + 8 and all(abs(m) <= 8 for m in moved[1:]), (moved, depth)
     del keep
 
 
