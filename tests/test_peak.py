@@ -188,6 +188,10 @@ def test_the_probe_reads_the_dicts_in_a_list_without_running_a_subclass_s_code()
             ran.append("getitem")
             return super().__getitem__(key)
 
+        def __len__(self):  # (whether it is empty is asked of the dict, not of the subclass)
+            ran.append("len")
+            return super().__len__()
+
     class Trainer:
         pass
 

@@ -142,9 +142,9 @@ class Probe:
                 # (transformers' ModelOutput is a dict, read as one: no code of its own runs).
                 if (type(v) is tuple or type(v) is list) and v:
                     inner, first = v, v[0]
-                elif issubclass(type(v), dict) and v:
+                elif issubclass(type(v), dict):  # (not `and v`: that asks a subclass's own __len__)
                     inner = dict.values(v)
-                    first = next(iter(inner))
+                    first = next(iter(inner), None)
                 else:
                     continue
                 if issubclass(type(first), self.tensor):

@@ -108,9 +108,9 @@ def phase_holders(agent, torch_index: int, rise: int) -> tuple[list[dict], dict 
     if not made:
         return [], None
     capture, probe = max(made, key=lambda cp: (cp[0]["allocated"] or 0, cp[0]["t"]))
-    found = holders(probe)
-    big = sorted((h for h in found if h["bytes"] >= max(MIN_BYTES, rise // 4)), key=lambda h: -h["bytes"])
-    graph = longest_graph(found)
+    held = holders(probe)
+    big = sorted((h for h in held if h["bytes"] >= max(MIN_BYTES, rise // 4)), key=lambda h: -h["bytes"])
+    graph = longest_graph(held)
     chosen = big or ([graph] if graph is not None else [])
     return chosen, _meta(capture, probe)
 
