@@ -153,3 +153,26 @@ def test_an_evaluation_s_peak_is_read_at_its_height_not_in_the_cache_it_left(pat
     told = [unclassified_told(p) if p.category == "unclassified" else holder_text(p.holders[0])
             for p in c.parts if p.holders or p.category == "unclassified"]
     assert any(holder in text for text in told), told
+
+
+def test_a_validation_no_sample_fell_in_is_still_a_leak_held_by_its_container():
+    """tests/fixtures/caught: lightning_validation_kept beside five other GPU tests. Its sampling
+    interval, paced by its cost, was 0.108 s at exit (0.049 s in a run alone); the first
+    validation (about 0.2 s) came between two step samples, so no pause was seen rise and the
+    staircase had one step. What was held at exit decides: the predictions' list, with its line."""
+    report, recording = load(RECORDINGS.parent / "caught" / "lightning_validation_kept.json")
+    agent = recording.agent(recording.target_pid)
+    stepped = [s for s in agent.samples if s.by == "step"]
+    # the step samples on each side of the first validation: 800 MiB came between them, unseen
+    before, after = next((a, b) for a, b in zip(stepped, stepped[1:])
+                         if b.readings[0].allocated_bytes - a.readings[0].allocated_bytes > 512 << 20)
+    assert not [s for s in agent.samples if before.t < s.t < after.t]
+    d = diagnose(recording)
+    assert d.verdict == "leak"
+    leak = next(f for f in d.findings if f.kind == "leak")
+    assert leak.evidence["decided_by"] == "structure", leak.evidence
+    want = root_cause(WORKLOADS["lightning_validation_kept"])
+    holder = leak.suspects[0]["holders"][0]
+    assert holder["pattern"].startswith(want["holder"]) and holder["kind"] == want["holder-kind"]
+    assert leak.suspects[0]["where"][1] == want["line"], leak.suspects[0]["where"]
+    assert "did not see the memory build up" in leak.summary
