@@ -506,7 +506,8 @@ def test_target_runs_on_when_the_supervisor_is_killed(popen_cli, script, tmp_pat
         import os, time
         print("ready", os.getpid(), flush=True)
         time.sleep(1.5)
-        open({str(marker)!r}, "w").write("finished")
+        open({str(marker)!r} + ".tmp", "w").write("finished")
+        os.replace({str(marker)!r} + ".tmp", {str(marker)!r})  # seen whole or not at all
         print("done", flush=True)
     """)
     tmpdir = tmp_path / "tmp"

@@ -241,7 +241,8 @@ def test_supervisor_killed_the_target_runs_on_and_its_agent_file_survives(popen_
         for _ in range(30):
             gpumemdoctor.step()
             time.sleep(0.05)
-        open({str(marker)!r}, "w").write("finished")
+        open({str(marker)!r} + ".tmp", "w").write("finished")
+        os.replace({str(marker)!r} + ".tmp", {str(marker)!r})  # seen whole or not at all
     """)
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()

@@ -161,7 +161,8 @@ local = int(os.environ["LOCAL_RANK"])
 torch.cuda.set_device(local)
 keep = torch.ones(64 << 20, device=f"cuda:{local}")  # 256 MiB on its own GPU
 torch.cuda.synchronize()
-(control / f"ready-{local}").write_text(str(os.getpid()))
+(control / f"ready-{local}.tmp").write_text(str(os.getpid()))
+(control / f"ready-{local}.tmp").replace(control / f"ready-{local}")  # seen whole or not at all
 deadline = time.monotonic() + 120
 while not (control / "stop").exists() and time.monotonic() < deadline:
     time.sleep(0.05)
