@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpumemdoctor.errors import NoGpuError
 from gpumemdoctor.system import nvml
 from gpumemdoctor.supervise import supervisor
 
@@ -27,11 +28,15 @@ def world(monkeypatch):
     monkeypatch.setattr(supervisor, "procs", procs)
 
     def processes(device, strict=False):
+        if state.get("fatal"):
+            raise NoGpuError(state["fatal"])
         if state["error"]:
             raise nvml.CallFailed(state["error"])
         return sorted(state["gpu"].items())
 
     def memory_info(device):  # the whole GPU: the tree's processes and others' (state["others"])
+        if state.get("fatal"):  # as nvml's own: a fatal error raises from every call
+            raise NoGpuError(state["fatal"])
         if state["error"]:
             return nvml.MemoryInfo(None, None, None, None)
         used = sum(state["gpu"].values()) + state.get("others", 0)
@@ -108,6 +113,26 @@ def test_the_gpus_free_memory_is_read_on_its_own_clock_and_left_out_in_an_outage
         tick(0.3)
     assert series.seen == seen  # a failing device is not read until it answers again
     assert series.last[1:] == (None, None)
+
+
+def test_the_driver_gone_when_the_free_memory_is_read_is_a_failure_of_the_device(world):
+    """NVML's fatal errors raise from every call. The free-memory reading, on its own clock, may be
+    the first call to meet one: that is the device failing from then on, as when the process list
+    meets it first, never an exception out of the poll (it stopped all NVML polling, unrecorded)."""
+    state, watch, tick = world
+    state["gpu"] = {TARGET: 2 * GIB}
+    tick()
+    state["fatal"] = "NVML stopped working (driver not loaded)"
+    state["now"] += 0.6
+    watch.sample_device_memory(state["now"], round(state["now"] - 1000.0, 6))  # met here first
+    for _ in range(5):
+        tick()
+    (failure,) = watch.failures
+    assert failure["error"] == state["fatal"] and failure["from_t"] == pytest.approx(1.2) and failure["to_t"] is None
+    assert failure["failed_calls"] >= 2  # the process list is tried again, and fails, once a second
+    state["fatal"] = None
+    tick(1.0)
+    assert failure["to_t"] == pytest.approx(failure["from_t"] + 4.0)
 
 
 def test_a_day_of_the_gpus_free_memory_stays_bounded(world):

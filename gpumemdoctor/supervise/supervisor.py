@@ -207,7 +207,11 @@ class _TreeWatch:
         for device in self.devices:
             if device.index in self._failing:
                 continue
-            memory = nvml.memory_info(device)
+            try:
+                memory = nvml.memory_info(device)
+            except Exception as exc:  # the driver gone: a failure of this device, as a failed process list
+                self._failed(device.index, t, now, exc)
+                continue
             series = self.device_memory.get(device.index)
             if series is None:
                 series = self.device_memory[device.index] = Series(figures=_two_figures, **DEVICE_SERIES)
