@@ -99,7 +99,9 @@ def test_nvml_failing_mid_run_the_run_goes_on_and_the_report_says_from_when(cli,
     report = json.loads((tmp_path / "r.json").read_text())
     (failure,) = report["recording"]["nvml_failures"]
     assert failure["device"] == 0 and error in failure["error"]
-    assert 0.9 < failure["from_t"] < 3.0 and failure["failed_calls"] >= 1
+    # the fault is written 1.2 s after the target starts and lasts 1.5 s before it recovers or the
+    # target exits (a loaded machine may start the target late: the bound is from its end)
+    assert 0.9 < failure["from_t"] < report["target"]["duration_s"] - 1.0 and failure["failed_calls"] >= 1
     if fault.get("recover"):
         assert failure["to_t"] is not None and failure["to_t"] > failure["from_t"] + 1.0
     else:
