@@ -40,7 +40,6 @@ BUSIER_SHARE = 0.10  # and this share of the highest tells what made the peak in
 ONE_MOMENT = 0.8  # of the highest's reserved memory, that PyTorch's allocated peak counter must reach
 HIGHEST_CACHE_SHARE = 0.5  # of the highest's total, its cache
 EARLIER_S = 1.0  # a probe made this long before a capture without one still tells its pause's graph
-MAIN_THREAD = "thread 'MainThread': "  # how a holder's path starts: the probe reads that thread alone
 
 HOW = {
     "context": "the CUDA context, read at the process's first allocation",
@@ -336,7 +335,7 @@ def _graph_said(probe: dict, verb: str) -> str:
     graph = probed.longest_graph(probed.holders(probe))
     if graph is None:
         return ""
-    return f"{graph['path'].removeprefix(MAIN_THREAD)} {verb} {probed.graph_words(graph)}"
+    return f"{graph['path'].removeprefix(probed.MAIN_THREAD)} {verb} {probed.graph_words(graph)}"
 
 
 def _earlier_probe(agent, capture: dict) -> tuple[dict, dict] | None:

@@ -22,6 +22,7 @@ from ..units import format_bytes as fb
 
 GRAPH_MARK = " (holds its autograd graph)"
 LOCAL = "() local "
+MAIN_THREAD = "thread 'MainThread': "  # how a probed local's path starts: the probe reads that thread alone
 MIN_CHAIN = 8  # links of one operation a name's graph must repeat to be named as an accumulation
 CHAIN_CAP = 32  # as _agent/probe.py's MAX_CHAIN: a chain this long may go on further
 MIN_NODES = 64  # graph nodes, in recordings that counted them (2026-11-25's), for the same
@@ -60,8 +61,8 @@ def _holder(h: list) -> dict:
     name = name[:-len(GRAPH_MARK)] if graph else name
     if LOCAL in name:
         function, _, local = name.partition(LOCAL)
-        pattern = f"thread 'MainThread': {function}(){' at ' + line.rsplit(':', 1)[0] if line else ''} local {local}"
-        path = f"thread 'MainThread': {function}(){' at ' + line if line else ''} local {local}"
+        pattern = f"{MAIN_THREAD}{function}(){' at ' + line.rsplit(':', 1)[0] if line else ''} local {local}"
+        path = f"{MAIN_THREAD}{function}(){' at ' + line if line else ''} local {local}"
         kind, thread = "frame-local", ["MainThread"]
     else:
         local = name.removeprefix("global ")
