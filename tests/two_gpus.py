@@ -65,6 +65,25 @@ def clean_job(report: dict) -> None:
     assert {r["verdict"] for r in report["ranks"]} == {"clean"}
 
 
+def no_pending(report: dict) -> None:
+    """Clean, and nothing called pending-stream: FSDP's and a prefetcher's record_stream blocks whose
+    work had finished are cache (issue 42)."""
+    clean_job(report)
+    assert all((b.get("pending_stream_bytes") or 0) < 64 * MIB for b in report["breakdown"]), report["breakdown"]
+
+
+def context_before_nccl(report: dict) -> None:
+    """init_process_group(device_id=...): NCCL set up before the first allocation. The context was
+    read inside that call, before NCCL (a `contexts` record on every rank), so NCCL's memory is a
+    figure of its own and the context is a context's size (issue 42)."""
+    nccl_clean(report)
+    for rank, agent in rank_agents(report).items():
+        assert agent["root"].get("contexts"), f"rank {rank}: no context read before NCCL"
+        (b,) = [b for b in report["breakdown"] if b["pid"] == agent["pid"]]
+        assert not b.get("context_after_nccl"), b
+        assert b["context_bytes"] <= 800 * MIB and b["non_torch_nccl_bytes"] >= 100 * MIB, b
+
+
 def leak_on_rank_1(report: dict, kept_bytes: int) -> None:
     """Rank 1 alone keeps each step's output: a leak on rank 1 of about `kept_bytes`, rank 0 clean."""
     assert report["verdict"] == "leak", summaries(report)
@@ -120,7 +139,11 @@ def two_nodes(diagnosis) -> None:
 JOBS = {
     "ddp_nccl_clean": lambda r: nccl_clean(r, variables={"NCCL_BUFFSIZE": str(2 << 20)}),
     "nccl_new_group_every_step": new_group_growth,
-    "fsdp_clean": clean_job,
+    "fsdp_clean": no_pending,
+    "fsdp1_strategies_clean": no_pending,
+    "fsdp_prefetch_clean": no_pending,
+    "ddp_bucket_view_clean": no_pending,
+    "ddp_nccl_device_id": context_before_nccl,
     "fsdp_leak_one_rank": lambda r: leak_on_rank_1(r, 800 * MIB),  # 200 steps of 4 MiB
     "ddp_tensor_before_set_device": lambda r: stray_on_gpu_0(r, reserved_there=True),
 }

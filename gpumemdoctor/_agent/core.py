@@ -2,6 +2,8 @@
 
 1. Start (`begin`): a hello record; the agent waits for the program to import torch
    (startup.py) and for torch to start CUDA (`on_cuda`, from torch's lazy-init callback).
+   Under `run`, `init_process_group` is wrapped to read the context before NCCL's eager set-up
+   (process_groups.py).
 2. CUDA starts: the devices are read, the readings' rows made, PyTorch's out-of-memory
    observer (oom.py) and the collector's callback (events.py) attached, the sampling thread
    started.
@@ -14,7 +16,8 @@
    height, asked of the main thread (phase_watch.py), also in a copy.
    A new high of the process's memory: what it is made of (peak.py).
 5. An out-of-memory error: its record; the first one is searched too (oom.py).
-6. Exit (exit.py): the exit probes, then the exit record.
+6. Exit (exit.py): the exit probes (blocks held for stream work told apart: streams.py), then
+   the exit record.
 Threads and forks: threads.py. Each part keeps a reference to the agent for what they share:
 the channel (the record file), torch and its devices, the step count.
 """
@@ -33,7 +36,7 @@ from .events import Collections, cuda_origin
 from .exit import finish
 from .neutral import quiet_gc
 from .oom import OomObserver
-from .process_groups import ProcessGroups
+from .process_groups import ProcessGroups, install_context_reading
 from .sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
 from .threads import ThreadWatch
 from .trace import Trace
@@ -98,6 +101,11 @@ class Agent:
                     register_optimizer_step_pre_hook(self._on_optimizer_pre_step)
             except Exception:
                 pass
+            if self.run_dir:
+                try:  # the context read before NCCL's eager set-up (process_groups.py)
+                    install_context_reading(self, torch)
+                except Exception:
+                    pass
             if torch.cuda.is_initialized():
                 self.on_cuda()
             else:

@@ -1,7 +1,9 @@
 """The end of a process: the exit probes, each followed by a reading, then the exit record.
 
 In order: `end` (the memory as the program left it, with the parts parts.py reads: CUDA graphs'
-private pools, NCCL, CUDA's module loading); the allocator snapshot (--snapshot);
+private pools, NCCL, CUDA's module loading); the blocks freed but held for stream work, told
+apart into finished and unfinished work (streams.py, a `pending` record); the allocator snapshot
+(--snapshot);
 a holder search over all live memory (after growth or with --trace on, or when
 LIVE_SEARCH_MIN_BYTES of tensors are alive); `gc` (what gc.collect() freed, looked at first:
 garbage.py; not collected when that search found no memory only garbage could hold); `sync` (work
@@ -22,6 +24,7 @@ import sys
 import time
 
 from . import parts as parts_of
+from . import streams
 from .events import uncaught
 from ..contract import ENV_SNAPSHOT
 
@@ -147,6 +150,10 @@ def _exit_probes(agent, torch, parts: dict) -> None:
         agent.peak_watch.at_exit()  # the end as a new high: a leak's peak is often its end
         took("peak")
         stats = agent.sampler.stats_fn or torch.cuda.memory_stats_as_nested_dict
+        # Freed blocks still held for stream work: finished work not yet processed, or unfinished
+        # work (streams.py). Told apart now, before the probes below give the work time to finish.
+        streams.settle(torch, stats, program_devices(end), agent.channel.write)
+        took("streams")
         touched = [row[0] for row in end]
         parts.update(parts_of.measure_at_end(torch, stats, touched))
         took("parts")

@@ -10,7 +10,7 @@ per channel (`NCCL_MIN_NCHANNELS`, `NCCL_MAX_NCHANNELS`); NVLink SHARP (`NCCL_NV
 multicast buffers of its own. PyTorch makes a communicator per process group and device, when the
 group comes up with a bound device (`init_process_group(device_id=...)`) or at its first collective.
 
-The agent never wraps a collective, nor anything the program calls. At each sample it looks at
+The agent never wraps a collective. At each sample it looks at
 how many process groups torch.distributed holds (`len` of its `_pg_map`: nothing is made, nothing
 imported) and writes a `groups` record when that number changes: the time and step, the count and
 the groups' backends; the first record with groups also has the world size, NCCL's version and the
@@ -19,12 +19,15 @@ PyTorch that arrives while the groups come up can be told apart after the run by
 diagnosis's nccl.py): by timing, not by a measurement of NCCL's own. At exit, where PyTorch and NCCL
 can say (PyTorch 2.12 and NCCL 2.29.7 or later: `Backend.memory_stats()`, NCCL's
 `ncclCommMemStats`), the NCCL-tracked memory of the communicators still alive is read on the
-program's thread, after the program has ended (`exit_memory`).
+program's thread, after the program has ended (`exit_memory`). Where the program binds its group to
+its device, the context is read before NCCL sets up (`install_context_reading`: the one call of the
+program's that the agent wraps).
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 MAX_RECORDS = 256  # then only the exit record says how many groups are alive
 # Words in the names of NCCL's variables that size its memory (docs.nvidia.com, NCCL's environment
@@ -130,3 +133,63 @@ def exit_memory(torch) -> dict | None:
         except Exception:
             continue
     return {"groups": len(groups), "nccl_bytes": total}
+
+
+def install_context_reading(agent, torch) -> None:
+    """Read the CUDA context before NCCL can set up, where the program binds its default group to a
+    device (`init_process_group(device_id=...)`, PyTorch's recommended form): NCCL then makes its
+    communicator inside that call, before the program's first allocation, and a context read at that
+    allocation would hold NCCL's memory too.
+
+    This is the one function of the program's that the agent wraps: `init_process_group`, in
+    torch.distributed and its distributed_c10d module, with the same name, signature and docstring.
+    The wrapper calls the original with the same arguments and returns what it returns; before
+    that, where `device_id` names the CUDA device that is current, it completes the context there
+    (one small allocation through PyTorch's allocator, freed at once: the 2 MiB segment it reserves
+    is the one the program's first small tensor would take) and writes a `context` record: NVML's
+    figure for the process and PyTorch's reserved bytes. It never creates a context on another device,
+    and any failure leaves the call as it was."""
+    dist = sys.modules.get("torch.distributed")
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    original = getattr(c10d, "init_process_group", None)
+    if original is None or getattr(original, "_gpumemdoctor", False):
+        return
+    import functools
+
+    @functools.wraps(original)
+    def init_process_group(*args, **kwargs):
+        try:
+            device_id = kwargs.get("device_id", args[8] if len(args) > 8 else None)
+            if device_id is not None:
+                _read_context(agent, torch, device_id)
+        except Exception:
+            pass
+        return original(*args, **kwargs)
+
+    init_process_group._gpumemdoctor = True
+    c10d.init_process_group = init_process_group
+    if dist is not None and getattr(dist, "init_process_group", None) is original:
+        dist.init_process_group = init_process_group
+
+
+def _read_context(agent, torch, device_id) -> None:
+    index = device_id if isinstance(device_id, int) else (
+        device_id.index if getattr(device_id, "type", None) == "cuda" else None)
+    if index is None or index != torch.cuda.current_device():  # current_device() starts CUDA, as the call would
+        return
+    sampler = agent.sampler
+    if not agent.devices or sampler.neutral is None:
+        return
+    if not torch.cuda.memory_reserved(index):
+        t = torch.empty(1, device=f"cuda:{index}")  # completes the context (NVML shows part of it before)
+        del t
+    locked = sampler.lock.acquire(timeout=0.05)
+    try:
+        rows = sampler.read_devices()
+    finally:
+        if locked:
+            sampler.lock.release()
+    row = next((r for r in rows if r[0] == index), None)
+    if row is not None:
+        agent.channel.write({"type": "context", "t": time.monotonic(), "device": index, "nvml": row[5],
+                             "reserved": row[3], "why": "before init_process_group(device_id=...)"})

@@ -1,22 +1,12 @@
 """From a recording to a verdict: the breakdown, the growth, the findings. Pure: no NVML, no torch.
 
-The breakdown of each process on each device, at the end of the run, is
-
-    NVML used = context + live tensors + garbage-cycle tensors + pending-stream
-                + allocator cache + outside PyTorch
-
-from the agent's end probes: `allocated` before and after gc.collect() gives
-live and garbage tensors, `active - allocated` the blocks freed in Python but
-held for unfinished stream work, `reserved - active` the cache, and NVML minus
-`reserved` minus the context what lives outside PyTorch's allocator. The
-context is the smallest `NVML - reserved` after the process's first allocation,
-normally the agent's reading right after it, before libraries load their kernels.
-What lies outside PyTorch is itemised, and judged for growth past warm-up, in non_torch.py.
+The breakdown of each process on each device at the end of the run is breakdown.py's. Growth,
+findings (the judgement's table, judgement.py), suspects and the peak's composition follow here.
 """
 from __future__ import annotations
 
-from . import (child_processes, ends, judgement, job, libraries, machine_faults, non_torch, peak, phases, probed,
-               ranks, suspects)
+from . import (breakdown, child_processes, ends, judgement, job, libraries, machine_faults, non_torch, peak,
+               phases, probed, ranks, streams, suspects)
 from .headroom import add_time_to_full
 from .findings import (FINDING_KINDS, INFORMATIVE, PEAK_CATEGORIES, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, PeakComposition, PeakPart, RankRow, choose_verdict)
@@ -128,25 +118,13 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     end = probes.get("end") or (during[-1][1] if during else None)
     if end is None:
         return
-    context, pooled = libraries.context_without_pools(_context(during, probes.get("end")), agent, torch_index,
-                                                      during[0][0].t if during else None)
-    b = Breakdown(pid=agent.pid, device=nvml_index, torch_index=torch_index,
-                  nvml_bytes=end.nvml_used_bytes, context_bytes=context,
-                  exit_probes=probes.get("end") is not None)
+    b, context, pooled, pending = breakdown.at_exit(agent, torch_index, nvml_index, during, probes, end)
     after_gc = probes.get("gc")
-    if end.allocated_bytes is not None:
-        b.garbage_bytes = (max(0, end.allocated_bytes - after_gc.allocated_bytes)
-                           if after_gc is not None and after_gc.allocated_bytes is not None else None)
-        b.live_tensor_bytes = end.allocated_bytes - (b.garbage_bytes or 0)
-    if end.active_bytes is not None and end.allocated_bytes is not None:
-        b.pending_stream_bytes = max(0, end.active_bytes - end.allocated_bytes)
-    if end.reserved_bytes is not None:
-        in_use = end.active_bytes if end.active_bytes is not None else end.allocated_bytes
-        b.cache_bytes = max(0, end.reserved_bytes - (in_use or 0))
-    if end.nvml_used_bytes and end.reserved_bytes is not None and context is not None:
-        b.non_torch_bytes = max(0, end.nvml_used_bytes - end.reserved_bytes - context)
     result.breakdowns.append(b)
     where = _where(agent, torch_index, nvml_index, dist)
+    settled = streams.note(where, pending)
+    if settled:
+        result.notes.append(settled)
 
     series, by = _steady_series(agent, torch_index)
     xs = [s.step if by == "step" else s.t for s, _ in series]
@@ -194,6 +172,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
                       "rate_text": _rate(g)}
     evidence = _evidence(agent, torch_index, nvml_index, where, b, series, by, growth, held, unheld)
     _exit_state(evidence, b, probes, end, context, agent.cuda_t)
+    evidence.pending = streams.evidence(pending)
     evidence.ended, evidence.collector = ended, (agent.exit_info or {}).get("collector")
     if ended is not None:
         evidence.last_allocated_bytes, evidence.last_t = end.allocated_bytes, during[-1][0].t if during else None
@@ -375,28 +354,6 @@ def _biggest_collection(freeing: list[dict], torch_index: int) -> dict | None:
     return {"t": c["t"], "step": c["step"], "generation": c["generation"], "thread": c["thread"],
             "freed_bytes": sum(b for i, b in c["freed"] if i == torch_index),
             "at": suspects.at(line) if line else None}
-
-
-def _context(during: list[tuple[TorchSample, DeviceReading]], end: DeviceReading | None) -> int | None:
-    """The smallest NVML minus reserved over the readings taken after the first allocation.
-
-    Before its first allocation NVML shows only part of a context (14 MiB on an
-    H200 against about 520 MiB once it is complete), so readings with nothing
-    reserved do not count. The agent takes a reading right after that allocation;
-    kernels that load later only add to the figure, so the smallest is normally
-    that first one, and it stays right when one reading catches an allocation
-    that NVML already counts and the allocator does not yet (seen once on an
-    H200: 64 MiB too much in the first sample). NVML's figure for a process can also
-    dip for one reading (seen once on an H100: 226 MiB between readings of 640 and
-    730 MiB): a reading far below both its neighbours does not count. A process too
-    short to be sampled has only its exit reading, which also holds the libraries it
-    loaded.
-    """
-    gaps = [r.nvml_used_bytes - r.reserved_bytes
-            for r in [r for _, r in during] + ([end] if end is not None else [])
-            if r.reserved_bytes and r.nvml_used_bytes]
-    least = non_torch.lowest(gaps)
-    return max(0, least) if least is not None else None
 
 
 def _steady_series(agent: AgentRecording, torch_index: int):

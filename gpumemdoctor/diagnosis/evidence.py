@@ -44,6 +44,8 @@ class Evidence:
     cuda_t: float | None = None
     pending_stream_bytes: int | None = None  # held for another stream's unfinished work at exit
     pending_after_sync_bytes: int | None = None
+    # How pending was told apart from finished work's blocks (diagnosis/streams.py `evidence`)
+    pending: dict = field(default_factory=dict)
     active_bytes: int | None = None  # at exit (end probe)
     allocated_bytes: int | None = None
     cache_bytes: int | None = None  # PyTorch's cache at exit

@@ -38,7 +38,7 @@ and every finding says which evidence decided it:
 |   | >= 256 MiB, above all the steps had reached, and let >= 3/4 of it go at    |                              |                   |
 |   | their end                                                                  |                              |                   |
 | 14| the CUDA context could be measured                                         | context (informs)            |                   |
-| 15| >= 64 MiB held at exit for unfinished work on another stream               | pending-stream               |                   |
+| 15| >= 64 MiB held at exit for stream work unfinished then, run >= 0.1 s on  | pending-stream               | `unfinished-work` |
 | 16| a program without steps ends with >= 64 MiB in PyTorch's cache             | allocator-cache              |                   |
 | 17| memory outside PyTorch kept growing past warm-up (10 steps or 0.5 s), by    | non-torch                    | `growth`          |
 |   | >= 16 MiB over >= 8 steps or 0.5 s, each stretch higher (non_torch.judge)  |                              |                   |
@@ -66,14 +66,14 @@ more than the device, or than the memory the program may use), `fragmentation`
 """
 from __future__ import annotations
 
-from .evidence import Evidence, Judged, at_line, brief, oom_brief, samples_of, too_short
+from .evidence import SIGNIFICANT_BYTES, Evidence, Judged, at_line, brief, oom_brief, samples_of, too_short
 from .probed import suspect as probed_suspect, summary as probed_summary
+from . import streams
 from .remedies import FINDINGS
 from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
 from ..units import format_bytes as fb
 
 MIB = 1 << 20
-SIGNIFICANT_BYTES = 64 * MIB
 MIN_LEAK_BYTES = 16 * MIB
 OOM_ACCUMULATION_SHARE = 0.5  # of the allocated memory at the error, held by one accumulation
 OTHER_PROCESSES_SHARE = 0.25  # of the device, held by other processes, to blame them
@@ -393,13 +393,15 @@ def _context(e: Evidence) -> Judged | None:
 def _pending_stream(e: Evidence) -> Judged | None:
     if not e.pending_stream_bytes or e.pending_stream_bytes < SIGNIFICANT_BYTES:
         return None
-    return Judged(
-        kind="pending-stream", bytes=e.pending_stream_bytes,
-        summary=f"{fb(e.pending_stream_bytes)} in {e.where} was freed in Python but is held until "
-                f"unfinished work on another stream completes (record_stream).",
-        evidence={"active_at_end": e.active_bytes, "allocated_at_end": e.allocated_bytes,
-                  "pending_after_synchronize": e.pending_after_sync_bytes},
-        remedy=FINDINGS["pending-stream"])
+    told_apart, waited = e.pending.get("pending_told_apart", False), e.pending.get("pending_wait_s") or 0
+    if told_apart and waited < streams.MIN_WAIT_S:  # the last step's own work, done moments after the end
+        return None
+    return Judged(kind="pending-stream", bytes=e.pending_stream_bytes,
+                  summary=streams.summary(e.pending_stream_bytes, e.where, e.pending),
+                  evidence={"active_at_end": e.active_bytes, "allocated_at_end": e.allocated_bytes,
+                            "pending_after_synchronize": e.pending_after_sync_bytes,
+                            "decided_by": "unfinished-work" if told_apart else "active-at-end", **e.pending},
+                  remedy=FINDINGS["pending-stream"])
 
 
 def _allocator_cache(e: Evidence) -> Judged | None:

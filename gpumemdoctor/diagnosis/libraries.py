@@ -1,7 +1,7 @@
 """Other GPU libraries in a process (JAX/XLA, CuPy, Numba, TensorFlow): their memory is not the CUDA
 context, and it is named with its library and the switch that governs it. Pure.
 
-- **The context.** The context is read from NVML at PyTorch's first allocation (diagnose._context).
+- **The context.** The context is read from NVML at PyTorch's first allocation (breakdown.context_of).
   A library that preallocates (JAX/XLA takes 75% of the GPU at its first use) and started before
   that moment is in the same reading. Its pool, by the library's own statistics (read by the agent
   at exit, never by starting the library), is taken out of the context and shown as its own part

@@ -14,7 +14,9 @@ settled at once the groups were up: the lowest reading from the later of that re
 warm-up, to exit. So what loads in the same moments (cuBLAS's kernels at the first forward pass of a
 DDP model, made right after its group) is counted with NCCL's, and what NCCL allocated before the
 process's first PyTorch allocation (a communicator made by `init_process_group(device_id=...)`
-before the model is on the GPU) is in the figure of its CUDA context, which is read then. Where NCCL itself can say (PyTorch 2.12 and NCCL 2.29.7 or
+before the model is on the GPU) would be in the figure of its CUDA context, read then: so the agent
+reads the context inside that call, before NCCL sets up (`context_before`), and NCCL's part is then
+what came after that reading. Where NCCL itself can say (PyTorch 2.12 and NCCL 2.29.7 or
 later), the agent also reads at exit what the communicators still alive hold (`ncclCommMemStats`),
 and NCCL's part is at least that. Growth after warm-up is judged as before (non_torch.py): a new
 communicator at every step stays a `non-torch` finding, which then names the process groups.
@@ -44,6 +46,16 @@ def arrival(agent: AgentRecording) -> dict | None:
             "nccl_version": described.get("nccl_version"), "nccl_env": described.get("nccl_env") or {}}
 
 
+def context_before(agent: AgentRecording, torch_index: int) -> int | None:
+    """The context read before NCCL could set up (the agent's `context` record, made where the program
+    called init_process_group(device_id=...)): NVML's figure less PyTorch's reserved bytes then. None
+    where there is no such reading (no device_id, or a recording from before issue 42)."""
+    for r in agent.root.get("contexts") or []:
+        if r["device"] == torch_index and r["nvml"] and r["reserved"] is not None:
+            return max(0, r["nvml"] - r["reserved"])
+    return None
+
+
 def exit_bytes(agent: AgentRecording) -> int | None:
     """What NCCL's communicators said they held at exit (None: not said, or none alive)."""
     groups = (((agent.exit_info or {}).get("parts") or {}).get("process_groups")) or {}
@@ -62,6 +74,8 @@ def part(agent: AgentRecording, ts: list[float], ys: list[int | None], warmup_en
     if came is None:
         return None
     before = [y for t, y in zip(ts, ys) if y is not None and t < came["t"]]
+    if not before and agent.root.get("contexts"):
+        before = [0]  # the context was read before NCCL set up: nothing was outside PyTorch then
     in_warmup = warmup_end_t is None or came["t"] <= warmup_end_t
     if in_warmup:
         level = settled

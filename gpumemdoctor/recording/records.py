@@ -169,20 +169,34 @@ DECLINED = Shape({"t": NUM, "step": opt(INT), "when": one_of("growth", "oom", "p
 # the agent's) thread; absent from recordings from before issue 31.
 TRACE = Shape({"t": NUM, "step": opt(INT), "why": STR, "ok": BOOL, "error": opt(STR), "elapsed_s": may(NUM)})
 
+# Freed blocks held for stream work at exit, on one device (_agent/streams.py): the gap `active -
+# allocated` at the end, what was still held once the allocator had processed its completed events
+# (work unfinished at exit), the streams holding it ([handle, bytes, the program's name for it, seconds
+# from then until it finished]), the wait for the device's work and the gap after it. Recordings from
+# before issue 42 have none.
+PENDING = Shape({"t": NUM, "device": INT, "before_bytes": SIZE, "unfinished_bytes": SIZE,
+                 "streams": list_of(row(INT, SIZE, opt(STR), opt(NUM))), "wait_s": opt(NUM),
+                 "after_sync_bytes": opt(SIZE)})
+# Where a process's CUDA context was read before NCCL could set up (_agent/process_groups.py): the
+# device, NVML's figure for the process and PyTorch's reserved bytes then. Recordings from before
+# issue 42 have none.
+CONTEXT = Shape({"t": NUM, "device": INT, "nvml": opt(SIZE), "reserved": opt(SIZE), "why": STR})
+
 # agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record
 RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
            "investigation": ("investigations", INVESTIGATION), "thread": ("threads", THREAD),
            "garbage": ("garbage", GARBAGE), "snapshot": ("snapshot", SNAPSHOT),
            "collection": ("collections", COLLECTION), "oom": ("ooms", OOM), "library": ("libraries", LIBRARY),
            "groups": ("groups", GROUPS), "peak": ("peaks", PEAK), "peak_probe": ("peak_probes", PEAK_PROBE),
-           "declined": ("declined", DECLINED)}
+           "declined": ("declined", DECLINED), "pending": ("pending_streams", PENDING),
+           "context": ("contexts", CONTEXT)}
 _SINGLE = ("garbage", "snapshot")
 
 
 def empty_root() -> dict:
     return {"suspicions": [], "traces": [], "baselines": [], "investigations": [], "threads": [],
             "garbage": None, "snapshot": None, "collections": [], "ooms": [], "libraries": [], "groups": [],
-            "peaks": [], "peak_probes": [], "declined": []}
+            "peaks": [], "peak_probes": [], "declined": [], "pending_streams": [], "contexts": []}
 
 
 def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:
