@@ -148,7 +148,9 @@ def install_context_reading(agent, torch) -> None:
     (one small allocation through PyTorch's allocator, freed at once: the 2 MiB segment it reserves
     is the one the program's first small tensor would take) and writes a `context` record: NVML's
     figure for the process and PyTorch's reserved bytes. It never creates a context on another device,
-    and any failure leaves the call as it was."""
+    and any failure leaves the call as it was. Without `device_id` a record says so (device -1): NCCL
+    then sets up at the group's first collective, on a tensor, after the context's reading at the first
+    allocation."""
     dist = sys.modules.get("torch.distributed")
     c10d = sys.modules.get("torch.distributed.distributed_c10d")
     original = getattr(c10d, "init_process_group", None)
@@ -162,6 +164,9 @@ def install_context_reading(agent, torch) -> None:
             device_id = kwargs.get("device_id", args[8] if len(args) > 8 else None)
             if device_id is not None:
                 _read_context(agent, torch, device_id)
+            else:  # NCCL sets up at the group's first collective, on a tensor: after the first allocation
+                agent.channel.write({"type": "context", "t": time.monotonic(), "device": -1, "nvml": None,
+                                     "reserved": None, "why": "init_process_group without device_id"})
         except Exception:
             pass
         return original(*args, **kwargs)

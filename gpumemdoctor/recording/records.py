@@ -178,8 +178,9 @@ PENDING = Shape({"t": NUM, "device": INT, "before_bytes": SIZE, "unfinished_byte
                  "streams": list_of(row(INT, SIZE, opt(STR), opt(NUM))), "wait_s": opt(NUM),
                  "after_sync_bytes": opt(SIZE)})
 # Where a process's CUDA context was read before NCCL could set up (_agent/process_groups.py): the
-# device, NVML's figure for the process and PyTorch's reserved bytes then. Recordings from before
-# issue 42 have none.
+# device, NVML's figure for the process and PyTorch's reserved bytes then; device -1 and no figures
+# where init_process_group had no device_id (NCCL then sets up after the first allocation).
+# Recordings from before issue 42 have none.
 CONTEXT = Shape({"t": NUM, "device": INT, "nvml": opt(SIZE), "reserved": opt(SIZE), "why": STR})
 
 # agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record

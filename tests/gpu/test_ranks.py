@@ -60,10 +60,10 @@ def environment(**extra: str) -> dict:
     return {**os.environ, **NO_MULTICAST, **extra}
 
 
-def run_job(name: str, tmp_path: Path, keep_as: str | None = None) -> dict:
+def run_job(name: str, tmp_path: Path, keep_as: str | None = None, ranks: int = 2) -> dict:
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "gpumemdoctor", "run", "-o", str(report), "-m", "torch.distributed.run",
-           "--standalone", "--nproc-per-node", "2", str(RANKS / f"{name}.py")]
+           "--standalone", "--nproc-per-node", str(ranks), str(RANKS / f"{name}.py")]
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=environment())
     if proc.returncode == SKIP_EXIT or "skip: this scenario needs" in proc.stderr:
         pytest.skip("the scenario needs more GPUs than this machine has")
@@ -252,3 +252,13 @@ def test_two_nodes_reports_are_one_job(tmp_path):
     from gpumemdoctor.reporters.json_report import load
 
     two_gpus.two_nodes(diagnose_job([load(str(tmp_path / f"node{n}.json"))[0] for n in (0, 1)]))
+
+
+@pytest.mark.parametrize("name", list(two_gpus.FOUR_RANKS))
+def test_an_fsdp_job_on_four_ranks(name, tmp_path):
+    """Issue 42: the clean FSDP2 job and the one that leaks on rank 1, on four ranks, a GPU each."""
+    need_gpus(4)
+    report = run_job(name, tmp_path, keep_as=f"{name}_4ranks", ranks=4)
+    verdict, _ = expectations(RANKS / f"{name}.py")
+    assert report["verdict"] == verdict, (two_gpus.summaries(report), report["_stderr"])
+    two_gpus.FOUR_RANKS[name](report)
