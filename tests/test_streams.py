@@ -35,26 +35,22 @@ class Allocator:
         if self.work_done:
             self.unfinished = 0
 
-    def torch(self, stream_type=None):
+    def torch(self):
         alloc = self
 
         class Stream:
             def __init__(self, handle):
-                self.cuda_stream = handle
+                self.cuda_stream, self.device_index = handle, 0
 
-        class ExternalStream(Stream):
-            def __init__(self, handle, device=None):
-                super().__init__(handle)
+            def query(self):
+                return alloc.work_done or self.cuda_stream != alloc.stream
 
             def synchronize(self):
-                alloc.work_done = True
+                if self.cuda_stream == alloc.stream:
+                    alloc.work_done = True
 
-        cuda = types.SimpleNamespace(
-            Stream=Stream, ExternalStream=ExternalStream,
-            synchronize=lambda index=None: setattr(alloc, "work_done", True),
-            memory_snapshot=lambda: [{"device": 0, "stream": alloc.stream, "blocks": [
-                {"size": alloc.unfinished, "state": "active_pending_free"},
-                {"size": alloc.allocated, "state": "active_allocated"}]}])
+        cuda = types.SimpleNamespace(Stream=Stream,
+                                     synchronize=lambda index=None: setattr(alloc, "work_done", True))
         return types.SimpleNamespace(cuda=cuda, empty=lambda *a, **k: alloc.allocate())
 
 
@@ -83,6 +79,15 @@ def test_unfinished_work_is_named_by_its_stream_and_waited_for(monkeypatch):
     (handle, size, name, waited), = record["streams"]
     assert (handle, size, name) == (0x5A5A, 1024 * MIB, "side") and waited >= 0
     assert record["wait_s"] is not None
+
+
+def test_work_on_a_stream_the_program_does_not_name_is_waited_for_on_the_device(monkeypatch):
+    alloc = Allocator(allocated=0, finished=0, unfinished=512 * MIB)
+    (record,) = settle(alloc, monkeypatch, {"other": 7})
+    (handle, size, name, waited), = record["streams"]
+    assert (handle, size, name) == (-1, 512 * MIB, None) and waited == record["wait_s"]
+    words = streams.stream_words(record)
+    assert words.startswith("streams the program's main module does not name (512 MiB, finished ")
 
 
 def test_no_record_where_nothing_is_held_for_a_stream():

@@ -11,11 +11,14 @@ plus unfinished work.
 `settle` tells them apart, once, right after the exit probes' first reading, before anything else
 can let the work finish unseen: for each device where `active > allocated`, one small allocation
 (the allocator then processes every stream's completed events), a reading; what is still held is
-held for work that has not finished. Then which streams hold it (the allocator's snapshot, only
-then), each stream's wait timed (`Stream.synchronize`), the device synchronised, one more small
-allocation, a last reading. The `pending` record says, per device: the gap at the end, the gap
-after the events were processed, the streams with their bytes and how long after the end each one
-finished, and the gap after synchronising. The program has ended: its streams' work is waited for
+held for work that has not finished. Then which streams hold it: each stream that the program's
+main module names and that is still busy is waited for in turn (`Stream.synchronize`), and what one
+more small allocation then releases was held for that stream; the device is synchronised for the
+rest (a library's streams), and a last reading taken. The `pending` record says, per device: the
+gap at the end, the gap after the events were processed, the streams with their bytes and how long
+after the end each one finished (handle -1: streams not named), and the gap after synchronising.
+The allocator's snapshot cannot say it: a block's segment names the stream it was allocated on,
+not the streams its events wait for. The program has ended: its streams' work is waited for
 here, never while it runs.
 """
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import sys
 import time
 
-MAX_STREAMS = 8  # streams named per device, the largest first
+MAX_STREAMS = 8  # streams waited for one by one, per device
 
 
 def settle(torch, stats, devices: list[int], write) -> None:
@@ -61,58 +64,47 @@ def _settle(torch, stats, index: int) -> dict | None:
               "unfinished_bytes": unfinished, "streams": [], "wait_s": None, "after_sync_bytes": None}
     if not unfinished:
         return record
+    # Which stream held what: each stream the program names, still busy, waited for in turn, and what
+    # one more allocation then releases is what its work held; the rest waits for the device.
     mark = time.perf_counter()
-    streams = _by_stream(torch, index)
-    for stream in streams[:MAX_STREAMS]:
-        stream.append(_wait(torch, index, stream[0], mark))
+    held = unfinished
+    for handle, name, stream in _named_streams(torch, index):
+        try:
+            stream.synchronize()
+        except Exception:
+            continue
+        waited = round(time.perf_counter() - mark, 6)
+        _allocate(torch, index)
+        left = _gap(stats, index)
+        if left < held:
+            record["streams"].append([handle, held - left, name, waited])
+        held = left
     torch.cuda.synchronize(index)
     record["wait_s"] = round(time.perf_counter() - mark, 6)
     _allocate(torch, index)
-    record["after_sync_bytes"] = _gap(stats, index)
-    record["streams"] = streams[:MAX_STREAMS]  # [handle, bytes, name, seconds until it finished]
+    record["after_sync_bytes"] = after = _gap(stats, index)
+    if held > after:  # streams the program does not name in its main module (a library's)
+        record["streams"].append([-1, held - after, None, record["wait_s"]])
+    record["streams"] = record["streams"][:MAX_STREAMS]
     return record
 
 
-def _by_stream(torch, index: int) -> list[list]:
-    """[[stream handle, bytes held for it, its name in the program or None]], most bytes first, from
-    the allocator's snapshot: the blocks whose state is pending, by their segment's stream."""
-    held: dict[int, int] = {}
-    for segment in torch.cuda.memory_snapshot():
-        if segment.get("device") != index:
-            continue
-        pending = sum(int(b.get("size", 0)) for b in segment.get("blocks", ())
-                      if "pending" in str(b.get("state", "")))
-        if pending:
-            stream = int(segment.get("stream") or 0)
-            held[stream] = held.get(stream, 0) + pending
-    names = _stream_names(torch)
-    return [[stream, size, names.get(stream)] for stream, size in sorted(held.items(), key=lambda kv: -kv[1])]
-
-
-def _stream_names(torch) -> dict[int, str]:
-    """Stream handle -> the name the program's main module gives that stream (`side`), where it
-    holds one in a global; read from the module's dict, no code of the program run."""
-    names: dict[int, str] = {}
+def _named_streams(torch, index: int) -> list:
+    """[(handle, name, stream)] of the CUDA streams on this device that the program's main module holds
+    in its globals and that still have work queued (`query()` is False); read from the module's dict,
+    no code of the program run."""
+    found = []
     main = sys.modules.get("__main__")
     stream_type = getattr(torch.cuda, "Stream", None)
     if main is None or stream_type is None:
-        return names
+        return found
     for name, value in list(getattr(main, "__dict__", {}).items()):
-        if isinstance(name, str) and issubclass(type(value), stream_type):
-            try:
-                names.setdefault(int(value.cuda_stream), name)
-            except Exception:
-                pass
-    return names
-
-
-def _wait(torch, index: int, handle: int, mark: float) -> float | None:
-    """Seconds from `mark` until the stream `handle` had finished its work (None: not waited for)."""
-    try:
-        if handle:
-            torch.cuda.ExternalStream(handle, device=f"cuda:{index}").synchronize()
-        else:
-            torch.cuda.synchronize(index)
-    except Exception:
-        return None
-    return round(time.perf_counter() - mark, 6)
+        if not isinstance(name, str) or not issubclass(type(value), stream_type):
+            continue
+        try:
+            if stream_type.query(value) or (getattr(value, "device_index", index) != index):
+                continue
+            found.append((int(value.cuda_stream), name, value))
+        except Exception:
+            pass
+    return found[:MAX_STREAMS]
