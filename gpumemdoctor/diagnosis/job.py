@@ -1,6 +1,6 @@
 """The ranks of a distributed job in a diagnosis: the rank table of a recording, the host on what it
 names, several recordings' diagnoses side by side, and the step across ranks (each rank's verdict,
-`rank-imbalance`, the job, the verdict). Pure; `ranks.py` holds the rules, `diagnosis.py` calls this."""
+`rank-imbalance`, the job, the verdict). Pure; `ranks.py` holds the rules, `diagnose.py` calls this."""
 from __future__ import annotations
 
 from . import ranks
