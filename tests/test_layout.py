@@ -45,13 +45,14 @@ def modules(package: Path = PACKAGE) -> dict[str, Path]:
     return {module_name(p, package): p for p in sorted(package.rglob("*.py"))}
 
 
-def imported(path: Path, known: dict[str, Path], package: Path = PACKAGE) -> set[str]:
-    """The package's modules that the module at `path` imports, anywhere in its code."""
+def imported(path: Path, known: dict[str, Path], package: Path = PACKAGE, within: ast.AST | None = None) -> set[str]:
+    """The package's modules that the module at `path` imports, anywhere in its code (or `within` one
+    of its nodes: a function)."""
     name = module_name(path, package)
     # A package's __init__ resolves relative imports against itself; a module against its package.
     here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(within or ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -176,6 +177,26 @@ def test_the_graph_reads_module_and_function_level_imports():
     assert "gpumemdoctor._agent.search" in graph["gpumemdoctor._agent.growth_watch"]  # inside a method
     assert "gpumemdoctor._agent" in graph["gpumemdoctor"]  # from . import _agent, inside step()
     assert "gpumemdoctor.recording.records" in graph["gpumemdoctor.recording.recording"]  # from . import records
+
+
+def test_what_run_imports_while_the_target_runs_is_what_it_needs_after():
+    """`run` imports the report's modules on a thread while the target runs (cli/run.py's
+    AFTER_RUN_MODULES): they are the modules that _after_run and the functions it calls import,
+    read from their code, so that the list cannot drift from them."""
+    from gpumemdoctor.cli.run import AFTER_RUN_MODULES
+
+    path = PACKAGE / "cli" / "run.py"
+    functions = {node.name: node for node in ast.parse(path.read_text(encoding="utf-8")).body
+                 if isinstance(node, ast.FunctionDef)}
+    reached, todo = set(), ["_after_run"]
+    while todo:  # _after_run, and the module's functions it calls, and theirs
+        reached.add(name := todo.pop())
+        todo += [n.func.id for n in ast.walk(functions[name]) if isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Name) and n.func.id in functions and n.func.id not in reached]
+    assert "_write_baseline" in reached
+    known = modules()
+    after = set().union(*(imported(path, known, within=functions[name]) for name in reached))
+    assert sorted(AFTER_RUN_MODULES) == sorted(after)
 
 
 def test_a_circle_is_found(tmp_path):

@@ -207,10 +207,12 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         return status
 
 
-# What _after_run imports: imported while the target runs (RunOptions.prepare), not after it.
+# What _after_run imports: imported while the target runs (RunOptions.prepare), not after it. A test
+# reads _after_run's imports from its code and keeps this list equal to them (tests/test_layout.py).
 AFTER_RUN_MODULES = ("gpumemdoctor.diagnosis.ci_checks", "gpumemdoctor.diagnosis.diagnose",
-                     "gpumemdoctor.reporters.console", "gpumemdoctor.reporters.json_report",
-                     "gpumemdoctor.reporters.html", "gpumemdoctor.reporters.terminal")
+                     "gpumemdoctor.files.outputs", "gpumemdoctor.reporters.console",
+                     "gpumemdoctor.reporters.json_report", "gpumemdoctor.reporters.html",
+                     "gpumemdoctor.reporters.terminal")
 
 
 def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:
