@@ -211,7 +211,7 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
 # reads _after_run's imports from its code and keeps this list equal to them (tests/test_layout.py).
 AFTER_RUN_MODULES = ("gpumemdoctor.diagnosis.ci_checks", "gpumemdoctor.diagnosis.diagnose",
                      "gpumemdoctor.files.outputs", "gpumemdoctor.reporters.console",
-                     "gpumemdoctor.reporters.json_report", "gpumemdoctor.reporters.html",
+                     "gpumemdoctor.diagnosis.report_file", "gpumemdoctor.reporters.html",
                      "gpumemdoctor.reporters.terminal")
 
 
@@ -222,7 +222,7 @@ def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:
     from ..reporters.console import make_console
     from ..diagnosis.diagnose import diagnose
     from ..files.outputs import write_text
-    from ..reporters.json_report import build, default_name, write
+    from ..diagnosis.report_file import build, default_name, write
     from ..reporters import html as html_reporter
     from ..reporters import terminal
 
