@@ -422,7 +422,7 @@ def test_a_one_hour_run_with_a_peak_stays_under_5_mb():
 def test_a_leak_says_when_its_gpu_would_have_been_full():
     """Where the GPU's free memory was read (a SYNTHETIC 40 GiB at the last sample), the page says
     what the terminal says, under the verdict and in the finding; where it was not, nothing."""
-    from gpumemdoctor.reporters.terminal import time_to_full_text
+    from gpumemdoctor.reporters.vocabulary import time_to_full_text
 
     recording, _ = load(str(FIXTURES / "leak_training_list.json"))
     recording.device_memory = {}  # as before the supervisor read it

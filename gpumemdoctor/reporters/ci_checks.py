@@ -10,7 +10,7 @@ from rich.text import Text
 
 from ..diagnosis.ci_checks import RANK_FIGURES, CheckResult
 from ..units import format_bytes as fb
-from .terminal import peak_label
+from .vocabulary import peak_label
 
 MAX_PARTS_SAID = 4  # the parts a message names, the largest first
 MIN_PART_SAID = 1 << 20  # a part's change under 1 MiB is not named
