@@ -425,6 +425,7 @@ class SamplingThread:
             if self.nap(0.001 if waited < 0.1 else 0.01):
                 return
 
+
 def _json_int(value) -> str:
     return "null" if value is None else str(value)
 

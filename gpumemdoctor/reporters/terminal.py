@@ -176,8 +176,6 @@ def _peaks(console: Console, diagnosis: Diagnosis) -> None:
         console.print("\nPeaks    " + text)
 
 
-
-
 def _peak_compositions(console: Console, diagnosis: Diagnosis) -> None:
     """What made the peak: the largest process/GPU's parts in a table, one line for each other one."""
     if not diagnosis.peak_compositions:
