@@ -80,7 +80,8 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
 @click.option("--force", is_flag=True, help="Overwrite the report (and --html) file if it exists.")
 @click.option("--interval", type=Seconds(contract.INTERVAL_MIN_S, contract.INTERVAL_MAX_S),
               default=contract.INTERVAL_DEFAULT_S, show_default=True,
-              help="Seconds between the agent's allocator samples.")
+              help="Seconds between the agent's allocator samples, at the least: a long run lengthens "
+                   f"it up to {contract.LENGTHENED_INTERVAL_MAX_S:g} s (a longer one is kept as given).")
 @click.option("--poll-interval", type=Seconds(contract.POLL_INTERVAL_MIN_S, contract.POLL_INTERVAL_MAX_S),
               default=contract.POLL_INTERVAL_DEFAULT_S, show_default=True,
               help="Seconds between NVML polls of the process tree.")
