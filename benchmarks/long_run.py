@@ -197,7 +197,7 @@ def supervisor_phase(hours: float, agent_file: str, poll_s: float) -> dict:
     from gpumemdoctor.supervise import supervisor
     from gpumemdoctor.recording.agent_files import AgentFiles
     from gpumemdoctor.diagnosis.diagnose import diagnose
-    from gpumemdoctor.reporters.json_report import build, write
+    from gpumemdoctor.diagnosis.report_file import build, write
 
     rss_start = rss_of_self()
     clock = SimpleNamespace(now=T0)

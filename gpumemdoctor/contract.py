@@ -1,8 +1,8 @@
 """The contract between `gpumemdoctor run`'s supervisor and the agent inside the target.
 
 The supervisor passes everything to the agent through these environment variables; the sampling
-interval's default and bounds live here once, for `run`'s option, the supervisor's options and the
-agent's reading of its variable. Both sides, `ps` and the pytest plugin import this module alone:
+interval's default, its bounds and how far the agent lengthens it live here once, for `run`'s option,
+the supervisor's options and the agent's reading of its variable and its sampler. Both sides, `ps` and the pytest plugin import this module alone:
 it loads nothing of the agent. (`_bootstrap/sitecustomize.py` spells ENV_RUN_DIR and
 ENV_PACKAGE_PARENT out, since it runs before the package can be found; a test keeps them equal.)
 """
@@ -22,6 +22,10 @@ ENV_MAX_PAUSE = "GPUMEMDOCTOR_MAX_PAUSE_S"  # the longest pause a search during 
 INTERVAL_DEFAULT_S = 0.02
 INTERVAL_MIN_S = 0.001
 INTERVAL_MAX_S = 60
+# The agent lengthens a shorter interval as a run goes on (doubled every 1000 samples, and stretched
+# so that its samples take at most 1% of the program's time), up to this; an interval asked for above
+# it is kept as asked, never cut to it (interval_ceiling).
+LENGTHENED_INTERVAL_MAX_S = 5.0
 # The supervisor's NVML poll (`run --poll-interval`); the supervisor's own, never sent to the agent.
 POLL_INTERVAL_DEFAULT_S = 0.005
 POLL_INTERVAL_MIN_S = 0.001
@@ -47,6 +51,12 @@ def max_pause_from_env(environ: Mapping[str, str]) -> float:
 def interval_from_env(environ: Mapping[str, str]) -> float:
     """The interval the supervisor asked for (see _seconds_from_env)."""
     return _seconds_from_env(environ, ENV_INTERVAL, INTERVAL_DEFAULT_S, INTERVAL_MIN_S, INTERVAL_MAX_S)
+
+
+def interval_ceiling(interval_s: float) -> float:
+    """The longest interval the agent samples at, given the one asked for: LENGTHENED_INTERVAL_MAX_S,
+    or the interval asked for where that is longer."""
+    return interval_s if interval_s > LENGTHENED_INTERVAL_MAX_S else LENGTHENED_INTERVAL_MAX_S
 
 
 def _seconds_from_env(environ: Mapping[str, str], name: str, default: float, least: float, most: float) -> float:

@@ -3,7 +3,7 @@
 
 The batch size changes every step (256 to 4096 rows, fixed seeds), so activations
 come in many sizes. CUDA's stream-ordered pool keeps what is freed until
-empty_cache(), synchronize or not (../shared/gpu-facts.md), so `reserved` rises to the
+empty_cache(), synchronize or not (docs/gpu-facts.md), so `reserved` rises to the
 largest step's working set and stays there, while the live tensors at each step
 boundary stay flat (only the input varies, and it is at most 8 MiB). Not a leak.
 """

@@ -3,7 +3,7 @@
 A job here is what `gpumemdoctor run -m torch.distributed.run --nproc-per-node N train.py` records
 on one host: the launcher (an agent without a rank, never on a GPU) and N rank processes (agents
 whose hello named RANK, LOCAL_RANK, WORLD_SIZE...), each working on the GPU of its local rank.
-The figures follow what docs/verdicts.md and shared/gpu-facts.md describe (a context of about
+The figures follow what docs/verdicts.md and docs/gpu-facts.md describe (a context of about
 500 MiB, a cache above the allocated memory), so the diagnosis sees the shapes it sees on a GPU;
 the recordings of real 2-GPU runs, once committed to tests/fixtures/reports, are checked by the
 same invariants (tests/test_ranks.py).

@@ -20,6 +20,7 @@ _spec = importlib.util.spec_from_file_location("fake_cuda", Path(__file__).paren
 fake_cuda = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake_cuda)
 
+from gpumemdoctor import contract
 from gpumemdoctor._agent import sampler, trace, growth_watch as watch
 
 MiB = 1 << 20
@@ -64,9 +65,9 @@ def test_a_day_keeps_the_agents_memory_flat_and_its_file_to_a_bounded_rate(agent
     floor_xs = agent.growth_watch.floor_xs
     assert all(len(xs) <= watch.MAX_FLOOR_POINTS + 1 for per_device in floor_xs.values() for xs in per_device)
     assert any(per_device[0] for per_device in floor_xs.values())  # the check ran
-    assert agent.sampler.interval_s == sampler.MAX_INTERVAL_S
+    assert agent.sampler.interval_s == contract.LENGTHENED_INTERVAL_MAX_S
     lines_per_hour = (len(records(tmp_path, agent)) - lines_before) / 20
-    assert lines_per_hour <= HOUR / sampler.MAX_INTERVAL_S + 1  # at most one sample line per 5 s
+    assert lines_per_hour <= HOUR / contract.LENGTHENED_INTERVAL_MAX_S + 1  # at most one sample line per 5 s
     costs = agent.sampler.cost.windows()
     assert costs["first_window_samples"] > costs["last_window_samples"] > 0
 
@@ -221,7 +222,29 @@ def test_dear_samples_lengthen_the_interval_to_keep_their_share(agent_and_clock,
     assert s.interval_s == 0.08
     for _ in range(50):
         s._pace(1.0)
-    assert s.interval_s == sampler.MAX_INTERVAL_S
+    assert s.interval_s == contract.LENGTHENED_INTERVAL_MAX_S
+
+
+@pytest.fixture
+def agent_asked_10_s(tmp_path):
+    yield from fake_cuda.agent_fixture(str(tmp_path), interval_s=10.0)
+
+
+def test_an_interval_asked_above_the_lengthened_ceiling_is_kept_as_asked(agent_asked_10_s):
+    """`run --interval 10` (60 s at most) samples every 10 s all run long: the count's doublings and
+    the samples' cost lengthen a shorter interval up to 5 s, and never cut a longer one down to it."""
+    agent, clock = agent_asked_10_s
+    s = agent.sampler
+    agent.torch.set(64 * MiB, 64 * MiB)
+    s.samples = sampler.SAMPLES_PER_DOUBLING - 1
+    s.sample("time")  # the 1000th sample: the base would double
+    assert s.samples == sampler.SAMPLES_PER_DOUBLING
+    assert s.base_interval_s == 10.0 and s.interval_s == 10.0
+    for _ in range(50):
+        s._pace(1.0)  # dear samples: 1 s each would ask for 100 s
+    assert s.interval_s == 10.0
+    assert contract.interval_ceiling(0.02) == contract.LENGTHENED_INTERVAL_MAX_S == 5.0
+    assert contract.interval_ceiling(contract.INTERVAL_MAX_S) == contract.INTERVAL_MAX_S
 
 
 def run_steps_spent(agent, clock, steps: int, step_s: float) -> None:

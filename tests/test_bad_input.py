@@ -21,7 +21,7 @@ import pytest
 from gpumemdoctor.diagnosis import ci_checks as checks
 from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.recording.recording import ProcessRecord, Recording
-from gpumemdoctor.reporters.json_report import build
+from gpumemdoctor.diagnosis.report_file import build
 
 from .conftest import cli_env, invoke
 from .test_report_parse import make_recording
@@ -229,7 +229,7 @@ def test_a_named_pipe_without_a_writer_does_not_hang(tmp_path):
 
 
 def test_a_report_larger_than_the_bound_is_refused_without_reading_it_all(tmp_path, monkeypatch):
-    from gpumemdoctor.reporters import json_report as report
+    from gpumemdoctor.diagnosis import report_file as report
     path = tmp_path / "big.json"
     path.write_text(json.dumps(leak_report()))
     monkeypatch.setattr(report, "MAX_REPORT_BYTES", 1000)

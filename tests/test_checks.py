@@ -9,7 +9,7 @@ import pytest
 
 from gpumemdoctor.diagnosis import ci_checks as checks
 from gpumemdoctor.errors import BadReportError, UsageError
-from gpumemdoctor.reporters.json_report import load
+from gpumemdoctor.diagnosis.report_file import load
 from gpumemdoctor.reporters.ci_checks import junit_xml, markdown_summary
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"

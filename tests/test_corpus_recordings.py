@@ -139,7 +139,7 @@ def test_an_evaluation_s_peak_is_read_at_its_height_not_in_the_cache_it_left(pat
     it was PyTorch's cache (17.2 GiB of 18.4 on the H100, for GPT-2). What made the peak is read at
     the reading with the most memory in use, and says so."""
     from gpumemdoctor.diagnosis.peak import unclassified_told
-    from gpumemdoctor.reporters.terminal import holder_text
+    from gpumemdoctor.reporters.vocabulary import holder_text
 
     report, recording = load(path)
     (c,) = [c for c in diagnose(recording).peak_compositions if c.pid == recording.target_pid]

@@ -341,3 +341,22 @@ def test_no_doc_points_outside_the_repository():
             if target and ROOT not in (dest, *dest.parents):
                 outside.append(f"{path.relative_to(ROOT)}: {target}")
     assert outside == []
+
+
+def test_no_source_points_outside_the_repository():
+    """Nor a module, scenario, test or benchmark: a path it cites (`../x.md`, `shared/x.md`, the
+    workspace's folder beside a clone) is in the repository, so that a reader of a clone finds it."""
+    sources = sorted(p for p in ROOT.rglob("*.py")
+                     if not any(part.startswith(".") or part.endswith(".egg-info") or part in ("build", "dist")
+                                for part in p.relative_to(ROOT).parts[:-1]))
+    assert ROOT / "gpumemdoctor" / "diagnosis" / "nccl.py" in sources
+    outside = []
+    for path in sources:
+        if path == Path(__file__).resolve():
+            continue  # its docstrings name such paths as what is refused
+        text = path.read_text()
+        for target in re.findall(r"(?<![\w./-])((?:\.\./)+[\w.\-/]*|shared/[\w.\-/]+)", text):
+            dest = (path.parent / target).resolve() if target.startswith("..") else ROOT / target
+            if ROOT not in (dest, *dest.parents) or not dest.exists():
+                outside.append(f"{path.relative_to(ROOT)}: {target}")
+    assert outside == []

@@ -18,7 +18,7 @@ from benchmarks.html_size import one_hour  # noqa: E402
 from gpumemdoctor.diagnosis.diagnose import diagnose  # noqa: E402
 from gpumemdoctor.errors import MissingExtraError  # noqa: E402
 from gpumemdoctor.recording.recording import Recording  # noqa: E402
-from gpumemdoctor.reporters.json_report import load, parse  # noqa: E402
+from gpumemdoctor.diagnosis.report_file import load, parse  # noqa: E402
 from gpumemdoctor.reporters import html  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
@@ -422,7 +422,7 @@ def test_a_one_hour_run_with_a_peak_stays_under_5_mb():
 def test_a_leak_says_when_its_gpu_would_have_been_full():
     """Where the GPU's free memory was read (a SYNTHETIC 40 GiB at the last sample), the page says
     what the terminal says, under the verdict and in the finding; where it was not, nothing."""
-    from gpumemdoctor.reporters.terminal import time_to_full_text
+    from gpumemdoctor.reporters.vocabulary import time_to_full_text
 
     recording, _ = load(str(FIXTURES / "leak_training_list.json"))
     recording.device_memory = {}  # as before the supervisor read it

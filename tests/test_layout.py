@@ -8,7 +8,10 @@ with the modules on it, so that it can be broken where the tie is weakest.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gpumemdoctor"
 MAX_MODULE_LINES = 500
@@ -34,6 +37,9 @@ LAYERS = (
 # The package's face, `gpumemdoctor.step()` and `enable()`, imports the agent when called: the one
 # way up, so that a program can import gpumemdoctor without loading anything of the tool.
 UPWARD_ALLOWED = {("gpumemdoctor", "gpumemdoctor._agent")}
+# The packages whose docstring names each of their modules (the agent's and the CLI's say what their
+# modules are as a whole: the parts of `core.Agent`, one module per subcommand).
+LISTING_PACKAGES = ("diagnosis", "files", "live", "recording", "reporters", "supervise", "system")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -45,13 +51,14 @@ def modules(package: Path = PACKAGE) -> dict[str, Path]:
     return {module_name(p, package): p for p in sorted(package.rglob("*.py"))}
 
 
-def imported(path: Path, known: dict[str, Path], package: Path = PACKAGE) -> set[str]:
-    """The package's modules that the module at `path` imports, anywhere in its code."""
+def imported(path: Path, known: dict[str, Path], package: Path = PACKAGE, within: ast.AST | None = None) -> set[str]:
+    """The package's modules that the module at `path` imports, anywhere in its code (or `within` one
+    of its nodes: a function)."""
     name = module_name(path, package)
     # A package's __init__ resolves relative imports against itself; a module against its package.
     here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(within or ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -178,6 +185,26 @@ def test_the_graph_reads_module_and_function_level_imports():
     assert "gpumemdoctor.recording.records" in graph["gpumemdoctor.recording.recording"]  # from . import records
 
 
+def test_what_run_imports_while_the_target_runs_is_what_it_needs_after():
+    """`run` imports the report's modules on a thread while the target runs (cli/run.py's
+    AFTER_RUN_MODULES): they are the modules that _after_run and the functions it calls import,
+    read from their code, so that the list cannot drift from them."""
+    from gpumemdoctor.cli.run import AFTER_RUN_MODULES
+
+    path = PACKAGE / "cli" / "run.py"
+    functions = {node.name: node for node in ast.parse(path.read_text(encoding="utf-8")).body
+                 if isinstance(node, ast.FunctionDef)}
+    reached, todo = set(), ["_after_run"]
+    while todo:  # _after_run, and the module's functions it calls, and theirs
+        reached.add(name := todo.pop())
+        todo += [n.func.id for n in ast.walk(functions[name]) if isinstance(n, ast.Call)
+                 and isinstance(n.func, ast.Name) and n.func.id in functions and n.func.id not in reached]
+    assert "_write_baseline" in reached
+    known = modules()
+    after = set().union(*(imported(path, known, within=functions[name]) for name in reached))
+    assert sorted(AFTER_RUN_MODULES) == sorted(after)
+
+
 def test_a_circle_is_found(tmp_path):
     """The check itself can fail: a package whose two modules import each other, one of them late."""
     package = tmp_path / "pkg"
@@ -226,3 +253,23 @@ def test_the_bootstrap_spells_the_contracts_variables_as_the_contract_does():
     text = (PACKAGE / "_bootstrap" / "sitecustomize.py").read_text(encoding="utf-8")
     assert f'"{contract.ENV_RUN_DIR}"' in text and f'"{contract.ENV_PACKAGE_PARENT}"' in text
     assert "GPUMEMDOCTOR_" not in text.replace(contract.ENV_RUN_DIR, "").replace(contract.ENV_PACKAGE_PARENT, "")
+
+
+@pytest.mark.parametrize("package", LISTING_PACKAGES)
+def test_a_package_docstring_names_its_modules_as_ls_shows_them(package):
+    """Every module of the package is named in its `__init__`'s docstring, and every name there in
+    backquotes is one of its modules, a name one of them defines, or a module beside the package."""
+    folder = PACKAGE / package
+    doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text(encoding="utf-8")))
+    named = set(re.findall(r"`([A-Za-z_]\w*)`", doc))
+    present = {p.stem for p in folder.glob("*.py") if p.name != "__init__.py"}
+    assert sorted(present - named) == [], f"{package}/__init__.py does not name them"
+    defined = set()
+    for path in folder.glob("*.py"):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign):
+                defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    beside = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert sorted(named - present - defined - beside) == [], f"{package}/__init__.py names no such module"

@@ -1,6 +1,6 @@
 """NCCL's memory named, not judged as growth (gpumemdoctor/diagnosis/nccl.py, issue 29): the part of the
 memory outside PyTorch that came with the process groups, on SYNTHETIC recordings built here. Their
-shape follows what two H100s showed (shared/gpu-facts.md: about 588 MiB per rank outside PyTorch in a
+shape follows what two H100s showed (docs/gpu-facts.md: about 588 MiB per rank outside PyTorch in a
 clean 2-rank DDP job, all of it in the first moments); they are not recordings of real programs. The
 recorded two-GPU runs, once there, are judged by tests/test_ranks_two_gpus.py."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from gpumemdoctor.recording.recording import (AgentRecording, DeviceReading, Dis
                                               TorchSample)
 from gpumemdoctor.recording.records import parse_root
 from gpumemdoctor.reporters import terminal
-from gpumemdoctor.reporters.json_report import build, parse
+from gpumemdoctor.diagnosis.report_file import build, parse
 
 MIB = 1 << 20
 GIB = 1 << 30

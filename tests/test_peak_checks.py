@@ -13,7 +13,7 @@ from gpumemdoctor.diagnosis import ci_checks as checks
 from gpumemdoctor.errors import BadReportError
 from gpumemdoctor.units import format_bytes as fb
 from gpumemdoctor.reporters import ci_checks as reporter
-from gpumemdoctor.reporters.json_report import build, load
+from gpumemdoctor.diagnosis.report_file import build, load
 from tests.peak_samples import GiB, MiB, composition, training_peak
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
@@ -162,7 +162,7 @@ def test_what_changed_lists_the_largest_changes_either_way_and_no_share_of_a_nea
 
     from gpumemdoctor.diagnosis import ci_checks as checks
     from gpumemdoctor.reporters import ci_checks as drawn
-    from gpumemdoctor.reporters.json_report import load
+    from gpumemdoctor.diagnosis.report_file import load
 
     fixtures = Path(__file__).parent / "fixtures" / "reports"
     old = checks.peak_parts(load(str(fixtures / "peak_temporary.json"))[1])

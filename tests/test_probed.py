@@ -8,7 +8,7 @@ import json
 from gpumemdoctor.diagnosis import probed
 from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.recording.recording import Recording
-from gpumemdoctor.reporters.json_report import build, parse
+from gpumemdoctor.diagnosis.report_file import build, parse
 from tests.test_accumulations import synthetic_evaluation_run
 
 MiB = 1 << 20
@@ -128,7 +128,7 @@ def _growing_agent():
 
 
 def test_a_growth_released_before_the_exit_search_is_named_by_the_probes_and_said_so():
-    from gpumemdoctor.reporters.terminal import suspects_heading
+    from gpumemdoctor.reporters.vocabulary import suspects_heading
 
     exit_search = {"searched": True, "when": "exit", "t": 9.0, "step": 80, "allocation_stacks": True,
                    "elapsed_s": 0.05, "gave_up": None}

@@ -32,7 +32,7 @@ from gpumemdoctor.cli._params import Seconds
 from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.errors import EXIT_INTERNAL, BadReportError, DoctorError, UsageError
 from gpumemdoctor.files.inputs import loads_strict
-from gpumemdoctor.reporters.json_report import build, load, parse
+from gpumemdoctor.diagnosis.report_file import build, load, parse
 from gpumemdoctor.reporters import ci_checks as checks_reporter
 from gpumemdoctor.units import MAX_SIZE_BYTES, parse_size
 from gpumemdoctor.live.watch import parse_rate

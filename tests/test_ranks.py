@@ -19,7 +19,7 @@ from gpumemdoctor.diagnosis import ci_checks as checks, ranks
 from gpumemdoctor.diagnosis.diagnose import FINDING_KINDS, VERDICTS, WARNINGS, diagnose, diagnose_job
 from gpumemdoctor.errors import BadReportError
 from gpumemdoctor.recording.recording import AgentRecording, DeviceReading, Dist, Recording
-from gpumemdoctor.reporters.json_report import build, default_name, parse
+from gpumemdoctor.diagnosis.report_file import build, default_name, parse
 from gpumemdoctor.reporters import terminal
 
 from .synthetic_jobs import CONTEXT, GIB, MIB, Rank, job

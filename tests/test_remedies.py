@@ -54,3 +54,11 @@ def test_blocks_without_a_holder_get_the_remedy_of_their_reason():
     assert "create_graph" in remedies.unheld_remedy([["no-python-object", 3, 0, None]], None, graph_grads=4)
     assert "cuBLAS workspace" in remedies.unheld_remedy(None, None, live=True)
     assert "reference cycle" in remedies.unheld_remedy([["unreachable", 3, 0, "dict"]], None, live=True)
+
+
+def test_every_out_of_memory_cause_has_its_remedy_in_the_table():
+    """The judgement's row 5 names a cause; its remedy is this table's, one sentence or two."""
+    from gpumemdoctor.diagnosis.judgement import OOM_CAUSES
+
+    assert set(remedies.OUT_OF_MEMORY) == set(OOM_CAUSES)
+    assert all(text.endswith(".") and "{" not in text for text in remedies.OUT_OF_MEMORY.values())

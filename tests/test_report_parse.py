@@ -1,4 +1,4 @@
-"""report.parse and report.load: what they accept round-trips, everything else is refused.
+"""diagnosis/report_file.py's parse and load: what they accept round-trips, everything else is refused.
 
 The recording here is built by hand in the test (a made-up process whose live
 tensors grow 2 MiB a step); it is input for the report code, not a measurement.
@@ -17,7 +17,7 @@ from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.errors import BadReportError, UsageError
 from gpumemdoctor.recording.recording import (AgentRecording, DeviceReading, ProcessRecord, Recording,
                                     TorchDevice, TorchSample)
-from gpumemdoctor.reporters.json_report import SCHEMA, build, load, parse, write
+from gpumemdoctor.diagnosis.report_file import SCHEMA, build, load, parse, write
 
 MiB = 1 << 20
 PID = 4242

@@ -13,7 +13,7 @@ from gpumemdoctor.errors import BadReportError
 from gpumemdoctor.files.schema import (ANY, INT, SIZE, STR, Shape, absent, dict_of, list_of, may, null_as, opt, pair,
                                        row, written)
 from gpumemdoctor.recording import recording as recording_module
-from gpumemdoctor.reporters import json_report
+from gpumemdoctor.diagnosis import report_file
 
 REPORT = Path(__file__).parent / "fixtures" / "reports" / "leak_training_list.json"
 
@@ -97,19 +97,19 @@ WRONG_TYPE_CASES = [
                          if isinstance(v, tuple) else None)
 def test_every_declared_field_of_a_real_report_is_checked(path, value):
     report = _report()
-    json_report.parse(copy.deepcopy(report))  # the report as recorded is read
+    report_file.parse(copy.deepcopy(report))  # the report as recorded is read
     target = report
     for key in path[:-1]:
         target = target[key]
     target[path[-1]] = value
     with pytest.raises(BadReportError):
-        json_report.parse(report)
+        report_file.parse(report)
 
 
 def test_a_real_report_reads_back_to_the_same_document():
     report = _report()
-    recording, diagnosis = json_report.parse(copy.deepcopy(report))
-    again = json_report.build(recording, diagnosis)
+    recording, diagnosis = report_file.parse(copy.deepcopy(report))
+    again = report_file.build(recording, diagnosis)
     assert again["recording"] == report["recording"]
     assert again["findings"] == report["findings"] and again["breakdown"] == report["breakdown"]
 

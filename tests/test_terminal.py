@@ -15,7 +15,7 @@ from rich.console import Console
 
 from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.recording.recording import Recording
-from gpumemdoctor.reporters.json_report import build, parse
+from gpumemdoctor.diagnosis.report_file import build, parse
 from gpumemdoctor.reporters import terminal
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -72,6 +72,16 @@ def test_a_sparkline_of_fewer_values_than_columns_draws_each_value():
 
     assert sparkline([0, 1, 2, 3, 4, 5, 6, 7], 7) == "▁▂▃▄▅▆▇█"
     assert len(sparkline(list(range(100)), 99)) == 40
+
+
+def test_every_verdict_and_peak_part_has_its_words():
+    """The words both reports use (reporters/vocabulary.py): a meaning and a style for each verdict,
+    a label for each part of a peak."""
+    from gpumemdoctor.diagnosis.findings import PEAK_CATEGORIES, VERDICTS
+    from gpumemdoctor.reporters import vocabulary
+
+    assert set(vocabulary.VERDICT_MEANING) == set(vocabulary.VERDICT_STYLE) == set(VERDICTS)
+    assert set(vocabulary.PEAK_LABELS) == set(PEAK_CATEGORIES)
 
 
 def test_the_breakdown_draws_the_parts_it_was_given():

@@ -1,13 +1,14 @@
 """The neutral readings: PyTorch's allocator and NVML, read into rows made once, written as one line.
 
 What a sample costs: PyTorch's nested stats read once per device, the process's NVML figure
-twice, one line of text; at most once per interval (20 ms, doubled every 1000 samples up to 5 s,
-and lengthened so that the samples take at most 1% of the program's time: SAMPLE_SHARE), and at
-each of the first 100 steps. The reads' costs depend on the host (NOTES.md): stats 10-21 us
-and NVML about 7 us on an H200; stats about 150 us and NVML 7 us on one H100 host, 20 us and 38 us
-on another (benchmarks/sample_cost.py). The reads go through `Neutral` (neutral.py), and nothing
-else on the way makes a container: the program's garbage collections come when they would have
-come. Each process's exit record keeps what its samples cost (`cost`).
+twice, one line of text; at most once per interval (20 ms, doubled every 1000 samples up to 5 s or
+to --interval where that is longer: contract.interval_ceiling; and lengthened so that the samples
+take at most 1% of the program's time: SAMPLE_SHARE), and at each of the first 100 steps. The
+reads' costs depend on the host (NOTES.md): stats 10-21 us and NVML about 7 us on an H200; stats
+about 150 us and NVML 7 us on one H100 host, 20 us and 38 us on another
+(benchmarks/sample_cost.py). The reads go through `Neutral` (neutral.py), and nothing else on the
+way makes a container: the program's garbage collections come when they would have come. Each
+process's exit record keeps what its samples cost (`cost`).
 """
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ import time
 from .events import import_in_progress
 from .neutral import NO_ROOM, Neutral
 from .phase_watch import RISING_INTERVAL_S
+from ..contract import interval_ceiling
 
-MAX_INTERVAL_S = 5.0
 SAMPLES_PER_DOUBLING = 1000  # long runs sample more slowly so a recording stays small
 FIRST_ALLOCATION_WAIT_S = 10.0
 STARVED_S = 0.25  # a time sample put off this long (no room below the collector's threshold) is taken anyway
@@ -45,6 +46,7 @@ class Sampler:
         self.agent = agent
         self.base_interval_s = interval_s  # --interval, doubled every SAMPLES_PER_DOUBLING samples
         self.interval_s = interval_s  # the one in force: the base, or longer for the samples' cost
+        self.max_interval_s = interval_ceiling(interval_s)  # neither of the two grows past it
         self.mean_cost_s = 0.0  # a sample's cost (its thread's time), a running mean
         self.context: dict[int, int] = {}  # torch index -> smallest NVML - reserved after an allocation
         self.samples = 0
@@ -252,7 +254,7 @@ class Sampler:
                 agent.phase_watch.check(now, by)
                 apart = agent.peak_watch.check(now, by)
             if self.samples % SAMPLES_PER_DOUBLING == 0:
-                self.base_interval_s = min(self.base_interval_s * 2, MAX_INTERVAL_S)
+                self.base_interval_s = min(self.base_interval_s * 2, self.max_interval_s)
         except Exception:
             pass
         finally:
@@ -273,8 +275,9 @@ class Sampler:
         self.mean_cost_s = mean
         paced = mean / SAMPLE_SHARE
         interval = self.base_interval_s
+        most = self.max_interval_s
         if paced > interval:
-            interval = paced if paced < MAX_INTERVAL_S else MAX_INTERVAL_S
+            interval = paced if paced < most else most
         self.interval_s = interval
 
 
@@ -421,6 +424,7 @@ class SamplingThread:
                 return
             if self.nap(0.001 if waited < 0.1 else 0.01):
                 return
+
 
 def _json_int(value) -> str:
     return "null" if value is None else str(value)

@@ -13,9 +13,8 @@ import os
 import time
 
 from .neutral import quiet_gc
-from ..contract import ENV_SNAPSHOT, ENV_TRACE
+from ..contract import ENV_SNAPSHOT, ENV_TRACE, TRACE_MODES
 
-TRACE_MODES = ("auto", "on", "off")
 TRACE_MAX_ENTRIES = 100_000  # of PyTorch's allocation history (a ring: old entries drop off)
 # --trace auto records stacks once growth is seen until the growth search has been made (growth
 # seen between steps: the search is INVESTIGATE_AFTER_STEPS later), or for TRACE_WINDOW_S (seen

@@ -22,7 +22,7 @@ def compare_command(old: str, new: str, max_peak: int | None, max_retained: int 
     from ..diagnosis import ci_checks
     from ..reporters.console import make_console
     from ..files.outputs import check_distinct, check_writable
-    from ..reporters.json_report import load
+    from ..diagnosis.report_file import load
     from ..reporters import ci_checks as reporter
 
     check_distinct({f"--junit {junit}": junit}, {f"the report {old}": old, f"the report {new}": new})

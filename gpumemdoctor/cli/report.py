@@ -51,7 +51,7 @@ def report_command(paths: tuple[str, ...], width: int | None, html: str | None, 
     from ..diagnosis.diagnose import diagnose
 
     if run_dir is not None:
-        from ..reporters.json_report import build, write
+        from ..diagnosis.report_file import build, write
         from ..supervise.recovery import recover
 
         recording = recover(run_dir)
@@ -59,7 +59,7 @@ def report_command(paths: tuple[str, ...], width: int | None, html: str | None, 
         if output is not None:
             write(build(recording, diagnosis), output, force)
     else:
-        from ..reporters.json_report import load
+        from ..diagnosis.report_file import load
 
         recording, diagnosis = load(path)
         diagnosis = _judged_now(path, recording, diagnosis, diagnose(recording), rejudge)
@@ -114,7 +114,7 @@ def _job(paths: tuple[str, ...], width: int | None, html: str | None, force: boo
     recordings diagnosed together (diagnosis.diagnose_job)."""
     from ..reporters.console import make_console
     from ..diagnosis.diagnose import diagnose_job
-    from ..reporters.json_report import load
+    from ..diagnosis.report_file import load
 
     seen: dict = {}
     recordings = []

@@ -80,7 +80,8 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
 @click.option("--force", is_flag=True, help="Overwrite the report (and --html) file if it exists.")
 @click.option("--interval", type=Seconds(contract.INTERVAL_MIN_S, contract.INTERVAL_MAX_S),
               default=contract.INTERVAL_DEFAULT_S, show_default=True,
-              help="Seconds between the agent's allocator samples.")
+              help="Seconds between the agent's allocator samples, at the least: a long run lengthens "
+                   f"it up to {contract.LENGTHENED_INTERVAL_MAX_S:g} s (a longer one is kept as given).")
 @click.option("--poll-interval", type=Seconds(contract.POLL_INTERVAL_MIN_S, contract.POLL_INTERVAL_MAX_S),
               default=contract.POLL_INTERVAL_DEFAULT_S, show_default=True,
               help="Seconds between NVML polls of the process tree.")
@@ -207,10 +208,12 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         return status
 
 
-# What _after_run imports: imported while the target runs (RunOptions.prepare), not after it.
+# What _after_run imports: imported while the target runs (RunOptions.prepare), not after it. A test
+# reads _after_run's imports from its code and keeps this list equal to them (tests/test_layout.py).
 AFTER_RUN_MODULES = ("gpumemdoctor.diagnosis.ci_checks", "gpumemdoctor.diagnosis.diagnose",
-                     "gpumemdoctor.reporters.console", "gpumemdoctor.reporters.json_report",
-                     "gpumemdoctor.reporters.html", "gpumemdoctor.reporters.terminal")
+                     "gpumemdoctor.files.outputs", "gpumemdoctor.reporters.console",
+                     "gpumemdoctor.diagnosis.report_file", "gpumemdoctor.reporters.html",
+                     "gpumemdoctor.reporters.terminal")
 
 
 def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:
@@ -220,7 +223,7 @@ def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:
     from ..reporters.console import make_console
     from ..diagnosis.diagnose import diagnose
     from ..files.outputs import write_text
-    from ..reporters.json_report import build, default_name, write
+    from ..diagnosis.report_file import build, default_name, write
     from ..reporters import html as html_reporter
     from ..reporters import terminal
 

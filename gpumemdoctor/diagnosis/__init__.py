@@ -1,11 +1,13 @@
-"""From a recording to a verdict (layer 6). Pure: no NVML, no torch, no files but baselines.
+"""From a recording to a verdict (layer 6). Pure: no NVML, no torch, no files but baselines and reports.
 
 `diagnose` is the entry (`diagnose`, `diagnose_job`); `findings` holds the data classes and the
 verdict list; `judgement` is the one decision table over the evidence (`evidence`) about one process
 on one GPU, and `remedies` the one table of what to do. The evidence comes from `suspects` (the
-agent's searches as holders), `phases` (pauses in the steps), `stacks` (a holder's line),
-`non_torch`, `nccl` and `libraries` (memory outside PyTorch and whose it is), `ends` (an end not
-seen), `machine_faults` (host memory, NVML failures), `ranks` and `job` (distributed jobs), and
-`child_processes` (orphans, children's contexts). `ci_checks` turns a diagnosis into the CI gate's
-pass or fail.
+agent's searches as holders), `probed` (holders named by the peak's probes where no copy was
+searched), `phases` (pauses in the steps), `stacks` (a holder's line), `non_torch`, `nccl` and
+`libraries` (memory outside PyTorch and whose it is), `ends` (an end not seen), `machine_faults`
+(host memory, NVML failures), `ranks` and `job` (distributed jobs), and `child_processes` (orphans,
+children's contexts). `peak` says what made each process's peak, and `headroom` how long a growth
+had left before its GPU was full. `ci_checks` turns a diagnosis into the CI gate's pass or fail;
+`report_file` writes a diagnosis with its recording as the JSON report and reads one back strictly.
 """

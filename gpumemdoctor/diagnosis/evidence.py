@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from .phases import Pause
 from .suspects import at, user_line
+from ..growth import MIN_POINTS
 from ..units import format_bytes as fb
 
 SIGNIFICANT_BYTES = 64 << 20
@@ -21,7 +22,7 @@ class Evidence:
     where: str  # "process 123 on GPU 0"
     samples: int  # readings in the series that growth is judged on
     by: str  # "step" or "time"
-    enough_samples: bool  # at least 8, they saw what is alive at exit, and for long enough after
+    enough_samples: bool  # at least MIN_POINTS, they saw what is alive at exit, and for long enough after
     unseen_bytes: int  # what was allocated after the last sample and is alive at exit
     growth: dict | None  # the allocated floor's growth, when seen: grown, retained, rate text, figures
     live_bytes: int | None  # tensors still referenced at exit (None without exit probes)
@@ -75,7 +76,7 @@ class Evidence:
 
 @dataclass
 class Judged:
-    """A finding of the judgement, before diagnosis.py makes it a Finding."""
+    """A finding of the judgement, before diagnose.py makes it a Finding."""
 
     kind: str
     bytes: int
@@ -89,9 +90,9 @@ class Judged:
 
 def too_short(e: Evidence) -> str:
     what = "step samples" if e.by == "step" else "samples"
-    if e.samples < 8:
+    if e.samples < MIN_POINTS:
         return (f"The run was too short to see growth over time ({e.samples} {what}; judging growth "
-                f"needs 8),")
+                f"needs {MIN_POINTS}),")
     if e.unseen_bytes >= SIGNIFICANT_BYTES:
         return (f"The samples did not see the memory build up ({fb(e.unseen_bytes)} of what was alive at "
                 f"exit came after the last of {e.samples} {what}),")

@@ -1,5 +1,5 @@
 """What a diagnosis is made of: findings, breakdowns, growth, the rank table and the job, and how
-the verdict is chosen among the findings. Pure data and one rule; `diagnosis.py` makes them."""
+the verdict is chosen among the findings. Pure data and one rule; `diagnose.py` makes them."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

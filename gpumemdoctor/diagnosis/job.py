@@ -1,11 +1,13 @@
 """The ranks of a distributed job in a diagnosis: the rank table of a recording, the host on what it
 names, several recordings' diagnoses side by side, and the step across ranks (each rank's verdict,
-`rank-imbalance`, the job, the verdict). Pure; `ranks.py` holds the rules, `diagnosis.py` calls this."""
+`rank-imbalance`, the job, the verdict). Pure; `ranks.py` holds the rules, `diagnose.py` calls this."""
 from __future__ import annotations
 
 from . import ranks
 from .findings import INFORMATIVE, Diagnosis, Finding, Job, RankRow, choose_verdict
 from ..recording.recording import Dist, Recording
+
+MAX_WORLD = 1 << 16  # a world size beyond this is not believed: missing ranks are not listed
 
 
 def add_stray_context_findings(rec: Recording, rank_of: dict[int, Dist], result: Diagnosis) -> None:
@@ -120,6 +122,3 @@ def _job(result: Diagnosis) -> Job:
     count = len({(r.host, r.pid) for r in result.ranks})
     return Job(ranks=seen, world_size=world, hosts=hosts, missing_ranks=missing, ranks_with_leak=with_leak,
                verdict=result.verdict, summary=ranks.job_summary(count, hosts, world, missing, with_leak))
-
-
-MAX_WORLD = 1 << 16  # a world size beyond this is not believed: missing ranks are not listed

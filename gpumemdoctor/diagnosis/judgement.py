@@ -69,7 +69,7 @@ from __future__ import annotations
 from .evidence import SIGNIFICANT_BYTES, Evidence, Judged, at_line, brief, oom_brief, samples_of, too_short
 from .probed import suspect as probed_suspect, summary as probed_summary
 from . import streams
-from .remedies import FINDINGS
+from .remedies import FINDINGS, OUT_OF_MEMORY
 from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
 from ..units import format_bytes as fb
 
@@ -156,7 +156,7 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
         kind="leak", bytes=g["retained_bytes"] if released is None else g["grown_bytes"],
         summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and {held}.",
         evidence={"decided_by": "growth", **{k: v for k, v in g.items() if k != "rate_text"}, **samples_of(e)},
-        remedy="")  # diagnosis.py gives it the suspects and their remedy
+        remedy="")  # diagnose.py gives it the suspects and their remedy
 
 
 def _released_text(g: dict, released: dict) -> str:
@@ -274,24 +274,14 @@ def _out_of_memory(e: Evidence, oom: dict, cause: str) -> Judged:
         caught = " The program caught the error and went on."
     else:
         caught = ""
-    why, remedy = {
-        "accumulation": ("an accumulation of tensors had filled the GPU (see the leak finding)",
-                         "Fix the leak above; the error is its consequence."),
-        "request-too-large": (f"the request alone is larger than the {fb(limit)} the process may use",
-                              "Make that tensor smaller (a smaller batch or sequence, chunking, a lower "
-                              "precision); no amount of freeing makes it fit on this GPU."),
+    why = {
+        "accumulation": "an accumulation of tensors had filled the GPU (see the leak finding)",
+        "request-too-large": f"the request alone is larger than the {fb(limit)} the process may use",
         "fragmentation": (f"PyTorch held {fb(oom['free_in_segments_bytes'])} free inside its segments, "
                           f"enough for the request, but in pieces of at most "
-                          f"{fb(oom['largest_free_block_bytes'])}: the cache is fragmented",
-                          "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead "
-                          "of splitting), or allocate the largest tensors first and keep their sizes "
-                          "steady; torch.cuda.empty_cache() before the big allocation also helps."),
-        "other-processes": (f"other processes held {fb(sum(u or 0 for _, u in others))} of the GPU",
-                            "Stop or move the other processes (their PIDs are in the evidence; "
-                            "`gpumemdoctor ps` shows them), or choose another GPU."),
-        "full": ("the program's own tensors and cache filled the GPU",
-                 "Use less memory per step: a smaller batch, activation checkpointing, mixed "
-                 "precision, or free what is no longer needed before this line."),
+                          f"{fb(oom['largest_free_block_bytes'])}: the cache is fragmented"),
+        "other-processes": f"other processes held {fb(sum(u or 0 for _, u in others))} of the GPU",
+        "full": "the program's own tensors and cache filled the GPU",
     }[cause]
     suspects = e.oom_suspects if cause in ("full", "accumulation") else []
     return Judged(
@@ -299,7 +289,7 @@ def _out_of_memory(e: Evidence, oom: dict, cause: str) -> Judged:
         summary=f"{e.where} ran out of GPU memory at {at_line(oom)}: {why}.{caught}",
         evidence={"decided_by": "out-of-memory", "cause": cause, "figures": figures,
                   "errors": len(e.ooms), "first": oom_brief(oom), "root_cause": e.oom_search},
-        remedy=remedy, suspects=suspects)
+        remedy=OUT_OF_MEMORY[cause], suspects=suspects)
 
 
 def _garbage(e: Evidence) -> Judged | None:
@@ -344,7 +334,7 @@ def _live_at_exit(e: Evidence) -> Judged:
                 f"to drop), and nvidia-smi counts it until the process exits.",
         evidence={"decided_by": "exit", "live_at_end_bytes": e.live_bytes, "root_cause": e.exit_search,
                   "accumulations": [brief(a) for a in e.accumulations], **samples_of(e)},
-        remedy="")  # diagnosis.py gives it the suspects and their remedy
+        remedy="")  # diagnose.py gives it the suspects and their remedy
 
 
 def _phase_bound_peak(e: Evidence) -> Judged | None:

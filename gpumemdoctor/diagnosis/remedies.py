@@ -1,5 +1,6 @@
-"""Remedies in the user's words: one table, a row per holder kind and situation, and one per finding
-that no holder explains (`FINDINGS`). Pure.
+"""Remedies in the user's words: one table, a row per holder kind and situation, one per finding
+that no holder explains (`FINDINGS`), and one per cause of an out-of-memory error (`OUT_OF_MEMORY`).
+Pure.
 
 Each remedy is two sentences: what keeps the memory, and what to change, in PyTorch's own idiom.
 The situation says what the memory did:
@@ -173,6 +174,20 @@ FINDINGS: dict[str, str] = {
                       "you gather, so that no batch's graph outlives the batch.",
     "non-torch-unseen": "Free device memory where it was allocated (cudaFree, the library's own cleanup); CuPy: "
                         "cupy.get_default_memory_pool().free_all_blocks().",
+}
+
+# An out-of-memory error's remedy, by its cause (judgement row 5).
+OUT_OF_MEMORY: dict[str, str] = {
+    "accumulation": "Fix the leak above; the error is its consequence.",
+    "request-too-large": "Make that tensor smaller (a smaller batch or sequence, chunking, a lower precision); no "
+                         "amount of freeing makes it fit on this GPU.",
+    "fragmentation": "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead of splitting), or "
+                     "allocate the largest tensors first and keep their sizes steady; torch.cuda.empty_cache() "
+                     "before the big allocation also helps.",
+    "other-processes": "Stop or move the other processes (their PIDs are in the evidence; `gpumemdoctor ps` shows "
+                       "them), or choose another GPU.",
+    "full": "Use less memory per step: a smaller batch, activation checkpointing, mixed precision, or free what is "
+            "no longer needed before this line.",
 }
 
 

@@ -8,8 +8,8 @@ from ..diagnosis.findings import Breakdown, PeakComposition
 from ..recording.recording import Recording
 from ..units import format_bytes as fb
 from .envelope import envelope
-from .terminal import (AFTER_NCCL_WORDS, allocated_peak_note, holder_text, nccl_words, peak_label, peak_where, share,
-                       shown_parts)
+from .vocabulary import (AFTER_NCCL_WORDS, allocated_peak_note, holder_text, nccl_words, peak_label, peak_where,
+                         share, shown_parts)
 
 MIB, GIB = 1 << 20, 1 << 30
 

@@ -10,10 +10,11 @@ from rich.text import Text
 
 from ..diagnosis.ci_checks import RANK_FIGURES, CheckResult
 from ..units import format_bytes as fb
-from .terminal import peak_label
+from .vocabulary import peak_label
 
 MAX_PARTS_SAID = 4  # the parts a message names, the largest first
 MIN_PART_SAID = 1 << 20  # a part's change under 1 MiB is not named
+SHARE_FROM_BYTES = 1 << 20  # a change is given as a share of the old figure from this size on
 
 
 def render(console: Console, results: list[CheckResult]) -> None:
@@ -85,9 +86,6 @@ def render_comparison(console: Console, old_verdict: str | None, new_verdict: st
     console.print(table)
     if grew is not None:
         console.print(f"The largest peak: {growth_text(grew)}")
-
-
-SHARE_FROM_BYTES = 1 << 20  # a change is given as a share of the old figure from this size on
 
 
 def _compared(a: int | None, b: int | None) -> tuple[str, str, str]:

@@ -23,8 +23,8 @@ from ..units import format_bytes as fb
 from . import _html_page as page
 from ._html_parts import (MAX_PEAK_CHARTS, OUTSIDE_PARTS, PARTS, bar_part, over_time, peak_figure, peak_section,
                           within)
-from .terminal import (DECIDED_BY, VERDICT_MEANING, none_looked_for, peak_order, peaks_text, suspects_heading,
-                       time_to_full_text)
+from .vocabulary import (DECIDED_BY, VERDICT_MEANING, none_looked_for, peak_order, peaks_text, suspects_heading,
+                         time_to_full_text)
 
 # Envelope buckets for the whole page, shared among its series: a series keeps at most about twice
 # its buckets in points, whatever the run's length, so the page's weight is bounded (docs/html.md).

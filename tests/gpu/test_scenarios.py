@@ -72,7 +72,7 @@ def test_scenario_gets_its_verdict(path, reports):
 @pytest.mark.parametrize("name", ["clean_adam", "cache_after_matmul", "leak_training_list"])
 def test_context_is_measured_and_plausible(name, reports):
     b = target_breakdown(reports(ROOT / "scenarios" / f"{name}.py"))
-    # An H100/H200 context with torch is about 500-850 MiB (../shared/gpu-facts.md).
+    # An H100/H200 context with torch is about 500-850 MiB (docs/gpu-facts.md).
     assert 300 * MIB <= b["context_bytes"] <= 1200 * MIB
 
 
@@ -214,7 +214,7 @@ def test_clean_loop_is_clean_on_the_cuda_malloc_async_backend(tmp_path):
 
 
 def test_freed_tensors_are_cache_on_the_cuda_malloc_async_backend(tmp_path):
-    # With cudaMallocAsync the pool keeps freed memory until empty_cache (../shared/gpu-facts.md).
+    # With cudaMallocAsync the pool keeps freed memory until empty_cache (docs/gpu-facts.md).
     report = run_scenario(ROOT / "scenarios" / "cache_after_matmul.py", tmp_path, env=ASYNC)
     assert report["verdict"] == "allocator-cache", report["findings"]
     b = target_breakdown(report)

@@ -1,22 +1,28 @@
-"""The JSON report: a diagnosis with the recording it rests on, written and read back strictly."""
+"""The JSON report file: a diagnosis with the recording it rests on, written (`build`, `write`) and
+read back strictly (`load`, `parse`: the declared shapes at the end). The reporters draw what it
+holds; `run` writes it, `report` and `compare` read it."""
 from __future__ import annotations
 
 import json
 import re
 from typing import Any, Mapping
 
-from ..recording import records
-from ..diagnosis.diagnose import (FINDING_KINDS, PEAK_CATEGORIES, VERDICTS, Breakdown, Diagnosis, Finding, Growth,
-                                  Job, PeakComposition, PeakPart, RankRow)
+from .findings import (FINDING_KINDS, PEAK_CATEGORIES, VERDICTS, Breakdown, Diagnosis, Finding, Growth, Job,
+                       PeakComposition, PeakPart, RankRow)
 from ..errors import BadReportError
 from ..files.inputs import read_json
 from ..files.outputs import write_text
-from ..recording.recording import Recording
 from ..files.schema import (ANY, BOOL, INT, NUM, SIZE, STR, Shape, absent, check_sizes, dict_of, list_of,
                             may, need_dict, null_as, one_of, opt, pair)
+from ..recording import records
+from ..recording.recording import Recording
 
 SCHEMA = "gpumemdoctor.report/1"
 MAX_REPORT_BYTES = 512 << 20
+# The supervisor's own environment, when a launcher started gpumemdoctor itself: the node's rank,
+# and the task's rank when it runs one gpumemdoctor per rank (srun --ntasks-per-node N).
+NODE_VARIABLES = ("GROUP_RANK", "SLURM_NODEID")
+TASK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
 
 
 def build(recording: Recording, diagnosis: Diagnosis) -> dict:
@@ -56,12 +62,6 @@ def timeline(recording: Recording) -> list[dict]:
                              "nvml_bytes": r.nvml_used_bytes, "reserved_bytes": r.reserved_bytes,
                              "active_bytes": r.active_bytes, "allocated_bytes": r.allocated_bytes})
     return rows
-
-
-# The supervisor's own environment, when a launcher started gpumemdoctor itself: the node's rank,
-# and the task's rank when it runs one gpumemdoctor per rank (srun --ntasks-per-node N).
-NODE_VARIABLES = ("GROUP_RANK", "SLURM_NODEID")
-TASK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID")
 
 
 def default_name(stem: str, recording: Recording, env: Mapping[str, str]) -> str:
@@ -169,9 +169,8 @@ def _sized(value: Any, what: str) -> dict:
     return item
 
 
-_SIZED = _sized
-EVIDENCE = Shape({"pid": INT, "device": may(opt(INT)), "samples": INT, "accumulations": may(list_of(_SIZED)),
-                  "unheld": may(list_of(_SIZED)), "out_of_memory": may(list_of(_SIZED))}, rest=ANY)
+EVIDENCE = Shape({"pid": INT, "device": may(opt(INT)), "samples": INT, "accumulations": may(list_of(_sized)),
+                  "unheld": may(list_of(_sized)), "out_of_memory": may(list_of(_sized))}, rest=ANY)
 # One rank and GPU (reports without ranks have none: they load as before).
 RANK_ROW = Shape({"host": opt(STR), "pid": INT, "verdict": VERDICT,
                   **{k: opt(INT) for k in ("rank", "local_rank", "node_rank", "world_size", "device", "torch_index",
