@@ -90,6 +90,25 @@ def test_pending_stream_bytes_are_the_deleted_tensor():
     assert b.pending_stream_bytes == 1024 * MIB
     finding = next(f for f in diagnosis.findings if f.kind == "pending-stream")
     assert finding.evidence["pending_after_synchronize"] == 0
+    # issue 42, recorded on an H200: the work queued on `side` had not finished at exit
+    assert finding.evidence["decided_by"] == "unfinished-work"
+    (handle, size, name, waited), = finding.evidence["pending_streams"]
+    assert (size, name) == (1024 * MIB, "side") and waited >= 1.0
+    assert "side stream `side` (1.00 GiB, finished 2.01 s after the end)" in finding.summary
+
+
+@pytest.mark.parametrize("name, finished_gib", [("clean_prefetch_record_stream", 3.06),
+                                                ("clean_fsdp_one_rank", 7.50)])
+def test_stream_work_that_had_finished_is_cache_with_a_note(name, finished_gib):
+    """Issue 42, recorded on an H200: record_stream's blocks whose work was done, not yet released by
+    the allocator at exit, are the cache, not pending-stream."""
+    _, recording = load(name)
+    diagnosis = diagnose(recording)
+    b = target_breakdown(diagnosis, recording)
+    assert b.pending_stream_bytes == 0 and b.cache_bytes >= finished_gib * 1024 * MIB
+    assert diagnosis.verdict == "clean"
+    (note,) = [n for n in diagnosis.notes if "already finished" in n]
+    assert f"{finished_gib:.2f} GiB freed in Python was still marked in use" in note
 
 
 def test_cache_matches_what_nvml_got_back():

@@ -66,7 +66,7 @@ def _flag(f: dict) -> str:
 
 def _torch_line(r: dict) -> str:
     return (f"tensors {fb(r['allocated_bytes'])}, cache {fb(r['cache_bytes'])}, "
-            f"pending stream {fb(r['pending_stream_bytes'])}, context {fb(r['context_bytes'])}, "
+            f"freed, awaiting stream events {fb(r['pending_stream_bytes'])}, context {fb(r['context_bytes'])}, "
             f"outside PyTorch {fb(r['non_torch_bytes'])}")
 
 
