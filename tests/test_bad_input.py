@@ -78,8 +78,9 @@ def target(tmp_path: Path, monkeypatch) -> Path:
 # -- the bad-input table ------------------------------------------------------------------------
 # One row per bad input: the command line, its exit code, and the words its one-line error must hold.
 # The next sweep of bad inputs adds rows here. In a command line, {pid} is a live process, {report} a
-# valid report (a file that is not a watch log) and t.py a target that leaves a file `ran` behind if it
-# runs: none may run. A row that starts with "pytest" runs pytest, with the plugin, in an empty folder.
+# valid report (a file that is not a watch log), {baseline} a valid baseline and t.py a target that
+# leaves a file `ran` behind if it runs: none may run. A row that starts with "pytest" runs pytest, with
+# the plugin, in an empty folder.
 BAD_INPUT = [
     # issue 28, row 3: an unset $BASELINE in CI
     (["run", "--allow-no-gpu", "--baseline", "", "t.py"], 2, ["--baseline", "an empty file name"]),
@@ -108,13 +109,21 @@ BAD_INPUT = [
     (["run", "--allow-no-gpu", "--max-peak", "-1GiB", "t.py"], 2, ["-1GiB", "must not be negative"]),
     (["ps", "--expect-free", "-1GiB"], 2, ["-1GiB", "must not be negative"]),
     (["pytest", "--vram-check", "--vram-threshold=-1MiB"], 4, ["--vram-threshold", "-1MiB", "must not be negative"]),
+    # issue 41, cause 3: an empty --nvml-tolerance silently dropped the NVML check
+    (["compare", "{report}", "{report}", "--nvml-tolerance", ""], 2, ["--nvml-tolerance", "an empty tolerance"]),
+    (["compare", "{report}", "{report}", "--tolerance", " "], 2, ["--tolerance", "an empty tolerance"]),
+    (["run", "--allow-no-gpu", "--baseline", "{baseline}", "--nvml-tolerance", "", "t.py"], 2,
+     ["--nvml-tolerance", "an empty tolerance"]),
 ]
 
 
 @pytest.mark.parametrize("args, code, words", BAD_INPUT, ids=[" ".join(a) or "''" for a, _, _ in BAD_INPUT])
 def test_bad_input(tmp_path, target, args, code, words):
     report = dump(tmp_path / "r.json", leak_report())
-    args = [a.replace("{pid}", str(os.getpid())).replace("{report}", report) for a in args]
+    recording = make_recording()
+    baseline = dump(tmp_path / "b.json", checks.baseline_document(recording, diagnose(recording)))
+    args = [a.replace("{pid}", str(os.getpid())).replace("{report}", report).replace("{baseline}", baseline)
+            for a in args]
     if args[0] == "pytest":
         empty = tmp_path / "empty"
         empty.mkdir()

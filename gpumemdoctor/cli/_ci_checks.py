@@ -23,9 +23,9 @@ def check_options(fn: Callable) -> Callable:
                      help="Fail on any of these findings, comma-separated: leak, out-of-memory, "
                           "allocator-cache, pending-stream, garbage-cycle, non-torch, child-contexts, stray-context, "
                           "orphan-process, host-memory, rank-imbalance, avoidable-peak."),
-        click.option("--tolerance", default="5%", show_default=True, metavar="TOL",
+        click.option("--tolerance", default="5%", show_default=True, metavar="TOL", callback=_tolerance_given,
                      help="How much a baseline figure may grow: 5% or 64MiB."),
-        click.option("--nvml-tolerance", metavar="TOL",
+        click.option("--nvml-tolerance", metavar="TOL", callback=_tolerance_given,
                      help="Also compare the NVML peak with the baseline, with this tolerance."),
         click.option("--junit", type=FileName(), metavar="PATH",
                      help="Write the checks as JUnit XML, one test case per check."),
@@ -33,6 +33,15 @@ def check_options(fn: Callable) -> Callable:
     for option in reversed(options):
         fn = option(fn)
     return fn
+
+
+def _tolerance_given(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A tolerance given empty (`--nvml-tolerance "$TOL"` with the variable unset in CI) is refused, not
+    taken for no tolerance: that silently dropped the NVML check."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("an empty tolerance (is a variable unset?): give a percentage (5%) or a "
+                                 "size (64MiB)")
+    return value
 
 
 def make_policy(max_peak: int | None, max_retained: int | None, fail_on: str | None,
@@ -47,7 +56,7 @@ def make_policy(max_peak: int | None, max_retained: int | None, fail_on: str | N
                                                           if k not in ("ranks", "peak_parts")},
                   baseline_peak_parts=parts,
                   tolerance=parse_tolerance(tolerance),
-                  nvml_tolerance=parse_tolerance(nvml_tolerance) if nvml_tolerance else None,
+                  nvml_tolerance=parse_tolerance(nvml_tolerance) if nvml_tolerance is not None else None,
                   baseline_ranks=ranks)
 
 
