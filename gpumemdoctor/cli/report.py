@@ -68,12 +68,20 @@ def report_command(paths: tuple[str, ...], width: int | None, html: str | None, 
 
         text = html_reporter.render(recording, diagnosis, path or output)
         write_text(text, html, force, what="HTML page")
-        click.echo(f"HTML report: {html} ({len(text.encode()) / 1e6:.1f} MB)")
+        _said_written(html, text)
         return 0
     from ..reporters import terminal
 
     terminal.render(make_console(stderr=False, width=width), recording, diagnosis, output)
     return 0
+
+
+def _said_written(html: str, text: str) -> None:
+    """The page's name and size; on standard error when the page itself went to standard output
+    (`--html /dev/stdout | ...`), where the line would have ended it."""
+    from ..files.outputs import is_standard_output
+
+    click.echo(f"HTML report: {html} ({len(text.encode()) / 1e6:.1f} MB)", err=is_standard_output(html))
 
 
 def _inputs(paths: tuple[str, ...], run_dir: str | None) -> dict[str, str]:
@@ -137,7 +145,7 @@ def _job(paths: tuple[str, ...], width: int | None, html: str | None, force: boo
 
         text = html_reporter.render_job(recordings, diagnosis, list(paths))
         write_text(text, html, force, what="HTML page")
-        click.echo(f"HTML report: {html} ({len(text.encode()) / 1e6:.1f} MB)")
+        _said_written(html, text)
         return 0
     from ..reporters import terminal
 
