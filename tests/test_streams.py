@@ -5,6 +5,7 @@ tested is the process's streams and its exit status."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,48 @@ def test_a_run_report_to_dev_stdout_goes_down_a_pipe(tmp_path):
     result = run_with(["run", "--allow-no-gpu", "-q", "-o", "/dev/stdout", "--force", "t.py"], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["schema"] == "gpumemdoctor.report/1"
+
+
+# -- cause 1: standard output that cannot be written is one line and exit 2, never 70 -------------------
+
+def _close_stdout() -> None:
+    os.close(1)  # as `>&-` leaves it
+
+
+@pytest.mark.parametrize("how", ["full", "closed"])
+@pytest.mark.parametrize("args", [["report", str(LEAK)], ["compare", str(LEAK), str(LEAK)]],
+                         ids=["report", "compare"])
+def test_standard_output_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, how, args):
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run([*CLI, *args], cwd=tmp_path, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env=cli_env(), timeout=120, stdout=full if how == "full" else None,
+                                preexec_fn=_close_stdout if how == "closed" else None)
+    err = result.stderr.decode()
+    assert result.returncode == 2, err
+    assert err.splitlines() == [err.strip()] and err.startswith("gpumemdoctor: error: cannot write to standard "
+                                                                "output: "), err
+    assert ("No space left" if how == "full" else "closed") in err
+
+
+def test_an_encoding_without_the_reports_characters_degrades(tmp_path):
+    result = run_with(["report", str(LEAK), "--width", "80"], cwd=tmp_path, env={"PYTHONIOENCODING": "ascii"})
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.decode("ascii")  # nothing but ASCII came
+    assert out.startswith("gpumemdoctor verdict: leak") and "?" in out  # the timeline's blocks, replaced
+    assert result.stderr == b""
+
+
+# -- cause 8: standard error that cannot be written leaves the target's exit status --------------------
+
+@pytest.mark.parametrize("status", [0, 3])
+@pytest.mark.parametrize("how", ["full", "closed"])
+def test_the_targets_exit_status_survives_an_unwritable_standard_error(tmp_path, status, how):
+    (tmp_path / "t.py").write_text(f"print('ran')\nraise SystemExit({status})\n")
+    with open("/dev/full", "wb") as full:
+        result = subprocess.run([*CLI, "run", "--allow-no-gpu", "-o", "r.json", "t.py"], cwd=tmp_path,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=cli_env(), timeout=120,
+                                stderr=full if how == "full" else None,
+                                preexec_fn=(lambda: os.close(2)) if how == "closed" else None)
+    assert result.returncode == status
+    assert result.stdout == b"ran\n"
+    assert json.loads((tmp_path / "r.json").read_text())["recording"]["target"]["exit_code"] == status

@@ -1,7 +1,6 @@
 """The command line: one group, one small module per subcommand, errors mapped to exit codes here."""
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 
@@ -9,6 +8,7 @@ import click
 
 from .. import __version__
 from ..errors import EXIT_INTERNAL, EXIT_USAGE, DoctorError, internal_error
+from ._streams import ToolStream
 
 _debug = False
 
@@ -68,9 +68,12 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args[:1]
     if not args:
         args = ["--help"]  # a bare `gpumemdoctor` shows the help, as click does for groups
-    sys.stdout = _ReaderMayLeave(sys.stdout)
+    out, err = ToolStream(sys.stdout, "standard output", fatal=True), ToolStream(sys.stderr, "standard error",
+                                                                                fatal=False)
+    sys.stdout, sys.stderr = out, err
     try:
         code = cli.main(args=args, prog_name="gpumemdoctor", standalone_mode=False)
+        out.flush()  # what is still buffered fails here, not as Python exits (exit 120)
     except click.ClickException as exc:
         _fail(f"{exc.format_message()} (see gpumemdoctor {_subcommand(args)}--help)", EXIT_USAGE)
     except click.exceptions.Abort:
@@ -88,44 +91,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         sys.exit(code if isinstance(code, int) else 0)
     finally:
-        sys.stdout = sys.stdout.stream if isinstance(sys.stdout, _ReaderMayLeave) else sys.stdout
-
-
-class _ReaderMayLeave:
-    """Standard output whose reader may stop reading (`gpumemdoctor report R.json | head -1`): the
-    rest of the output is dropped, quietly, and the command ends with the exit code it would have
-    had. Everything else is the stream's own."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.gone = False
-
-    def write(self, text: str) -> int:
-        if not self.gone:
-            try:
-                return self.stream.write(text)
-            except BrokenPipeError:
-                self._leave()
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.gone:
-            try:
-                self.stream.flush()
-            except BrokenPipeError:
-                self._leave()
-
-    def _leave(self) -> None:
-        self.gone = True
-        try:  # Python flushes stdout once more at exit: let that go to /dev/null, not the closed pipe
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.stream.fileno())
-            os.close(devnull)
-        except (OSError, ValueError, AttributeError):
-            pass
-
-    def __getattr__(self, name: str):
-        return getattr(self.stream, name)
+        for stream in (out, err):
+            stream.silence()
+        sys.stdout, sys.stderr = out.original, err.original
 
 
 def _subcommand(args: list[str]) -> str:
