@@ -87,3 +87,39 @@ def test_the_targets_exit_status_survives_an_unwritable_standard_error(tmp_path,
     assert result.returncode == status
     assert result.stdout == b"ran\n"
     assert json.loads((tmp_path / "r.json").read_text())["recording"]["target"]["exit_code"] == status
+
+
+# -- cause 9: Ctrl-C while the command line's modules load ---------------------------------------------
+
+INTERRUPTED_IMPORT = """
+import os, runpy, signal, sys
+
+class CtrlC:
+    # Ctrl-C arrives while {module} is being imported, as it did in the first ~50 ms
+    def find_spec(self, name, path=None, target=None):
+        if name == {module!r}:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["gpumemdoctor", "report", "r.json"]
+runpy.run_module("gpumemdoctor", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("module", ["click", "gpumemdoctor.cli.run"])
+def test_ctrl_c_while_the_modules_load_is_the_aborted_line(tmp_path, module):
+    result = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT.format(module=module)], cwd=tmp_path,
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert result.returncode == 130, result.stderr
+    assert result.stderr == "gpumemdoctor: error: aborted\n"
+
+
+def test_a_sigint_the_caller_ignores_stays_ignored(tmp_path):
+    """A background job's SIGINT is ignored (SIG_IGN): loading the command line does not start heeding it."""
+    code = ("import signal; signal.signal(signal.SIGINT, signal.SIG_IGN); import gpumemdoctor.cli; "
+            "assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            env=cli_env(), timeout=60)
+    assert result.returncode == 0, result.stderr

@@ -1,14 +1,37 @@
 """The command line: one group, one small module per subcommand, errors mapped to exit codes here."""
 from __future__ import annotations
 
+import os
+import signal
 import sys
-import traceback
 
-import click
 
-from .. import __version__
-from ..errors import EXIT_INTERNAL, EXIT_USAGE, DoctorError, internal_error
-from ._streams import ToolStream
+def _aborted_while_starting(signum: int, frame) -> None:
+    """Ctrl-C while the command line's modules load (its first ~50 ms): the line and the status that a
+    Ctrl-C later gets, not a traceback from inside an import."""
+    try:
+        os.write(2, b"gpumemdoctor: error: aborted\n")
+    except OSError:
+        pass
+    os._exit(130)
+
+
+# Until the modules below are loaded, main() is not there to catch a KeyboardInterrupt. Only Python's own
+# handler is replaced: a SIGINT that the caller ignores (a background job) stays ignored.
+_SIGINT_BEFORE = signal.getsignal(signal.SIGINT)
+try:
+    if _SIGINT_BEFORE is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _aborted_while_starting)
+except ValueError:  # imported outside the main thread, where no handler can be set
+    pass
+
+import traceback  # noqa: E402
+
+import click  # noqa: E402
+
+from .. import __version__  # noqa: E402
+from ..errors import EXIT_INTERNAL, EXIT_USAGE, DoctorError, internal_error  # noqa: E402
+from ._streams import ToolStream  # noqa: E402
 
 _debug = False
 
@@ -47,6 +70,8 @@ def _register() -> None:
 
 
 _register()
+if signal.getsignal(signal.SIGINT) is _aborted_while_starting:
+    signal.signal(signal.SIGINT, _SIGINT_BEFORE)  # from here on main() catches it
 
 
 def _fail(message: str, code: int) -> None:
