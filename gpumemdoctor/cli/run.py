@@ -7,7 +7,7 @@ import re
 import shutil
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import click
 
@@ -31,6 +31,7 @@ class RunOutputs:
     html_next_to_json: bool
     junit: str | None
     new_baseline: str | None  # the file --update-baseline writes; None without it
+    reads: dict = field(default_factory=dict)  # what the run read (label -> path): the script, the baseline
 
 
 class _RunCommand(click.Command):
@@ -198,7 +199,9 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     try:
         outputs = RunOutputs(name=name, report=output, force=force, quiet=quiet, html=html,
                              html_next_to_json=html_next_to_json, junit=junit,
-                             new_baseline=baseline if update_baseline else None)
+                             new_baseline=baseline if update_baseline else None,
+                             reads={f"the script {target[0]}": None if target[0] == "-m" else target[0],
+                                    f"the baseline {baseline}": None if update_baseline else baseline})
         return _after_run(recording, status, outputs, policy)
     except Exception as exc:  # a bug of gpumemdoctor's own, after the target ran: its status stays
         if ctx.find_root().params.get("debug"):
@@ -256,8 +259,13 @@ def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:
                                                                        outputs.new_baseline)
     if not policy.empty:
         results = ci_checks.evaluate(recording, diagnosis, policy)
+        report = outputs.report or default_path
+        written = {f"the report {report}": report, f"the HTML page {html}": html,
+                   f"the JUnit XML {outputs.junit}": outputs.junit,
+                   f"the baseline {outputs.new_baseline}": outputs.new_baseline}
         publish(console, " ".join(recording.target.get("argv") or []), diagnosis.verdict,
-                ci_checks.figures(recording, diagnosis), results, outputs.junit, html)
+                ci_checks.figures(recording, diagnosis), results, outputs.junit, html,
+                files={**outputs.reads, **written})
         failed = failed or not all(r.passed for r in results)
     return EXIT_CHECK_FAILED if status == 0 and failed else status  # the target's own failure wins
 

@@ -159,6 +159,12 @@ def _identity(path: str) -> tuple:
         return ("path", real)
 
 
+def same_file(path: str, files: dict[str, str | None]) -> str | None:
+    """The label of the file among `files` (label -> path) that `path` leads to, or None."""
+    key = _identity(path)
+    return next((label for label, other in files.items() if other is not None and _identity(other) == key), None)
+
+
 def check_distinct(outputs: dict[str, str | None], inputs: dict[str, str | None]) -> None:
     """Refuse an output that is one of the inputs (the script, a report being read, the baseline
     compared with) or another output: each named by what the user gave (`-o r.json`)."""
