@@ -243,3 +243,28 @@ def test_a_step_summary_that_cannot_be_written_is_a_warning_on_standard_error(cl
     assert result.returncode == 0, result.stderr
     assert "GITHUB_STEP_SUMMARY" not in result.stdout
     assert result.stderr.startswith("gpumemdoctor: warning: could not append to GITHUB_STEP_SUMMARY /dev/full")
+
+
+# -- --fail-on on a run that measured nothing ----------------------------------------------------------
+
+def test_fail_on_fails_where_the_run_could_not_show_the_finding():
+    """No leak finding in a run that measured no GPU is no evidence of no leak: the check fails as not
+    measured, as a figure that was not measured does (it said "ok")."""
+    import dataclasses
+
+    recording, diagnosis = run("clean_adam")
+    unmeasured = dataclasses.replace(recording, nvml_available=False, host_rss=[])
+    results = checks.evaluate(unmeasured, diagnosis, checks.Policy(fail_on=("leak", "host-memory")))
+    assert [(r.name, r.passed) for r in results] == [("fail-on leak", False), ("fail-on host-memory", False)]
+    assert results[0].message == ("leak: not measured (no NVIDIA GPU was measured), so the run cannot be said "
+                                  "to have none")
+    assert "no host memory was read" in results[1].message
+    measured = checks.evaluate(recording, diagnosis, checks.Policy(fail_on=("leak", "host-memory")))
+    assert all(r.passed for r in measured)
+
+
+def test_run_without_a_gpu_fails_fail_on(cli, script, tmp_path):
+    script(tmp_path, "ok.py", "pass\n")
+    result = cli("run", "--allow-no-gpu", "--fail-on", "leak", "ok.py", cwd=tmp_path)
+    assert result.returncode == 10, result.stderr
+    assert "FAIL fail-on leak: leak: not measured" in " ".join(result.stderr.split())
