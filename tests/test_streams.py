@@ -51,8 +51,8 @@ def _close_stdout() -> None:
 
 
 @pytest.mark.parametrize("how", ["full", "closed"])
-@pytest.mark.parametrize("args", [["report", str(LEAK)], ["compare", str(LEAK), str(LEAK)]],
-                         ids=["report", "compare"])
+@pytest.mark.parametrize("args", [["report", str(LEAK)], ["compare", str(LEAK), str(LEAK)], ["--help"], ["--version"]],
+                         ids=["report", "compare", "help", "version"])
 def test_standard_output_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, how, args):
     with open("/dev/full", "wb") as full:
         result = subprocess.run([*CLI, *args], cwd=tmp_path, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,

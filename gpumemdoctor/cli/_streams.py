@@ -55,6 +55,8 @@ class ToolStream:
         self.gone = False  # nothing more is written: the reader left, or the stream failed
 
     def write(self, text: str) -> int:
+        if isinstance(text, str) and not text:
+            return 0  # click asks a stream what it is by writing nothing: no answer of a failure there
         if not self.gone:
             try:
                 try:
