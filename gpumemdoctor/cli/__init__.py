@@ -31,7 +31,7 @@ import click  # noqa: E402
 
 from .. import __version__  # noqa: E402
 from ..errors import EXIT_INTERNAL, EXIT_USAGE, DoctorError, internal_error  # noqa: E402
-from ._streams import ToolStream  # noqa: E402
+from ._stdio import StandardStream  # noqa: E402
 
 _debug = False
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args[:1]
     if not args:
         args = ["--help"]  # a bare `gpumemdoctor` shows the help, as click does for groups
-    out, err = ToolStream(sys.stdout, "standard output", fatal=True), ToolStream(sys.stderr, "standard error",
+    out, err = StandardStream(sys.stdout, "standard output", fatal=True), StandardStream(sys.stderr, "standard error",
                                                                                 fatal=False)
     sys.stdout, sys.stderr = out, err
     try:

@@ -42,7 +42,7 @@ class _Closed:
         pass
 
 
-class ToolStream:
+class StandardStream:
     """Standard output (`fatal`: a failed write stops the command) or error (a failed write is dropped);
     see the module's docstring. Everything else is the stream's own, but its binary `buffer`: click
     would write around this wrapper to it."""
