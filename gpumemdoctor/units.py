@@ -10,6 +10,8 @@ _PARSE = {
     "m": 1 << 20, "mb": 1000**2, "mib": 1 << 20,
     "g": 1 << 30, "gb": 1000**3, "gib": 1 << 30,
     "t": 1 << 40, "tb": 1000**4, "tib": 1 << 40,
+    "p": 1 << 50, "pb": 1000**5, "pib": 1 << 50,
+    "eb": 1000**6, "eib": 1 << 60,  # no bare "e": "1e" reads as a number's exponent cut short
 }
 MAX_SIZE_BYTES = 1 << 60  # 1 EiB: no GPU or host has that much, so a larger size is a mistake
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")

@@ -78,8 +78,9 @@ def target(tmp_path: Path, monkeypatch) -> Path:
 # -- the bad-input table ------------------------------------------------------------------------
 # One row per bad input: the command line, its exit code, and the words its one-line error must hold.
 # The next sweep of bad inputs adds rows here. In a command line, {pid} is a live process, {report} a
-# valid report (a file that is not a watch log) and t.py a target that leaves a file `ran` behind if it
-# runs: none may run. A row that starts with "pytest" runs pytest, with the plugin, in an empty folder.
+# valid report (a file that is not a watch log), {baseline} a valid baseline and t.py a target that
+# leaves a file `ran` behind if it runs: none may run. A row that starts with "pytest" runs pytest, with
+# the plugin, in an empty folder.
 BAD_INPUT = [
     # issue 28, row 3: an unset $BASELINE in CI
     (["run", "--allow-no-gpu", "--baseline", "", "t.py"], 2, ["--baseline", "an empty file name"]),
@@ -108,13 +109,27 @@ BAD_INPUT = [
     (["run", "--allow-no-gpu", "--max-peak", "-1GiB", "t.py"], 2, ["-1GiB", "must not be negative"]),
     (["ps", "--expect-free", "-1GiB"], 2, ["-1GiB", "must not be negative"]),
     (["pytest", "--vram-check", "--vram-threshold=-1MiB"], 4, ["--vram-threshold", "-1MiB", "must not be negative"]),
+    # issue 41, cause 3: an empty --nvml-tolerance silently dropped the NVML check
+    (["compare", "{report}", "{report}", "--nvml-tolerance", ""], 2, ["--nvml-tolerance", "an empty tolerance"]),
+    (["compare", "{report}", "{report}", "--tolerance", " "], 2, ["--tolerance", "an empty tolerance"]),
+    (["run", "--allow-no-gpu", "--baseline", "{baseline}", "--nvml-tolerance", "", "t.py"], 2,
+     ["--nvml-tolerance", "an empty tolerance"]),
+    # cause 6: an empty script name was ": no such file"
+    (["run", "--allow-no-gpu", ""], 2, ["an empty script name", "variable unset"]),
+    # cause 7: a missing submodule ran the target (Python said it, exit 1, and a report was written)
+    (["run", "--allow-no-gpu", "-m", "json.nope"], 2, ["no module named 'json.nope'", "json has no module 'nope'"]),
+    (["run", "--allow-no-gpu", "-m", "email.mime.nope.deeper"], 2, ["'email.mime.nope'"]),
+    (["run", "--allow-no-gpu", "-m", "string.nope"], 2, ["'string.nope'", "string is a module, not a package"]),
 ]
 
 
 @pytest.mark.parametrize("args, code, words", BAD_INPUT, ids=[" ".join(a) or "''" for a, _, _ in BAD_INPUT])
 def test_bad_input(tmp_path, target, args, code, words):
     report = dump(tmp_path / "r.json", leak_report())
-    args = [a.replace("{pid}", str(os.getpid())).replace("{report}", report) for a in args]
+    recording = make_recording()
+    baseline = dump(tmp_path / "b.json", checks.baseline_document(recording, diagnose(recording)))
+    args = [a.replace("{pid}", str(os.getpid())).replace("{report}", report).replace("{baseline}", baseline)
+            for a in args]
     if args[0] == "pytest":
         empty = tmp_path / "empty"
         empty.mkdir()
@@ -131,6 +146,27 @@ def test_bad_input(tmp_path, target, args, code, words):
     for word in words:
         assert word in line, (word, line)
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_submodule_is_looked_for_without_running_its_packages_code(tmp_path, target):
+    """Finding `pkg.nope` with importlib would import pkg, the target's own code, in gpumemdoctor's process
+    (issue 41, cause 7): the packages are looked into instead. A package whose code may add modules when it
+    runs (pkgutil.extend_path) is taken at its word, and the target runs."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("open('imported', 'w').close()\n")
+    (pkg / "there.py").write_text("open('ran', 'w').close()\n")
+    (tmp_path / "ns" / "inner").mkdir(parents=True)  # a namespace package: no __init__.py
+    for module in ("pkg.nope", "ns.nope", "ns.inner.nope"):
+        code, _, err = invoke("run", "--allow-no-gpu", "-m", module)
+        assert code == 2, err
+        assert f"no module named {module!r}" in one_line(err)
+    assert not (tmp_path / "imported").exists() and not (tmp_path / "ran").exists()
+    code, _, err = invoke("run", "--allow-no-gpu", "-q", "-o", "r.json", "-m", "pkg.there")
+    assert code == 0 and (tmp_path / "ran").exists(), err
+    (pkg / "__init__.py").write_text("__path__ = __import__('pkgutil').extend_path(__path__, __name__)\n")
+    code, _, err = invoke("run", "--allow-no-gpu", "-q", "-o", "r2.json", "-m", "pkg.elsewhere")
+    assert code == 1 and (tmp_path / "r2.json").exists(), err  # it ran: Python said it found no such module
 
 
 # -- internal errors and hangs -------------------------------------------------------------

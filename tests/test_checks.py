@@ -195,3 +195,76 @@ def test_update_baseline_writes_a_baseline(tmp_path, capsys):
     assert _after_run(recording, 0, outputs, checks.Policy()) == 0
     assert f"Baseline written: {tmp_path / 'b.json'}" in capsys.readouterr().err
     assert json.loads((tmp_path / "b.json").read_text())["schema"] == checks.BASELINE_SCHEMA
+
+
+# -- issue 41: compare's JUnit that cannot be written, and the step summary ----------------------------
+
+def test_compare_whose_junit_cannot_be_written_fails(cli, tmp_path):
+    """Cause 5: exit 0 with no JUnit written, and a line about "the target's" status, which compare has not."""
+    same = str(FIXTURES / "clean_adam.json")
+    summary = tmp_path / "summary.md"
+    result = cli("compare", same, same, "--junit", "/dev/full", cwd=tmp_path, env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == ["gpumemdoctor: error: cannot write the JUnit XML to /dev/full: No space "
+                                          "left on device"]
+    assert "2 passed, 0 failed" in result.stdout  # the checks are still drawn
+    assert "### gpumemdoctor:" in summary.read_text()  # and summed up
+
+
+@pytest.mark.parametrize("which", ["old", "new", "junit"])
+def test_the_step_summary_is_never_appended_to_a_file_of_compare(cli, tmp_path, which):
+    """Cause 14: with GITHUB_STEP_SUMMARY pointed at the report being read, the summary went into it."""
+    for name in ("old", "new"):
+        (tmp_path / f"{name}.json").write_text((FIXTURES / "clean_adam.json").read_text())
+    before = {p.name: p.read_text() for p in tmp_path.iterdir()}
+    result = cli("compare", "old.json", "new.json", "--junit", "j.xml", "--fail-on", "leak", cwd=tmp_path,
+                 env={"GITHUB_STEP_SUMMARY": str(tmp_path / f"{which}.json" if which != "junit" else tmp_path / "j.xml")})
+    assert result.returncode == 0, result.stderr
+    for name in ("old.json", "new.json"):
+        assert (tmp_path / name).read_text() == before[name]
+    assert "### gpumemdoctor" not in (tmp_path / "j.xml").read_text()
+    assert result.stderr.startswith("gpumemdoctor: warning: GITHUB_STEP_SUMMARY names the ")
+    assert "warning" not in result.stdout
+
+
+def test_the_step_summary_is_never_appended_to_the_report_of_run(cli, script, tmp_path):
+    script(tmp_path, "t.py", "pass\n")
+    result = cli("run", "--allow-no-gpu", "-q", "-o", "r.json", "--max-peak", "1GiB", "t.py", cwd=tmp_path,
+                 env={"GITHUB_STEP_SUMMARY": str(tmp_path / "r.json")})
+    assert result.returncode == 10, result.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["schema"] == "gpumemdoctor.report/1"
+    assert "GITHUB_STEP_SUMMARY names the report r.json" in result.stderr
+
+
+def test_a_step_summary_that_cannot_be_written_is_a_warning_on_standard_error(cli, tmp_path):
+    """Cause 14: its warning went to standard output, into compare's table."""
+    same = str(FIXTURES / "clean_adam.json")
+    result = cli("compare", same, same, cwd=tmp_path, env={"GITHUB_STEP_SUMMARY": "/dev/full"})
+    assert result.returncode == 0, result.stderr
+    assert "GITHUB_STEP_SUMMARY" not in result.stdout
+    assert result.stderr.startswith("gpumemdoctor: warning: could not append to GITHUB_STEP_SUMMARY /dev/full")
+
+
+# -- --fail-on on a run that measured nothing ----------------------------------------------------------
+
+def test_fail_on_fails_where_the_run_could_not_show_the_finding():
+    """No leak finding in a run that measured no GPU is no evidence of no leak: the check fails as not
+    measured, as a figure that was not measured does (it said "ok")."""
+    import dataclasses
+
+    recording, diagnosis = run("clean_adam")
+    unmeasured = dataclasses.replace(recording, nvml_available=False, host_rss=[])
+    results = checks.evaluate(unmeasured, diagnosis, checks.Policy(fail_on=("leak", "host-memory")))
+    assert [(r.name, r.passed) for r in results] == [("fail-on leak", False), ("fail-on host-memory", False)]
+    assert results[0].message == ("leak: not measured (no NVIDIA GPU was measured), so the run cannot be said "
+                                  "to have none")
+    assert "no host memory was read" in results[1].message
+    measured = checks.evaluate(recording, diagnosis, checks.Policy(fail_on=("leak", "host-memory")))
+    assert all(r.passed for r in measured)
+
+
+def test_run_without_a_gpu_fails_fail_on(cli, script, tmp_path):
+    script(tmp_path, "ok.py", "pass\n")
+    result = cli("run", "--allow-no-gpu", "--fail-on", "leak", "ok.py", cwd=tmp_path)
+    assert result.returncode == 10, result.stderr
+    assert "FAIL fail-on leak: leak: not measured" in " ".join(result.stderr.split())

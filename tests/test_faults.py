@@ -292,6 +292,58 @@ def test_report_from_run_dir_bad_input_is_one_line(cli, tmp_path):
     assert result.returncode == 4 and "not a run file" in one_error_line(result.stderr)
 
 
+def _run_folder(folder: Path) -> tuple[Path, float]:
+    """A run folder as a killed supervisor leaves it: the run file and the target's agent file, from the
+    hand-built leak's recording (tests/test_properties.py writes its lines). Its agent file's path, and
+    the run's length by the records' times."""
+    from .test_properties import _agent_lines, _run_file
+    from .test_report_parse import make_recording
+
+    recording = make_recording()
+    (folder / "run.json").write_text(json.dumps(_run_file(recording)))
+    agent = folder / f"agent-{recording.target_pid}.jsonl"
+    agent.write_text("".join(json.dumps(line) + "\n" for line in _agent_lines(recording)))
+    return agent, recording.duration_s
+
+
+@pytest.mark.parametrize("bad, what", [
+    ("garbage here", "line 3: not JSON"),
+    ('{"type": "s", "t": NaN, "by": "step", "step": 1, "d": []}', "line 3: not JSON (NaN is not allowed)"),
+    ('{"type": "s", "t": 1001.0, "by": "step", "step": 1, "d": [[0, Infinity, 1, 1, 1, 1]]}', "line 3: not JSON"),
+    ('[1, 2]', "line 3: not a JSON object"),
+    ('{"type": "s", "t": 1001.0, "by": "step", "step": "one", "d": []}', "line 3: not a valid 's' record"),
+])
+def test_report_from_run_dir_refuses_an_agent_file_that_is_not_valid(cli, tmp_path, bad, what):
+    """Issue 41, cause 10: NaN and lines that are not records were skipped, though the docs say exit 4."""
+    agent, _ = _run_folder(tmp_path)
+    lines = agent.read_text().splitlines(keepends=True)
+    agent.write_text("".join([*lines[:2], bad + "\n", *lines[2:]]))
+    result = cli("report", "--from-run-dir", str(tmp_path), cwd=tmp_path)
+    assert result.returncode == 4, result.stderr
+    line = one_error_line(result.stderr)
+    assert f"{tmp_path} is not a valid run folder: {agent.name}, {what}" in line, line
+
+
+def test_report_from_run_dir_skips_the_last_line_cut_short(cli, tmp_path):
+    """A process killed mid-write leaves its last line without its end: that one line is skipped."""
+    agent, _ = _run_folder(tmp_path)
+    agent.write_text(agent.read_text() + '{"type": "s", "t": 10')
+    result = cli("report", "--from-run-dir", str(tmp_path), "--width", "120", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+
+
+def test_report_from_run_dir_takes_the_runs_length_from_its_records(cli, tmp_path):
+    """Issue 41, cause 11: the length was the agent file's modification time less the start, so a `touch`
+    (or a copy) made a 1.5 s run "ran 618.9 s"."""
+    agent, duration = _run_folder(tmp_path)
+    later = time.time() + 600
+    os.utime(agent, (later, later))
+    result = cli("report", "--from-run-dir", str(tmp_path), "-o", "r.json", "--width", "120", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["target"]["duration_s"] == pytest.approx(duration)
+    assert f"ran {duration:.1f} s" in result.stdout
+
+
 # -- watch --jsonl for hours -----------------------------------------------------------------------
 
 def test_watch_jsonl_is_written_line_by_line_while_watching(popen_cli, tmp_path):

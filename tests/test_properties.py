@@ -407,7 +407,7 @@ def test_a_run_folder_is_recovered_or_refused(tmp_path_factory, seed):
 
 # -- strings: sizes, rates, tolerances, finding kinds -------------------------------------------------
 
-UNITS = ["", "B", "b", "k", "K", "KiB", "kb", "MiB", "MB", "m", "GiB", "g", "GB", "TiB", "tb", "PiB", "x", "iB"]
+UNITS = ["", "B", "b", "k", "K", "KiB", "kb", "MiB", "MB", "m", "GiB", "g", "GB", "TiB", "tb", "PiB", "p", "EiB", "eb", "e", "x", "iB"]
 number_text = st.one_of(
     st.integers(min_value=-10**6, max_value=10**40).map(str),
     st.floats(allow_nan=True, allow_infinity=True).map(repr),

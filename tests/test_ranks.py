@@ -523,6 +523,35 @@ def test_report_refuses_the_same_run_twice_and_what_is_not_a_report(cli, tmp_pat
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("b, reason", [
+    (lambda: job([Rank(2, local_rank=0), Rank(3, local_rank=1)], host="node-b", world_size=8, node_rank=1),
+     "a.json has world size 4, b.json 8"),
+    (lambda: job([Rank(2, local_rank=0), Rank(3, local_rank=1)], host="node-b", world_size=4, node_rank=1,
+                 run_id="job-2"), "a.json has run id 'job-1', b.json 'job-2'"),
+    (lambda: job([Rank(0), Rank(1)], host="node-b", world_size=4), "rank 0 is in both a.json and b.json"),
+    (lambda: job([Rank(2, local_rank=0), Rank(3, local_rank=1)], host="node-b", world_size=4, node_rank=1,
+                 started_wall=1_700_086_400.0), "a.json ended at 2023-11-14 22:13:25 UTC, before b.json started "
+                                                "at 2023-11-15 22:13:20 UTC"),
+], ids=["world size", "run id", "a rank twice", "a day apart"])
+def test_report_refuses_reports_that_are_not_one_jobs_nodes(cli, tmp_path, b, reason):
+    """Issue 41, cause 12: two unrelated runs were merged into one job, with one job's verdict."""
+    a, _ = two_nodes()
+    write_reports(tmp_path, a=a, b=b())
+    result = cli("report", "a.json", "b.json", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [f"gpumemdoctor: error: a.json, b.json are not the nodes of one distributed "
+                                          f"job ({reason}): give one report at a time, or the reports of one job's "
+                                          "nodes"]
+
+
+def test_report_refuses_two_runs_without_ranks(cli, tmp_path):
+    leak, peak = (str(FIXTURES / f"{name}.json") for name in ("leak_training_list", "peak_adamw"))
+    result = cli("report", leak, peak, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"({leak} has no ranks: its run was not a distributed job)" in result.stderr
+    assert result.stdout == ""
+
+
 # -- the default report name --------------------------------------------------------------------
 
 def named(env: dict, rec: Recording | None = None) -> str:

@@ -66,13 +66,20 @@ def test_format_bytes_unsigned_has_no_plus():
     ("1T", TiB),
     ("1TiB", TiB),
     ("1tb", 10**12),
+    ("1PiB", 1 << 50),  # issue 41, cause 4: the documented limit, 1 EiB, is itself a size
+    ("2p", 2 << 50),
+    ("1pb", 10**15),
+    ("1EiB", 1 << 60),
+    ("1 eib", 1 << 60),
+    ("1EB", 10**18),
+    ("0.5EiB", 1 << 59),
 ])
 def test_parse_size(text, n):
     assert parse_size(text) == n
 
 
 @pytest.mark.parametrize("text", [
-    "", "   ", "MiB", "abc", "-1MiB", "+1MiB", "1.5.2GiB", "1,5GiB", "1e3", "1 PiB", "1 MiBs",
+    "", "   ", "MiB", "abc", "-1MiB", "+1MiB", "1.5.2GiB", "1,5GiB", "1e3", "1e", "1 ZiB", "1 MiBs",
     "1 M iB", "0x10", "1GiB 2MiB", "nan", "inf",
 ])
 def test_parse_size_refuses(text):
@@ -81,6 +88,12 @@ def test_parse_size_refuses(text):
     message = str(info.value)
     assert repr(text) in message
     assert "512MiB" in message  # says how to write one
+
+
+@pytest.mark.parametrize("text", ["1.5EiB", "1025PiB", "2EB"])
+def test_parse_size_refuses_more_than_an_exbibyte(text):
+    with pytest.raises(ValueError, match="larger than any memory"):
+        parse_size(text)
 
 
 @pytest.mark.parametrize("n", [0, 1, 1023, KiB, 1536, MiB, 3 * MiB, 1536 * MiB, 2 * GiB, 512 * GiB])

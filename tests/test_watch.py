@@ -327,3 +327,18 @@ def test_the_rows_of_a_job_are_drawn_with_their_rank():
     assert "rank 1 (local 1) restart 2 PID 12: no GPU memory yet" in panel.getvalue()
     assert "PyTorch in rank 0 (local 0) PID 11, cuda:0:" in panel.getvalue()
     assert "holding GPU memory: PID" not in panel.getvalue()
+
+
+def test_duration_ends_the_watch_whatever_the_interval(cli, tmp_path, sleeper):
+    """Issue 41, cause 13: `--interval 3600 --duration 0.5` watched for an hour."""
+    state = tmp_path / "nvml.json"
+    _write(state, sleeper.pid, GIB)
+    started = time.monotonic()
+    result = cli("watch", "--pid", str(sleeper.pid), "--interval", "3600", "--duration", "0.5", "--no-tui",
+                 "--jsonl", "w.jsonl", cwd=tmp_path, timeout=60,
+                 env={"PYTHONPATH": DOUBLES_PATH, "GPUMEMDOCTOR_TEST_NVML": str(state)})
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 30
+    samples = [json.loads(x) for x in (tmp_path / "w.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 and 0.5 <= samples[-1]["t"] < 5  # the first, and the last at the end
+    assert f"Watched PID {sleeper.pid}" in result.stdout

@@ -2,13 +2,36 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
-import traceback
 
-import click
 
-from .. import __version__
-from ..errors import EXIT_INTERNAL, EXIT_USAGE, DoctorError, internal_error
+def _aborted_while_starting(signum: int, frame) -> None:
+    """Ctrl-C while the command line's modules load (its first ~50 ms): the line and the status that a
+    Ctrl-C later gets, not a traceback from inside an import."""
+    try:
+        os.write(2, b"gpumemdoctor: error: aborted\n")
+    except OSError:
+        pass
+    os._exit(130)
+
+
+# Until the modules below are loaded, main() is not there to catch a KeyboardInterrupt. Only Python's own
+# handler is replaced: a SIGINT that the caller ignores (a background job) stays ignored.
+_SIGINT_BEFORE = signal.getsignal(signal.SIGINT)
+try:
+    if _SIGINT_BEFORE is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _aborted_while_starting)
+except ValueError:  # imported outside the main thread, where no handler can be set
+    pass
+
+import traceback  # noqa: E402
+
+import click  # noqa: E402
+
+from .. import __version__  # noqa: E402
+from ..errors import EXIT_INTERNAL, EXIT_USAGE, DoctorError, internal_error  # noqa: E402
+from ._stdio import StandardStream  # noqa: E402
 
 _debug = False
 
@@ -47,6 +70,8 @@ def _register() -> None:
 
 
 _register()
+if signal.getsignal(signal.SIGINT) is _aborted_while_starting:
+    signal.signal(signal.SIGINT, _SIGINT_BEFORE)  # from here on main() catches it
 
 
 def _fail(message: str, code: int) -> None:
@@ -68,9 +93,12 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args[:1]
     if not args:
         args = ["--help"]  # a bare `gpumemdoctor` shows the help, as click does for groups
-    sys.stdout = _ReaderMayLeave(sys.stdout)
+    out, err = StandardStream(sys.stdout, "standard output", fatal=True), StandardStream(sys.stderr, "standard error",
+                                                                                fatal=False)
+    sys.stdout, sys.stderr = out, err
     try:
         code = cli.main(args=args, prog_name="gpumemdoctor", standalone_mode=False)
+        out.flush()  # what is still buffered fails here, not as Python exits (exit 120)
     except click.ClickException as exc:
         _fail(f"{exc.format_message()} (see gpumemdoctor {_subcommand(args)}--help)", EXIT_USAGE)
     except click.exceptions.Abort:
@@ -88,44 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         sys.exit(code if isinstance(code, int) else 0)
     finally:
-        sys.stdout = sys.stdout.stream if isinstance(sys.stdout, _ReaderMayLeave) else sys.stdout
-
-
-class _ReaderMayLeave:
-    """Standard output whose reader may stop reading (`gpumemdoctor report R.json | head -1`): the
-    rest of the output is dropped, quietly, and the command ends with the exit code it would have
-    had. Everything else is the stream's own."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.gone = False
-
-    def write(self, text: str) -> int:
-        if not self.gone:
-            try:
-                return self.stream.write(text)
-            except BrokenPipeError:
-                self._leave()
-        return len(text)
-
-    def flush(self) -> None:
-        if not self.gone:
-            try:
-                self.stream.flush()
-            except BrokenPipeError:
-                self._leave()
-
-    def _leave(self) -> None:
-        self.gone = True
-        try:  # Python flushes stdout once more at exit: let that go to /dev/null, not the closed pipe
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self.stream.fileno())
-            os.close(devnull)
-        except (OSError, ValueError, AttributeError):
-            pass
-
-    def __getattr__(self, name: str):
-        return getattr(self.stream, name)
+        for stream in (out, err):
+            stream.silence()
+        sys.stdout, sys.stderr = out.original, err.original
 
 
 def _subcommand(args: list[str]) -> str:

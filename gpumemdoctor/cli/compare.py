@@ -43,5 +43,7 @@ def compare_command(old: str, new: str, max_peak: int | None, max_retained: int 
     reporter.render_comparison(console, old_diagnosis.verdict, new_diagnosis.verdict, old_figures,
                                new_figures, old_ranks, ci_checks.rank_figures(new_recording, new_diagnosis),
                                ci_checks.peak_growth(old_parts, new_parts), old_parts, new_parts)
-    publish(console, f"{old} -> {new}", new_diagnosis.verdict, new_figures, results, junit)
+    publish(console, f"{old} -> {new}", new_diagnosis.verdict, new_figures, results, junit,
+            files={f"the report {old}": old, f"the report {new}": new, f"the JUnit XML {junit}": junit},
+            target_ran=False)
     return 0 if all(r.passed for r in results) else EXIT_CHECK_FAILED

@@ -68,12 +68,20 @@ def report_command(paths: tuple[str, ...], width: int | None, html: str | None, 
 
         text = html_reporter.render(recording, diagnosis, path or output)
         write_text(text, html, force, what="HTML page")
-        click.echo(f"HTML report: {html} ({len(text.encode()) / 1e6:.1f} MB)")
+        _said_written(html, text)
         return 0
     from ..reporters import terminal
 
     terminal.render(make_console(stderr=False, width=width), recording, diagnosis, output)
     return 0
+
+
+def _said_written(html: str, text: str) -> None:
+    """The page's name and size; on standard error when the page itself went to standard output
+    (`--html /dev/stdout | ...`), where the line would have ended it."""
+    from ..files.outputs import is_standard_output
+
+    click.echo(f"HTML report: {html} ({len(text.encode()) / 1e6:.1f} MB)", err=is_standard_output(html))
 
 
 def _inputs(paths: tuple[str, ...], run_dir: str | None) -> dict[str, str]:
@@ -110,8 +118,8 @@ def _judged_now(path: str, recording, saved, current, rejudge: bool):
 
 
 def _job(paths: tuple[str, ...], width: int | None, html: str | None, force: bool) -> int:
-    """Several reports of one job: each read strictly, the same run refused twice, then the
-    recordings diagnosed together (diagnosis.diagnose_job)."""
+    """Several reports of one job: each read strictly, the same run refused twice, reports that are not
+    one job's nodes refused, then the recordings diagnosed together (diagnosis.diagnose_job)."""
     from ..reporters.console import make_console
     from ..diagnosis.diagnose import diagnose_job
     from ..diagnosis.report_file import load
@@ -130,6 +138,7 @@ def _job(paths: tuple[str, ...], width: int | None, html: str | None, force: boo
                              f"process {recording.target_pid}): give each node's report once")
         seen[real] = (path, run)
         recordings.append(recording)
+    _check_one_job(paths, recordings)
     diagnosis = diagnose_job(recordings)
     if html is not None:
         from ..files.outputs import write_text
@@ -137,9 +146,54 @@ def _job(paths: tuple[str, ...], width: int | None, html: str | None, force: boo
 
         text = html_reporter.render_job(recordings, diagnosis, list(paths))
         write_text(text, html, force, what="HTML page")
-        click.echo(f"HTML report: {html} ({len(text.encode()) / 1e6:.1f} MB)")
+        _said_written(html, text)
         return 0
     from ..reporters import terminal
 
     terminal.render_job(make_console(stderr=False, width=width), recordings, diagnosis, list(paths))
     return 0
+
+
+# The nodes of one job start within the rendezvous' wait of each other, so their runs overlap in time;
+# their clocks are not compared closer than this (docs/distributed.md).
+MAX_CLOCK_SKEW_S = 300.0
+
+
+def _check_one_job(paths: tuple[str, ...], recordings: list) -> None:
+    """Refuse reports that are not the nodes of one distributed job (two unrelated runs, `report A.json
+    B.json`): merged, they would get one job's verdict over runs that were never one job. The nodes of
+    a job each have ranks, one world size and one run id (where said), no rank twice, and ran at the same
+    time."""
+    from ..diagnosis.ranks import rank_processes
+
+    def refuse(reason: str) -> None:
+        raise UsageError(f"{', '.join(paths)} are not the nodes of one distributed job ({reason}): give one "
+                         "report at a time, or the reports of one job's nodes")
+
+    ranks: dict[int, str] = {}  # rank -> the file it is in
+    first: dict[str, tuple] = {}  # "world size", "run id" -> (its value, the file that said it first)
+    for path, recording in zip(paths, recordings):
+        dists = list(rank_processes(recording).values())
+        if not dists:
+            refuse(f"{path} has no ranks: its run was not a distributed job")
+        for dist in dists:
+            for what, value in (("world size", dist.world_size), ("run id", dist.run_id)):
+                if value is None:
+                    continue  # not said: nothing to hold against the others
+                said, where = first.setdefault(what, (value, path))
+                if value != said:
+                    refuse(f"{where} has {what} {said!r}, {path} {value!r}")
+            if dist.rank is not None and ranks.setdefault(dist.rank, path) != path:
+                refuse(f"rank {dist.rank} is in both {ranks[dist.rank]} and {path}")
+    spans = [(r.started_wall, r.started_wall + (r.duration_s or 0.0), p) for p, r in zip(paths, recordings)]
+    latest_start = max(spans)
+    earliest_end = min(spans, key=lambda span: span[1])
+    if latest_start[0] - earliest_end[1] > MAX_CLOCK_SKEW_S:
+        refuse(f"{earliest_end[2]} ended at {_utc(earliest_end[1])}, before {latest_start[2]} started at "
+               f"{_utc(latest_start[0])}")
+
+
+def _utc(wall: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(wall, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")

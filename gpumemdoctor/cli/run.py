@@ -7,7 +7,7 @@ import re
 import shutil
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import click
 
@@ -31,6 +31,7 @@ class RunOutputs:
     html_next_to_json: bool
     junit: str | None
     new_baseline: str | None  # the file --update-baseline writes; None without it
+    reads: dict = field(default_factory=dict)  # what the run read (label -> path): the script, the baseline
 
 
 class _RunCommand(click.Command):
@@ -199,7 +200,9 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     try:
         outputs = RunOutputs(name=name, report=output, force=force, quiet=quiet, html=html,
                              html_next_to_json=html_next_to_json, junit=junit,
-                             new_baseline=baseline if update_baseline else None)
+                             new_baseline=baseline if update_baseline else None,
+                             reads={f"the script {target[0]}": None if target[0] == "-m" else target[0],
+                                    f"the baseline {baseline}": None if update_baseline else baseline})
         return _after_run(recording, status, outputs, policy)
     except Exception as exc:  # a bug of gpumemdoctor's own, after the target ran: its status stays
         if ctx.find_root().params.get("debug"):
@@ -259,8 +262,13 @@ def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:
                                                                        outputs.new_baseline)
     if not policy.empty:
         results = ci_checks.evaluate(recording, diagnosis, policy)
+        report = outputs.report or default_path
+        written = {f"the report {report}": report, f"the HTML page {html}": html,
+                   f"the JUnit XML {outputs.junit}": outputs.junit,
+                   f"the baseline {outputs.new_baseline}": outputs.new_baseline}
         publish(console, " ".join(recording.target.get("argv") or []), diagnosis.verdict,
-                ci_checks.figures(recording, diagnosis), results, outputs.junit, html)
+                ci_checks.figures(recording, diagnosis), results, outputs.junit, html,
+                files={**outputs.reads, **written})
         failed = failed or not all(r.passed for r in results)
     return EXIT_CHECK_FAILED if status == 0 and failed else status  # the target's own failure wins
 
@@ -367,11 +375,62 @@ def _entry_module(head: bytes) -> str | None:
     return m.group(1).decode() if m else None
 
 
+def _search_path() -> list[str]:
+    """Where the target's Python looks for a top-level module: the current folder first (python -m)."""
+    search = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path[1:]]
+    return [p for p in search if p]
+
+
 def _findable(top: str) -> bool:
     """Whether the target's Python would find this top-level module (the current folder first)."""
-    search = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path[1:]]
-    return (top in sys.builtin_module_names
-            or importlib.machinery.PathFinder.find_spec(top, [p for p in search if p]) is not None)
+    return top in sys.builtin_module_names or importlib.machinery.PathFinder.find_spec(top, _search_path()) is not None
+
+
+def _missing_submodule(module: str) -> str | None:
+    """Why the target's Python would not find `module`'s submodule (`json.nope`), or None where it
+    would, or where that cannot be known without running the target's code.
+
+    The packages are looked into, not imported: finding a submodule with importlib imports its parent
+    packages, and a package's __init__.py is the target's own code (it may start CUDA in gpumemdoctor's
+    process, or take seconds to import torch). So a parent whose code may add modules when it runs
+    (it names __path__, sys.modules or pkg_resources' declare_namespace: pkgutil.extend_path, `os`
+    with os.path), or that is not a file of Python (an import hook, a zip), is taken at its word:
+    the target runs, and Python says whether it finds the module."""
+    parts = module.split(".")
+    locations = _search_path()
+    for i, part in enumerate(parts):
+        name = ".".join(parts[:i + 1])
+        # By its last part alone: a nested namespace package's spec would look its parent up in sys.modules.
+        spec = importlib.machinery.PathFinder.find_spec(part, locations)
+        if spec is None:
+            return None if i == 0 else (f"no module named {name!r}: the package {'.'.join(parts[:i])} has no "
+                                        f"module {part!r} (check the name)")
+        if i == len(parts) - 1:
+            return None
+        if spec.origin is None:  # a namespace package: its folders of that name, wherever its parent has one
+            locations = [os.path.join(p, part) for p in locations if os.path.isdir(os.path.join(p, part))]
+            continue
+        if _may_add_modules(spec.origin):
+            return None
+        if spec.submodule_search_locations is None:
+            return f"no module named {'.'.join(parts[:i + 2])!r}: {name} is a module, not a package (check the name)"
+        locations = list(spec.submodule_search_locations)
+    return None
+
+
+_ADDS_MODULES = (b"__path__", b"sys.modules", b"declare_namespace")
+
+
+def _may_add_modules(origin: str) -> bool:
+    """Whether a module's code (a package's __init__.py) may make modules importable when it runs."""
+    if not origin.endswith((".py", ".pyc")):
+        return True  # compiled, or not a file
+    try:
+        with open(origin, "rb") as f:
+            source = f.read(4 << 20)
+    except OSError:
+        return True  # inside a zip, or unreadable
+    return any(marker in source for marker in _ADDS_MODULES)
 
 
 def _check_target(target: list[str]) -> str:
@@ -385,8 +444,14 @@ def _check_target(target: list[str]) -> str:
             raise UsageError(f"{module!r} is not a module name")
         if not _findable(top):
             raise UsageError(f"no module named {top!r} (looked in the current folder and sys.path)")
+        missing = _missing_submodule(module)
+        if missing is not None:
+            raise UsageError(missing)
         return module.replace(".", "-")
     script = target[0]
+    if not script:
+        raise UsageError("an empty script name (is a variable unset?): give a Python script to run, or a "
+                         "module with -m")
     if not os.path.exists(script):
         if os.sep not in script and not script.endswith(".py"):
             raise UsageError(f"{script}: no such file, nor a command on PATH: give a Python script, "

@@ -42,6 +42,14 @@ def _wait(fd: int | None, seconds: float) -> bool:
     return bool(ready) and os.read(fd, 16).lower().startswith(b"q")
 
 
+def _until_next(interval: float, duration: float | None, watcher) -> float:
+    """Seconds until the next sample: the interval, or less where --duration ends before it (the last
+    sample is then taken at the end: `--interval 3600 --duration 0.5` watches half a second, not an hour)."""
+    if duration is None:
+        return interval
+    return max(0.0, min(interval, duration - (time.monotonic() - watcher.t0)))
+
+
 @click.command("watch")
 @click.option("--pid", type=int, required=True, help="The process to watch (any program).")
 @click.option("--interval", type=Seconds(0.05, 3600), default=1.0, show_default=True,
@@ -110,7 +118,7 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
                 if duration is not None and s.t >= duration:
                     ended = "duration"
                     break
-                if _wait(fd, interval):
+                if _wait(fd, _until_next(interval, duration, watcher)):
                     break
     except KeyboardInterrupt:
         pass

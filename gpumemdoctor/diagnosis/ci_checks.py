@@ -199,9 +199,13 @@ def evaluate(recording: Recording, diagnosis: Diagnosis, policy: Policy) -> list
                                  figs["retained_bytes"], policy.max_retained_bytes)])
     for kind in policy.fail_on:
         hits = [f for f in diagnosis.findings if f.kind == kind]
+        unseen = _unmeasured_kind(recording, kind)
         if hits:
             results.append(CheckResult(f"fail-on {kind}", False,
                                        f"{kind}: {hits[0].summary}", measured=hits[0].bytes))
+        elif unseen is not None:  # no finding on no evidence is no pass: as a figure not measured
+            results.append(CheckResult(f"fail-on {kind}", False, f"{kind}: not measured ({unseen}), so the run "
+                                                                 f"cannot be said to have none"))
         else:
             results.append(CheckResult(f"fail-on {kind}", True, f"no {kind} finding"))
     if policy.baseline is not None:
@@ -219,6 +223,14 @@ def evaluate(recording: Recording, diagnosis: Diagnosis, policy: Policy) -> list
     if policy.baseline is not None and policy.baseline_ranks:
         results.extend(_against_baseline_ranks(ranks, policy))
     return results
+
+
+def _unmeasured_kind(recording: Recording, kind: str) -> str | None:
+    """Why the run could not show a finding of this kind, or None where it could: `host-memory` rests on
+    the supervisor's host memory readings, every other kind on the GPU's (NVML)."""
+    if kind == "host-memory":
+        return None if recording.host_rss else "no host memory was read"
+    return None if recording.nvml_available else "no NVIDIA GPU was measured"
 
 
 def largest_peak(compositions: list[PeakComposition]) -> PeakComposition | None:

@@ -5,7 +5,7 @@ One rule for every file: a new file is created with mode 0600 (they hold the tar
 and working folder); an existing regular file that may be overwritten is replaced by a new one,
 written beside it first, so it is 0600 too and a failed write leaves the old file whole; an existing
 file that is not a regular file (/dev/stdout, /dev/null, a pipe being read) is written in place.
-A symbolic link is followed: the file it names is the one written.
+A symbolic link is followed: the file it names is the one written (`resolved`).
 """
 from __future__ import annotations
 
@@ -22,6 +22,25 @@ OPTIONS = {"report": "-o", "snapshot": "--snapshot", "HTML page": "--html", "JUn
 MAX_FIRST_LINE_BYTES = 1 << 20  # of a log appended to: enough for a sample of a large job
 
 
+def resolved(path: str) -> str:
+    """The file that `path` names, links followed. /dev/stdout, when standard output is a pipe or a
+    socket, leads through /proc/self/fd to a name that is no path ('pipe:[123]'): the kernel opens such
+    a link itself, so the path given is the one to open."""
+    real = os.path.realpath(path)
+    if not os.path.exists(real) and os.path.exists(path):
+        return path
+    return real
+
+
+def is_standard_output(path: str) -> bool:
+    """Whether `path` is the tool's own standard output (/dev/stdout, /proc/self/fd/1, the file it goes to)."""
+    try:
+        written, out = os.stat(path), os.fstat(1)
+    except OSError:
+        return False
+    return (written.st_dev, written.st_ino) == (out.st_dev, out.st_ino)
+
+
 def _exists_message(path: str, option: str) -> str:
     return f"{path} exists: pass --force to overwrite it, or {option} to choose another name"
 
@@ -33,7 +52,7 @@ def check_writable(path: str, force: bool, what: str = "report") -> None:
     option = OPTIONS[what]
     if os.path.isdir(path):
         raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
-    real = os.path.realpath(path)
+    real = resolved(path)
     if os.path.exists(real):
         if not force:
             raise UsageError(_exists_message(path, option))
@@ -87,7 +106,7 @@ def write_text(text: str, path: str, force: bool, what: str = "report") -> None:
     option = OPTIONS[what]
     if os.path.isdir(path):
         raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
-    real = os.path.realpath(path)
+    real = resolved(path)
     try:
         if os.path.exists(real):
             if not force:
@@ -132,12 +151,18 @@ def _remove(path: str) -> None:
 
 def _identity(path: str) -> tuple:
     """What tells two paths to one file apart: the file itself where it exists, else where it would be."""
-    real = os.path.realpath(path)
+    real = resolved(path)
     try:
         st = os.stat(real)
         return ("file", st.st_dev, st.st_ino)
     except OSError:
         return ("path", real)
+
+
+def same_file(path: str, files: dict[str, str | None]) -> str | None:
+    """The label of the file among `files` (label -> path) that `path` leads to, or None."""
+    key = _identity(path)
+    return next((label for label, other in files.items() if other is not None and _identity(other) == key), None)
 
 
 def check_distinct(outputs: dict[str, str | None], inputs: dict[str, str | None]) -> None:
@@ -194,7 +219,7 @@ def check_log(path: str, force: bool, is_log: Callable[[str], bool], what: str =
     option = OPTIONS[what]
     if os.path.isdir(path):
         raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
-    real = os.path.realpath(path)
+    real = resolved(path)
     if not os.path.exists(real):
         check_folder_writable(os.path.dirname(real), what, option, probe=False)
         return False
@@ -220,7 +245,7 @@ def open_log(path: str, replace: bool = False) -> LineLog:
     with no reader fails at once instead of waiting for one."""
     try:
         if replace:
-            _replace("", os.path.realpath(path))
+            _replace("", resolved(path))
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o600)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None

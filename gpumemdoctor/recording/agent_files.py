@@ -14,16 +14,21 @@ run is quick and the supervisor's memory does not grow with the run's length:
   MAX_CUDA_AGENTS that did are kept besides the target (the ranks of a distributed job first, then
   the ones that held most).
 
-A line cut short by a killed process is skipped.
+A line cut short by a killed process is skipped, and so is, while the run goes on, any other line
+that is not a valid record (one bad line must not cost the whole run its report). A run folder read
+again afterwards (`report --from-run-dir`, `strict`) is a file from outside: there only the last line
+of a file may be cut short, and any other line that is not JSON (NaN and Infinity included) or not a
+valid record makes the folder not valid.
 """
 from __future__ import annotations
 
-import json
+import math
 import os
 
 from ..system import procs
 from . import records
 from ..errors import BadReportError
+from ..files.inputs import loads_strict
 from ..files.schema import INT, STR, Shape, list_of, need_num, opt
 from .recording import PROBE_PHASES, SAMPLE, TORCH_DEVICE, AgentRecording, Dist, TorchSample
 from .series import Series
@@ -68,10 +73,13 @@ def _agent_pid(name: str) -> int | None:
 class AgentFile:
     """One agent's file, read a piece at a time as it grows."""
 
-    def __init__(self, path: str, t0: float, sizes: dict | None = None):
+    def __init__(self, path: str, t0: float, sizes: dict | None = None, strict: bool = False):
         self.path = path
         self.t0 = t0
+        self.strict = strict  # a bad line makes the file not valid (see the module's docstring)
         self.offset = 0
+        self.lines = 0  # read so far, for the line number of a bad one
+        self.last_t: float | None = None  # the latest time of a record applied, from the run's start
         self._partial = b""
         self._sizes = sizes or TARGET_SERIES
         self.agent: AgentRecording | None = None
@@ -101,14 +109,16 @@ class AgentFile:
                     self.offset += len(chunk)
                     lines = (self._partial + chunk).split(b"\n")
                     self._partial = lines.pop()
-                    if len(self._partial) > MAX_LINE_BYTES:  # no agent writes such a line: skip it
-                        self._partial = b""
                     for line in lines:
                         self._line(line)
+                    if len(self._partial) > MAX_LINE_BYTES:  # no agent writes such a line: skip it
+                        self.lines += 1
+                        self._bad(f"a line longer than {MAX_LINE_BYTES:,} bytes")
+                        self._partial = b""
         except OSError:
             return
         if final and self._partial:
-            self._line(self._partial)
+            self._line(self._partial, cut_short=True)
             self._partial = b""
 
     def finish(self) -> AgentRecording | None:
@@ -121,17 +131,31 @@ class AgentFile:
                 agent.steps = agent.samples[-1].step
         return agent
 
-    def _line(self, line: bytes) -> None:
+    def _line(self, line: bytes, cut_short: bool = False) -> None:
+        """Apply one line; `cut_short`: the file's last, without its newline (a process killed mid-write)."""
+        self.lines += 1
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = loads_strict(line.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:  # also not UTF-8, NaN, Infinity
+            if not cut_short:
+                self._bad(f"not JSON ({str(exc)[:80]})")
             return
         if not isinstance(rec, dict):
+            self._bad("not a JSON object")
             return
         try:
             self._apply(rec)
-        except (BadReportError, KeyError, TypeError, ValueError, IndexError):
-            pass
+        except (BadReportError, KeyError, TypeError, ValueError, IndexError) as exc:
+            self._bad(f"not a valid {str(rec.get('type'))[:40]!r} record ({str(exc)[:120]})")
+            return
+        t = rec.get("t")
+        if self.agent is not None and isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+            self.last_t = t - self.t0 if self.last_t is None else max(self.last_t, t - self.t0)
+
+    def _bad(self, what: str) -> None:
+        """A line that is not a valid record: skipped while the run goes on, an error when `strict`."""
+        if self.strict:
+            raise BadReportError(f"{os.path.basename(self.path)}, line {self.lines}: {what}")
 
     def _apply(self, rec: dict) -> None:
         kind = rec.get("type")
@@ -211,11 +235,14 @@ def _held(agent: AgentRecording) -> tuple[bool, int]:
 class AgentFiles:
     """Every agent file of a run folder, read as the run goes; see the module's docstring."""
 
-    def __init__(self, run_dir: str, t0: float, target_pid: int | None = None, remove_read: bool = True):
+    def __init__(self, run_dir: str, t0: float, target_pid: int | None = None, remove_read: bool = True,
+                 strict: bool = False):
         self.run_dir = run_dir
         self.t0 = t0
         self.target_pid = target_pid
         self.remove_read = remove_read  # remove a file once read to its end (the supervisor's run folder)
+        self.strict = strict  # a run folder read again: a bad line makes it not valid (module docstring)
+        self.last_t: float | None = None  # the latest record's time, from the run's start, of files finished
         self._files: dict[str, AgentFile] = {}
         self._quiet: list[tuple[str, AgentRecording]] = []  # exited, never used CUDA
         self._cuda: list[tuple[str, AgentRecording, dict]] = []  # exited, used CUDA
@@ -260,12 +287,12 @@ class AgentFiles:
         if reader is None:
             pid = _agent_pid(name)
             sizes = TARGET_SERIES if self.target_pid is None or pid in (self.target_pid, None) else OTHER_SERIES
-            reader = self._files[name] = AgentFile(os.path.join(self.run_dir, name), self.t0, sizes)
+            reader = self._files[name] = AgentFile(os.path.join(self.run_dir, name), self.t0, sizes, self.strict)
         return reader
 
     def _set_aside(self, name: str, reader: AgentFile) -> None:
         used_cuda = reader.used_cuda
-        agent = reader.finish()
+        agent = self._finished(reader)
         del self._files[name]
         if self.remove_read:
             try:
@@ -287,6 +314,12 @@ class AgentFiles:
         else:
             self.dropped += 1
 
+    def _finished(self, reader: AgentFile) -> AgentRecording | None:
+        agent = reader.finish()
+        if reader.last_t is not None:
+            self.last_t = reader.last_t if self.last_t is None else max(self.last_t, reader.last_t)
+        return agent
+
     def finish(self) -> tuple[list[AgentRecording], list[str], dict]:
         """(the agents' recordings, notes, how their samples were kept) once the run has ended."""
         self.poll()
@@ -298,7 +331,7 @@ class AgentFiles:
         for name, reader in sorted(self._files.items()):
             if isinstance(reader, _Done):
                 continue
-            agent = reader.finish()
+            agent = self._finished(reader)
             if agent is not None:
                 kept.append((name, agent))
                 summary = reader.samples.summary()

@@ -41,7 +41,11 @@ def recover(run_dir: str) -> Recording:
         raise BadReportError(f"{path} is not a run file (schema {info.get('schema')!r}, expected {RUN_SCHEMA!r})")
     info = RUN_INFO(info, "run file")
     t0, pid, create_time, args = info["t0"], info["pid"], info["create_time"], info["target_args"]
-    agents, notes, kept = AgentFiles(run_dir, t0, pid, remove_read=False).finish()
+    files = AgentFiles(run_dir, t0, pid, remove_read=False, strict=True)
+    try:
+        agents, notes, kept = files.finish()
+    except BadReportError as exc:
+        raise BadReportError(f"{run_dir} is not a valid run folder: {exc}") from None
     nvml_series: dict = {}
     for agent in agents:
         for sample in [*agent.samples, *agent.probes.values()]:
@@ -51,9 +55,9 @@ def recover(run_dir: str) -> Recording:
                     nvml_series.setdefault((agent.pid, device.nvml_index), []).append((sample.t, r.nvml_used_bytes))
     for points in nvml_series.values():
         points.sort()
-    # Until the agents' last records: their files' modification times, on the wall clock.
+    # Until the agents' last records, by the times they hold (the run's clock, t0 its start), not by
+    # their files' modification times: a copy or a `touch` changes those.
     started_wall = info["started_wall"]
-    written = [os.path.getmtime(os.path.join(run_dir, n)) for n in os.listdir(run_dir) if n.startswith("agent-")]
     running = procs.same_process(pid, create_time)
     note = (f"recovered from the run folder {run_dir}: gpumemdoctor's supervisor ended before the target, so "
             "this report rests on the agents' files alone: NVML figures are the agents' own readings, and "
@@ -68,7 +72,7 @@ def recover(run_dir: str) -> Recording:
         tool_version=__version__,
         target={"argv": args, "pid": pid, "exit_code": None, "signal": None, "cwd": info["cwd"],
                 "recovered_from": run_dir},
-        started_wall=started_wall, duration_s=round(max(0.0, max(written, default=started_wall) - started_wall), 6),
+        started_wall=started_wall, duration_s=round(max(0.0, files.last_t or 0.0), 6),
         poll_interval_s=info["poll_interval_s"], nvml_available=info["measure_gpu"], versions=versions,
         devices=info["devices"],
         nvml=nvml_series,
