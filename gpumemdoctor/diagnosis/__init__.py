@@ -2,7 +2,8 @@
 
 `diagnose` is the entry (`diagnose`, `diagnose_job`); `breakdown` splits a process's memory at exit
 into its parts, and `streams` tells freed blocks held for unfinished stream work from finished
-work's (cache); `findings` holds the data classes and the
+work's (cache); `retention` turns the growth of the live tensors into the evidence of a leak, and
+`holders` attaches the suspects a finding names; `findings` holds the data classes and the
 verdict list; `judgement` is the one decision table over the evidence (`evidence`) about one process
 on one GPU, and `remedies` the one table of what to do. The evidence comes from `suspects` (the
 agent's searches as holders), `probed` (holders named by the peak's probes where no copy was

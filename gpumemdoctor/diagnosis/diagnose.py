@@ -1,20 +1,24 @@
 """From a recording to a verdict: the breakdown, the growth, the findings. Pure: no NVML, no torch.
 
-The breakdown of each process on each device at the end of the run is breakdown.py's. Growth,
-findings (the judgement's table, judgement.py), suspects and the peak's composition follow here.
+This module only calls the parts in order, for each process on each device: the breakdown at exit
+(breakdown.py), the growth of the live tensors (retention.py), the evidence (evidence.py), the
+judgement's finished findings with their suspects (judgement.py, holders.py), memory outside
+PyTorch (non_torch.py), other libraries' pools, and what made the peak (peak.py); then the job's
+parts across processes and ranks.
 """
 from __future__ import annotations
 
-from . import (breakdown, child_processes, ends, judgement, job, libraries, machine_faults, non_torch, peak,
-               phases, probed, ranks, streams, suspects)
+from . import (breakdown, child_processes, ends, evidence, holders, judgement, job, libraries, machine_faults,
+               non_torch, peak, ranks, retention, streams, suspects)
+from .evidence import readings
 from .headroom import add_time_to_full
 from .findings import (FINDING_KINDS, INFORMATIVE, PEAK_CATEGORIES, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, PeakComposition, PeakPart, RankRow, choose_verdict)
-from ..growth import MIN_POINTS, GrowthFit, floor_growth, steady_rise
+from ..growth import floor_growth
+from .judgement import MIN_LEAK_BYTES
 from .non_torch import LIBRARY_ALLOWANCE_BYTES
 from .remedies import FINDINGS
-from ..recording.recording import AgentRecording, Dist, Recording, TorchSample
-from ..recording.records import DeviceReading
+from ..recording.recording import AgentRecording, Dist, Recording
 from ..units import format_bytes as fb
 
 # What a diagnosis is made of lives in findings.py; these names are this module's too, where the
@@ -23,9 +27,6 @@ __all__ = ["FINDING_KINDS", "INFORMATIVE", "PEAK_CATEGORIES", "PeakComposition",
            "Finding", "Growth", "Job", "LIBRARY_ALLOWANCE_BYTES", "RankRow", "choose_verdict", "diagnose",
            "diagnose_job", "peaks"]
 
-MIB = 1 << 20
-SIGNIFICANT_BYTES = 64 * MIB  # retained memory below this is not worth a verdict
-MIN_LEAK_BYTES = 16 * MIB  # growth below this over the run is not called a leak
 MIN_STEPS = 8
 
 
@@ -100,130 +101,77 @@ def _torch_devices(agent: AgentRecording) -> list[int]:
     return sorted(seen)
 
 
-def _readings(samples: list[TorchSample], torch_index: int) -> list[tuple[TorchSample, DeviceReading]]:
-    out = []
-    for s in samples:
-        r = s.reading(torch_index)
-        if r is not None:
-            out.append((s, r))
-    return out
-
-
 def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diagnosis,
                            dist: Dist | None = None, ended: dict | None = None) -> None:
+    """One process on one GPU, in order: the breakdown at exit, the evidence (growth of the live
+    tensors, what the searches found, what the exit probes read), the judgement's findings with their
+    suspects, memory outside PyTorch, other libraries' pools, and what made the peak."""
     device = agent.device(torch_index)
     nvml_index = device.nvml_index if device else None
-    during = _readings(agent.samples, torch_index)
+    during = readings(agent.samples, torch_index)
     probes = {phase: s.reading(torch_index) for phase, s in agent.probes.items()}
     end = probes.get("end") or (during[-1][1] if during else None)
     if end is None:
         return
     b, context, pooled, pending = breakdown.at_exit(agent, torch_index, nvml_index, during, probes, end)
-    after_gc = probes.get("gc")
     result.breakdowns.append(b)
     where = _where(agent, torch_index, nvml_index, dist)
-    settled = streams.note(where, pending)
-    if settled:
-        result.notes.append(settled)
+    result.notes.extend(n for n in [streams.note(where, pending)] if n)
 
     series, by = _steady_series(agent, torch_index)
     xs = [s.step if by == "step" else s.t for s, _ in series]
-    allocated = floor_growth(xs, [r.allocated_bytes for _, r in series], MIN_LEAK_BYTES)
     outside_ys = [r.nvml_used_bytes - r.reserved_bytes - context
                   if context is not None and r.nvml_used_bytes and r.reserved_bytes is not None else None
                   for _, r in series]
     after_warmup = non_torch.judge(xs, outside_ys, by) if context is not None else None
-    outside_fit = after_warmup.fit if after_warmup is not None else None
     non_torch.itemise(b, agent, torch_index, xs, outside_ys, after_warmup, [s.t for s, _ in series])
     libraries.itemise(b, agent, torch_index)
 
-    growth = None
-    # What the exit search found piled up: the judgement's rows 3 and 4, and below, what growth left.
+    # What the exit search found piled up: the judgement's rows 3 and 4, and what growth left.
     held, unheld = suspects.accumulations(suspects.search_of(agent.root, "exit"), torch_index)
-    if allocated is not None:
-        live_end = b.live_tensor_bytes if b.live_tensor_bytes is not None else end.allocated_bytes
-        retained = live_end - allocated.start_floor_bytes
-        retained_by = "live-above-first-floor"
-        # A program that frees its model and optimizer before it ends (a training loop in main()
-        # that returns) ends below the first floor although the growth is all still held: then
-        # what the exit search found piled up (alike tensors, one holder pattern) is the measure.
-        # Seen on the H100: 214 MiB in __main__.kept[*] at exit, 275 MiB live, first floor 328 MiB.
-        needed = max(MIN_LEAK_BYTES, allocated.grown_bytes // 2)
-        if retained < needed:
-            piled = min(sum(x["bytes"] for x in held), live_end)
-            if piled >= needed:
-                retained, retained_by = piled, "accumulation-at-exit"
-        released = None
-        if retained < needed:
-            # Growth through the whole loop that was let go of only after it (the function that
-            # held it returned, a cycle was collected): the loop's leak all the same.
-            released = _released(agent, torch_index, allocated, series)
-        if retained >= needed or released is not None:
-            g = _growth(agent, torch_index, nvml_index, "allocated", by, allocated, series)
-            result.growth.append(g)
-            growth = {"series": "allocated", "by": by, "grown_bytes": allocated.grown_bytes,
-                      "start_floor_bytes": allocated.start_floor_bytes,
-                      "end_floor_bytes": allocated.end_floor_bytes, "live_at_end_bytes": live_end,
-                      "retained_bytes": max(0, retained) if released is None else 0,
-                      "retained_by": retained_by if released is None else "released",
-                      "released": released,
-                      "rate_bytes_per_step": g.rate_bytes_per_step,
-                      "rate_bytes_per_s": g.rate_bytes_per_s, "points": allocated.points,
-                      "rate_text": _rate(g)}
-    evidence = _evidence(agent, torch_index, nvml_index, where, b, series, by, growth, held, unheld)
-    _exit_state(evidence, b, probes, end, context, agent.cuda_t)
-    evidence.pending = streams.evidence(pending)
-    evidence.ended, evidence.collector = ended, (agent.exit_info or {}).get("collector")
+    fit = floor_growth(xs, [r.allocated_bytes for _, r in series], MIN_LEAK_BYTES)
+    growth, g = retention.allocated_growth(agent, torch_index, nvml_index, b, end, fit, series, by, held)
+    result.growth.extend([g] if g is not None else [])
+    e = evidence.gather(agent, torch_index, nvml_index, where, b, series, by, growth, held, unheld)
+    evidence.exit_state(e, b, probes, end, context, agent.cuda_t)
+    e.pending, e.holders = streams.evidence(pending), holders.Holders(agent, torch_index)
+    e.ended, e.collector = ended, (agent.exit_info or {}).get("collector")
     if ended is not None:
-        evidence.last_allocated_bytes, evidence.last_t = end.allocated_bytes, during[-1][0].t if during else None
-    result.evidence.append({**evidence.to_json(),
-                            "non_torch": after_warmup.to_json() if after_warmup is not None else None})
-    for j in judgement.judge(evidence):
-        if j.kind == "leak" and j.evidence["decided_by"] == "growth":
-            released = bool(j.evidence.get("released"))
-            j.suspects, j.evidence["root_cause"] = suspects.leak_suspects(agent.root, torch_index, released)
-            named = probed.growth_suspects(j.evidence["root_cause"], agent, torch_index, released)
-            j.suspects, j.evidence["root_cause"] = named or (j.suspects, j.evidence["root_cause"])
-            j.summary += f" No search named its holder ({j.evidence['root_cause']['why_not']})." if named else ""
-            held = j.suspects and j.suspects[0]["holders"]
-            j.remedy = j.suspects[0]["remedy"] if held else FINDINGS["leak-unsearched"]
-        elif j.kind == "live-at-exit":
-            j.suspects, j.evidence["root_cause"] = suspects.live_suspects(agent.root, torch_index)
-            j.remedy = j.suspects[0]["remedy"] if j.suspects else FINDINGS["live-at-exit-unsearched"]
-        elif j.kind == "garbage-cycle":
-            j.suspects, j.evidence["garbage"] = suspects.garbage_suspects(agent.root)
-            j.evidence.update({"allocated_at_end": end.allocated_bytes,
-                               "allocated_after_gc_collect": after_gc.allocated_bytes if after_gc else None,
-                               "objects_collected": agent.probes["gc"].collected if "gc" in agent.probes
-                               else None})
-        result.findings.append(Finding(kind=j.kind, bytes=j.bytes, pid=agent.pid, device=nvml_index,
-                                       summary=j.summary, evidence=j.evidence, remedy=j.remedy,
-                                       suspects=j.suspects))
+        e.last_allocated_bytes, e.last_t = end.allocated_bytes, during[-1][0].t if during else None
+    result.evidence.append({**e.to_json(), "non_torch": after_warmup.to_json() if after_warmup is not None else None})
+    result.findings.extend(Finding(kind=j.kind, bytes=j.bytes, pid=agent.pid, device=nvml_index, summary=j.summary,
+                                   evidence=j.evidence, remedy=j.remedy, suspects=j.suspects)
+                           for j in judgement.judge(e))
+    _outside_pytorch(agent, torch_index, nvml_index, where, b, xs, outside_ys, after_warmup, series, by, result)
+    result.findings.extend(libraries.pool_findings(agent, torch_index, nvml_index, where, pooled))
+    _peak(agent, torch_index, b, where, result)
 
-    outside_growth = (_growth(agent, torch_index, nvml_index, "non_torch", by, outside_fit, series)
+
+def _outside_pytorch(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str, b: Breakdown,
+                     xs: list, outside_ys: list, after_warmup, series: list, by: str, result: Diagnosis) -> None:
+    """Memory outside PyTorch: the judgement's rows 11, 17 and 18 (`judgement.outside_pytorch`)."""
+    outside_fit = after_warmup.fit if after_warmup is not None else None
+    outside_growth = (retention.growth_of(agent, torch_index, nvml_index, "non_torch", by, outside_fit, series)
                       if outside_fit is not None else None)
     peak = non_torch.run_peak(xs, outside_ys, after_warmup)
     decided = judgement.outside_pytorch(
-        _rate(outside_growth) if outside_growth is not None else None,
+        retention.rate_words(outside_growth) if outside_growth is not None else None,
         non_torch.beyond_allowance(b, libraries.pooled_bytes(b)), peak,
         LIBRARY_ALLOWANCE_BYTES + libraries.pooled_bytes(b) + (b.non_torch_nccl_bytes or 0))
-    if decided is not None:
-        how, words = decided
-        if how == "growth":
-            result.growth.append(outside_growth)
-            size = max(outside_fit.grown_bytes, (b.non_torch_bytes or 0) - outside_fit.start_floor_bytes)
-        else:
-            size = b.non_torch_bytes if how == "exit" else peak["rise"]
-        result.findings.append(non_torch.finding(agent, torch_index, nvml_index, where, size, b, words,
-                                                 after_warmup))
-        result.findings[-1].evidence.update({"decided_by": how, **({"peak": peak} if how == "peak" else {})})
-    elif non_torch.too_short(xs, outside_ys, after_warmup):
-        result.notes.append(non_torch.too_short_note(where, by, xs, after_warmup, b.non_torch_bytes))
-    for f in result.findings[-1:]:
-        if f.kind == "non-torch" and f.pid == agent.pid:
-            libraries.name_holders(f, agent)
-    result.findings.extend(libraries.pool_findings(agent, torch_index, nvml_index, where, pooled))
-    _peak(agent, torch_index, b, where, result)
+    if decided is None:
+        if non_torch.too_short(xs, outside_ys, after_warmup):
+            result.notes.append(non_torch.too_short_note(where, by, xs, after_warmup, b.non_torch_bytes))
+        return
+    how, words = decided
+    if how == "growth":
+        result.growth.append(outside_growth)
+        size = max(outside_fit.grown_bytes, (b.non_torch_bytes or 0) - outside_fit.start_floor_bytes)
+    else:
+        size = b.non_torch_bytes if how == "exit" else peak["rise"]
+    found = non_torch.finding(agent, torch_index, nvml_index, where, size, b, words, after_warmup,
+                              {"decided_by": how, **({"peak": peak} if how == "peak" else {})})
+    libraries.name_holders(found, agent)
+    result.findings.append(found)
 
 
 def _peak(agent: AgentRecording, torch_index: int, b: Breakdown, where: str, result: Diagnosis) -> None:
@@ -242,155 +190,12 @@ def _peak(agent: AgentRecording, torch_index: int, b: Breakdown, where: str, res
         result.findings.append(f)
 
 
-def _exit_state(e: judgement.Evidence, b: Breakdown, probes: dict, end: DeviceReading, context: int | None,
-                cuda_t: float | None) -> None:
-    """What the exit probes read, for the judgement's rows on the context, the stream and the cache."""
-    after_sync, after_empty = probes.get("sync"), probes.get("empty_cache")
-    e.context_bytes, e.cuda_t = context, cuda_t
-    e.pending_stream_bytes, e.cache_bytes = b.pending_stream_bytes, b.cache_bytes
-    e.active_bytes, e.allocated_bytes, e.reserved_bytes = end.active_bytes, end.allocated_bytes, end.reserved_bytes
-    if after_sync and after_sync.active_bytes is not None and after_sync.allocated_bytes is not None:
-        e.pending_after_sync_bytes = after_sync.active_bytes - after_sync.allocated_bytes
-    if after_empty is not None:
-        e.after_empty_cache = (after_empty.reserved_bytes, after_empty.nvml_used_bytes)
-
-
-MIN_WATCHED_AFTER = 4  # samples at (nearly) the final level before growth over time may decide
-RELEASED_SHARE = 0.5  # of the growth, gone after the last step, for a growth to count as released
-FALL_SHARE = 0.1  # of the growth: the floor falling back by more (and by 4 MiB) is a sawtooth
-
-
-def _released(agent: AgentRecording, torch_index: int, fit: GrowthFit, series: list) -> dict | None:
-    """How a growth that went on to the loop's last step was let go of after it: when (the first
-    reading after the last step sample that is below the top floor by RELEASED_SHARE of the
-    growth) and how: `gc-at-exit` (only gc.collect() at exit freed it: reference cycles held it),
-    `gc-during-run` (an automatic collection freed it), or `after-the-loop` (what held it went
-    away: a function returned, the program dropped it). None when it was not let go of."""
-    if fit.grown_bytes < MIN_LEAK_BYTES or not series:
-        return None
-    last_step, last = series[-1][0], series[-1][1]
-    low = fit.end_floor_bytes - RELEASED_SHARE * fit.grown_bytes
-    # Held to the loop's end, and never let go of before: memory that rose and fell back during
-    # the loop (a buffer reset every epoch) is a sawtooth, whatever happened after it.
-    if last.allocated_bytes is None or last.allocated_bytes < fit.end_floor_bytes - (1 << 20):
-        return None
-    if not steady_rise([r.allocated_bytes for _, r in series], max(4 << 20, FALL_SHARE * fit.grown_bytes)):
-        return None
-
-    def collected(t0: float, t1: float) -> bool:  # an automatic collection freed half the growth here
-        return any(t0 <= c["t"] <= t1 and sum(n for i, n in c["freed"] if i == torch_index)
-                   >= RELEASED_SHARE * fit.grown_bytes for c in agent.root["collections"])
-    # One that did so while it rose: the collector's sawtooth, seen at its peaks
-    # (tests/fixtures/caught/garbage_cycles_neutral.json). Row 6 judges it.
-    if collected(series[0][0].t, last_step.t):
-        return None
-    readings = [(s, r) for s, r in _readings(agent.samples, torch_index)
-                if s.t > last_step.t and r.allocated_bytes is not None]
-    readings += [(probes_s, probes_s.reading(torch_index)) for probes_s in
-                 (agent.probes.get(p) for p in ("end", "gc")) if probes_s is not None]
-    found = next(((s, r) for s, r in readings if r is not None and r.allocated_bytes is not None
-                  and r.allocated_bytes <= low), None)
-    if found is None:
-        return None
-    s, r = found
-    freed = (last.allocated_bytes or fit.end_floor_bytes) - r.allocated_bytes
-    how = "gc-at-exit" if s.by == "gc" else "gc-during-run" if collected(last_step.t, s.t) else "after-the-loop"
-    return {"how": how, "t": s.t, "after_t": last_step.t, "after_step": last_step.step,
-            "freed_bytes": max(0, freed)}
-
-
-def _evidence(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str, b: Breakdown,
-              series: list, by: str, growth: dict | None, held: list[dict],
-              unheld: list[dict]) -> judgement.Evidence:
-    """What was observed of one process on one GPU, for the judgement."""
-    values = [r.allocated_bytes for _, r in series if r.allocated_bytes is not None]
-    samples = len(values)
-    # Samples can miss the build-up: a loop that runs between two samples, or right before exit.
-    seen_most = max(values, default=0)
-    unseen = max(0, (b.live_tensor_bytes or 0) - seen_most) if b.exit_probes else 0
-    # Or see it only at the very end: an inference loop of 0.1 s at the end of a run, caught by
-    # the last of eleven samples (H100). Growth over time decides only when the samples went on
-    # for a while after they first saw what is alive at exit.
-    near = max(SIGNIFICANT_BYTES, (b.live_tensor_bytes or 0) // 4)
-    reached = next((i for i, v in enumerate(values) if v >= seen_most - near), samples)
-    watched_after = samples - reached
-    oom_search = suspects.search_of(agent.root, "oom")
-    oom_held, _ = suspects.accumulations(oom_search, torch_index)
-    oom_suspects, oom_meta = suspects.live_suspects(agent.root, torch_index, when="oom")
-    _, exit_meta = suspects.live_suspects(agent.root, torch_index)
-    info = agent.exit_info or {}
-    collections = info.get("collections")
-    if collections is not None:
-        freeing = [c for c in agent.root["collections"] if any(i == torch_index for i, _ in c["freed"])]
-        collections = dict(collections, records=len(freeing),
-                           first_t=freeing[0]["t"] if freeing else None,
-                           biggest_at=_biggest_collection(freeing, torch_index))
-    in_order = [(s.by, s.t, s.step, r.allocated_bytes, r.allocated_peak_bytes)
-                for s, r in _readings(agent.samples, torch_index)]
-    pauses = phases.pauses(in_order, b.live_tensor_bytes if b.exit_probes else None)
-    phase_held, phase_meta = suspects.phase_accumulations(agent.root, torch_index, held)
-    if not phase_meta["searched"] and pauses:  # no copy searched its height (the pause limit): the probe
-        found, meta = probed.phase_holders(agent, torch_index, max(p.rise for p in pauses))
-        if meta is not None:
-            phase_held, phase_meta["probed"] = found, meta
-    return judgement.Evidence(
-        pid=agent.pid, device=nvml_index, torch_index=torch_index, where=where, samples=samples, by=by,
-        pauses=pauses,
-        phase_accumulations=phase_held, phase_search=phase_meta,
-        enough_samples=samples >= MIN_POINTS and unseen < near and watched_after >= MIN_WATCHED_AFTER,
-        unseen_bytes=unseen, watched_after=watched_after, growth=growth,
-        live_bytes=b.live_tensor_bytes if b.exit_probes else None, garbage_bytes=b.garbage_bytes,
-        accumulations=held, unheld=unheld, exit_search=exit_meta, collections=collections,
-        ooms=[o for o in agent.root["ooms"] if o["device"] == torch_index],
-        oom_accumulations=oom_held, oom_suspects=oom_suspects, oom_search=oom_meta,
-        uncaught=info.get("uncaught"), exited_normally=agent.exited_normally)
-
-
-def _biggest_collection(freeing: list[dict], torch_index: int) -> dict | None:
-    if not freeing:
-        return None
-    c = max(freeing, key=lambda c: sum(b for i, b in c["freed"] if i == torch_index))
-    line = suspects.user_line(c["stack"])
-    return {"t": c["t"], "step": c["step"], "generation": c["generation"], "thread": c["thread"],
-            "freed_bytes": sum(b for i, b in c["freed"] if i == torch_index),
-            "at": suspects.at(line) if line else None}
-
-
 def _steady_series(agent: AgentRecording, torch_index: int):
     """Step-aligned samples when the program marks steps, otherwise samples over time."""
-    by_step = [(s, r) for s, r in _readings(agent.samples, torch_index) if s.by == "step" and s.step is not None]
+    by_step = [(s, r) for s, r in readings(agent.samples, torch_index) if s.by == "step" and s.step is not None]
     if len(by_step) >= MIN_STEPS and by_step[-1][0].step - by_step[0][0].step >= MIN_STEPS:
         return by_step, "step"
-    return _readings(agent.samples, torch_index), "time"
-
-
-def _growth(agent: AgentRecording, torch_index: int, nvml_index: int | None, name: str, by: str,
-            fit: GrowthFit, series) -> Growth:
-    per_s = fit.rate_bytes_per_x if by == "time" else None
-    start_step = None
-    start_t = fit.start_x if by == "time" else None
-    if by == "step":
-        start_step = int(fit.start_x)
-        steps = [(s.step, s.t) for s, _ in series]
-        span_t = steps[-1][1] - steps[0][1]
-        span_steps = steps[-1][0] - steps[0][0]
-        if span_t > 0 and span_steps > 0:
-            per_s = fit.rate_bytes_per_x * span_steps / span_t
-        start_t = next((t for step, t in steps if step >= start_step), None)
-    return Growth(pid=agent.pid, device=nvml_index, series=name, by=by, grown_bytes=fit.grown_bytes,
-                  rate_bytes_per_step=fit.rate_bytes_per_x if by == "step" else None,
-                  rate_bytes_per_s=per_s, start_step=start_step, start_t=start_t)
-
-
-def _rate(g: Growth) -> str:
-    parts = []
-    if g.rate_bytes_per_step is not None:
-        parts.append(f"{fb(int(g.rate_bytes_per_step))} per step")
-    if g.rate_bytes_per_s is not None:
-        parts.append(f"{fb(int(g.rate_bytes_per_s))} per second")
-    start = f"from step {g.start_step}" if g.start_step is not None else (
-        f"from {g.start_t:.1f} s" if g.start_t is not None else "")
-    return " (".join([" and ".join(parts) or "steadily", start + ")"]) if start else " and ".join(parts)
+    return readings(agent.samples, torch_index), "time"
 
 
 def _where(agent: AgentRecording, torch_index: int, nvml_index: int | None, dist: Dist | None = None) -> str:
@@ -444,8 +249,8 @@ def peaks(rec: Recording) -> dict:
     allocated_peak = reserved_peak = None
     for agent in rec.agents:
         for torch_index in _torch_devices(agent):
-            readings = [r for _, r in _readings([*agent.samples, *agent.probes.values()], torch_index)]
-            for r in readings:
+            seen = [r for _, r in readings([*agent.samples, *agent.probes.values()], torch_index)]
+            for r in seen:
                 if r.allocated_peak_bytes is not None:
                     allocated_peak = max(allocated_peak or 0, r.allocated_peak_bytes)
                 if r.reserved_peak_bytes is not None:

@@ -1,15 +1,21 @@
-"""The evidence about one process on one GPU that the judgement weighs (judgement.py), what a row
-finds (`Judged`), and the words the rows share. Pure."""
+"""The evidence about one process on one GPU that the judgement weighs (judgement.py), how it is
+gathered from a recording (`gather`, `exit_state`), what a row finds (`Judged`), and the words the
+rows share. Pure."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import phases, probed, suspects
+from .findings import Breakdown
 from .phases import Pause
 from .suspects import at, user_line
 from ..growth import MIN_POINTS
+from ..recording.recording import AgentRecording, TorchSample
+from ..recording.records import DeviceReading
 from ..units import format_bytes as fb
 
 SIGNIFICANT_BYTES = 64 << 20
+MIN_WATCHED_AFTER = 4  # samples at (nearly) the final level before growth over time may decide
 
 
 @dataclass
@@ -47,6 +53,9 @@ class Evidence:
     pending_after_sync_bytes: int | None = None
     # How pending was told apart from finished work's blocks (diagnosis/streams.py `evidence`)
     pending: dict = field(default_factory=dict)
+    # What held the memory, asked for by the rows that name suspects (holders.Holders); None: no
+    # recording behind this evidence (the judgement's own tests), and no suspects
+    holders: object = None
     active_bytes: int | None = None  # at exit (end probe)
     allocated_bytes: int | None = None
     cache_bytes: int | None = None  # PyTorch's cache at exit
@@ -72,6 +81,87 @@ class Evidence:
                 "out_of_memory": [oom_brief(o) for o in self.ooms],
                 "uncaught": None if self.uncaught is None else
                 {"exc_type": self.uncaught["exc_type"], "at": line_of(self.uncaught["stack"])}}
+
+
+# -- gathered from a recording ------------------------------------------------------
+
+def readings(samples: list[TorchSample], torch_index: int) -> list[tuple[TorchSample, DeviceReading]]:
+    out = []
+    for s in samples:
+        r = s.reading(torch_index)
+        if r is not None:
+            out.append((s, r))
+    return out
+
+
+def gather(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str, b: Breakdown,
+              series: list, by: str, growth: dict | None, held: list[dict],
+              unheld: list[dict]) -> Evidence:
+    """What was observed of one process on one GPU, for the judgement."""
+    values = [r.allocated_bytes for _, r in series if r.allocated_bytes is not None]
+    samples = len(values)
+    # Samples can miss the build-up: a loop that runs between two samples, or right before exit.
+    seen_most = max(values, default=0)
+    unseen = max(0, (b.live_tensor_bytes or 0) - seen_most) if b.exit_probes else 0
+    # Or see it only at the very end: an inference loop of 0.1 s at the end of a run, caught by
+    # the last of eleven samples (H100). Growth over time decides only when the samples went on
+    # for a while after they first saw what is alive at exit.
+    near = max(SIGNIFICANT_BYTES, (b.live_tensor_bytes or 0) // 4)
+    reached = next((i for i, v in enumerate(values) if v >= seen_most - near), samples)
+    watched_after = samples - reached
+    oom_search = suspects.search_of(agent.root, "oom")
+    oom_held, _ = suspects.accumulations(oom_search, torch_index)
+    oom_suspects, oom_meta = suspects.live_suspects(agent.root, torch_index, when="oom")
+    _, exit_meta = suspects.live_suspects(agent.root, torch_index)
+    info = agent.exit_info or {}
+    collections = info.get("collections")
+    if collections is not None:
+        freeing = [c for c in agent.root["collections"] if any(i == torch_index for i, _ in c["freed"])]
+        collections = dict(collections, records=len(freeing),
+                           first_t=freeing[0]["t"] if freeing else None,
+                           biggest_at=_biggest_collection(freeing, torch_index))
+    in_order = [(s.by, s.t, s.step, r.allocated_bytes, r.allocated_peak_bytes)
+                for s, r in readings(agent.samples, torch_index)]
+    pauses = phases.pauses(in_order, b.live_tensor_bytes if b.exit_probes else None)
+    phase_held, phase_meta = suspects.phase_accumulations(agent.root, torch_index, held)
+    if not phase_meta["searched"] and pauses:  # no copy searched its height (the pause limit): the probe
+        found, meta = probed.phase_holders(agent, torch_index, max(p.rise for p in pauses))
+        if meta is not None:
+            phase_held, phase_meta["probed"] = found, meta
+    return Evidence(
+        pid=agent.pid, device=nvml_index, torch_index=torch_index, where=where, samples=samples, by=by,
+        pauses=pauses,
+        phase_accumulations=phase_held, phase_search=phase_meta,
+        enough_samples=samples >= MIN_POINTS and unseen < near and watched_after >= MIN_WATCHED_AFTER,
+        unseen_bytes=unseen, watched_after=watched_after, growth=growth,
+        live_bytes=b.live_tensor_bytes if b.exit_probes else None, garbage_bytes=b.garbage_bytes,
+        accumulations=held, unheld=unheld, exit_search=exit_meta, collections=collections,
+        ooms=[o for o in agent.root["ooms"] if o["device"] == torch_index],
+        oom_accumulations=oom_held, oom_suspects=oom_suspects, oom_search=oom_meta,
+        uncaught=info.get("uncaught"), exited_normally=agent.exited_normally)
+
+
+def _biggest_collection(freeing: list[dict], torch_index: int) -> dict | None:
+    if not freeing:
+        return None
+    c = max(freeing, key=lambda c: sum(b for i, b in c["freed"] if i == torch_index))
+    line = suspects.user_line(c["stack"])
+    return {"t": c["t"], "step": c["step"], "generation": c["generation"], "thread": c["thread"],
+            "freed_bytes": sum(b for i, b in c["freed"] if i == torch_index),
+            "at": suspects.at(line) if line else None}
+
+
+def exit_state(e: Evidence, b: Breakdown, probes: dict, end: DeviceReading, context: int | None,
+                cuda_t: float | None) -> None:
+    """What the exit probes read, for the judgement's rows on the context, the stream and the cache."""
+    after_sync, after_empty = probes.get("sync"), probes.get("empty_cache")
+    e.context_bytes, e.cuda_t = context, cuda_t
+    e.pending_stream_bytes, e.cache_bytes = b.pending_stream_bytes, b.cache_bytes
+    e.active_bytes, e.allocated_bytes, e.reserved_bytes = end.active_bytes, end.allocated_bytes, end.reserved_bytes
+    if after_sync and after_sync.active_bytes is not None and after_sync.allocated_bytes is not None:
+        e.pending_after_sync_bytes = after_sync.active_bytes - after_sync.allocated_bytes
+    if after_empty is not None:
+        e.after_empty_cache = (after_empty.reserved_bytes, after_empty.nvml_used_bytes)
 
 
 @dataclass

@@ -4,7 +4,7 @@ The free memory is the whole GPU's (NVML's: its total less what every process on
 supervisor read it (`Recording.device_memory`) at the end of the run: the last reading at or before
 the process's last sample, while what had grown was still held. The rate is the growth's per
 second; a growth measured per step has one only where the run's seconds per step were measured
-(`diagnose._growth`), and where there is none nothing is said. Pure.
+(`retention.growth_of`), and where there is none nothing is said. Pure.
 """
 from __future__ import annotations
 

@@ -152,11 +152,13 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
                 f"(the program freed other memory before it ended)")
     else:
         held = f"{fb(g['retained_bytes'])} of that growth is still held at the end"
-    return Judged(
-        kind="leak", bytes=g["retained_bytes"] if released is None else g["grown_bytes"],
-        summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and {held}.",
-        evidence={"decided_by": "growth", **{k: v for k, v in g.items() if k != "rate_text"}, **samples_of(e)},
-        remedy="")  # diagnose.py gives it the suspects and their remedy
+    evidence = {"decided_by": "growth", **{k: v for k, v in g.items() if k != "rate_text"}, **samples_of(e)}
+    found, said, remedy = [], "", ""
+    if e.holders is not None:
+        found, evidence["root_cause"], said, remedy = e.holders.leak(released is not None)
+    return Judged(kind="leak", bytes=g["retained_bytes"] if released is None else g["grown_bytes"],
+                  summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and {held}.{said}",
+                  evidence=evidence, remedy=remedy, suspects=found)
 
 
 def _released_text(g: dict, released: dict) -> str:
@@ -312,14 +314,22 @@ def _garbage(e: Evidence) -> Judged | None:
         summary += (f" Collections during the run also freed {fb(c.get('freed_bytes'))} "
                     f"(up to {fb(during)} at once).")
     if collector_off(e.collector):  # row 8's cause, where no growth was let go of by it
-        return Judged(kind="garbage-cycle", bytes=max(at_exit, during), summary=f"{_collector_text(e)}: {summary}",
-                      evidence={"decided_by": decided, "cause": "collector-disabled", "collector": e.collector,
-                                "garbage_at_exit_bytes": e.garbage_bytes, "collections_during_run": e.collections},
-                      remedy=FINDINGS["collector-disabled"])
-    return Judged(kind="garbage-cycle", bytes=max(at_exit, during), summary=summary,
-                  evidence={"decided_by": decided, "garbage_at_exit_bytes": e.garbage_bytes,
-                            "collections_during_run": e.collections},
-                  remedy=FINDINGS["garbage-cycle"])
+        return _garbage_cycle(e, max(at_exit, during), f"{_collector_text(e)}: {summary}",
+                              {"decided_by": decided, "cause": "collector-disabled", "collector": e.collector,
+                               "garbage_at_exit_bytes": e.garbage_bytes, "collections_during_run": e.collections},
+                              FINDINGS["collector-disabled"])
+    return _garbage_cycle(e, max(at_exit, during), summary,
+                          {"decided_by": decided, "garbage_at_exit_bytes": e.garbage_bytes,
+                           "collections_during_run": e.collections}, FINDINGS["garbage-cycle"])
+
+
+def _garbage_cycle(e: Evidence, size: int, summary: str, evidence: dict, remedy: str) -> Judged:
+    """A garbage-cycle finding, with what gc.collect() freed at exit as its suspects."""
+    found: list = []
+    if e.holders is not None:
+        found, evidence["garbage"] = e.holders.garbage()
+        evidence.update({"allocated_at_end": e.allocated_bytes, **e.holders.after_gc()})
+    return Judged(kind="garbage-cycle", bytes=size, summary=summary, evidence=evidence, remedy=remedy, suspects=found)
 
 
 def _live_at_exit(e: Evidence) -> Judged:
@@ -327,14 +337,15 @@ def _live_at_exit(e: Evidence) -> Judged:
         why = "They did not keep growing while the program was watched, so this is not a leak: it is"
     else:
         why = (f"{too_short(e)} and nothing else pointed to a leak, so this is taken as")
+    found, root_cause, remedy = e.holders.live() if e.holders is not None else ([], e.exit_search, "")
     return Judged(
         kind="live-at-exit", bytes=e.live_bytes,
         summary=f"{fb(e.live_bytes)} of tensors in {e.where} were still referenced when the program "
                 f"ended. {why} what the program still holds (a model, data, or a reference it forgot "
                 f"to drop), and nvidia-smi counts it until the process exits.",
-        evidence={"decided_by": "exit", "live_at_end_bytes": e.live_bytes, "root_cause": e.exit_search,
+        evidence={"decided_by": "exit", "live_at_end_bytes": e.live_bytes, "root_cause": root_cause,
                   "accumulations": [brief(a) for a in e.accumulations], **samples_of(e)},
-        remedy="")  # diagnose.py gives it the suspects and their remedy
+        remedy=remedy, suspects=found)
 
 
 def _phase_bound_peak(e: Evidence) -> Judged | None:
@@ -441,8 +452,7 @@ def _disabled_collector(e: Evidence, garbage: Judged | None) -> Judged:
     evidence = {"decided_by": "collector-disabled", "cause": "collector-disabled", "collector": e.collector,
                 "growth": {k: v for k, v in g.items() if k != "rate_text"},
                 "garbage_at_exit_bytes": e.garbage_bytes, "collections_during_run": e.collections}
-    return Judged(kind="garbage-cycle", bytes=size, summary=summary, evidence=evidence,
-                  remedy=FINDINGS["collector-disabled"])
+    return _garbage_cycle(e, size, summary, evidence, FINDINGS["collector-disabled"])
 
 
 def _end_not_seen(e: Evidence) -> Judged:

@@ -161,8 +161,9 @@ def _cupy_bytes(agent: AgentRecording, torch_index: int) -> int | None:
 
 
 def finding(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str, size: int,
-            b: Breakdown, why: str, judged: AfterWarmup | None) -> Finding:
-    """The non-torch finding: `why` says whether it grew past warm-up or is over the allowance."""
+            b: Breakdown, why: str, judged: AfterWarmup | None, decided: dict | None = None) -> Finding:
+    """The non-torch finding: `why` says whether it grew past warm-up or is over the allowance;
+    `decided`: what decided it (judgement.outside_pytorch), added to its evidence."""
     remedy = FINDINGS["non-torch"]
     pool = agent.cupy_pool
     if pool and pool.get("total_bytes"):
@@ -184,5 +185,5 @@ def finding(agent: AgentRecording, torch_index: int, nvml_index: int | None, whe
         evidence={"non_torch_at_end_bytes": b.non_torch_bytes, "library_allowance_bytes": LIBRARY_ALLOWANCE_BYTES,
                   "cupy_pool": pool, "warmup_bytes": b.non_torch_warmup_bytes, "rest_bytes": b.non_torch_rest_bytes,
                   "nccl": b.nccl, "nccl_bytes": b.non_torch_nccl_bytes, "nccl_detail": nccl.evidence(agent),
-                  "after_warmup": judged.to_json() if judged is not None else None},
+                  "after_warmup": judged.to_json() if judged is not None else None, **(decided or {})},
         remedy=remedy, suspects=suspects.thread_suspects(agent.root, torch_index, "non_torch"))

@@ -36,7 +36,7 @@ def _direct_first(suspects: list[dict]) -> None:
 
 def leak_suspects(root: dict, torch_index: int, released: bool = False) -> tuple[list[dict], dict]:
     """Suspects of a leak on one device, and what the search was (or why there was none).
-    `released`: the growth was let go of after the loop (diagnosis._released), so a function
+    `released`: the growth was let go of after the loop (retention.released), so a function
     that held it has returned by now, and its remedy says what to do inside the loop."""
     found = [i for i in root["investigations"] if any(_on(g, torch_index, True) for g in i["groups"])]
     if not found:
