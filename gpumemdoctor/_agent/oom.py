@@ -12,6 +12,7 @@ import time
 from .blocks import snapshot
 from .events import program_stack
 from .neutral import quiet_gc
+from .peak import place
 
 MAX_OOM_RECORDS = 20  # out-of-memory errors recorded per process; the first is searched for holders
 
@@ -41,6 +42,9 @@ class OomObserver:
                         processes = []
                 record = out_of_memory(agent.torch, device, request, limit, device_free, processes)
                 record["step"] = agent.steps
+                # What the optimizers held then, and whether a step was running: what could have been freed
+                record["optimizers"] = agent.peak_watch.optimizer_figures(device)[3]
+                record["inside"] = place(sys._getframe())[1]
                 agent.channel.write(record)
                 if self.records == 1:
                     agent.growth_watch.search("oom")

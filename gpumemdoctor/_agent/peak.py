@@ -178,9 +178,24 @@ class PeakWatch:
             split = sampler.stats_fn(index)["inactive_split_bytes"]["all"]["current"]
         except Exception:
             split = None
+        params, grads, state, rows = self.optimizer_figures(index)
+        names = ",".join(f'["{name}",{p},{g},{s}]' for name, p, g, s in rows)
+        where, inside = (None, "exit") if self.exiting else self._main_thread_place()
+        self.captures += 1
+        agent.channel.write_line(
+            f'{{"type":"peak","n":{self.captures},"t":{time.monotonic()!r},"step":{agent.steps},'
+            f'"device":{index},"allocated":{_int(row[1])},"reserved":{_int(row[3])},"nvml":{_int(row[5])},'
+            f'"allocated_peak":{_int(row[6])},"inactive_split":{_int(split)},"parameters":{params},'
+            f'"gradients":{grads},"optimizer_state":{state},"optimizers":[{names}],'
+            f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(not self.exiting and self._paused())}}}')
+
+    def optimizer_figures(self, index: int) -> tuple[int, int, int, list]:
+        """(parameters, gradients, optimizer state, [[class, parameters, gradients, state]] per
+        optimizer) on one device, of every optimizer that has stepped: each storage counted once, in
+        the first of those categories it belongs to."""
         seen: dict = {}  # storage address -> category: each storage counted once
         params = grads = state = 0
-        names = ""
+        rows = []
         for ref in self.optimizers:
             opt = ref()
             if opt is None:
@@ -202,18 +217,9 @@ class PeakWatch:
             params += p_bytes
             grads += g_bytes
             state += s_bytes
-            name = type(opt).__name__
-            names = (f'{names},["{name}",{p_bytes},{g_bytes},{s_bytes}]' if names
-                     else f'["{name}",{p_bytes},{g_bytes},{s_bytes}]')
+            rows.append([type(opt).__name__, p_bytes, g_bytes, s_bytes])
             del opt
-        where, inside = (None, "exit") if self.exiting else self._main_thread_place()
-        self.captures += 1
-        agent.channel.write_line(
-            f'{{"type":"peak","n":{self.captures},"t":{time.monotonic()!r},"step":{agent.steps},'
-            f'"device":{index},"allocated":{_int(row[1])},"reserved":{_int(row[3])},"nvml":{_int(row[5])},'
-            f'"allocated_peak":{_int(row[6])},"inactive_split":{_int(split)},"parameters":{params},'
-            f'"gradients":{grads},"optimizer_state":{state},"optimizers":[{names}],'
-            f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(not self.exiting and self._paused())}}}')
+        return params, grads, state, rows
 
     def _paused(self) -> bool:
         return bool(self.agent.steps) and self.agent.phase_watch.pausing(time.monotonic())
@@ -225,19 +231,8 @@ class PeakWatch:
             frame = sys._current_frames().get(self.main_ident)
         except Exception:
             return None, None
-        where = inside = None
-        while frame is not None:
-            code = frame.f_code
-            name = code.co_filename
-            if inside is None and _TORCH_DIR in name:
-                if code.co_name in ("backward", "_engine_run_backward"):
-                    inside = "backward"
-                elif _TORCH_DIR + "optim" + os.sep in name:
-                    inside = "optimizer step"
-            if where is None and not is_library_file(name):
-                where = f"{os.path.basename(name)}:{frame.f_lineno} in {code.co_name}()"
-            frame = frame.f_back
-        return where, inside
+        return place(frame)
+
 
     # -- the probes -------------------------------------------------------------------
     def ask(self, capture: int, again: bool = False) -> None:
@@ -305,6 +300,25 @@ class PeakWatch:
         cost["peak_probe_s"] = cost.get("peak_probe_s", 0.0) + spent
         if spent > cost.get("peak_probe_max_s", 0.0):
             cost["peak_probe_max_s"] = spent
+
+
+
+def place(frame) -> tuple[str | None, str | None]:
+    """From `frame` outwards: the innermost frame in the program's own files ("file:line in f()"),
+    and "backward" or "optimizer step" when it is inside one."""
+    where = inside = None
+    while frame is not None:
+        code = frame.f_code
+        name = code.co_filename
+        if inside is None and _TORCH_DIR in name:
+            if code.co_name in ("backward", "_engine_run_backward"):
+                inside = "backward"
+            elif _TORCH_DIR + "optim" + os.sep in name:
+                inside = "optimizer step"
+        if where is None and not is_library_file(name):
+            where = f"{os.path.basename(name)}:{frame.f_lineno} in {code.co_name}()"
+        frame = frame.f_back
+    return where, inside
 
 
 def _count(t, index: int, seen: dict, category: int) -> int:

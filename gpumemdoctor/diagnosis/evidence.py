@@ -215,3 +215,20 @@ def oom_brief(o: dict) -> dict:
     return {k: o[k] for k in ("t", "step", "device", "request_bytes", "limit_bytes", "device_free_bytes",
                               "allocated_bytes", "reserved_bytes", "largest_free_block_bytes",
                               "free_in_segments_bytes", "processes", "thread")} | {"at": line_of(o["stack"])}
+
+
+def released_words(g: dict, released: dict) -> str:
+    """How a growth that lasted the whole loop was let go of only after it."""
+    step = f" (step {released['after_step']})" if released.get("after_step") is not None else ""
+    how = {
+        "after-the-loop": f"until the loop's last step{step}; it was let go of "
+                          f"{released['t'] - released['after_t']:.1f} s later, when what held it went "
+                          f"away (a function that returned, a list that was dropped)",
+        "gc-at-exit": f"until the loop's last step{step}; only gc.collect() at exit freed it: reference "
+                      f"cycles held it (an object that refers to its owner, such as a trainer and its "
+                      f"module)",
+        "gc-during-run": f"until the loop's last step{step}; an automatic garbage collection freed it "
+                         f"{released['t'] - released['after_t']:.1f} s later: reference cycles held it",
+    }[released["how"]]
+    return (f"{fb(g['grown_bytes'])} in all, {how}. It grows with the number of steps: the same loop, "
+            f"run longer, runs out of memory")

@@ -66,9 +66,10 @@ more than the device, or than the memory the program may use), `fragmentation`
 """
 from __future__ import annotations
 
-from .evidence import SIGNIFICANT_BYTES, Evidence, Judged, at_line, brief, oom_brief, samples_of, too_short
+from .evidence import (SIGNIFICANT_BYTES, Evidence, Judged, at_line, brief, oom_brief, released_words, samples_of,
+                       too_short)
 from .probed import suspect as probed_suspect, summary as probed_summary
-from . import streams
+from . import fit, streams
 from .remedies import FINDINGS, OUT_OF_MEMORY
 from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
 from ..units import format_bytes as fb
@@ -146,7 +147,7 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
         return None
     released = g.get("released")
     if released is not None:
-        held = _released_text(g, released)
+        held = released_words(g, released)
     elif g.get("retained_by") == "accumulation-at-exit":
         held = (f"{fb(g['retained_bytes'])} of alike tensors that piled up is still held at the end "
                 f"(the program freed other memory before it ended)")
@@ -159,23 +160,6 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
     return Judged(kind="leak", bytes=g["retained_bytes"] if released is None else g["grown_bytes"],
                   summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and {held}.{said}",
                   evidence=evidence, remedy=remedy, suspects=found)
-
-
-def _released_text(g: dict, released: dict) -> str:
-    """How a growth that lasted the whole loop was let go of only after it."""
-    step = f" (step {released['after_step']})" if released.get("after_step") is not None else ""
-    how = {
-        "after-the-loop": f"until the loop's last step{step}; it was let go of "
-                          f"{released['t'] - released['after_t']:.1f} s later, when what held it went "
-                          f"away (a function that returned, a list that was dropped)",
-        "gc-at-exit": f"until the loop's last step{step}; only gc.collect() at exit freed it: reference "
-                      f"cycles held it (an object that refers to its owner, such as a trainer and its "
-                      f"module)",
-        "gc-during-run": f"until the loop's last step{step}; an automatic garbage collection freed it "
-                         f"{released['t'] - released['after_t']:.1f} s later: reference cycles held it",
-    }[released["how"]]
-    return (f"{fb(g['grown_bytes'])} in all, {how}. It grows with the number of steps: the same loop, "
-            f"run longer, runs out of memory")
 
 
 def _leak_by_structure(e: Evidence) -> Judged | None:
@@ -286,12 +270,14 @@ def _out_of_memory(e: Evidence, oom: dict, cause: str) -> Judged:
         "full": "the program's own tensors and cache filled the GPU",
     }[cause]
     suspects = e.oom_suspects if cause in ("full", "accumulation") else []
+    fits = fit.what_fits(oom, e.oom_accumulations, e.pid)  # what would have made it fit
+    remedy = fits["remedy"] if fits and fits["fits"] and cause == "full" else OUT_OF_MEMORY[cause]
     return Judged(
         kind="out-of-memory", bytes=request,
-        summary=f"{e.where} ran out of GPU memory at {at_line(oom)}: {why}.{caught}",
-        evidence={"decided_by": "out-of-memory", "cause": cause, "figures": figures,
-                  "errors": len(e.ooms), "first": oom_brief(oom), "root_cause": e.oom_search},
-        remedy=OUT_OF_MEMORY[cause], suspects=suspects)
+        summary=f"{e.where} ran out of GPU memory at {at_line(oom)}: {why}.{caught}{fit.words(fits) if fits else ''}",
+        evidence={"decided_by": "out-of-memory", "cause": cause, "figures": figures, "errors": len(e.ooms),
+                  "first": oom_brief(oom), "root_cause": e.oom_search, "what_would_fit": fits},
+        remedy=remedy, suspects=suspects)
 
 
 def _garbage(e: Evidence) -> Judged | None:

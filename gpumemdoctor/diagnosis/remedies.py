@@ -191,6 +191,20 @@ OUT_OF_MEMORY: dict[str, str] = {
 }
 
 
+# What would have made an out-of-memory error fit (fit.py), by the part the program could have freed;
+# fragmentation and other processes take OUT_OF_MEMORY's.
+FIT: dict[str, str] = {
+    "gradients": "Call optimizer.zero_grad(set_to_none=True) before this code (or right after optimizer.step()): "
+                 "the last step's gradients are otherwise held until the next backward().",
+    "graphs": "Run this code under torch.no_grad() (or torch.inference_mode()), or keep loss.item() or "
+              "x.detach() instead of the outputs: their autograd graphs hold every saved activation.",
+    "kept": "Keep less: store a number (loss.item()) or a CPU copy (x.detach().cpu()), or bound the container.",
+    "optimizer-state": "Create the optimizer after this code, or free its state before it (del optimizer, then "
+                       "torch.cuda.empty_cache()) and load it back after; an optimizer that offloads its state "
+                       "to the CPU keeps it off the GPU.",
+}
+
+
 def remedy(holder: dict, where: list | None, situation: str = "leak", ended_thread: bool = False) -> str:
     """The two sentences for one holder: what keeps the memory, what to change."""
     path, kind = holder["path"], holder["kind"]

@@ -337,6 +337,9 @@ def test_out_of_memory_is_found_with_its_cause_and_figures(path, reports):
     assert first["at"] and first["at"].startswith(path.name), first
     total = next(d["total_bytes"] for d in report["devices"] if d["index"] == oom["device"])
     assert first["limit_bytes"] <= total
+    fits = header(path, "expect-fit")  # issue 40: what would have made it fit
+    if fits is not None:
+        assert oom["evidence"]["what_would_fit"]["part"] == fits and oom["evidence"]["what_would_fit"]["fits"], oom
 
 
 def test_an_accumulation_that_fills_the_gpu_is_a_leak_with_its_holder(reports):
