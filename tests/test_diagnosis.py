@@ -369,3 +369,17 @@ def test_of_two_suspects_about_the_same_size_the_one_held_directly_comes_before_
     assert [s["where"][1] for s in found.suspects[:2]] == [17, 16]
     assert found.suspects[0]["holders"][0]["kind"] == "frame-local"
     assert found.suspects[1]["holders"][0]["pattern"].endswith("outputs[*].grad_fn (autograd graph)")
+
+
+def test_out_of_memory_says_that_freeing_the_gradients_would_have_made_it_fit():
+    """Issue 40, recorded on an H200: an evaluation ran out of memory while the last step's gradients
+    (a sixth of the GPU) were held; zero_grad(set_to_none=True) first would have left room."""
+    _, recording = load("oom_gradients_outside_steps")
+    diagnosis = diagnose(recording)
+    (oom,) = [f for f in diagnosis.findings if f.kind == "out-of-memory"]
+    found = oom.evidence["what_would_fit"]
+    assert (found["part"], found["fits"], oom.evidence["cause"]) == ("gradients", True, "full")
+    assert found["free_then_bytes"] >= found["request_bytes"] > oom.evidence["first"]["device_free_bytes"]
+    assert "Freeing the gradients that the optimizers' parameters still held, no step running (23.2 GiB)" \
+        in oom.summary
+    assert oom.remedy.startswith("Call optimizer.zero_grad(set_to_none=True) before this code")
