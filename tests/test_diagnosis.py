@@ -383,3 +383,14 @@ def test_out_of_memory_says_that_freeing_the_gradients_would_have_made_it_fit():
     assert "Freeing the gradients that the optimizers' parameters still held, no step running (23.2 GiB)" \
         in oom.summary
     assert oom.remedy.startswith("Call optimizer.zero_grad(set_to_none=True) before this code")
+
+
+def test_jax_preallocating_on_every_gpu_is_library_memory_not_stray_contexts():
+    """tests/fixtures/caught, four H200s: JAX's context and pool on GPUs 1-3, where PyTorch never
+    allocated, were called stray contexts."""
+    report = json.loads((FIXTURES.parent / "caught" / "library_jax_preallocated_4gpus.json").read_text())
+    diagnosis = diagnose(Recording.from_json(report["recording"]))
+    assert report["verdict"] == "stray-context"  # as recorded, by the version that made it
+    assert diagnosis.verdict == "clean"
+    assert not [f for f in diagnosis.findings if f.kind == "stray-context"]
+    assert sorted(f.device for f in diagnosis.findings if f.kind == "library-memory") == [0, 1, 2, 3]

@@ -47,6 +47,12 @@ def pools_on(agent: AgentRecording, torch_index: int) -> list[dict]:
             and p["bytes"] >= MIN_POOL_BYTES]
 
 
+def preallocated_on(agent: AgentRecording, torch_index: int) -> bool:
+    """Whether a preallocating library (JAX) held its pool on that device at exit: such a library
+    starts every GPU it can see, so the process's context there is the library's."""
+    return any(p["name"] in PREALLOCATING for p in pools_on(agent, torch_index))
+
+
 def context_without_pools(context: int | None, agent: AgentRecording, torch_index: int,
                           first_t: float | None) -> tuple[int | None, int]:
     """(the context, what was taken out of it): a preallocating library's pool, where the library

@@ -18,7 +18,7 @@ that starts ranks of its own (torchrun's launcher inside an `srun` task, which h
 """
 from __future__ import annotations
 
-from . import suspects
+from . import libraries, suspects
 from .judgement import Judged
 from ..recording.recording import AgentRecording, Dist, Recording
 from ..stray_rule import own_gpu, stray_reason
@@ -138,7 +138,8 @@ def stray_contexts(rec: Recording, ranks: dict[int, Dist], skip: set) -> list[tu
     not its work: its PyTorch allocator never reserved a byte there while it did on another GPU; or,
     for a rank, the GPU is another rank's of this host, where it reserved under stray_rule.STRAY_SHARE of what it
     reserved on its own. DataLoader workers (their contexts are `child-contexts`), the (pid, NVML
-    index) pairs in `skip`, and processes that never started CUDA through PyTorch are left out."""
+    index) pairs in `skip`, processes that never started CUDA through PyTorch, and GPUs where a
+    preallocating library (JAX) holds its pool (its context there is the library's) are left out."""
     reserved = {a.pid: _reserved_by_gpu(a) for a in rec.agents
                 if a.cuda_t is not None and not (a.cuda_origin or {}).get("dataloader_worker")}
     most_of = {pid: {n: most for n, (_, most) in by_gpu.items()} for pid, by_gpu in reserved.items()}
@@ -158,6 +159,8 @@ def stray_contexts(rec: Recording, ranks: dict[int, Dist], skip: set) -> list[tu
         for nvml_index, (torch_index, most) in sorted(by_gpu.items()):
             if (agent.pid, nvml_index) in skip or stray_reason(nvml_index, mine, most_by_gpu, others) is None:
                 continue
+            if libraries.preallocated_on(agent, torch_index):
+                continue  # JAX's context and pool there: it starts every GPU it sees (library-memory says so)
             _, _, held = peaks_on(rec, agent, torch_index, nvml_index)
             if not held:
                 continue
