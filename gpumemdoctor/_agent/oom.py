@@ -5,6 +5,7 @@ process is also searched for holders (watch.py); MAX_OOM_RECORDS are recorded in
 """
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -43,7 +44,7 @@ class OomObserver:
                 record = out_of_memory(agent.torch, device, request, limit, device_free, processes)
                 record["step"] = agent.steps
                 # What the optimizers held then, and whether a step was running: what could have been freed
-                record["optimizers"] = agent.peak_watch.optimizer_figures(device)[3]
+                record["optimizers"] = json.loads("[" + agent.peak_watch.optimizer_figures(device) + "]")
                 record["inside"] = place(sys._getframe())[1]
                 agent.channel.write(record)
                 if self.records == 1:

@@ -65,6 +65,7 @@ class PeakWatch:
     def __init__(self, agent):
         self.agent = agent
         self.optimizers: list = []  # weak references, made on the program's thread through Neutral
+        self.figures = [0, 0, 0]  # the last optimizer_figures: parameters, gradients, state (made once)
         self.last_optimizer = 0  # id() of the optimizer seen at the last step: one compare a step
         self.best: list = []  # per device slot: the highest total captured
         self.captures = 0
@@ -178,8 +179,8 @@ class PeakWatch:
             split = sampler.stats_fn(index)["inactive_split_bytes"]["all"]["current"]
         except Exception:
             split = None
-        params, grads, state, rows = self.optimizer_figures(index)
-        names = ",".join(f'["{name}",{p},{g},{s}]' for name, p, g, s in rows)
+        names = self.optimizer_figures(index)
+        params, grads, state = self.figures
         where, inside = (None, "exit") if self.exiting else self._main_thread_place()
         self.captures += 1
         agent.channel.write_line(
@@ -189,13 +190,15 @@ class PeakWatch:
             f'"gradients":{grads},"optimizer_state":{state},"optimizers":[{names}],'
             f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(not self.exiting and self._paused())}}}')
 
-    def optimizer_figures(self, index: int) -> tuple[int, int, int, list]:
-        """(parameters, gradients, optimizer state, [[class, parameters, gradients, state]] per
-        optimizer) on one device, of every optimizer that has stepped: each storage counted once, in
-        the first of those categories it belongs to."""
+    def optimizer_figures(self, index: int) -> str:
+        """The JSON rows `["class",p,g,s],...` of every optimizer that has stepped, on one device, and
+        their parameters, gradients and optimizer state added up in `self.figures`: each storage
+        counted once, in the first of those categories it belongs to. It makes no container but its
+        `seen` dict and strings (not even a tuple to return): a capture runs inside the program's step
+        and must leave the collector's count as it was."""
         seen: dict = {}  # storage address -> category: each storage counted once
         params = grads = state = 0
-        rows = []
+        names = ""
         for ref in self.optimizers:
             opt = ref()
             if opt is None:
@@ -217,22 +220,25 @@ class PeakWatch:
             params += p_bytes
             grads += g_bytes
             state += s_bytes
-            rows.append([type(opt).__name__, p_bytes, g_bytes, s_bytes])
+            name = type(opt).__name__
+            names = (f'{names},["{name}",{p_bytes},{g_bytes},{s_bytes}]' if names
+                     else f'["{name}",{p_bytes},{g_bytes},{s_bytes}]')
             del opt
-        return params, grads, state, rows
+        figures = self.figures
+        figures[0], figures[1], figures[2] = params, grads, state
+        return names
 
     def _paused(self) -> bool:
         return bool(self.agent.steps) and self.agent.phase_watch.pausing(time.monotonic())
 
     def _main_thread_place(self):
         """The main thread's innermost frame in the program's own files ("file:line in f()"), and
-        "backward" or "optimizer step" when it was inside one."""
+        "backward" or "optimizer step" when it was inside one. The frame is never bound to a local
+        here: this function's own frame is one of those walked, and would then hold itself."""
         try:
-            frame = sys._current_frames().get(self.main_ident)
+            return place(sys._current_frames().get(self.main_ident))
         except Exception:
             return None, None
-        return place(frame)
-
 
     # -- the probes -------------------------------------------------------------------
     def ask(self, capture: int, again: bool = False) -> None:
