@@ -22,6 +22,8 @@ How each part is recognised:
 """
 from __future__ import annotations
 
+import functools
+
 from . import probed
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS
@@ -62,96 +64,149 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
     captures = [c for c in agent.root.get("peaks", []) if c["device"] == torch_index]
     if not captures:
         return None, []
-    context = b.context_bytes
-
-    def total(c: dict) -> int:
-        return c["nvml"] if c["nvml"] else (context or 0) + (c["reserved"] or 0)
-
+    total = functools.partial(_total, context=b.context_bytes)
     best, highest = _busiest(captures, total)
     probe = probed.probe_of(agent, best["n"])
-    peak_total = total(best)
-    allocated = best["allocated"] or 0
-    reserved = max(best["reserved"] or 0, allocated)
-    notes: list[str] = []
-    parts: dict[str, PeakPart] = {}
+    split = _Split(best)
+    _outside_allocated(split, agent, best, total(best), b.context_bytes)
+    # Within the allocated memory: the optimizers' parts, then the graphs and the probe's, then the rest.
+    _optimizers(split, best)
+    _graphs(split, agent, torch_index, best)
+    _probed(split, probe)
+    if not best["optimizers"] and not (probe and probe.get("parameters_bytes")):
+        split.notes.append("no optimizer stepped and no module was found in the program's names: parameters are "
+                           "unclassified")
+    _unclassified(split, agent, best, probe, b.cublas_workspace_bytes or 0)
+    split.notes += _moment_notes(best, highest, len(captures), total)
+    ordered = [split.parts[c] for c in PEAK_CATEGORIES if c in split.parts]
+    if max(sum(p.bytes for p in ordered), total(best), total(highest or best)) > MAX_SIZE_BYTES:
+        return None, []  # readings no GPU could give (a corrupt record): no peak to split
+    composition = PeakComposition(
+        pid=agent.pid, device=_nvml_index(agent, torch_index), torch_index=torch_index, t=best["t"],
+        step=best["step"], total_bytes=sum(p.bytes for p in ordered), allocated_bytes=split.allocated,
+        reserved_bytes=split.reserved, parts=ordered, allocated_peak_bytes=best["allocated_peak"],
+        in_pause=best["paused"], where=best["where"], notes=split.notes,
+        highest=None if highest is None else {"t": highest["t"], "total_bytes": total(highest),
+                                              "cache_bytes": _cache(highest)})
+    return composition, findings(composition, best, where)
 
-    def add(category: str, size: int, holders: list | None = None, how: str | None = None) -> None:
+
+class _Split:
+    """One capture's parts as they are told, the notes on how, and the allocated memory not yet told."""
+
+    def __init__(self, capture: dict):
+        self.allocated = capture["allocated"] or 0
+        self.reserved = max(capture["reserved"] or 0, self.allocated)
+        self.left = self.allocated
+        self.parts: dict[str, PeakPart] = {}
+        self.notes: list[str] = []
+
+    def add(self, category: str, size: int, holders: list | None = None, how: str | None = None) -> None:
+        """A part that holds anything; the context's always (its 0 is a reading)."""
         if size > 0 or category == "context":
-            parts[category] = PeakPart(category, size, how or HOW[category], holders or [])
+            self.parts[category] = PeakPart(category, size, how or HOW[category], holders or [])
 
+    def take(self, category: str, size: int, holders: list | None = None) -> None:
+        """A part of the allocated memory, cut to what is left of it."""
+        size = min(size, self.left)
+        self.left -= size
+        self.add(category, size, holders)
+
+
+def _total(capture: dict, context: int | None) -> int:
+    """NVML's figure for the process; without one, the context and PyTorch's reserved memory."""
+    return capture["nvml"] if capture["nvml"] else (context or 0) + (capture["reserved"] or 0)
+
+
+def _outside_allocated(split: _Split, agent, capture: dict, peak_total: int, context: int | None) -> None:
+    """The parts outside the allocated memory: the context, the memory outside PyTorch, and PyTorch's
+    reserved memory that is not allocated (fragmentation, cache)."""
     ctx = min(context or 0, peak_total)
     if context is None:
-        notes.append("the CUDA context was not read: it is counted in memory outside PyTorch")
-    add("context", ctx)
-    outside = peak_total - ctx - reserved
-    if best["nvml"] and outside < 0:
-        notes.append(f"NVML read {fb(peak_total)}, less than the context and PyTorch's reserved memory "
-                     f"({fb(ctx + reserved)}): the readings were not of one moment")
-    add("outside-pytorch", max(0, outside), how=HOW["outside-pytorch"] + _libraries(agent))
-    free = reserved - allocated
-    split = min(best["inactive_split"] or 0, free)
-    add("fragmentation", split)
-    add("cache", free - split)
-    # Within the allocated memory: the optimizers' parts, then the probe's, then the rest.
-    left = allocated
-    optimizers = best["optimizers"]
+        split.notes.append("the CUDA context was not read: it is counted in memory outside PyTorch")
+    split.add("context", ctx)
+    outside = peak_total - ctx - split.reserved
+    if capture["nvml"] and outside < 0:
+        split.notes.append(f"NVML read {fb(peak_total)}, less than the context and PyTorch's reserved memory "
+                           f"({fb(ctx + split.reserved)}): the readings were not of one moment")
+    split.add("outside-pytorch", max(0, outside), how=HOW["outside-pytorch"] + _libraries(agent))
+    free = split.reserved - split.allocated
+    fragmented = min(capture["inactive_split"] or 0, free)
+    split.add("fragmentation", fragmented)
+    split.add("cache", free - fragmented)
+
+
+def _optimizers(split: _Split, capture: dict) -> None:
+    """The stepped optimizers' parameters, gradients and state, each with its optimizers as holders."""
     for category, key, column, label in (("parameters", "parameters", 1, "{}'s parameter groups"),
                                          ("gradients", "gradients", 2, "{}'s parameters' .grad"),
                                          ("optimizer-state", "optimizer_state", 3, "{}.state")):
-        size = min(best[key], left)
-        left -= size
         holders = [{"name": label.format(o[0]), "bytes": o[column], "line": None}
-                   for o in sorted(optimizers, key=lambda o: -o[column]) if o[column]]
-        add(category, size, holders)
-    graphs, graph_holders, search = _graphs_from_search(agent, torch_index, best)
-    if graphs:
-        size = min(graphs, left)
-        left -= size
-        add("graphs-kept", size, graph_holders)
-        if search["t"] < best["t"] - 0.05:
-            notes.append(f"graphs kept: read by the holder search at {search['t']:.1f} s, "
-                         f"{best['t'] - search['t']:.1f} s before this moment; what they held more by then is "
-                         "unclassified")
-    if probe is not None and "error" not in probe:
-        cut = False
-        for category in PROBE_PARTS:
-            found = probe.get(f"{category}_bytes", 0)
-            size = min(found, left)
-            cut = cut or size < found
-            left -= size
-            if size <= 0:
-                continue
-            holders = [{"name": h[0], "bytes": h[1], "line": h[2]} for h in probe.get(category, [])
-                       if h[1] >= MIN_HOLDER_BYTES]
-            if category == "parameters" and "parameters" in parts:
-                prior = parts["parameters"]
-                prior.bytes += size
-                prior.holders = sorted(prior.holders + holders, key=lambda h: -h["bytes"])[:4]
-            else:
-                add(category, size, holders)
-        if cut:
-            notes.append(f"the probe ran {probe['elapsed_s'] * 1000:.0f} ms after the reading and found more "
-                         "than its allocated memory: its parts are cut to fit")
-        if probe.get("stopped"):
-            read = probe.get("graph_links", probe.get("graph_nodes", 0))
-            notes.append(f"the probe stopped at its budget ({probe['stopped']}, {read:,} graph nodes read): what "
-                         "it did not reach is unclassified")
-    elif probe is not None:
-        notes.append(f"the probe of the program's names failed ({probe['error']})")
-    else:
-        notes.append("no probe of the program's names was made at this moment: graphs, temporaries and "
-                     "kept tensors are not told apart")
-    if not optimizers and not (probe and probe.get("parameters_bytes")):
-        notes.append("no optimizer stepped and no module was found in the program's names: parameters are "
-                     "unclassified")
-    # cuBLAS's workspaces are allocated tensors that nothing in Python holds; their size is read only
-    # at exit (what clearing them frees), and they stay from a stream's first matrix product on.
-    # More than is left: the peak came before some of them were made (or they are not all there).
-    cublas = b.cublas_workspace_bytes or 0
-    cublas = cublas if cublas <= left else 0
-    cublas_holder = [{"name": "cuBLAS workspaces at exit", "bytes": cublas, "line": None}] if cublas else []
-    earlier = None if probe is not None else _earlier_probe(agent, best)
-    add("unclassified", left, cublas_holder, how=_unclassified_how(best, cublas, left - cublas, probe, earlier))
+                   for o in sorted(capture["optimizers"], key=lambda o: -o[column]) if o[column]]
+        split.take(category, capture[key], holders)
+
+
+def _graphs(split: _Split, agent, torch_index: int, capture: dict) -> None:
+    """What a holder search in the capture's pause found held through autograd graphs."""
+    graphs, holders, search = _graphs_from_search(agent, torch_index, capture)
+    if not graphs:
+        return
+    split.take("graphs-kept", graphs, holders)
+    if search["t"] < capture["t"] - 0.05:
+        split.notes.append(f"graphs kept: read by the holder search at {search['t']:.1f} s, "
+                           f"{capture['t'] - search['t']:.1f} s before this moment; what they held more by then "
+                           "is unclassified")
+
+
+def _probed(split: _Split, probe: dict | None) -> None:
+    """The probe's parts (PROBE_PARTS): its modules' parameters join the optimizers'; or why there are none."""
+    if probe is None:
+        split.notes.append("no probe of the program's names was made at this moment: graphs, temporaries and "
+                           "kept tensors are not told apart")
+        return
+    if "error" in probe:
+        split.notes.append(f"the probe of the program's names failed ({probe['error']})")
+        return
+    cut = False
+    for category in PROBE_PARTS:
+        found = probe.get(f"{category}_bytes", 0)
+        size = min(found, split.left)
+        cut = cut or size < found
+        split.left -= size
+        if size <= 0:
+            continue
+        holders = [{"name": h[0], "bytes": h[1], "line": h[2]} for h in probe.get(category, [])
+                   if h[1] >= MIN_HOLDER_BYTES]
+        prior = split.parts.get(category) if category == "parameters" else None
+        if prior is not None:
+            prior.bytes += size
+            prior.holders = sorted(prior.holders + holders, key=lambda h: -h["bytes"])[:4]
+        else:
+            split.add(category, size, holders)
+    if cut:
+        split.notes.append(f"the probe ran {probe['elapsed_s'] * 1000:.0f} ms after the reading and found more "
+                           "than its allocated memory: its parts are cut to fit")
+    if probe.get("stopped"):
+        read = probe.get("graph_links", probe.get("graph_nodes", 0))
+        split.notes.append(f"the probe stopped at its budget ({probe['stopped']}, {read:,} graph nodes read): "
+                           "what it did not reach is unclassified")
+
+
+def _unclassified(split: _Split, agent, capture: dict, probe: dict | None, cublas: int) -> None:
+    """The rest of the allocated memory, with what is known of it (_unclassified_how).
+    cuBLAS's workspaces are allocated tensors that nothing in Python holds; their size is read only
+    at exit (what clearing them frees), and they stay from a stream's first matrix product on.
+    More than is left: the peak came before some of them were made (or they are not all there)."""
+    cublas = cublas if cublas <= split.left else 0
+    holders = [{"name": "cuBLAS workspaces at exit", "bytes": cublas, "line": None}] if cublas else []
+    earlier = None if probe is not None else _earlier_probe(agent, capture)
+    split.add("unclassified", split.left, holders,
+              how=_unclassified_how(capture, cublas, split.left - cublas, probe, earlier))
+
+
+def _moment_notes(best: dict, highest: dict | None, captures: int, total) -> list[str]:
+    """Which reading this is: the busiest beside NVML's highest, the exit's, one of several."""
+    notes = []
     if highest is not None:
         whose = "NVML's highest" if highest["nvml"] else "the highest reading"
         notes.append(f"the reading with the most memory in use: {whose}, {fb(total(highest))} at "
@@ -160,22 +215,10 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
     if best.get("inside") == "exit":
         notes.append("read at the program's end, by the exit's first reading: the memory rose after the last "
                      "sample; the running functions' locals were gone by then")
-    if len(captures) > 1:
+    if captures > 1:
         which = "one" if highest is not None else "the highest"
-        notes.append(f"{which} of {len(captures)} readings made at new highs of this process's memory")
-    ordered = [parts[c] for c in PEAK_CATEGORIES if c in parts]
-    if max(sum(p.bytes for p in ordered), total(best), total(highest or best)) > MAX_SIZE_BYTES:
-        return None, []  # readings no GPU could give (a corrupt record): no peak to split
-    composition = PeakComposition(
-        pid=agent.pid, device=_nvml_index(agent, torch_index), torch_index=torch_index, t=best["t"],
-        step=best["step"], total_bytes=sum(p.bytes for p in ordered), allocated_bytes=allocated,
-        reserved_bytes=reserved, parts=ordered, allocated_peak_bytes=best["allocated_peak"],
-        in_pause=best["paused"], where=best["where"], notes=notes,
-        highest=None if highest is None else {"t": highest["t"], "total_bytes": total(highest),
-                                              "cache_bytes": _cache(highest)})
-    return composition, findings(composition, best, where)
-
-
+        notes.append(f"{which} of {captures} readings made at new highs of this process's memory")
+    return notes
 
 
 def _cache(capture: dict) -> int:
