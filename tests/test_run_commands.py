@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumemdoctor.cli.run import _python_of, _same_python, _split, run_command
+from gpumemdoctor.cli._target import _python_of, _same_python
+from gpumemdoctor.cli.run import _split, run_command
 
 
 def test_options_after_the_target_are_the_targets():

@@ -1,11 +1,7 @@
 """`gpumemdoctor run`: run a script or module under the supervisor, then diagnose and report."""
 from __future__ import annotations
 
-import importlib.machinery
 import os
-import re
-import shutil
-import sys
 import traceback
 from dataclasses import dataclass, field
 
@@ -15,8 +11,7 @@ from ..errors import EXIT_CHECK_FAILED, UsageError, internal_error
 from ._ci_checks import check_options, make_policy, publish
 from .. import contract
 from ._params import FileName, Seconds
-
-_SCRIPT_PROBE_BYTES = 4096
+from ._target import check_target, resolve_command
 
 
 @dataclass(frozen=True)
@@ -124,19 +119,45 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
     SCRIPT may also be a Python command on PATH, such as torchrun.
     The exit status is the script's (128 + N if signal N killed it).
     """
-    from ..system import nvml
-    from ..errors import NoGpuError
-    from ..files.outputs import check_distinct, check_folder_writable, check_writable
     from ..supervise.supervisor import RunOptions, exit_status, run
 
     target = ctx.meta.get("gpumemdoctor.target") or []
     if not target:
         raise UsageError("give a script to run (gpumemdoctor run train.py) or a module "
                          "(gpumemdoctor run -m mypkg.train)")
-    target, note = _resolve_command(target)
-    name = _check_target(target)
+    target, note = resolve_command(target)
+    name = check_target(target)
     if note:
         click.echo(f"gpumemdoctor: note: {note}", err=True)
+    _check_options(ctx, html, html_next_to_json, baseline, update_baseline)
+    if html is None and html_next_to_json and output is not None:
+        html = _next_to(output)
+    reads = {f"the script {target[0]}": None if target[0] == "-m" else target[0],
+             f"the baseline {baseline}": None if update_baseline else baseline}
+    _check_outputs(reads, output, force, snapshot, html, html_next_to_json, junit, baseline, update_baseline)
+    policy = _policy(max_peak, max_retained, fail_on, tolerance, nvml_tolerance, junit, baseline, update_baseline)
+    measure_gpu = _measure_gpu(allow_no_gpu, update_baseline)
+    recording = run(RunOptions(target_args=target, poll_interval_s=poll_interval,
+                               agent_interval_s=interval, measure_gpu=measure_gpu,
+                               trace=trace or ("on" if snapshot else "auto"), max_pause_s=max_pause,
+                               snapshot_path=os.path.abspath(snapshot) if snapshot else None,
+                               prepare=AFTER_RUN_MODULES))
+    status = exit_status(recording)
+    try:
+        outputs = RunOutputs(name=name, report=output, force=force, quiet=quiet, html=html,
+                             html_next_to_json=html_next_to_json, junit=junit,
+                             new_baseline=baseline if update_baseline else None, reads=reads)
+        return _after_run(recording, status, outputs, policy)
+    except Exception as exc:  # a bug of gpumemdoctor's own, after the target ran: its status stays
+        if ctx.find_root().params.get("debug"):
+            traceback.print_exc()
+        click.echo(f"gpumemdoctor: error: {internal_error(exc)}; the exit status is the target's", err=True)
+        return status
+
+
+def _check_options(ctx: click.Context, html: str | None, html_next_to_json: bool, baseline: str | None,
+                   update_baseline: bool) -> None:
+    """Refuse options that contradict each other, or that ask for what nothing will use."""
     if html is not None and html_next_to_json:
         raise UsageError("give --html PATH or --html-next-to-json, not both")
     if update_baseline and not baseline:
@@ -145,15 +166,17 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         if not baseline and ctx.get_parameter_source(option) is not click.core.ParameterSource.DEFAULT:
             raise UsageError(f"--{option.replace('_', '-')} says how much a figure may grow over its baseline, "
                              "and no --baseline FILE is given: add one, or leave it out")
-    if html is None and html_next_to_json and output is not None:
-        html = _next_to(output)
-    # Every file this run will write, checked before the target starts: none over the script, the
-    # baseline it reads or another of them, and each one writable (exit 2 now, not after the run).
+
+
+def _check_outputs(reads: dict, output: str | None, force: bool, snapshot: str | None, html: str | None,
+                   html_next_to_json: bool, junit: str | None, baseline: str | None, update_baseline: bool) -> None:
+    """Every file this run will write, checked before the target starts: none over the script, the
+    baseline it reads (`reads`) or another of them, and each one writable (exit 2 now, not after the run)."""
+    from ..files.outputs import check_distinct, check_folder_writable, check_writable
+
     check_distinct({f"-o {output}": output, f"--html {html}": html, f"--junit {junit}": junit,
                     f"--snapshot {snapshot}": snapshot,
-                    f"--baseline {baseline}": baseline if update_baseline else None},
-                   {f"the script {target[0]}": None if target[0] == "-m" else target[0],
-                    f"the baseline {baseline}": None if update_baseline else baseline})
+                    f"--baseline {baseline}": baseline if update_baseline else None}, reads)
     if output is not None:
         check_writable(output, force)
     else:
@@ -168,6 +191,14 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
             check_writable(html, force, what="HTML page")
     if update_baseline:
         check_writable(baseline, True, what="baseline")  # a baseline is rewritten each time
+
+
+def _policy(max_peak: int | None, max_retained: int | None, fail_on: str | None, tolerance: str,
+            nvml_tolerance: str | None, junit: str | None, baseline: str | None, update_baseline: bool):
+    """The checks asked for, with the baseline's figures read now (a bad baseline is exit 4 before the
+    run); --junit without a check is refused, and its file checked."""
+    from ..files.outputs import check_writable
+
     baseline_figures = None
     if baseline and not update_baseline:
         from ..diagnosis import ci_checks
@@ -179,7 +210,14 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
             raise UsageError("--junit writes the results of checks, and none is asked for: add --max-peak, "
                              "--max-retained, --fail-on or --baseline")
         check_writable(junit, True, what="JUnit XML")  # rewritten each time, as CI runs again
-    measure_gpu = True
+    return policy
+
+
+def _measure_gpu(allow_no_gpu: bool, update_baseline: bool) -> bool:
+    """Initialise NVML: False where there is none and --allow-no-gpu runs the target all the same."""
+    from ..errors import NoGpuError
+    from ..system import nvml
+
     try:
         nvml.init()
     except NoGpuError as exc:
@@ -189,26 +227,8 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         if update_baseline:
             raise UsageError(f"--update-baseline: nothing can be measured here ({exc}), and a baseline "
                              "without figures fails every later check: make it where a GPU is") from None
-        measure_gpu = False
-
-    recording = run(RunOptions(target_args=target, poll_interval_s=poll_interval,
-                               agent_interval_s=interval, measure_gpu=measure_gpu,
-                               trace=trace or ("on" if snapshot else "auto"), max_pause_s=max_pause,
-                               snapshot_path=os.path.abspath(snapshot) if snapshot else None,
-                               prepare=AFTER_RUN_MODULES))
-    status = exit_status(recording)
-    try:
-        outputs = RunOutputs(name=name, report=output, force=force, quiet=quiet, html=html,
-                             html_next_to_json=html_next_to_json, junit=junit,
-                             new_baseline=baseline if update_baseline else None,
-                             reads={f"the script {target[0]}": None if target[0] == "-m" else target[0],
-                                    f"the baseline {baseline}": None if update_baseline else baseline})
-        return _after_run(recording, status, outputs, policy)
-    except Exception as exc:  # a bug of gpumemdoctor's own, after the target ran: its status stays
-        if ctx.find_root().params.get("debug"):
-            traceback.print_exc()
-        click.echo(f"gpumemdoctor: error: {internal_error(exc)}; the exit status is the target's", err=True)
-        return status
+        return False
+    return True
 
 
 # What _after_run imports: imported while the target runs (RunOptions.prepare), not after it. A test
@@ -297,182 +317,3 @@ def _next_to(json_path: str) -> str:
     """The HTML page's name beside a JSON report: vram-report.json -> vram-report.html."""
     stem, ext = os.path.splitext(json_path)
     return (stem if ext.lower() == ".json" else json_path) + ".html"
-
-
-def _resolve_command(target: list[str]) -> tuple[list[str], str | None]:
-    """A command on PATH that is a Python script (torchrun, a console script) runs as that
-    script, under sys.executable; anything else on PATH is refused. Returns the target and
-    a note for standard error when the script names another Python on its #! line."""
-    command = target[0]
-    if command == "-m" or os.sep in command or os.path.exists(command):
-        return target, None
-    path = shutil.which(command)
-    if path is None:
-        return target, None  # _check_target says there is no such file
-    try:
-        with open(path, "rb") as f:
-            head = f.read(_SCRIPT_PROBE_BYTES)
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
-    interpreter = _python_of(head)
-    if interpreter is None:
-        if os.path.basename(command).startswith("python"):
-            raise UsageError(f"{command} is Python itself: gpumemdoctor runs your script with its own "
-                             "Python, so leave it out (gpumemdoctor run train.py, or -m MODULE)")
-        raise UsageError(f"{command} ({path}) is not a Python script; gpumemdoctor runs Python "
-                         "programs: give a Python script, or a module with -m")
-    if _same_python(interpreter, sys.executable):
-        return [path, *target[1:]], None
-    # The agent starts through sitecustomize under sys.executable's environment, so the script
-    # runs there; refuse only when that environment cannot import what a console script runs.
-    module = _entry_module(head)
-    if module is not None and not _findable(module.split(".")[0]):
-        raise UsageError(f"{command} is a script for {interpreter} (its #! line), and gpumemdoctor's "
-                         f"Python, {sys.executable}, cannot import {module.split('.')[0]!r}: install "
-                         f"gpumemdoctor where {command} is installed ({interpreter} -m pip install "
-                         f"gpumemdoctor) and run that gpumemdoctor")
-    return [path, *target[1:]], (f"{command}'s #! line names {interpreter}; it runs under "
-                                 f"{sys.executable}, the Python gpumemdoctor runs in")
-
-
-# pip's console script where the interpreter's path is too long for #!: #!/bin/sh, then
-# '''exec' "/long/path/python" "$0" "$@"
-_EXEC_LINE = re.compile(r"""^'''exec' "?([^"\s]+)"? "\$0" "\$@"$""")
-
-
-def _python_of(head: bytes) -> str | None:
-    """The Python a script's #! line names (also through /usr/bin/env, or the exec line of a
-    console script for a long path); None when it is not Python."""
-    lines = head.split(b"\n", 2)
-    first = lines[0].decode(errors="replace").strip()
-    if not first.startswith("#!") or b"\0" in head:
-        return None
-    words = first[2:].split()
-    if words and os.path.basename(words[0]) in ("sh", "bash") and len(lines) > 1:
-        m = _EXEC_LINE.match(lines[1].decode(errors="replace").strip())
-        words = [m.group(1)] if m else words
-    if words and os.path.basename(words[0]) == "env":
-        named = [w for w in words[1:] if not w.startswith("-") and "=" not in w][:1]
-        words = [shutil.which(named[0]) or named[0]] if named else []
-    if not words or not os.path.basename(words[0]).startswith("python"):
-        return None
-    return words[0]
-
-
-def _same_python(a: str, b: str) -> bool:
-    """The same interpreter in the same environment: the same folder (a virtual environment's
-    bin/ holds links to the system's Python) and the same file."""
-    try:
-        return (os.path.dirname(os.path.abspath(a)) == os.path.dirname(os.path.abspath(b))
-                and os.path.samefile(a, b))
-    except OSError:
-        return False
-
-
-def _entry_module(head: bytes) -> str | None:
-    """The module a console script imports its entry point from (`from X import main`)."""
-    m = re.search(rb"^from ([\w.]+) import ", head, re.M)
-    return m.group(1).decode() if m else None
-
-
-def _search_path() -> list[str]:
-    """Where the target's Python looks for a top-level module: the current folder first (python -m)."""
-    search = [os.getcwd(), *os.environ.get("PYTHONPATH", "").split(os.pathsep), *sys.path[1:]]
-    return [p for p in search if p]
-
-
-def _findable(top: str) -> bool:
-    """Whether the target's Python would find this top-level module (the current folder first)."""
-    return top in sys.builtin_module_names or importlib.machinery.PathFinder.find_spec(top, _search_path()) is not None
-
-
-def _missing_submodule(module: str) -> str | None:
-    """Why the target's Python would not find `module`'s submodule (`json.nope`), or None where it
-    would, or where that cannot be known without running the target's code.
-
-    The packages are looked into, not imported: finding a submodule with importlib imports its parent
-    packages, and a package's __init__.py is the target's own code (it may start CUDA in gpumemdoctor's
-    process, or take seconds to import torch). So a parent whose code may add modules when it runs
-    (it names __path__, sys.modules or pkg_resources' declare_namespace: pkgutil.extend_path, `os`
-    with os.path), or that is not a file of Python (an import hook, a zip), is taken at its word:
-    the target runs, and Python says whether it finds the module."""
-    parts = module.split(".")
-    locations = _search_path()
-    for i, part in enumerate(parts):
-        name = ".".join(parts[:i + 1])
-        # By its last part alone: a nested namespace package's spec would look its parent up in sys.modules.
-        spec = importlib.machinery.PathFinder.find_spec(part, locations)
-        if spec is None:
-            return None if i == 0 else (f"no module named {name!r}: the package {'.'.join(parts[:i])} has no "
-                                        f"module {part!r} (check the name)")
-        if i == len(parts) - 1:
-            return None
-        if spec.origin is None:  # a namespace package: its folders of that name, wherever its parent has one
-            locations = [os.path.join(p, part) for p in locations if os.path.isdir(os.path.join(p, part))]
-            continue
-        if _may_add_modules(spec.origin):
-            return None
-        if spec.submodule_search_locations is None:
-            return f"no module named {'.'.join(parts[:i + 2])!r}: {name} is a module, not a package (check the name)"
-        locations = list(spec.submodule_search_locations)
-    return None
-
-
-_ADDS_MODULES = (b"__path__", b"sys.modules", b"declare_namespace")
-
-
-def _may_add_modules(origin: str) -> bool:
-    """Whether a module's code (a package's __init__.py) may make modules importable when it runs."""
-    if not origin.endswith((".py", ".pyc")):
-        return True  # compiled, or not a file
-    try:
-        with open(origin, "rb") as f:
-            source = f.read(4 << 20)
-    except OSError:
-        return True  # inside a zip, or unreadable
-    return any(marker in source for marker in _ADDS_MODULES)
-
-
-def _check_target(target: list[str]) -> str:
-    """Refuse what python could not run, with a one-line reason; return a name for the report."""
-    if target[0] == "-m":
-        if len(target) < 2 or not target[1] or target[1].startswith("-"):
-            raise UsageError("-m needs a module name, as in: gpumemdoctor run -m mypkg.train")
-        module = target[1]
-        top = module.split(".")[0]
-        if not top.isidentifier():
-            raise UsageError(f"{module!r} is not a module name")
-        if not _findable(top):
-            raise UsageError(f"no module named {top!r} (looked in the current folder and sys.path)")
-        missing = _missing_submodule(module)
-        if missing is not None:
-            raise UsageError(missing)
-        return module.replace(".", "-")
-    script = target[0]
-    if not script:
-        raise UsageError("an empty script name (is a variable unset?): give a Python script to run, or a "
-                         "module with -m")
-    if not os.path.exists(script):
-        if os.sep not in script and not script.endswith(".py"):
-            raise UsageError(f"{script}: no such file, nor a command on PATH: give a Python script, "
-                             "a module with -m, or a Python console script on PATH (torchrun)")
-        raise UsageError(f"{script}: no such file")
-    if os.path.isdir(script):
-        if not os.path.exists(os.path.join(script, "__main__.py")):
-            raise UsageError(f"{script} is a folder without __main__.py: give a Python script")
-        return os.path.basename(os.path.abspath(script))
-    try:
-        with open(script, "rb") as f:
-            head = f.read(_SCRIPT_PROBE_BYTES)
-    except OSError as exc:
-        raise UsageError(f"cannot read {script}: {exc.strerror or exc}") from None
-    if not head.startswith(b"PK\x03\x04"):  # python also runs zip files
-        if b"\0" in head:
-            raise UsageError(f"{script} is a binary file, not a Python script")
-        first = head.split(b"\n", 1)[0]
-        if first.startswith(b"#!") and b"python" not in first:
-            interpreter = first[2:].decode(errors="replace").strip()
-            raise UsageError(f"{script} is a script for {interpreter!r}, not Python; "
-                             f"gpumemdoctor runs Python programs")
-    stem = os.path.splitext(os.path.basename(script))[0]
-    return stem or "script"
