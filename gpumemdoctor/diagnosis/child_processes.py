@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import suspects
 from .findings import Diagnosis, Finding
+from .remedies import FINDINGS
 from ..recording.recording import Recording
 from ..units import format_bytes as fb
 
@@ -31,8 +32,7 @@ def orphans(rec: Recording, result: Diagnosis) -> None:
                     f"{fb(total)} after the target exited.",
             evidence={"pid": proc.pid, "cmdline": proc.cmdline, "ppid_when_seen": proc.ppid,
                       "used_bytes_by_device": {str(k): v for k, v in held.items()}},
-            remedy=f"Wait for or stop the child before exiting (join(), terminate(), a context "
-                   f"manager); to free the memory now: kill {proc.pid}."))
+            remedy=FINDINGS["orphan-process"].format(pid=proc.pid)))
 
 
 def child_contexts(rec: Recording, result: Diagnosis, rank_pids: set = frozenset()) -> None:
@@ -83,13 +83,7 @@ def child_contexts(rec: Recording, result: Diagnosis, rank_pids: set = frozenset
                        f"together.")
             if lines:
                 summary += f" CUDA started in them at {', '.join(lines[:2])}."
-            remedy = ("Keep CUDA out of DataLoader workers: return CPU tensors from the Dataset, collate_fn and "
-                      "worker_init_fn, and move each batch to the GPU in the main process (pin_memory=True "
-                      "makes the copy fast). Do not call torch.cuda.* (set_device, empty tensors on cuda) in "
-                      "worker_init_fn." if workers else
-                      "Each process that touches CUDA pays its own context. If these processes only prepare "
-                      "data, keep them on the CPU and send their results to the parent; if they must use the "
-                      "GPU, use fewer of them.")
+            remedy = FINDINGS["child-contexts-workers" if workers else "child-contexts"]
             result.findings.append(Finding(
                 kind="child-contexts", bytes=at_once, pid=parent, device=dev, summary=summary,
                 evidence={"processes": rows, "parent": parent, "count": len(rows), "most_at_once": most,

@@ -15,6 +15,7 @@ context, and it is named with its library and the switch that governs it. Pure.
 from __future__ import annotations
 
 from .findings import Breakdown, Finding
+from .remedies import FINDINGS, LIBRARY_SWITCHES
 from ..recording.recording import AgentRecording
 from ..units import format_bytes as fb
 
@@ -22,18 +23,12 @@ MIB = 1 << 20
 MIN_CONTEXT_BYTES = 256 * MIB  # less than any context measured (518 MiB and up on H100 and H200)
 MIN_POOL_BYTES = 64 * MIB  # a pool below this is not worth a finding
 PREALLOCATING = ("jax",)  # pools set aside at the library's first use, read from its own statistics
-# name -> (the library as the report says it, what its memory is, the switch)
+# name -> (the library as the report says it, what its memory is); its switch is remedies.LIBRARY_SWITCHES
 LIBRARIES = {
-    "jax": ("JAX/XLA", "XLA's memory pool, preallocated at JAX's first use (75% of the GPU by default)",
-            "XLA_PYTHON_CLIENT_PREALLOCATE=false (allocate on demand), or XLA_PYTHON_CLIENT_MEM_FRACTION=.25 "
-            "(a smaller pool), set before JAX starts"),
-    "cupy": ("CuPy", "CuPy's arrays and its default memory pool",
-             "cupy.get_default_memory_pool().free_all_blocks() gives the pool's free blocks back; "
-             "cupy.cuda.set_allocator(None) turns the pool off"),
-    "numba": ("Numba", "Numba's device arrays (numba.cuda.device_array, to_device)",
-              "drop the arrays (del); Numba frees device memory when they go"),
-    "tensorflow": ("TensorFlow", "TensorFlow's allocator, which maps most of the GPU at its start",
-                   "TF_FORCE_GPU_ALLOW_GROWTH=true, or tf.config.experimental.set_memory_growth(gpu, True)"),
+    "jax": ("JAX/XLA", "XLA's memory pool, preallocated at JAX's first use (75% of the GPU by default)"),
+    "cupy": ("CuPy", "CuPy's arrays and its default memory pool"),
+    "numba": ("Numba", "Numba's device arrays (numba.cuda.device_array, to_device)"),
+    "tensorflow": ("TensorFlow", "TensorFlow's allocator, which maps most of the GPU at its start"),
 }
 
 
@@ -102,7 +97,7 @@ def name_holders(f: Finding, agent: AgentRecording) -> None:
     if libraries:
         named = [f"{LIBRARIES[x['name']][0]} (imported at {x['t']:.1f} s)" for x in libraries if x["name"] in LIBRARIES]
         f.summary += f" GPU libraries in the process besides PyTorch: {', '.join(named)}."
-        f.remedy += " " + " ".join(f"{LIBRARIES[x['name']][0]}: {LIBRARIES[x['name']][2]}." for x in libraries
+        f.remedy += " " + " ".join(f"{LIBRARIES[x['name']][0]}: {LIBRARY_SWITCHES[x['name']]}." for x in libraries
                                    if x["name"] in LIBRARIES)
 
 
@@ -113,7 +108,7 @@ def pool_findings(agent: AgentRecording, torch_index: int, nvml_index: int | Non
     for p in pools_on(agent, torch_index):
         if p["name"] not in PREALLOCATING:
             continue
-        label, what, switch = LIBRARIES[p["name"]]
+        label, what = LIBRARIES[p["name"]]
         context = " It was set aside before PyTorch's first allocation, so it is not counted as the context." \
             if moved else ""
         out.append(Finding(
@@ -122,5 +117,5 @@ def pool_findings(agent: AgentRecording, torch_index: int, nvml_index: int | Non
                     f"exit. PyTorch cannot use it.{context}",
             evidence={"decided_by": "library-statistics", "library": p["name"], "pool": p,
                       "taken_from_context_bytes": moved},
-            remedy=f"Nothing to do if {label} needs it; otherwise {switch}."))
+            remedy=FINDINGS["library-memory"].format(label=label, switch=LIBRARY_SWITCHES[p["name"]])))
     return out

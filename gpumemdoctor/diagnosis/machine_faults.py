@@ -8,6 +8,7 @@ from __future__ import annotations
 import signal
 
 from .judgement import Judged
+from .remedies import FINDINGS
 from ..recording.recording import Recording
 from ..units import format_bytes as fb
 
@@ -31,7 +32,8 @@ def host_memory(rec: Recording) -> Judged | None:
             kind="host-memory", bytes=0,
             summary=f"The target was killed by SIGKILL, and its memory cgroup counted {kills} out-of-memory "
                     f"kill(s) during the run: the kernel ended it for lack of host memory (RAM), not GPU memory.",
-            evidence={"signal": int(signal.SIGKILL), "cgroup_oom_kills": kills, "curve": []}, remedy=REMEDY)
+            evidence={"signal": int(signal.SIGKILL), "cgroup_oom_kills": kills, "curve": []},
+            remedy=FINDINGS["host-memory"])
     start_t, start = points[0]
     last_t, last = points[-1]
     peak_t, peak = max(points, key=lambda p: p[1])
@@ -54,14 +56,7 @@ def host_memory(rec: Recording) -> Judged | None:
                   "rise_from_bytes": ref, "rise_from_t": ref_t, "last_bytes": last, "last_t": last_t,
                   "peak_bytes": peak, "peak_t": peak_t, "tree_peak_bytes": tree_peak,
                   "cgroup_oom_kills": kills, "curve": curve(points)},
-        remedy=REMEDY)
-
-
-REMEDY = ("Confirm it in the kernel's log (dmesg or journalctl -k: 'Out of memory: Killed process "
-          "<pid>'). Host memory that keeps rising is held on the CPU side: outputs or losses kept in a "
-          "list after .cpu() or .item()-less sums, a cache that is never cleared, DataLoader workers that "
-          "each copy the dataset (fewer workers, or data in shared memory). Give the job more memory, or "
-          "raise the container's memory limit.")
+        remedy=FINDINGS["host-memory"])
 
 
 def curve(points: list[tuple[float, int]], size: int = CURVE_POINTS) -> list[list]:

@@ -111,9 +111,3 @@ def growth_words(agent: AgentRecording) -> str:
     return (f" NCCL is in use ({most} process group{'s' if most != 1 else ''} throughout): its communicators "
             f"also grow as they first connect to a peer (send/recv to a rank not reached before) or "
             f"register buffers.")
-
-
-GROWTH_REMEDY = ("Make process groups once, outside the loop, and reuse them; "
-                 "torch.distributed.destroy_process_group(group) releases one no longer needed. Each NCCL "
-                 "communicator's buffers are sized by NCCL_BUFFSIZE and its channels (NCCL_MAX_NCHANNELS). ")
-

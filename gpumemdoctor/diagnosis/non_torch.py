@@ -31,7 +31,7 @@ from ..growth import AfterWarmup, floor_growth, lasting_growth
 from ..recording.recording import AgentRecording
 from ..units import format_bytes as fb
 from . import nccl, suspects
-from .remedies import FINDINGS
+from .remedies import FINDINGS, NON_TORCH_MORE
 
 MIB = 1 << 20
 PEAK_READINGS = 4  # a rise counts when this many readings in a row held it (their lowest is the level)
@@ -167,19 +167,17 @@ def finding(agent: AgentRecording, torch_index: int, nvml_index: int | None, whe
     remedy = FINDINGS["non-torch"]
     pool = agent.cupy_pool
     if pool and pool.get("total_bytes"):
-        remedy += (" CuPy's pool holds " + fb(pool["total_bytes"]) + " (" + fb(pool.get("used_bytes"))
-                   + " in use): cupy.get_default_memory_pool().free_all_blocks() returns the rest.")
+        remedy += NON_TORCH_MORE["cupy-pool"].format(total=fb(pool["total_bytes"]), used=fb(pool.get("used_bytes")))
     summary = f"{fb(b.non_torch_bytes)} in {where} lies outside PyTorch's allocator, {why}."
     if judged is not None and judged.fit is not None and nccl.arrival(agent) is not None:
         summary += nccl.growth_words(agent)  # growing, with NCCL's groups coming and going
-        remedy = nccl.GROWTH_REMEDY + remedy
+        remedy = NON_TORCH_MORE["nccl-growth"] + remedy
     else:
         if b.non_torch_nccl_bytes:
             summary += (f" {fb(b.non_torch_nccl_bytes)} of it came with NCCL's communicators, and is not "
                         f"counted against that.")
         if b.nccl:
-            remedy += (" NCCL is in use in this process: its buffers lie outside PyTorch too, until "
-                       "torch.distributed.destroy_process_group() releases its communicators.")
+            remedy += NON_TORCH_MORE["nccl"]
     return Finding(
         kind="non-torch", bytes=size, pid=agent.pid, device=nvml_index, summary=summary,
         evidence={"non_torch_at_end_bytes": b.non_torch_bytes, "library_allowance_bytes": LIBRARY_ALLOWANCE_BYTES,

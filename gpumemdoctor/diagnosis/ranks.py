@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from . import libraries, suspects
 from .judgement import Judged
+from .remedies import FINDINGS
 from ..recording.recording import AgentRecording, Dist, Recording
 from ..stray_rule import own_gpu, stray_reason
 from ..units import format_bytes as fb
@@ -127,12 +128,6 @@ def peaks_on(rec: Recording, agent: AgentRecording, torch_index: int | None,
 
 # -- stray-context ------------------------------------------------------------------------
 
-STRAY_REMEDY = ("Call torch.cuda.set_device(local_rank) before any other CUDA call (or pass "
-                "device_id=torch.device('cuda', local_rank) to torch.distributed.init_process_group, and "
-                "device_ids=[local_rank] to barrier()), or give each rank only its own GPU with "
-                "CUDA_VISIBLE_DEVICES, so that its cuda:0 is its GPU.")
-
-
 def stray_contexts(rec: Recording, ranks: dict[int, Dist], skip: set) -> list[tuple[int, int, Judged]]:
     """(pid, NVML index, finding) for each GPU where a process holds memory that NVML sees but that is
     not its work: its PyTorch allocator never reserved a byte there while it did on another GPU; or,
@@ -210,17 +205,10 @@ def _stray(agent: AgentRecording, dist: Dist | None, nvml_index: int, torch_inde
                   "torch_index": torch_index, "bytes": held, "works_on": works_on,
                   "reserved_there_bytes": reserved_there, "owner_rank": owner.rank if owner else None,
                   "cuda_started_at": at, "thread": origin.get("thread")},
-        remedy=STRAY_REMEDY)
+        remedy=FINDINGS["stray-context"])
 
 
 # -- rank-imbalance -----------------------------------------------------------------------
-
-IMBALANCE_REMEDY = ("Look for work that only this rank does: evaluation, logging or metrics gathered on "
-                    "rank 0, a checkpoint gathered whole on one rank (torch.distributed.checkpoint saves "
-                    "shards instead; FSDP's full state_dict with rank0_only=True and offload_to_cpu=True "
-                    "keeps it off the GPU); uneven batches or padding (a sampler that gives one rank longer "
-                    "sequences); or a leak on that rank (see its findings).")
-
 
 def imbalance(per_rank: list[dict]) -> tuple[dict, Judged] | None:
     """The rank whose peak reserved memory is at least IMBALANCE_SHARE and IMBALANCE_BYTES above the
@@ -256,7 +244,7 @@ def imbalance(per_rank: list[dict]) -> tuple[dict, Judged] | None:
                   "ranks_over": sorted(o[0]["rank"] for o in over),
                   "peaks": [[r["rank"], r["peak_reserved_bytes"]] for r in sorted(known, key=lambda r: r["rank"])],
                   "threshold_share": IMBALANCE_SHARE, "threshold_bytes": IMBALANCE_BYTES},
-        remedy=IMBALANCE_REMEDY)
+        remedy=FINDINGS["rank-imbalance"])
 
 
 def _median(values: list[int]) -> int:

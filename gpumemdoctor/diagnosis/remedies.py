@@ -1,6 +1,8 @@
-"""Remedies in the user's words: one table, a row per holder kind and situation, one per finding
-that no holder explains (`FINDINGS`), and one per cause of an out-of-memory error (`OUT_OF_MEMORY`).
-Pure.
+"""Remedies in the user's words, every one of them: a row per holder kind and situation, one per
+finding that no holder explains (`FINDINGS`), one per cause of an out-of-memory error
+(`OUT_OF_MEMORY`), what the memory outside PyTorch's remedy gains with more evidence
+(`NON_TORCH_MORE`), each other GPU library's switch (`LIBRARY_SWITCHES`) and an ended thread's
+(`THREAD`). The diagnosis imports them from here; none is written elsewhere. Pure.
 
 Each remedy is two sentences: what keeps the memory, and what to change, in PyTorch's own idiom.
 The situation says what the memory did:
@@ -126,8 +128,13 @@ UNHELD: dict[str, str] = {
             "torch._C._cuda_clearCublasWorkspaces() frees them). Otherwise C/C++ code holds it{at}.",
 }
 ENDED_THREAD = " The thread that allocated them has ended; the reference above is what keeps them."
+# A thread that raised memory while it ran, and ended (suspects.thread_suspects): no holder to name.
+THREAD = ("Free what the thread allocates before it ends, or hand it to an owner that will: a thread's "
+          "allocations outlive it.")
 
-# Findings whose remedy no holder gives: by finding kind, or by what decided it.
+# Findings whose remedy no holder gives: by finding kind, or by what decided it. {pid}, {label} and
+# {switch} are the finding's own process, library and its switch (LIBRARY_SWITCHES), filled in where
+# the finding is made.
 FINDINGS: dict[str, str] = {
     "leak-unsearched": "Find what keeps each step's tensors alive: a list that is appended to, a loss accumulated "
                        "without .item() (it keeps the autograd graph), stored outputs; keep Python numbers with "
@@ -174,6 +181,54 @@ FINDINGS: dict[str, str] = {
                       "you gather, so that no batch's graph outlives the batch.",
     "non-torch-unseen": "Free device memory where it was allocated (cudaFree, the library's own cleanup); CuPy: "
                         "cupy.get_default_memory_pool().free_all_blocks().",
+    "host-memory": "Confirm it in the kernel's log (dmesg or journalctl -k: 'Out of memory: Killed process "
+                   "<pid>'). Host memory that keeps rising is held on the CPU side: outputs or losses kept in a "
+                   "list after .cpu() or .item()-less sums, a cache that is never cleared, DataLoader workers that "
+                   "each copy the dataset (fewer workers, or data in shared memory). Give the job more memory, or "
+                   "raise the container's memory limit.",
+    "stray-context": "Call torch.cuda.set_device(local_rank) before any other CUDA call (or pass "
+                     "device_id=torch.device('cuda', local_rank) to torch.distributed.init_process_group, and "
+                     "device_ids=[local_rank] to barrier()), or give each rank only its own GPU with "
+                     "CUDA_VISIBLE_DEVICES, so that its cuda:0 is its GPU.",
+    "rank-imbalance": "Look for work that only this rank does: evaluation, logging or metrics gathered on "
+                      "rank 0, a checkpoint gathered whole on one rank (torch.distributed.checkpoint saves "
+                      "shards instead; FSDP's full state_dict with rank0_only=True and offload_to_cpu=True "
+                      "keeps it off the GPU); uneven batches or padding (a sampler that gives one rank longer "
+                      "sequences); or a leak on that rank (see its findings).",
+    "orphan-process": "Wait for or stop the child before exiting (join(), terminate(), a context manager); to free "
+                      "the memory now: kill {pid}.",
+    "child-contexts": "Each process that touches CUDA pays its own context. If these processes only prepare "
+                      "data, keep them on the CPU and send their results to the parent; if they must use the "
+                      "GPU, use fewer of them.",
+    "child-contexts-workers": "Keep CUDA out of DataLoader workers: return CPU tensors from the Dataset, collate_fn "
+                              "and worker_init_fn, and move each batch to the GPU in the main process "
+                              "(pin_memory=True makes the copy fast). Do not call torch.cuda.* (set_device, empty "
+                              "tensors on cuda) in worker_init_fn.",
+    "library-memory": "Nothing to do if {label} needs it; otherwise {switch}.",
+}
+
+# What the memory outside PyTorch's remedy gains where its evidence says more (non_torch.finding):
+# NCCL's process groups grew (said before the rest), CuPy's pool ({total}, {used} of it in use) and
+# NCCL in use (said after it).
+NON_TORCH_MORE: dict[str, str] = {
+    "nccl-growth": "Make process groups once, outside the loop, and reuse them; "
+                   "torch.distributed.destroy_process_group(group) releases one no longer needed. Each NCCL "
+                   "communicator's buffers are sized by NCCL_BUFFSIZE and its channels (NCCL_MAX_NCHANNELS). ",
+    "cupy-pool": " CuPy's pool holds {total} ({used} in use): cupy.get_default_memory_pool().free_all_blocks() "
+                 "returns the rest.",
+    "nccl": " NCCL is in use in this process: its buffers lie outside PyTorch too, until "
+            "torch.distributed.destroy_process_group() releases its communicators.",
+}
+
+# The switch that governs each other GPU library's memory (libraries.LIBRARIES), after its name in
+# the memory outside PyTorch's remedy, and in its pool's own (FINDINGS["library-memory"]).
+LIBRARY_SWITCHES: dict[str, str] = {
+    "jax": "XLA_PYTHON_CLIENT_PREALLOCATE=false (allocate on demand), or XLA_PYTHON_CLIENT_MEM_FRACTION=.25 "
+           "(a smaller pool), set before JAX starts",
+    "cupy": "cupy.get_default_memory_pool().free_all_blocks() gives the pool's free blocks back; "
+            "cupy.cuda.set_allocator(None) turns the pool off",
+    "numba": "drop the arrays (del); Numba frees device memory when they go",
+    "tensorflow": "TF_FORCE_GPU_ALLOW_GROWTH=true, or tf.config.experimental.set_memory_growth(gpu, True)",
 }
 
 # An out-of-memory error's remedy, by its cause (judgement row 5).

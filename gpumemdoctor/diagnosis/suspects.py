@@ -316,12 +316,10 @@ def thread_suspects(root: dict, torch_index: int, series: str) -> list[dict]:
         if overlapping:
             summary += f"; it ran alongside {', '.join(overlapping[:3])}, whose allocations are counted too"
         # (The finding's own remedy says which tools give stacks outside PyTorch.)
-        remedy = ("Free what the thread allocates before it ends, or hand it to an owner that will: "
-                  "a thread's allocations outlive it.")
         out.append({"kind": "thread", "bytes": delta, "count": None,
                     "where": [th["entry"][0], 0, th["entry"][1]] if th["entry"] else None, "stack": [],
                     "thread": [th["name"]], "holders": [], "unheld_bytes": None, "summary": summary,
-                    "remedy": remedy})
+                    "remedy": remedies.THREAD})
     return out
 
 
