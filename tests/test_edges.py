@@ -22,7 +22,7 @@ _spec.loader.exec_module(fake_cuda)
 from gpumemdoctor._agent import exit as exit_probes  # noqa: E402
 from gpumemdoctor._agent.blocks import user_frames  # noqa: E402
 from gpumemdoctor._agent.search import MAX_FRAMES  # noqa: E402
-from gpumemdoctor.diagnosis import judgement, suspects  # noqa: E402
+from gpumemdoctor.diagnosis import judgement, stacks, suspects  # noqa: E402
 from gpumemdoctor.diagnosis.diagnose import diagnose  # noqa: E402
 from gpumemdoctor.recording.agent_files import read_agent_file  # noqa: E402
 from gpumemdoctor.recording.recording import (AgentRecording, DeviceReading, ProcessRecord, Recording,  # noqa: E402
@@ -276,7 +276,7 @@ def test_a_deep_copy_keeps_the_programs_line_in_the_frames_a_group_keeps():
     assert all(f[0].endswith("copy.py") for f in stack[:MAX_FRAMES])  # the cut alone kept only copy.py
     kept = user_frames(stack)[:MAX_FRAMES]
     assert kept[0][0].endswith("copy.py") and kept[0][2] == "deepcopy"  # the call the program made
-    assert suspects.user_line(kept) == [__file__, line, "test_a_deep_copy_keeps_the_programs_line_in_the_frames_a_group_keeps"]
+    assert stacks.user_line(kept) == [__file__, line, "test_a_deep_copy_keeps_the_programs_line_in_the_frames_a_group_keeps"]
 
 
 def test_frames_in_the_programs_own_folder_are_its_own_even_among_installed_packages(monkeypatch):
@@ -288,7 +288,7 @@ def test_frames_in_the_programs_own_folder_are_its_own_even_among_installed_pack
              ["/venv/lib/python3.12/site-packages/trainer/ema.py", 20, "update"],
              ["/venv/lib/python3.12/site-packages/trainer/run.py", 9, "<module>"]]
     assert user_frames(stack) == stack[1:]
-    assert suspects.user_line(stack[1:]) == stack[2]
+    assert stacks.user_line(stack[1:]) == stack[2]
 
 
 def _group(frames, path="__main__.buf", size=512 * MiB):

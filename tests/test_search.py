@@ -461,7 +461,7 @@ def test_later_allocations_join_their_line_by_holder_not_by_group():
     like the leak's join its line (scenarios/oom_accumulation.py on the H100: 41 stackless blocks,
     40 of them the leak's, and 17 with the line)."""
     from gpumemdoctor.recording import records
-    from gpumemdoctor.diagnosis import suspects
+    from gpumemdoctor.diagnosis import accumulations, suspects
 
     leak, batch = "__main__.outputs[*]", "__main__.x"
     stackless = {"device": 0, "new": True, "bytes": 44 * 1024, "count": 44, "frames": [], "thread": None,
@@ -487,7 +487,7 @@ def test_later_allocations_join_their_line_by_holder_not_by_group():
     assert top["unheld_bytes"] == 0
     # The same search read as accumulations (the out-of-memory error's, the exit's): the line is
     # the one its blocks with stacks were allocated at, though a stackless group came first.
-    (held,), _ = suspects.accumulations(root["investigations"][0], 0)
+    (held,), _ = accumulations.accumulations(root["investigations"][0], 0)
     assert held["pattern"] == leak and held["count"] == 57 and held["where"] == line[0]
 
 

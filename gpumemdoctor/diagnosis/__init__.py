@@ -6,8 +6,9 @@ work's (cache); `retention` turns the growth of the live tensors into the eviden
 `holders` attaches the suspects a finding names; `findings` holds the data classes and the
 verdict list; `judgement` is the one decision table over the evidence (`evidence`) about one process
 on one GPU, and `remedies` the one table of what to do. The evidence comes from `suspects` (the
-agent's searches as holders), `probed` (holders named by the peak's probes where no copy was
-searched), `phases` (pauses in the steps), `stacks` (a holder's line), `non_torch`, `nccl` and
+agent's searches as holders), `accumulations` (many alike tensors in a search: a leak not watched
+growing), `probed` (holders named by the peak's probes where no copy was searched), `phases` (pauses
+in the steps), `stacks` (a group's device, a holder's line), `non_torch`, `nccl` and
 `libraries` (memory outside PyTorch and whose it is), `ends` (an end not seen), `machine_faults`
 (host memory, NVML failures), `ranks` and `job` (distributed jobs), and `child_processes` (orphans,
 children's contexts). `peak` says what made each process's peak, and `headroom` how long a growth

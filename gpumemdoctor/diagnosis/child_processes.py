@@ -7,7 +7,7 @@ parent's GPU. Pure.
 """
 from __future__ import annotations
 
-from . import suspects
+from . import stacks
 from .findings import Diagnosis, Finding
 from .remedies import FINDINGS
 from ..recording.recording import Recording
@@ -67,12 +67,12 @@ def child_contexts(rec: Recording, result: Diagnosis, rank_pids: set = frozenset
             rows = []
             for pid in sorted(flagged):
                 origin = agents[pid].cuda_origin if pid in agents and agents[pid].cuda_origin else {}
-                line = suspects.user_line(origin.get("stack") or [])
+                line = stacks.user_line(origin.get("stack") or [])
                 rows.append({"pid": pid, "bytes": held[pid],
                              "context_bytes": next((b.context_bytes for b in result.breakdowns
                                                     if b.pid == pid and b.device == dev), None),
                              "dataloader_worker": origin.get("dataloader_worker"),
-                             "started_cuda_at": suspects.at(line) if line else None,
+                             "started_cuda_at": stacks.at(line) if line else None,
                              "thread": origin.get("thread")})
             at_once, most = _at_once(rec, dev, {r["pid"] for r in rows})
             what = "DataLoader workers" if workers else "child processes"

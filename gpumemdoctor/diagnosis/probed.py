@@ -12,7 +12,7 @@ holders:
 The probe reads the main thread's running functions, the main module's globals and one level of
 their attributes and containers: a holder further down (a hook's closure, another thread's frame)
 is not named here, and the words say that no search was made. Each holder is made in the shape of
-the search's accumulations (suspects.accumulations), with `probed` set and its graph's chain (or,
+the search's accumulations (accumulations.py), with `probed` set and its graph's chain (or,
 in the recordings of 2026-11-25 that counted them, its graph's nodes).
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ that starts ranks of its own (torchrun's launcher inside an `srun` task, which h
 """
 from __future__ import annotations
 
-from . import libraries, suspects
+from . import libraries, stacks
 from .judgement import Judged
 from .remedies import FINDINGS
 from ..recording.recording import AgentRecording, Dist, Recording
@@ -181,8 +181,8 @@ def _reserved_by_gpu(agent: AgentRecording) -> dict[int, tuple[int, int | None]]
 def _stray(agent: AgentRecording, dist: Dist | None, nvml_index: int, torch_index: int, held: int,
            works_on: list[int], reserved_there: int, owner: Dist | None) -> Judged:
     origin = agent.cuda_origin or {}
-    line = suspects.user_line(origin.get("stack") or [])
-    at = suspects.at(line) if line else None
+    line = stacks.user_line(origin.get("stack") or [])
+    at = stacks.at(line) if line else None
     gpus_text = ", ".join(f"GPU {n}" for n in works_on)
     there = f"GPU {nvml_index} (its cuda:{torch_index})"
     if owner is not None and owner.rank is not None:

@@ -1,51 +1,44 @@
-"""Suspects and remedies: from the agent's root-cause records to *suspects* on each finding. Pure.
+"""Suspects: from the agent's searches (and its thread and garbage records) to the *suspects* of
+each finding, with which search it was or why there was none. Pure.
 
 A suspect says where the memory was allocated, who holds it, which thread, and the remedy at
-that line. The records were checked when they were read (`records.py`).
+that line (remedies.py). The records were checked when they were read (`records.py`). What many
+alike tensors in a search are is read in accumulations.py, the program's line in a stack in
+stacks.py.
 """
 from __future__ import annotations
 
 import os
 
 from . import remedies, stacks
+from .accumulations import GRAPH_PART, accumulations, alike_text
+from .stacks import at, on_device, user_line
 from ..units import format_bytes as fb
 
 MIB = 1 << 20
 THREAD_MIN_BYTES = 1 * MIB  # a thread that changed memory by less is not named
 MAX_SUSPECTS = 5
 DIRECT_SHARE = 0.95  # of a suspect kept through a holder's graphs, that the one it holds directly must be
-
-
-def _on(group: dict, torch_index: int, new: bool | None = None) -> bool:
-    return (group["device"] in (torch_index, None)
-            and (new is None or (group["new"] is not False) is new))
-
-
-def _direct_first(suspects: list[dict]) -> None:
-    """Of two suspects about the same size (DIRECT_SHARE) where the larger is kept through the autograd
-    graphs of what the other's holder holds (`outputs[*].grad_fn` beside `outputs[*]`: an evaluation's
-    inputs beside its outputs), the one held directly comes first: its line is where the program
-    makes what it keeps. Their sizes race at an out-of-memory error (one input more, or one less)."""
-    for i in range(len(suspects) - 1):
-        a, b = suspects[i], suspects[i + 1]
-        if (a["holders"] and b["holders"] and a["holders"][0]["kind"] == "autograd-graph"
-                and b["holders"][0]["kind"] != "autograd-graph" and b["bytes"] >= DIRECT_SHARE * a["bytes"]
-                and a["holders"][0]["pattern"] == b["holders"][0]["pattern"] + GRAPH_PART):
-            suspects[i], suspects[i + 1] = b, a
+# What the search says of blocks without a holder, by its reason (the agent's search.WHY).
+WHY_TEXT = {
+    "no-python-object": "that no Python object holds",
+    "unreachable": "held by an object that nothing the program reaches refers to",
+    "not-reached": "that the search did not reach within its budget",
+}
 
 
 def leak_suspects(root: dict, torch_index: int, released: bool = False) -> tuple[list[dict], dict]:
     """Suspects of a leak on one device, and what the search was (or why there was none).
     `released`: the growth was let go of after the loop (retention.released), so a function
     that held it has returned by now, and its remedy says what to do inside the loop."""
-    found = [i for i in root["investigations"] if any(_on(g, torch_index, True) for g in i["groups"])]
+    found = [i for i in root["investigations"] if any(on_device(g, torch_index, True) for g in i["groups"])]
     if not found:
         return [], {"searched": False, "why_not": _why_not(root, torch_index)}
     # The search that found holders for the most of the new memory: at exit, unless the program
     # had already let go of what it held (a function that returned, a cycle that only the
     # collector frees: the search during the run saw who held it).
     chosen = max(found, key=lambda i: (_held_on(i, torch_index), _bytes_on(i, torch_index), i["when"] == "exit"))
-    groups = [g for g in chosen["groups"] if _on(g, torch_index, True)]
+    groups = [g for g in chosen["groups"] if on_device(g, torch_index, True)]
     # A leak repeats: one-off allocations (this step's batch, gradients) are not suspects.
     repeated = [g for g in groups if g["count"] >= 2] or groups[:1]
     # What something holds first: the leak is what the program keeps (unheld blocks stay, after).
@@ -117,11 +110,11 @@ def _add_sizes(a: list | None, b: list | None) -> list | None:
 
 
 def _held_on(investigation: dict, torch_index: int) -> int:
-    return sum(h["bytes"] for g in investigation["groups"] if _on(g, torch_index, True) for h in g["holders"])
+    return sum(h["bytes"] for g in investigation["groups"] if on_device(g, torch_index, True) for h in g["holders"])
 
 
 def _bytes_on(investigation: dict, torch_index: int) -> int:
-    return sum(g["bytes"] for g in investigation["groups"] if _on(g, torch_index, True))
+    return sum(g["bytes"] for g in investigation["groups"] if on_device(g, torch_index, True))
 
 
 def _why_not(root: dict, torch_index: int) -> str:
@@ -146,11 +139,11 @@ def declined(root: dict, when: str) -> str | None:
 
 def _allocation_suspect(g: dict, released: bool = False) -> dict:
     stack = g["frames"]
-    where = _user_line(stack)
+    where = user_line(stack)
     holders = g["holders"]
     threads = g["thread"]
     parts = [f"{fb(g['bytes'])} in {g['count']} allocation{'s' if g['count'] != 1 else ''}"]
-    parts.append(f"at {_at(where)}" if where else
+    parts.append(f"at {at(where)}" if where else
                  "(no Python stack: allocated before recording began, or by PyTorch's C++ code)")
     if threads:
         parts.append(f"in thread {', '.join(threads)}")
@@ -167,39 +160,14 @@ def _allocation_suspect(g: dict, released: bool = False) -> dict:
             "remedy": _remedy(holders[0] if holders else None, where, threads, g.get("unheld_why"), released)}
 
 
-def _user_line(stack: list) -> list | None:
-    """The innermost frame of the program's own code; else (a program that lives among installed
-    packages) the innermost outside the standard library; else the innermost frame."""
-    for frame in stack:
-        if not _library(frame[0]):
-            return frame
-    return stacks.outside_stdlib(stack)
-
-
-def _library(filename: str) -> bool:
-    return ("site-packages" in filename or "dist-packages" in filename or filename.startswith("<")
-            or "/lib/python3" in filename)
-
-
-def _at(frame: list) -> str:
-    return f"{os.path.basename(frame[0])}:{frame[1]} in {frame[2]}()"
-
-
 def _remedy(holder: dict | None, where: list | None, threads: list | None, why: list | None = None,
             released: bool = False, situation: str = "leak") -> str:
     """The remedies table's row for one holder (remedies.py). `released`: the memory was let go of
     after the loop (a function that held it returned), so a local's remedy is about the loop."""
     if holder is None:
-        return unheld_remedy(why, where)
+        return remedies.unheld_remedy(why, where)
     return remedies.remedy(holder, where, "released" if released else situation,
                            bool(threads and any("(ended)" in t for t in threads)))
-
-
-WHY_TEXT = {
-    "no-python-object": "that no Python object holds",
-    "unreachable": "held by an object that nothing the program reaches refers to",
-    "not-reached": "that the search did not reach within its budget",
-}
 
 
 def unheld_text(why: list | None) -> str:
@@ -211,9 +179,6 @@ def unheld_text(why: list | None) -> str:
     if reason == "unreachable" and top:
         text = f"held by a {top} that nothing the program reaches refers to"
     return text
-
-
-unheld_remedy = remedies.unheld_remedy
 
 
 def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[list[dict], dict]:
@@ -232,7 +197,7 @@ def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[lis
         return [], {"searched": False, "why_not": why}
     chosen = found[-1]
     suspects = []
-    for g in (g for g in chosen["groups"] if _on(g, torch_index)):
+    for g in (g for g in chosen["groups"] if on_device(g, torch_index)):
         if g["frames"]:
             s = _allocation_suspect(g)
             s["remedy"] = _live_remedy(g["holders"][0] if g["holders"] else None, s["where"], g.get("unheld_why"))
@@ -267,6 +232,19 @@ def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[lis
     return suspects, meta
 
 
+def _direct_first(suspects: list[dict]) -> None:
+    """Of two suspects about the same size (DIRECT_SHARE) where the larger is kept through the autograd
+    graphs of what the other's holder holds (`outputs[*].grad_fn` beside `outputs[*]`: an evaluation's
+    inputs beside its outputs), the one held directly comes first: its line is where the program
+    makes what it keeps. Their sizes race at an out-of-memory error (one input more, or one less)."""
+    for i in range(len(suspects) - 1):
+        a, b = suspects[i], suspects[i + 1]
+        if (a["holders"] and b["holders"] and a["holders"][0]["kind"] == "autograd-graph"
+                and b["holders"][0]["kind"] != "autograd-graph" and b["bytes"] >= DIRECT_SHARE * a["bytes"]
+                and a["holders"][0]["pattern"] == b["holders"][0]["pattern"] + GRAPH_PART):
+            suspects[i], suspects[i + 1] = b, a
+
+
 def _live_remedy(holder: dict | None, where: list | None, why: list | None = None) -> str:
     if holder is None:
         return remedies.unheld_remedy(why, where, live=True)
@@ -279,12 +257,12 @@ def garbage_suspects(root: dict) -> tuple[list[dict], dict]:
         return [], {}
     suspects = []
     for t in g["tensors"][:MAX_SUSPECTS]:
-        where = _user_line(t["frames"])
+        where = user_line(t["frames"])
         holder = {"path": t["holder"], "pattern": t["holder"], "kind": "cycle", "count": t["count"],
                   "bytes": t["bytes"]}
         summary = (f"{fb(t['bytes'])} in {t['count']} tensor{'s' if t['count'] != 1 else ''} held by "
                    f"{t['holder']}" + (f", in the cycle {t['cycle']}" if t["cycle"] else "")
-                   + (f"; allocated at {_at(where)}" if where else ""))
+                   + (f"; allocated at {at(where)}" if where else ""))
         suspects.append({"kind": "garbage", "bytes": t["bytes"], "count": t["count"], "where": where,
                          "stack": t["frames"], "thread": None, "holders": [holder], "unheld_bytes": None,
                          "summary": summary, "remedy": _remedy(holder, where, None)})
@@ -332,95 +310,7 @@ def _series(row: list, series: str) -> int | None:
     return row[5] - row[3]
 
 
-# -- accumulations: how a leak looks when it could not be watched growing ----------------
-
-MIN_ALIKE = 8  # tensors held the same way (or allocations nobody holds) before they are "many"
-GRAPH_PART = ".grad_fn (autograd graph)"  # the part of a holder pattern that an autograd graph adds
-# Paths through these are a model's own state, which is many alike tensors by design.
-MODEL_STATE = ("._parameters[", "._buffers[", ".param_groups[", "[<Parameter>]", "._modules[*]._parameters")
-
-
-def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[dict], list[dict]]:
-    """(held, unheld) accumulations on one device in a search over all live memory:
-    at least MIN_ALIKE tensors reached the same way (one holder pattern such as
-    `x[*]`, a traceback chain, a hook's closure), and at least MIN_ALIKE alike
-    allocations that no object the search reached holds (with stacks: one
-    allocating line; without: one size), biggest first."""
-    if investigation is None:
-        return [], []
-    held: dict = {}
-    unheld = []
-    for g in investigation["groups"]:
-        if not _on(g, torch_index):
-            continue
-        where = _user_line(g["frames"])
-        for h in g["holders"]:
-            if any(m in h["pattern"] for m in MODEL_STATE):
-                continue
-            # x[*] and the autograd graphs of x[*] are one accumulation: one container keeps both.
-            root = h["pattern"].split(GRAPH_PART)[0]
-            a = held.setdefault(root, {"pattern": root, "path": h["path"], "kind": h["kind"],
-                                       "count": 0, "bytes": 0, "sizes": {}, "where": None,
-                                       "thread": g["thread"], "parts": {}, "lines": {}, "container": 0})
-            if where is not None:
-                # The line of its blocks that have stacks (--trace auto records them for a window;
-                # the later blocks, held the same way, are the same leak's), the most bytes first.
-                line = a["lines"].setdefault(tuple(where), [where, 0])
-                line[1] += h["bytes"]
-                if a["thread"] is None:
-                    a["thread"] = g["thread"]
-            if GRAPH_PART not in h["pattern"]:
-                a["container"] += h["count"]
-                if a["kind"] == "autograd-graph":  # named by the container, not its graphs...
-                    a["graph"] = (a["path"], a["kind"])
-                    a["path"], a["kind"] = h["path"], h["kind"]
-            elif a["container"] and "graph" not in a:
-                a["graph"] = (h["path"], h["kind"])
-            a["count"] += h["count"]
-            a["bytes"] += h["bytes"]
-            a["parts"][h["pattern"]] = a["parts"].get(h["pattern"], 0) + h["bytes"]
-            for size, n in h.get("sizes") or []:
-                a["sizes"][size] = a["sizes"].get(size, 0) + n
-        sizes = g.get("unheld_sizes") or []
-        count = g.get("unheld_count") or 0
-        why = g.get("unheld_why")
-        if why and why[0][0] == "not-reached":
-            continue  # not evidence of anything: the search stopped before it got there
-        # Without stacks every block is one group: only blocks of one size are alike.
-        alike = count if g["frames"] else (sizes[0][1] if sizes else 0)
-        if alike >= MIN_ALIKE:
-            unheld.append({"count": alike, "bytes": g["unheld_bytes"] if g["frames"] else sizes[0][0] * alike,
-                           "sizes": sizes, "where": where, "thread": g["thread"],
-                           "same_line": bool(g["frames"]), "why": g.get("unheld_why"),
-                           "graph_grads": investigation.get("graph_grads")})
-    out = []
-    for a in held.values():
-        if a["count"] < MIN_ALIKE:
-            continue
-        lines = a.pop("lines")
-        graph = a.pop("graph", None)
-        if a.pop("container") < 2 and graph is not None:
-            # ... but one tensor that holds a graph (a running sum without .item()) is no container:
-            # the chain its grad_fn keeps is the accumulation, named by its graph (a chain is a container).
-            a["path"], a["kind"] = graph
-        if lines:
-            a["where"] = max(lines.values(), key=lambda line: line[1])[0]
-        a["sizes"] = sorted(([s, n] for s, n in a["sizes"].items()), key=lambda p: -p[1])[:3]
-        a["parts"] = sorted(([p, n] for p, n in a["parts"].items()), key=lambda p: -p[1])
-        out.append(a)
-    return sorted(out, key=lambda a: -a["bytes"]), sorted(unheld, key=lambda u: -u["bytes"])
-
-
-def alike_text(a: dict) -> str:
-    """`40 tensors of 64.0 MiB each` / `80 tensors, 72 of them 4.00 MiB`."""
-    sizes = a.get("sizes") or []
-    what = "tensors" if "pattern" in a else "allocations"
-    if sizes and sizes[0][1] == a["count"]:
-        return f"{a['count']} {what} of {fb(sizes[0][0])} each"
-    if sizes:
-        return f"{a['count']} {what}, {sizes[0][1]} of them {fb(sizes[0][0])}"
-    return f"{a['count']} {what}"
-
+# -- accumulations as suspects (accumulations.py finds them) ---------------------------------
 
 def accumulation_suspect(a: dict, phase: bool = False, released: bool = False) -> dict:
     """A suspect made of a held accumulation (`phase`: gathered during a pause, let go of at its end;
@@ -431,7 +321,7 @@ def accumulation_suspect(a: dict, phase: bool = False, released: bool = False) -
     if a["count"] > 1:
         summary += f" and {a['count'] - 1} more like it"
     if a["where"]:
-        summary += f"; allocated at {_at(a['where'])}"
+        summary += f"; allocated at {at(a['where'])}"
     if a["thread"]:
         summary += f" in thread {', '.join(a['thread'])}"
     return {"kind": "allocation", "bytes": a["bytes"], "count": a["count"], "where": a["where"],
@@ -443,10 +333,10 @@ def accumulation_suspect(a: dict, phase: bool = False, released: bool = False) -
 
 def unheld_suspect(u: dict) -> dict:
     """A suspect made of alike allocations that nothing in Python holds."""
-    where = f" at {_at(u['where'])}" if u["where"] else ""
+    where = f" at {at(u['where'])}" if u["where"] else ""
     why = u.get("why")
     summary = f"{fb(u['bytes'])} in {alike_text(u)}{where} {unheld_text(why) if why else 'that no Python object holds'}"
-    remedy = unheld_remedy(why, u["where"], u.get("graph_grads"))
+    remedy = remedies.unheld_remedy(why, u["where"], u.get("graph_grads"))
     return {"kind": "allocation", "bytes": u["bytes"], "count": u["count"], "where": u["where"],
             "stack": [u["where"]] if u["where"] else [], "thread": u["thread"], "holders": [],
             "unheld_bytes": u["bytes"], "summary": summary, "remedy": remedy}
@@ -479,14 +369,6 @@ def search_of(root: dict, when: str) -> dict | None:
     """The last search over all live memory made at `when` ("exit" or "oom")."""
     found = [i for i in root["investigations"] if i["when"] == when and i["all_live"] is not False]
     return found[-1] if found else None
-
-
-def user_line(stack: list) -> list | None:
-    return _user_line(stack)
-
-
-def at(frame: list) -> str:
-    return _at(frame)
 
 
 def gave_up_text(gave_up: str) -> str:
