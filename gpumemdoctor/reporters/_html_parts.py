@@ -1,5 +1,5 @@
-"""The parts of a breakdown as the HTML page draws them (its bar's parts and its table's small print),
-and what made the peak (its chart over time and its parts' table)."""
+"""The parts of a breakdown as the HTML page draws them (its rows' order and labels, its bar's parts and
+its table's small print), and the table of what made each peak; the charts are `_html_charts`'."""
 from __future__ import annotations
 
 import html
@@ -7,11 +7,8 @@ import html
 from ..diagnosis.findings import Breakdown, PeakComposition
 from ..recording.recording import Recording
 from ..units import format_bytes as fb
-from .envelope import envelope
 from .vocabulary import (AFTER_NCCL_WORDS, allocated_peak_note, holder_text, nccl_words, peak_label, peak_where,
                          share, shown_parts)
-
-MIB, GIB = 1 << 20, 1 << 30
 
 PARTS = [("CUDA context", "context_bytes", "#9d9da1"), ("live tensors", "live_tensor_bytes", "#e45756"),
          ("garbage cycles", "garbage_bytes", "#b279a2"), ("pending stream", "pending_stream_bytes", "#eeca3b"),
@@ -57,73 +54,20 @@ def _small(text: str) -> str:
     return f"<br><small>{html.escape(text, quote=True)}</small>"
 
 
-# -- what made the peak ----------------------------------------------------------------------------
-# Each category's colour, in PEAK_CATEGORIES' order; and the memory over time, stacked from the agent's
-# samples: the context (the breakdown's, from its reading on), allocated, the cache (reserved less
-# allocated) and outside PyTorch (NVML less context and reserved, floored at 0).
-PEAK_COLOURS = {"parameters": "#1f77b4", "gradients": "#ff7f0e", "optimizer-state": "#d62728",
-                "graphs-kept": "#9467bd", "temporaries": "#e377c2", "kept-tensors": "#17becf",
-                "unclassified": "#bcbd22",
-                "fragmentation": "#8c564b", "cache": "#4c78a8", "outside-pytorch": "#72b7b2", "context": "#9d9da1"}
-OVER_TIME = (("CUDA context", "#9d9da1"), ("allocated", "#e45756"), ("allocator cache", "#4c78a8"),
-             ("outside PyTorch", "#72b7b2"))
-MAX_PEAK_CHARTS = 4  # the largest peaks get a chart; every one gets its table
+def breakdown_rows(recordings: list[Recording], breakdowns: list[Breakdown]) -> list[Breakdown]:
+    """Each host's target first, then its other processes by PID; hosts in the reports' order."""
+    hosts = [r.host for r in recordings]
+    targets = {r.host: r.target_pid for r in recordings}
+    return sorted(breakdowns, key=lambda b: (hosts.index(b.host) if b.host in hosts else len(hosts),
+                                             b.pid != targets.get(b.host), b.pid, b.device or 0))
 
 
-def over_time(recording: Recording, pid: int, device: int | None, context: int | None) -> list[tuple]:
-    """(t, context, allocated, cache, outside) at each of the agent's samples of that process and GPU;
-    outside is None where the sample has no NVML figure."""
-    agent = recording.agent(pid)
-    rows = []
-    for sample in agent.samples if agent else []:
-        for r in sample.readings:
-            d = agent.device(r.torch_index)
-            if (d.nvml_index if d else None) != device or r.reserved_bytes is None or r.allocated_bytes is None:
-                continue
-            outside = (None if r.nvml_used_bytes is None
-                       else max(0, r.nvml_used_bytes - (context or 0) - r.reserved_bytes))
-            rows.append((sample.t, context or 0, r.allocated_bytes, max(0, r.reserved_bytes - r.allocated_bytes),
-                         outside))
-    return rows
+def breakdown_label(b: Breakdown, with_host: bool) -> str:
+    where = f"process {b.pid}, GPU {b.device if b.device is not None else '?'}"
+    return f"{b.host or '?'}: {where}" if with_host else where
 
 
-def peak_figure(rows: list[tuple], c: PeakComposition, buckets: int) -> dict:
-    """The memory over time by category, stacked, the peak's moment marked, and beside it a stacked bar
-    of the peak's parts. Long runs keep each bucket's lowest and highest stacked total (envelope)."""
-    totals = {t: ctx + a + cache + (out or 0) for t, ctx, a, cache, out in rows}
-    kept = {t for t, _ in envelope(sorted(totals.items()), buckets)}
-    rows = [row for row in rows if row[0] in kept]
-    top = max([c.total_bytes, *totals.values()])
-    scale, unit = (GIB, "GiB") if top >= 4 * GIB else (MIB, "MiB")
-    traces = []
-    for k, (name, colour) in enumerate(OVER_TIME, 1):
-        if k == 1 and not any(row[1] for row in rows):
-            continue
-        traces.append({"type": "scatter", "mode": "lines", "name": name, "stackgroup": "over-time",
-                       "x": [round(row[0], 4) for row in rows],
-                       "y": [None if row[k] is None else row[k] / scale for row in rows],
-                       "line": {"color": colour, "width": 0.5}, "fillcolor": colour,
-                       "hovertemplate": f"%{{y:.2f}} {unit}<extra>{name}</extra>"})
-    for p in shown_parts(c):
-        traces.append({"type": "bar", "name": f"peak: {peak_label(p.category)}", "xaxis": "x2", "x": ["at the peak"],
-                       "y": [p.bytes / scale], "marker": {"color": PEAK_COLOURS.get(p.category, "#777")},
-                       "hovertemplate": f"%{{y:.2f}} {unit}<extra>{peak_label(p.category)}</extra>"})
-    shapes, notes = [], []
-    if c.t is not None:
-        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": c.t, "x1": c.t, "y0": 0, "y1": 1,
-                       "line": {"color": "#c0392b", "width": 1.5, "dash": "dot"}})
-        notes.append({"xref": "x", "yref": "paper", "x": c.t, "y": 1, "yanchor": "bottom", "xanchor": "right",
-                      "text": f"{'most in use' if c.highest else 'peak'}, {fb(c.total_bytes)}", "showarrow": False,
-                      "font": {"color": "#c0392b", "size": 11}})
-    layout = {"height": 380, "margin": {"l": 64, "r": 24, "t": 36, "b": 48}, "barmode": "stack",
-              "hovermode": "x unified", "legend": {"orientation": "h", "y": -0.2, "x": 0},
-              "xaxis": {"domain": [0, 0.8], "title": {"text": "seconds since the run started"}, "zeroline": False},
-              "xaxis2": {"domain": [0.86, 1], "anchor": "y"},
-              "yaxis": {"title": {"text": unit}, "rangemode": "tozero"},
-              "shapes": shapes, "annotations": notes,
-              "meta": {"pid": c.pid, "device": c.device, "unit": unit, "scale": scale, "buckets": buckets}}
-    return {"data": traces, "layout": layout}
-
+# -- what made the peak: its table -------------------------------------------------------------
 
 def peak_section(compositions: list[PeakComposition], charts: dict[int, str], with_host: bool) -> str:
     """Each peak's chart (`charts`: its index in `compositions` to its figure's id) and its table."""

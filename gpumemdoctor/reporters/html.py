@@ -1,9 +1,10 @@
 """The HTML report: one self-contained page, with plotly charts, drawn from a finished diagnosis.
 
 It computes nothing about memory: the verdict, findings, suspects, breakdowns, growth and
-out-of-memory moments are the diagnosis's, the series are the recording's, and long series are cut
-down by `envelope.envelope` (min and max per bucket) before they are drawn. plotly is an optional
-extra and is imported only here, when a page is drawn.
+out-of-memory moments are the diagnosis's, the series are the recording's. Here the page is put
+together and its text written; its charts are `_html_charts`' (long series cut down by
+`envelope.envelope`, min and max per bucket, before they are drawn), its breakdown's parts and peak
+tables `_html_parts`'. plotly is an optional extra and is imported only here, when a page is drawn.
 """
 from __future__ import annotations
 
@@ -15,14 +16,13 @@ import json
 import time
 
 from .. import __version__
-from ..diagnosis.diagnose import INFORMATIVE, WARNINGS, Breakdown, Diagnosis, Finding
-from .envelope import envelope
+from ..diagnosis.diagnose import INFORMATIVE, WARNINGS, Diagnosis, Finding
 from ..errors import MissingExtraError
 from ..recording.recording import Recording
 from ..units import format_bytes as fb
 from . import _html_page as page
-from ._html_parts import (MAX_PEAK_CHARTS, OUTSIDE_PARTS, PARTS, bar_part, over_time, peak_figure, peak_section,
-                          within)
+from ._html_charts import MAX_PEAK_CHARTS, breakdown_figure, over_time, peak_figure, timeline_figure, timeline_keys
+from ._html_parts import PARTS, breakdown_label, breakdown_rows, peak_section, within
 from .vocabulary import (DECIDED_BY, VERDICT_MEANING, none_looked_for, peak_order, peaks_text, suspects_heading,
                          time_to_full_text)
 
@@ -30,10 +30,6 @@ from .vocabulary import (DECIDED_BY, VERDICT_MEANING, none_looked_for, peak_orde
 # its buckets in points, whatever the run's length, so the page's weight is bounded (docs/html.md).
 PAGE_BUCKETS = 20_000
 MIN_BUCKETS, MAX_BUCKETS = 150, 2000
-MIB, GIB = 1 << 20, 1 << 30
-COLOURS = {"NVML": "#333333", "reserved": "#4c78a8", "active": "#f58518", "allocated": "#e45756",
-           "steps": "#9a9a9a"}
-SERIES_NAMES = {"allocated": "allocated", "non_torch": "outside PyTorch", "nvml": "NVML"}
 
 
 def require_plotly() -> None:
@@ -63,13 +59,13 @@ def _page(recordings: list[Recording], diagnosis: Diagnosis, sources: list[str])
     several = len(recordings) > 1
     figures = {}
     if diagnosis.breakdowns:
-        figures["breakdown"] = _breakdown_figure(recordings, diagnosis.breakdowns)
-    keys = [(n, pid, device) for n, rec in enumerate(recordings) for pid, device in _timeline_keys(rec)]
+        figures["breakdown"] = breakdown_figure(recordings, diagnosis.breakdowns)
+    keys = [(n, pid, device) for n, rec in enumerate(recordings) for pid, device in timeline_keys(rec)]
     buckets = max(MIN_BUCKETS, min(MAX_BUCKETS, PAGE_BUCKETS // max(1, 5 * len(keys))))
     timelines = []
     for n, pid, device in keys:
         fig_id = f"timeline-{f'{n}-' if several else ''}{pid}-{device if device is not None else 'x'}"
-        figures[fig_id] = _timeline_figure(recordings[n], diagnosis, pid, device, buckets)
+        figures[fig_id] = timeline_figure(recordings[n], diagnosis, pid, device, buckets)
         timelines.append((fig_id, recordings[n], pid, device))
     peaks, charts = peak_order(diagnosis.peak_compositions), {}
     for i, c in enumerate(peaks[:MAX_PEAK_CHARTS]):
@@ -114,146 +110,6 @@ def _to_json(figures: dict) -> str:
     return text.replace("</", "<\\/")  # it sits in a <script> element
 
 
-# -- charts ------------------------------------------------------------------------------------
-def _unit(top: int) -> tuple[int, str]:
-    return (GIB, "GiB") if top >= 4 * GIB else (MIB, "MiB")
-
-
-def _timeline_keys(recording: Recording) -> list[tuple[int, int | None]]:
-    """Every process and GPU with samples or NVML points: the target first."""
-    keys = set(k for k, points in recording.nvml.items() if points)
-    for agent in recording.agents:
-        for sample in agent.samples:
-            for r in sample.readings:
-                device = agent.device(r.torch_index)
-                keys.add((agent.pid, device.nvml_index if device else None))
-    target = recording.target_pid
-    return sorted(keys, key=lambda k: (k[0] != target, k[0], -1 if k[1] is None else k[1]))
-
-
-def _timeline_series(recording: Recording, pid: int, device: int | None) -> dict[str, list]:
-    """The recorded points of each series, in bytes: NVML from the supervisor's polls, the rest
-    from the agent's samples (the agent's own NVML reading where there were no polls)."""
-    series: dict[str, list] = {"NVML": list(recording.nvml.get((pid, device), [])),
-                               "reserved": [], "active": [], "allocated": [], "steps": []}
-    agent = recording.agent(pid)
-    sampled_nvml = []
-    for sample in agent.samples if agent else []:
-        for r in sample.readings:
-            d = agent.device(r.torch_index)
-            if (d.nvml_index if d else None) != device:
-                continue
-            series["reserved"].append((sample.t, r.reserved_bytes))
-            series["active"].append((sample.t, r.active_bytes))
-            series["allocated"].append((sample.t, r.allocated_bytes))
-            series["steps"].append((sample.t, sample.step))
-            sampled_nvml.append((sample.t, r.nvml_used_bytes))
-    if not series["NVML"]:
-        series["NVML"] = sampled_nvml
-    return series
-
-
-def _timeline_figure(recording: Recording, diagnosis: Diagnosis, pid: int, device: int | None,
-                     buckets: int) -> dict:
-    series = _timeline_series(recording, pid, device)
-    top = max((v for name, pts in series.items() if name != "steps" for _, v in pts if v is not None),
-              default=0)
-    scale, unit = _unit(top)
-    traces = []
-    for name in ("NVML", "reserved", "active", "allocated"):
-        points = envelope(series[name], buckets)
-        if not points:
-            continue
-        traces.append({
-            "type": "scatter", "mode": "lines", "name": name, "x": [round(t, 4) for t, _ in points],
-            "y": [None if v is None else v / scale for _, v in points],
-            "line": {"color": COLOURS[name], "width": 2 if name == "NVML" else 1.5,
-                     "shape": "hv" if name == "NVML" else "linear"},
-            "hovertemplate": f"%{{y:.1f}} {unit}<extra>{name}</extra>"})
-    steps = envelope(series["steps"], buckets)
-    if any(s for _, s in steps):
-        traces.append({"type": "scatter", "mode": "lines", "name": "steps", "yaxis": "y2",
-                       "x": [round(t, 4) for t, _ in steps], "y": [s for _, s in steps],
-                       "line": {"color": COLOURS["steps"], "width": 1, "dash": "dot", "shape": "hv"},
-                       "hovertemplate": "step %{y}<extra></extra>"})
-    shapes, notes = _marks(diagnosis, recording.host, pid, device)
-    layout = {
-        "height": 360, "margin": {"l": 64, "r": 64, "t": 36, "b": 48},
-        "hovermode": "x unified", "legend": {"orientation": "h", "y": 1.12, "x": 0},
-        "xaxis": {"title": {"text": "seconds since the run started"}, "zeroline": False},
-        "yaxis": {"title": {"text": unit}, "rangemode": "tozero"},
-        "yaxis2": {"title": {"text": "steps"}, "overlaying": "y", "side": "right", "rangemode": "tozero",
-                   "showgrid": False, "tickformat": "d"},
-        "shapes": shapes, "annotations": notes,
-        "meta": {"pid": pid, "device": device, "unit": unit, "scale": scale, "buckets": buckets},
-    }
-    return {"data": traces, "layout": layout}
-
-
-def _marks(diagnosis: Diagnosis, host: str | None, pid: int, device: int | None) -> tuple[list, list]:
-    """Vertical lines where growth was under way from, and at each out-of-memory error."""
-    shapes, notes = [], []
-
-    def mark(t: float, text: str, colour: str, dash: str, side: str) -> None:
-        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": t, "x1": t, "y0": 0, "y1": 1,
-                       "line": {"color": colour, "width": 1.5, "dash": dash}})
-        # growth's label left of its line, an error's right of it: the two are often close together
-        notes.append({"xref": "x", "yref": "paper", "x": t, "y": 1, "yanchor": "bottom", "text": text,
-                      "showarrow": False, "font": {"color": colour, "size": 11},
-                      "xanchor": "right" if side == "left" else "left"})
-
-    for g in diagnosis.growth:
-        if g.host == host and g.pid == pid and g.device == device and g.start_t is not None:
-            what = "leak" if g.series == "allocated" else f"{SERIES_NAMES.get(g.series, g.series)} growing"
-            at = f"step {g.start_step}" if g.start_step is not None else f"{g.start_t:.1f} s"
-            mark(g.start_t, f"{what} from {at}", "#c0392b", "dash", "left")
-    for e in diagnosis.evidence:
-        if e.get("host") == host and e.get("pid") == pid and e.get("device") == device:
-            for oom in e.get("out_of_memory") or []:
-                if isinstance(oom.get("t"), (int, float)):
-                    mark(oom["t"], f"out of memory ({fb(oom.get('request_bytes'))} asked)", "#8e44ad", "solid",
-                         "right")
-    return shapes, notes
-
-
-def _breakdown_figure(recordings: list[Recording], breakdowns: list[Breakdown]) -> dict:
-    rows = _ordered(recordings, breakdowns)
-    labels = [_label(b, len(recordings) > 1) for b in rows]
-    top = max([b.nvml_bytes or 0 for b in rows] + [sum(getattr(b, key) or 0 for _, key, _ in PARTS) for b in rows])
-    scale, unit = _unit(top)
-    traces = []
-    for name, key, colour in PARTS + OUTSIDE_PARTS:
-        values = [bar_part(b, key) for b in rows]
-        if not any(values):
-            continue
-        traces.append({"type": "bar", "orientation": "h", "name": name, "y": labels,
-                       "x": [None if v is None else v / scale for v in values], "marker": {"color": colour},
-                       "hovertemplate": f"%{{x:.1f}} {unit}<extra>{name}</extra>"})
-    traces.append({"type": "scatter", "mode": "markers", "name": "NVML total", "y": labels,
-                   "x": [None if b.nvml_bytes is None else b.nvml_bytes / scale for b in rows],
-                   "marker": {"symbol": "line-ns", "size": 22, "line": {"width": 3, "color": "#222"}},
-                   "hovertemplate": f"%{{x:.1f}} {unit}<extra>NVML total</extra>"})
-    layout = {"barmode": "stack", "height": 110 + 34 * len(rows), "margin": {"l": 150, "r": 24, "t": 30, "b": 44},
-              "xaxis": {"title": {"text": unit}}, "yaxis": {"autorange": "reversed"},
-              "legend": {"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0, "traceorder": "normal"},
-              "meta": {"unit": unit, "scale": scale}}
-    return {"data": traces, "layout": layout}
-
-
-def _ordered(recordings: list[Recording], breakdowns: list[Breakdown]) -> list[Breakdown]:
-    """Each host's target first, then its other processes by PID; hosts in the reports' order."""
-    hosts = [r.host for r in recordings]
-    targets = {r.host: r.target_pid for r in recordings}
-    return sorted(breakdowns, key=lambda b: (hosts.index(b.host) if b.host in hosts else len(hosts),
-                                             b.pid != targets.get(b.host), b.pid, b.device or 0))
-
-
-def _label(b: Breakdown, with_host: bool) -> str:
-    where = f"process {b.pid}, GPU {b.device if b.device is not None else '?'}"
-    return f"{b.host or '?'}: {where}" if with_host else where
-
-
-# -- text --------------------------------------------------------------------------------------
 def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
@@ -341,13 +197,13 @@ def _ranks_section(diagnosis: Diagnosis) -> str:
 
 
 def _breakdown_section(recordings: list[Recording], diagnosis: Diagnosis) -> str:
-    rows = _ordered(recordings, diagnosis.breakdowns)
+    rows = breakdown_rows(recordings, diagnosis.breakdowns)
     head = "".join(f"<th>{_e(name)}</th>" for name, _, _ in PARTS)
     body = []
     for b in rows:
         when = "" if b.exit_probes else " <small>(when last sampled)</small>"
         cells = "".join(f"<td>{_e(fb(getattr(b, key)))}{within(b, key)}</td>" for _, key, _ in PARTS)
-        body.append(f"<tr><th>{_e(_label(b, len(recordings) > 1))}{when}</th>"
+        body.append(f"<tr><th>{_e(breakdown_label(b, len(recordings) > 1))}{when}</th>"
                     f"{cells}<td><b>{_e(fb(b.nvml_bytes))}</b></td></tr>")
     return ('<section id="breakdown-section"><h2>Where the memory was at exit</h2>'
             '<p class="hint">NVML total = CUDA context + live tensors + garbage cycles + pending stream + '
