@@ -1,9 +1,9 @@
 """The holder search: which allocator blocks are alive, and who holds each of them.
 
 1. The blocks: PyTorch's allocator snapshot (or, without one, the storages of live tensors).
-2. The anchors (one pass over the objects the garbage collector tracks): every Python tensor whose
-   memory lies in a block, a tensor's .grad, another library's array sharing a block (CuPy's),
-   and the tensors whose autograd graphs save a block (graphs.py).
+2. The anchors (anchors.py, one pass over the objects the garbage collector tracks): every Python
+   tensor whose memory lies in a block, a tensor's .grad, another library's array sharing a block
+   (CuPy's), and the tensors whose autograd graphs save a block (graphs.py).
 3. Reaching the anchors (heap.py): a sweep down from the program's own modules and the locals of
    live frames; then, for what it did not reach, a climb up from the anchors to any module's
    globals. Each reached anchor also places what hangs beside it (`Finder._claim`).
@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import collections
 import gc
-import itertools
-import sys
 import time
 import types
 
 from . import edges, graphs, heap
-from .blocks import (Spans, TensorKind, cuda_tensors, live_blocks, storage_span, take_baseline,  # noqa: F401
-                     tensor_field, thread_entry, user_frames)
+from .anchors import find_anchors
+from .blocks import (Spans, TensorKind, cuda_tensors, live_blocks, take_baseline, tensor_field,  # noqa: F401
+                     thread_entry, user_frames)
 from .roots import Roots
 
 MAX_FRAMES = 8  # of the allocating stack kept per group
@@ -109,70 +108,10 @@ class Finder:
         for key in self.placed:
             self.why.pop(key, None)
 
-    def _locate(self, tensor):
-        span = storage_span(tensor)
-        return self.spans.find(span[0]) if span is not None else None
-
-    # -- 2. anchors ----------------------------------------------------------------
     def _anchors(self) -> tuple[dict, dict, list]:
-        spans = self.spans
-        tensor_types = _subclasses(self.torch.Tensor)
-        array_types: set = set()
-        cupy = sys.modules.get("cupy")
-        if cupy is not None and type(getattr(cupy, "ndarray", None)) is type:
-            array_types = _subclasses(cupy.ndarray)
-        wanted = tensor_types | array_types
-        objs = gc.get_objects()
-        self.heap_objects = len(objs)
-        found = list(itertools.compress(objs, map(wanted.__contains__, map(type, objs))))
-        del objs
-        tensors = [o for o in found if type(o) in tensor_types]
-        arrays = [o for o in found if type(o) in array_types] if array_types else []
-        del found
-        self.tensors = len(tensors)
-        anchors: dict = {}
-        holders: dict = {}
-
-        def add(obj, key, suffix):
-            anchors[id(obj)] = obj
-            holders.setdefault(id(obj), []).append((key, suffix))
-
-        locate = self._locate
-        field = tensor_field
-        heads = []  # (tensor, labels up to its graph, the graph's first node)
-        # A tensor subclass's __torch_function__ is the program's code: not run while reading.
-        guard = getattr(getattr(self.torch, "_C", None), "DisableTorchFunctionSubclass", None)
-        with guard() if guard is not None else _Nothing():
-            for t in tensors:
-                key = locate(t)
-                if key is not None:
-                    add(t, key, [])
-                try:
-                    if not field(t, "requires_grad"):
-                        continue
-                    fn = field(t, "grad_fn")
-                    g = field(t, "grad") if fn is None else None
-                    grad_fn = field(g, "grad_fn") if g is not None else None
-                except Exception:
-                    continue
-                if fn is not None:
-                    heads.append((t, [".grad_fn"], fn))
-                elif g is not None:
-                    key = locate(g)
-                    if key is not None:
-                        add(t, key, [".grad"])
-                    if grad_fn is not None:  # backward(create_graph=True): the gradient keeps a graph
-                        heads.append((t, [".grad", ".grad_fn"], grad_fn))
-                        self.graph_grads += 1
-            for a in arrays:
-                try:
-                    pointer = a.__cuda_array_interface__["data"][0]
-                except Exception:
-                    continue
-                key = spans.find(pointer)
-                if key is not None:
-                    add(a, key, [f" ({edges.short_type(type(a))} sharing its memory)"])
-        del tensors, arrays
+        """The anchors (anchors.py); the heads and their list are the search's own containers."""
+        anchors, holders, heads, (self.heap_objects, self.tensors, self.graph_grads) = find_anchors(
+            self.torch, self.spans)
         self.mine.update(map(id, heads))
         self.mine.add(id(heads))
         return anchors, holders, heads
@@ -308,14 +247,6 @@ def _referred_ids(asked: tuple, ignore: set) -> set:
     return referred
 
 
-class _Nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _allow(t):
     if issubclass(t, types.ModuleType):
         return False
@@ -329,20 +260,6 @@ def _user_class(cls, user_modules: set) -> bool:
         return vars(cls).get("__module__") in user_modules
     except Exception:
         return False
-
-
-def _subclasses(cls) -> set:
-    """A class and every subclass of it that exists now."""
-    out, todo = set(), [cls]
-    while todo:
-        c = todo.pop()
-        if c not in out:
-            out.add(c)
-            try:
-                todo.extend(type.__subclasses__(c))
-            except TypeError:
-                pass
-    return out
 
 
 # -- a search -------------------------------------------------------------------
