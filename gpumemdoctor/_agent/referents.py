@@ -157,5 +157,3 @@ def _function_children(fn):
     if attrs:
         for k, v in list(attrs.items()):
             yield f".{k}", v
-
-

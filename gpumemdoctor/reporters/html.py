@@ -30,6 +30,9 @@ from .vocabulary import (DECIDED_BY, VERDICT_MEANING, none_looked_for, peak_orde
 # its buckets in points, whatever the run's length, so the page's weight is bounded (docs/html.md).
 PAGE_BUCKETS = 20_000
 MIN_BUCKETS, MAX_BUCKETS = 150, 2000
+# The ranks' table: one row per rank and GPU.
+RANK_COLUMNS = ("rank", "local rank", "host", "PID", "GPU", "peak reserved", "peak allocated", "NVML peak",
+                "verdict")
 
 
 def require_plotly() -> None:
@@ -172,10 +175,6 @@ def _target(recording: Recording, diagnosis: Diagnosis, with_host: bool = False)
 def _peaks_section(diagnosis: Diagnosis) -> str:
     peaks = peaks_text(diagnosis)
     return f'<section class="target"><dl><dt>Peaks</dt><dd>{_e(peaks)}</dd></dl></section>' if peaks else ""
-
-
-RANK_COLUMNS = ("rank", "local rank", "host", "PID", "GPU", "peak reserved", "peak allocated", "NVML peak",
-                "verdict")
 
 
 def _ranks_section(diagnosis: Diagnosis) -> str:
