@@ -308,7 +308,6 @@ class PeakWatch:
             cost["peak_probe_max_s"] = spent
 
 
-
 def place(frame) -> tuple[str | None, str | None]:
     """From `frame` outwards: the innermost frame in the program's own files ("file:line in f()"),
     and "backward" or "optimizer step" when it is inside one."""

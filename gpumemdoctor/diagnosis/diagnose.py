@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from . import (breakdown, child_processes, ends, evidence, holders, judgement, job, libraries, machine_faults,
                non_torch, peak, ranks, retention, streams, suspects)
+from .accumulations import accumulations
 from .evidence import readings
 from .headroom import add_time_to_full
 from .findings import (FINDING_KINDS, INFORMATIVE, PEAK_CATEGORIES, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
@@ -128,7 +129,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     libraries.itemise(b, agent, torch_index)
 
     # What the exit search found piled up: the judgement's rows 3 and 4, and what growth left.
-    held, unheld = suspects.accumulations(suspects.search_of(agent.root, "exit"), torch_index)
+    held, unheld = accumulations(suspects.search_of(agent.root, "exit"), torch_index)
     fit = floor_growth(xs, [r.allocated_bytes for _, r in series], MIN_LEAK_BYTES)
     growth, g = retention.allocated_growth(agent, torch_index, nvml_index, b, end, fit, series, by, held)
     result.growth.extend([g] if g is not None else [])

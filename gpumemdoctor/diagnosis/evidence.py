@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from . import phases, probed, suspects
 from .findings import Breakdown
 from .phases import Pause
-from .suspects import at, user_line
+from .accumulations import accumulations as accumulations_in
+from .stacks import at, user_line
 from ..growth import MIN_POINTS
 from ..recording.recording import AgentRecording, TorchSample
 from ..recording.records import DeviceReading
@@ -33,7 +34,7 @@ class Evidence:
     growth: dict | None  # the allocated floor's growth, when seen: grown, retained, rate text, figures
     live_bytes: int | None  # tensors still referenced at exit (None without exit probes)
     garbage_bytes: int | None  # freed by gc.collect() at exit
-    accumulations: list[dict] = field(default_factory=list)  # suspects.accumulations at exit
+    accumulations: list[dict] = field(default_factory=list)  # accumulations.accumulations at exit
     unheld: list[dict] = field(default_factory=list)
     exit_search: dict = field(default_factory=dict)  # what the exit search was, or why there was none
     collections: dict | None = None  # the garbage collector's callbacks: what collections freed
@@ -110,7 +111,7 @@ def gather(agent: AgentRecording, torch_index: int, nvml_index: int | None, wher
     reached = next((i for i, v in enumerate(values) if v >= seen_most - near), samples)
     watched_after = samples - reached
     oom_search = suspects.search_of(agent.root, "oom")
-    oom_held, _ = suspects.accumulations(oom_search, torch_index)
+    oom_held, _ = accumulations_in(oom_search, torch_index)
     oom_suspects, oom_meta = suspects.live_suspects(agent.root, torch_index, when="oom")
     _, exit_meta = suspects.live_suspects(agent.root, torch_index)
     info = agent.exit_info or {}
