@@ -394,3 +394,14 @@ def test_jax_preallocating_on_every_gpu_is_library_memory_not_stray_contexts():
     assert diagnosis.verdict == "clean"
     assert not [f for f in diagnosis.findings if f.kind == "stray-context"]
     assert sorted(f.device for f in diagnosis.findings if f.kind == "library-memory") == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("name", ["oom_eval_without_no_grad_h200", "oom_eval_without_no_grad_local_h200"])
+def test_an_evaluation_s_outputs_line_wins_a_tie_with_its_inputs(name):
+    """tests/fixtures/caught, an H200: 138 inputs kept through the outputs' graphs and 138 outputs
+    kept directly, the same bytes, at the error; the line is the outputs' (the marked one)."""
+    report = json.loads((FIXTURES.parent / "caught" / f"{name}.json").read_text())
+    diagnosis = diagnose(Recording.from_json(report["recording"]))
+    (leak,) = [f for f in diagnosis.findings if f.kind == "leak"]
+    assert leak.evidence["accumulation"]["where"][1] == 17
+    assert leak.suspects[0]["where"][1] == 17

@@ -11,6 +11,7 @@ from ..units import format_bytes as fb
 
 MIN_ALIKE = 8  # tensors held the same way (or allocations nobody holds) before they are "many"
 GRAPH_PART = ".grad_fn (autograd graph)"  # the part of a holder pattern that an autograd graph adds
+DIRECT_SHARE = 0.95  # of what is kept through a holder's graphs, that what it holds directly must be
 # Paths through these are a model's own state, which is many alike tensors by design.
 MODEL_STATE = ("._parameters[", "._buffers[", ".param_groups[", "[<Parameter>]", "._modules[*]._parameters")
 
@@ -49,8 +50,10 @@ def _gather(held: dict, g: dict, h: dict, where: list | None) -> None:
     if where is not None:
         # The line of its blocks that have stacks (--trace auto records them for a window;
         # the later blocks, held the same way, are the same leak's), the most bytes first.
-        line = a["lines"].setdefault(tuple(where), [where, 0])
+        line = a["lines"].setdefault(tuple(where), [where, 0, 0])
         line[1] += h["bytes"]
+        if GRAPH_PART not in h["pattern"]:
+            line[2] += h["bytes"]  # held directly, not through the container's graphs
         if a["thread"] is None:
             a["thread"] = g["thread"]
     if GRAPH_PART not in h["pattern"]:
@@ -76,7 +79,12 @@ def _finished(a: dict) -> dict:
         # the chain its grad_fn keeps is the accumulation, named by its graph (a chain is a container).
         a["path"], a["kind"] = graph
     if lines:
-        a["where"] = max(lines.values(), key=lambda line: line[1])[0]
+        # The line with the most bytes; of lines about as big (DIRECT_SHARE), the one whose tensors the
+        # container holds directly (an evaluation's outputs), not through their graphs (its inputs):
+        # their sizes race at an out-of-memory error, and tie when the error comes between the two.
+        top = max(line[1] for line in lines.values())
+        near = [line for line in lines.values() if line[1] >= DIRECT_SHARE * top]
+        a["where"] = max(near, key=lambda line: (line[2], line[1]))[0]
     a["sizes"] = sorted(([s, n] for s, n in a["sizes"].items()), key=lambda p: -p[1])[:3]
     a["parts"] = sorted(([p, n] for p, n in a["parts"].items()), key=lambda p: -p[1])
     return a

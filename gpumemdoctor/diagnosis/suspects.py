@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 
 from . import remedies, stacks
-from .accumulations import GRAPH_PART, accumulations, alike_text
+from .accumulations import DIRECT_SHARE, GRAPH_PART, accumulations, alike_text
 from .stacks import at, on_device, user_line
 from ..units import format_bytes as fb
 
 MIB = 1 << 20
 THREAD_MIN_BYTES = 1 * MIB  # a thread that changed memory by less is not named
 MAX_SUSPECTS = 5
-DIRECT_SHARE = 0.95  # of a suspect kept through a holder's graphs, that the one it holds directly must be
 # What the search says of blocks without a holder, by its reason (the agent's search.WHY).
 WHY_TEXT = {
     "no-python-object": "that no Python object holds",
