@@ -156,3 +156,71 @@ def test_at_exit_the_nccl_communicators_memory_is_what_they_say(monkeypatch):
     # an NCCL before 2.29.7 (or a PyTorch before 2.12) cannot say: not known, not 0
     c10d._pg_map = {_Group(RuntimeError("getMemoryStats() requires NCCL 2.29.7 or later")): ("nccl", None)}
     assert process_groups.exit_memory(torch) == {"groups": 1, "nccl_bytes": None}
+
+
+# -- the context read before NCCL's eager set-up (issue 42) -------------------------------------
+
+class _Cuda:
+    def __init__(self, started: bool, current: int = 0, reserved: int = 0):
+        self.started, self.current, self.reserved = started, current, reserved
+
+    def is_initialized(self):
+        return self.started
+
+    def current_device(self):
+        self.started = True  # as PyTorch's does: it starts CUDA
+        return self.current
+
+    def memory_reserved(self, index):
+        return self.reserved
+
+
+def _wrapped(monkeypatch, cuda: _Cuda, pid: int | None = None):
+    """init_process_group of a stand-in torch.distributed, wrapped; (the wrapper, the records
+    written, the calls the original got, the allocations the agent made)."""
+    import os
+
+    calls, written, made = [], [], []
+
+    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None,
+                           group_name="", pg_options=None, device_id=None):
+        """The original."""
+        calls.append((backend, device_id))
+        return "returned"
+
+    c10d = SimpleNamespace(init_process_group=init_process_group)
+    dist = SimpleNamespace(init_process_group=init_process_group)
+    monkeypatch.setitem(sys.modules, "torch.distributed.distributed_c10d", c10d)
+    monkeypatch.setitem(sys.modules, "torch.distributed", dist)
+    sampler = SimpleNamespace(neutral=object(), lock=__import__("threading").Lock(),
+                              read_devices=lambda: [[0, 0, 0, 2 << 20, 0, 520 << 20, 0, 0]])
+    agent = SimpleNamespace(pid=pid or os.getpid(), finished=False, devices=[{"index": 0}], sampler=sampler,
+                            channel=SimpleNamespace(write=written.append))
+    torch = SimpleNamespace(cuda=cuda, empty=lambda *a, **k: made.append(k.get("device")))
+    process_groups.install_context_reading(agent, torch)
+    assert c10d.init_process_group is dist.init_process_group is not init_process_group
+    return c10d.init_process_group, written, calls, made
+
+
+def test_with_device_id_the_context_is_read_on_that_device_before_the_call(monkeypatch):
+    wrapper, written, calls, made = _wrapped(monkeypatch, _Cuda(started=True))
+    assert wrapper("nccl", device_id=SimpleNamespace(type="cuda", index=0)) == "returned"
+    assert wrapper.__name__ == "init_process_group" and wrapper.__doc__ == "The original."
+    assert calls == [("nccl", calls[0][1])] and made == ["cuda:0"]
+    (record,) = written
+    assert (record["device"], record["nvml"], record["reserved"]) == (0, 520 << 20, 2 << 20)
+
+
+@pytest.mark.parametrize("case", ["gloo", "cuda not started", "another device", "forked child"])
+def test_no_reading_where_it_could_change_the_program(monkeypatch, case):
+    cuda = _Cuda(started=case != "cuda not started", current=1 if case == "another device" else 0)
+    wrapper, written, calls, made = _wrapped(monkeypatch, cuda, pid=1 if case == "forked child" else None)
+    wrapper("gloo" if case == "gloo" else "nccl", device_id=SimpleNamespace(type="cuda", index=0))
+    assert len(calls) == 1 and made == [] and written == []
+    assert cuda.started is (case != "cuda not started")  # the agent never starts CUDA itself
+
+
+def test_without_device_id_a_record_says_nccl_comes_later(monkeypatch):
+    wrapper, written, calls, made = _wrapped(monkeypatch, _Cuda(started=False))
+    wrapper("nccl")
+    assert [r["device"] for r in written] == [-1] and made == []

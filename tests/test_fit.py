@@ -10,8 +10,10 @@ from gpumemdoctor.diagnosis import fit
 GIB = 1 << 30
 
 
-def oom(request: int, free: int, *, inside=None, optimizers=(), split=0, processes=(), limit=80 * GIB) -> dict:
+def oom(request: int, free: int, *, inside=None, optimizers=(), split=0, processes=(), limit=80 * GIB,
+        grad_enabled=False, paused=False) -> dict:
     return {"request_bytes": request, "device_free_bytes": free, "limit_bytes": limit, "inside": inside,
+            "grad_enabled": grad_enabled, "paused": paused,
             "optimizers": [list(o) for o in optimizers], "free_in_segments_bytes": split,
             "processes": [list(p) for p in processes]}
 
@@ -28,9 +30,19 @@ def test_gradients_held_while_no_step_runs_would_have_made_it_fit():
            "would have left about 12.0 GiB free, enough for the 8.00 GiB asked for" in fit.words(found)
 
 
-def test_inside_a_step_the_gradients_and_state_are_not_offered():
-    found = fit.what_fits(oom(8 * GIB, 1 * GIB, inside="backward", optimizers=[ADAMW]), [], pid=1)
+@pytest.mark.parametrize("where", [{"inside": "backward"}, {"inside": "optimizer step"},
+                                   {"grad_enabled": True}, {"grad_enabled": None, "paused": None}])
+def test_in_a_step_or_where_it_cannot_be_told_the_gradients_and_state_are_not_offered(where):
+    """Inside backward() (the main thread's place: CUDA's backward runs on PyTorch's own threads), in
+    an optimizer's step, in a step's forward with grad mode on (micro-batches may be accumulating
+    gradients), or in an older recording that did not say."""
+    found = fit.what_fits(oom(8 * GIB, 1 * GIB, optimizers=[ADAMW], **where), [], pid=1)
     assert found is None
+
+
+def test_an_evaluation_with_grad_mode_on_between_paused_steps_offers_the_gradients():
+    found = fit.what_fits(oom(8 * GIB, 1 * GIB, optimizers=[ADAMW], grad_enabled=True, paused=True), [], pid=1)
+    assert found["part"] == "gradients"
 
 
 def test_the_cheapest_part_that_fits_comes_before_a_larger_one():

@@ -13,7 +13,6 @@ import time
 from .blocks import snapshot
 from .events import program_stack
 from .neutral import quiet_gc
-from .peak import place
 
 MAX_OOM_RECORDS = 20  # out-of-memory errors recorded per process; the first is searched for holders
 
@@ -43,14 +42,30 @@ class OomObserver:
                         processes = []
                 record = out_of_memory(agent.torch, device, request, limit, device_free, processes)
                 record["step"] = agent.steps
-                # What the optimizers held then, and whether a step was running: what could have been freed
-                record["optimizers"] = json.loads("[" + agent.peak_watch.optimizer_figures(device) + "]")
-                record["inside"] = place(sys._getframe())[1]
+                record.update(_state_of_the_step(agent, device))
                 agent.channel.write(record)
                 if self.records == 1:
                     agent.growth_watch.search("oom")
         except Exception:
             pass
+
+
+def _state_of_the_step(agent, device: int) -> dict:
+    """What the optimizers held at the error, and where the program was in its step: what it could
+    have freed (diagnosis/fit.py). `inside` is the main thread's: on CUDA, backward() runs on
+    PyTorch's own worker threads, whose error has no frame of the program, while the main thread
+    waits inside backward(). `grad_enabled` is the failing thread's grad mode (an evaluation under
+    torch.no_grad() has it off), `paused` whether the steps had paused (an evaluation between them).
+    Anything that cannot be read is left out: the error's own record is written regardless."""
+    out: dict = {}
+    try:
+        out["optimizers"] = json.loads("[" + agent.peak_watch.optimizer_figures(device, [0, 0, 0]) + "]")
+        out["inside"] = agent.peak_watch.main_thread_place()[1]
+        out["grad_enabled"] = bool(agent.torch.is_grad_enabled())
+        out["paused"] = bool(agent.steps) and agent.phase_watch.pausing(time.monotonic())
+    except Exception:
+        pass
+    return out
 
 
 def free_blocks(torch, device: int) -> tuple[int | None, int | None]:

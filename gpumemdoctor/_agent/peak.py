@@ -179,9 +179,10 @@ class PeakWatch:
             split = sampler.stats_fn(index)["inactive_split_bytes"]["all"]["current"]
         except Exception:
             split = None
-        names = self.optimizer_figures(index)
-        params, grads, state = self.figures
-        where, inside = (None, "exit") if self.exiting else self._main_thread_place()
+        figures = self.figures
+        names = self.optimizer_figures(index, figures)
+        params, grads, state = figures
+        where, inside = (None, "exit") if self.exiting else self.main_thread_place()
         self.captures += 1
         agent.channel.write_line(
             f'{{"type":"peak","n":{self.captures},"t":{time.monotonic()!r},"step":{agent.steps},'
@@ -190,12 +191,12 @@ class PeakWatch:
             f'"gradients":{grads},"optimizer_state":{state},"optimizers":[{names}],'
             f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(not self.exiting and self._paused())}}}')
 
-    def optimizer_figures(self, index: int) -> str:
+    def optimizer_figures(self, index: int, figures: list) -> str:
         """The JSON rows `["class",p,g,s],...` of every optimizer that has stepped, on one device, and
-        their parameters, gradients and optimizer state added up in `self.figures`: each storage
-        counted once, in the first of those categories it belongs to. It makes no container but its
-        `seen` dict and strings (not even a tuple to return): a capture runs inside the program's step
-        and must leave the collector's count as it was."""
+        their parameters, gradients and optimizer state added up into `figures` (three items): each
+        storage counted once, in the first of those categories it belongs to. It makes no container but
+        its `seen` dict and strings (not even a tuple to return): a capture runs inside the program's
+        step and must leave the collector's count as it was."""
         seen: dict = {}  # storage address -> category: each storage counted once
         params = grads = state = 0
         names = ""
@@ -220,18 +221,17 @@ class PeakWatch:
             params += p_bytes
             grads += g_bytes
             state += s_bytes
-            name = type(opt).__name__
-            names = (f'{names},["{name}",{p_bytes},{g_bytes},{s_bytes}]' if names
-                     else f'["{name}",{p_bytes},{g_bytes},{s_bytes}]')
+            name = _text(type(opt).__name__)
+            names = (f'{names},[{name},{p_bytes},{g_bytes},{s_bytes}]' if names
+                     else f'[{name},{p_bytes},{g_bytes},{s_bytes}]')
             del opt
-        figures = self.figures
         figures[0], figures[1], figures[2] = params, grads, state
         return names
 
     def _paused(self) -> bool:
         return bool(self.agent.steps) and self.agent.phase_watch.pausing(time.monotonic())
 
-    def _main_thread_place(self):
+    def main_thread_place(self):
         """The main thread's innermost frame in the program's own files ("file:line in f()"), and
         "backward" or "optimizer step" when it was inside one. The frame is never bound to a local
         here: this function's own frame is one of those walked, and would then hold itself."""

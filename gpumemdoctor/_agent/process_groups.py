@@ -21,13 +21,15 @@ can say (PyTorch 2.12 and NCCL 2.29.7 or later: `Backend.memory_stats()`, NCCL's
 `ncclCommMemStats`), the NCCL-tracked memory of the communicators still alive is read on the
 program's thread, after the program has ended (`exit_memory`). Where the program binds its group to
 its device, the context is read before NCCL sets up (`install_context_reading`: the one call of the
-program's that the agent wraps).
+program's that the agent wraps, besides os._exit).
 """
 from __future__ import annotations
 
 import os
 import sys
 import time
+
+from .neutral import quiet_gc
 
 MAX_RECORDS = 256  # then only the exit record says how many groups are alive
 # Words in the names of NCCL's variables that size its memory (docs.nvidia.com, NCCL's environment
@@ -141,10 +143,13 @@ def install_context_reading(agent, torch) -> None:
     communicator inside that call, before the program's first allocation, and a context read at that
     allocation would hold NCCL's memory too.
 
-    This is the one function of the program's that the agent wraps: `init_process_group`, in
-    torch.distributed and its distributed_c10d module, with the same name, signature and docstring.
+    Besides `os._exit` (exit.py), this is the one function of the program's that the agent wraps:
+    `init_process_group`, in torch.distributed and its distributed_c10d module, with the same name,
+    signature and docstring; only in the process that installed it (a forked child's call goes
+    straight through), and with automatic collection held off while it reads.
     The wrapper calls the original with the same arguments and returns what it returns; before
-    that, where `device_id` names the CUDA device that is current, it completes the context there
+    that, for NCCL, where `device_id` names the CUDA device that is current (CUDA started: set_device
+    came first, as PyTorch recommends), it completes the context there
     (one small allocation through PyTorch's allocator, freed at once: the 2 MiB segment it reserves
     is the one the program's first small tensor would take) and writes a `context` record: NVML's
     figure for the process and PyTorch's reserved bytes. It never creates a context on another device,
@@ -160,15 +165,12 @@ def install_context_reading(agent, torch) -> None:
 
     @functools.wraps(original)
     def init_process_group(*args, **kwargs):
-        try:
-            device_id = kwargs.get("device_id", args[8] if len(args) > 8 else None)
-            if device_id is not None:
-                _read_context(agent, torch, device_id)
-            else:  # NCCL sets up at the group's first collective, on a tensor: after the first allocation
-                agent.channel.write({"type": "context", "t": time.monotonic(), "device": -1, "nvml": None,
-                                     "reserved": None, "why": "init_process_group without device_id"})
-        except Exception:
-            pass
+        if agent.pid == os.getpid() and not agent.finished:  # not a forked child's (its agent is its own)
+            try:
+                with quiet_gc():
+                    _before_nccl(agent, torch, args, kwargs)
+            except Exception:
+                pass
         return original(*args, **kwargs)
 
     init_process_group._gpumemdoctor = True
@@ -177,10 +179,21 @@ def install_context_reading(agent, torch) -> None:
         dist.init_process_group = init_process_group
 
 
-def _read_context(agent, torch, device_id) -> None:
+def _before_nccl(agent, torch, args: tuple, kwargs: dict) -> None:
+    """The `context` record for one call of init_process_group (see install_context_reading)."""
+    device_id = kwargs.get("device_id", args[8] if len(args) > 8 else None)
+    backend = kwargs.get("backend", args[0] if args else None)
+    if backend is not None and "nccl" not in str(backend).lower():
+        return  # gloo or another backend: no NCCL memory to tell apart
+    if device_id is None:  # NCCL sets up at the group's first collective, on a tensor: after the first allocation
+        agent.channel.write({"type": "context", "t": time.monotonic(), "device": -1, "nvml": None,
+                             "reserved": None, "why": "init_process_group without device_id"})
+        return
     index = device_id if isinstance(device_id, int) else (
         device_id.index if getattr(device_id, "type", None) == "cuda" else None)
-    if index is None or index != torch.cuda.current_device():  # current_device() starts CUDA, as the call would
+    # Only a device already started and current: the agent never starts CUDA, nor makes a context on
+    # another device (device_id before set_device: NCCL's memory then stays in the context's figure).
+    if index is None or not torch.cuda.is_initialized() or index != torch.cuda.current_device():
         return
     sampler = agent.sampler
     if not agent.devices or sampler.neutral is None:
@@ -194,7 +207,7 @@ def _read_context(agent, torch, device_id) -> None:
     finally:
         if locked:
             sampler.lock.release()
-    row = next((r for r in rows if r[0] == index), None)
-    if row is not None:
-        agent.channel.write({"type": "context", "t": time.monotonic(), "device": index, "nvml": row[5],
-                             "reserved": row[3], "why": "before init_process_group(device_id=...)"})
+    for row in rows:
+        if row[0] == index:
+            agent.channel.write({"type": "context", "t": time.monotonic(), "device": index, "nvml": row[5],
+                                 "reserved": row[3], "why": "before init_process_group(device_id=...)"})

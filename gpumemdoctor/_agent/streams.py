@@ -68,7 +68,7 @@ def _settle(torch, stats, index: int) -> dict | None:
     # one more allocation then releases is what its work held; the rest waits for the device.
     mark = time.perf_counter()
     held = unfinished
-    for handle, name, stream in _named_streams(torch, index):
+    for handle, name, stream in _named_streams(torch, index)[:MAX_STREAMS - 1]:  # room for the rest's row
         try:
             stream.synchronize()
         except Exception:
@@ -85,7 +85,6 @@ def _settle(torch, stats, index: int) -> dict | None:
     record["after_sync_bytes"] = after = _gap(stats, index)
     if held > after:  # streams the program does not name in its main module (a library's)
         record["streams"].append([-1, held - after, None, record["wait_s"]])
-    record["streams"] = record["streams"][:MAX_STREAMS]
     return record
 
 

@@ -57,13 +57,14 @@ def context_of(during: list[tuple[TorchSample, DeviceReading]], end: DeviceReadi
     730 MiB): a reading far below both its neighbours does not count. A process too
     short to be sampled has only its exit reading, which also holds the libraries it
     loaded. Where NCCL set up before the first allocation (init_process_group(device_id=...)),
-    the agent read the context inside that call, before NCCL (nccl.context_before): that one.
+    the agent read the context inside that call, before NCCL (nccl.context_before): that reading
+    counts too, and is the smallest unless it caught more than the context (one reading's excess).
     """
-    before_nccl = nccl.context_before(agent, torch_index) if agent is not None else None
-    if before_nccl is not None:
-        return before_nccl
     gaps = [r.nvml_used_bytes - r.reserved_bytes
             for r in [r for _, r in during] + ([end] if end is not None else [])
             if r.reserved_bytes and r.nvml_used_bytes]
     least = non_torch.lowest(gaps)
+    before_nccl = nccl.context_before(agent, torch_index) if agent is not None else None
+    if before_nccl is not None:
+        least = before_nccl if least is None else min(least, before_nccl)
     return max(0, least) if least is not None else None

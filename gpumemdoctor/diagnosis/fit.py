@@ -5,13 +5,14 @@ memory, PyTorch's free pieces, other processes, what the optimizers that had ste
 whether a step was running) and what the search at the error found held (accumulations, graphs),
 the parts the program could have freed or avoided, each with its remedy:
 
-- gradients held while no step ran (between an optimizer's step and the next backward, they are
-  only kept for the next zero_grad);
+- gradients held while the program evaluated, between its steps (grad mode off at the failing
+  line, or the steps paused; never inside backward() or an optimizer's step, and not in a step's
+  forward, where they may be accumulating over micro-batches);
 - autograd graphs that the program's names keep (outputs computed without torch.no_grad());
 - free memory inside PyTorch's split segments (fragmentation: an allocator setting frees it);
 - an accumulation of alike tensors kept by one holder;
 - other processes' memory on the GPU;
-- the optimizers' state, while no step ran (kept for the next step: freeing it costs a reload).
+- the optimizers' state, likewise between steps (kept for the next step: freeing it costs a reload).
 
 The order is what the fix costs the program: nothing it uses, then a setting, then data it chose to
 keep, then other programs, then state it needs again.
@@ -36,7 +37,7 @@ def parts(oom: dict, accumulations: list[dict], pid: int) -> list[dict]:
     """The parts the program could have freed at the error, in the order they are offered."""
     out = []
     optimizers = oom.get("optimizers") or []
-    outside_step = oom.get("inside") not in IN_A_STEP
+    outside_step = between_steps(oom)
     grads = sum(row[2] for row in optimizers)
     if grads and outside_step:
         out.append(_part("gradients", grads, "the gradients that the optimizers' parameters still held, no step "
@@ -57,6 +58,16 @@ def parts(oom: dict, accumulations: list[dict], pid: int) -> list[dict]:
     if state and outside_step:
         out.append(_part("optimizer-state", state, "the optimizers' state, no step running"))
     return [p for p in out if p["bytes"] >= MIN_PART_BYTES]
+
+
+def between_steps(oom: dict) -> bool:
+    """Whether the error came where the gradients and the optimizer state wait for the next step: the
+    main thread in no backward() and no optimizer step, and the program evaluating (grad mode off at
+    the failing line, or the steps paused). In a step's forward with grad mode on, the gradients may be
+    accumulating over micro-batches: they are not offered then."""
+    if oom.get("inside") in IN_A_STEP:
+        return False
+    return oom.get("grad_enabled") is False or oom.get("paused") is True
 
 
 def _part(name: str, size: int, words: str) -> dict:

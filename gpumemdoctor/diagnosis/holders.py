@@ -5,7 +5,7 @@ The judgement (judgement.py) asks for them while it makes a finding, so that eac
 returns the finding finished: a growing leak's suspects come from the searches made during the run
 (suspects.leak_suspects), or, where no copy searched, from the peak's probes (probed.py), and then
 the summary says why no search named its holder; what is alive at exit from the exit search; the
-garbage's from what gc.collect() freed at exit. Each is read once, when first asked for.
+garbage's from what gc.collect() freed at exit. Each is read when a row asks for it, not before.
 """
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def part(agent: AgentRecording, ts: list[float], ys: list[int | None], warmup_en
     if came is None:
         return None
     before = [y for t, y in zip(ts, ys) if y is not None and t < came["t"]]
-    if not before and agent.root.get("contexts"):
+    if not before and agent.root.get("contexts"):  # (one record a call of init_process_group: a process's)
         before = [0]  # the context was read before NCCL set up (either launch form): nothing was outside then
     in_warmup = warmup_end_t is None or came["t"] <= warmup_end_t
     if in_warmup:

@@ -94,14 +94,16 @@ COLLECTION = Shape({"t": NUM, "step": opt(INT), "generation": INT, "collected": 
                     "freed": list_of(pair(INT, INT)), "thread": STR, "stack": list_of(frame),
                     "elapsed_s": NUM})
 # PyTorch's allocator could not serve a request (its out-of-memory observer); since issue 40 also what
-# the optimizers that had stepped held then ([class, parameters, gradients, state]) and whether the
-# allocating thread was inside backward() or an optimizer's step.
+# the optimizers that had stepped held then ([class, parameters, gradients, state]), whether the main
+# thread was inside backward() or an optimizer's step, the failing thread's grad mode, and whether the
+# steps had paused.
 OOM = Shape({"t": NUM, "step": opt(INT), "device": INT, "request_bytes": INT, "limit_bytes": INT,
              "device_free_bytes": INT, "allocated_bytes": opt(INT), "reserved_bytes": opt(INT),
              "active_bytes": opt(INT), "largest_free_block_bytes": opt(INT),
              "free_in_segments_bytes": opt(INT), "processes": list_of(pair(INT, opt(INT))),
              "thread": STR, "stack": list_of(frame),
-             "optimizers": may(list_of(row(STR, SIZE, SIZE, SIZE))), "inside": may(opt(STR))})
+             "optimizers": may(list_of(row(STR, SIZE, SIZE, SIZE))), "inside": may(opt(STR)),
+             "grad_enabled": may(BOOL), "paused": may(BOOL)})
 # Where a process started CUDA, and what kind of process it is.
 CUDA_ORIGIN = Shape({"thread": opt(STR), "stack": opt(list_of(frame)),
                      "dataloader_worker": opt(Shape({"id": INT, "num_workers": INT})),
