@@ -1,10 +1,11 @@
 """The contract between `gpumemdoctor run`'s supervisor and the agent inside the target.
 
 The supervisor passes everything to the agent through these environment variables; the sampling
-interval's default, its bounds and how far the agent lengthens it live here once, for `run`'s option,
-the supervisor's options and the agent's reading of its variable and its sampler. Both sides, `ps` and the pytest plugin import this module alone:
-it loads nothing of the agent. (`_bootstrap/sitecustomize.py` spells ENV_RUN_DIR and
-ENV_PACKAGE_PARENT out, since it runs before the package can be found; a test keeps them equal.)
+interval's default, its bounds and how far the agent lengthens it live here once, for `run`'s
+option, the supervisor's options, the agent's reading of its variable and its sampler. Both sides,
+`ps` and the pytest plugin import this module alone: it loads nothing of the agent.
+(`_bootstrap/sitecustomize.py` spells ENV_RUN_DIR and ENV_PACKAGE_PARENT out, since it runs before
+the package can be found; a test keeps them equal.)
 """
 from __future__ import annotations
 

@@ -194,8 +194,7 @@ def _probe(agent, torch, end: list, took, skip_gc: bool = False) -> None:
     took("garbage")
     for index in touched:
         torch.cuda.synchronize(index)
-        # Blocks held for finished side-stream work are reclaimed at the next allocation.
-        torch.empty(1, device=f"cuda:{index}")
+        streams.allocate_one(torch, index)  # blocks held for finished stream work are reclaimed then
     write({"type": "p", "phase": "sync", "t": time.monotonic(), "d": read()})
     torch.cuda.empty_cache()
     write({"type": "p", "phase": "empty_cache", "t": time.monotonic(), "d": read()})

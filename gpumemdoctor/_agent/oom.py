@@ -62,7 +62,7 @@ def _state_of_the_step(agent, device: int) -> dict:
         out["optimizers"] = json.loads("[" + agent.peak_watch.optimizer_figures(device, [0, 0, 0]) + "]")
         out["inside"] = agent.peak_watch.main_thread_place()[1]
         out["grad_enabled"] = bool(agent.torch.is_grad_enabled())
-        out["paused"] = bool(agent.steps) and agent.phase_watch.pausing(time.monotonic())
+        out["paused"] = agent.peak_watch.paused()
     except Exception:
         pass
     return out

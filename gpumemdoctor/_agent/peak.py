@@ -189,7 +189,7 @@ class PeakWatch:
             f'"device":{index},"allocated":{_int(row[1])},"reserved":{_int(row[3])},"nvml":{_int(row[5])},'
             f'"allocated_peak":{_int(row[6])},"inactive_split":{_int(split)},"parameters":{params},'
             f'"gradients":{grads},"optimizer_state":{state},"optimizers":[{names}],'
-            f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(not self.exiting and self._paused())}}}')
+            f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(not self.exiting and self.paused())}}}')
 
     def optimizer_figures(self, index: int, figures: list) -> str:
         """The JSON rows `["class",p,g,s],...` of every optimizer that has stepped, on one device, and
@@ -228,7 +228,8 @@ class PeakWatch:
         figures[0], figures[1], figures[2] = params, grads, state
         return names
 
-    def _paused(self) -> bool:
+    def paused(self) -> bool:
+        """Whether the program's steps have paused (an evaluation between them)."""
         return bool(self.agent.steps) and self.agent.phase_watch.pausing(time.monotonic())
 
     def main_thread_place(self):

@@ -30,6 +30,7 @@ import sys
 import time
 
 from .neutral import quiet_gc
+from .streams import allocate_one
 
 MAX_RECORDS = 256  # then only the exit record says how many groups are alive
 # Words in the names of NCCL's variables that size its memory (docs.nvidia.com, NCCL's environment
@@ -199,8 +200,7 @@ def _before_nccl(agent, torch, args: tuple, kwargs: dict) -> None:
     if not agent.devices or sampler.neutral is None:
         return
     if not torch.cuda.memory_reserved(index):
-        t = torch.empty(1, device=f"cuda:{index}")  # completes the context (NVML shows part of it before)
-        del t
+        allocate_one(torch, index)  # completes the context (NVML shows part of it before)
     locked = sampler.lock.acquire(timeout=0.05)
     try:
         rows = sampler.read_devices()

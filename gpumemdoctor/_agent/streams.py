@@ -47,8 +47,9 @@ def _gap(stats, index: int) -> int:
     return max(0, int(s["active_bytes"]["all"]["current"]) - int(s["allocated_bytes"]["all"]["current"]))
 
 
-def _allocate(torch, index: int) -> None:
-    """One small allocation on the device: the allocator processes its completed events first."""
+def allocate_one(torch, index: int) -> None:
+    """One small allocation on the device, freed at once: the allocator processes its completed
+    events first (and a context not yet complete is completed)."""
     t = torch.empty(1, device=f"cuda:{index}")
     del t
 
@@ -58,7 +59,7 @@ def _settle(torch, stats, index: int) -> dict | None:
     before = _gap(stats, index)
     if not before:
         return None
-    _allocate(torch, index)
+    allocate_one(torch, index)
     unfinished = _gap(stats, index)
     record = {"type": "pending", "t": started, "device": index, "before_bytes": before,
               "unfinished_bytes": unfinished, "streams": [], "wait_s": None, "after_sync_bytes": None}
@@ -74,14 +75,14 @@ def _settle(torch, stats, index: int) -> dict | None:
         except Exception:
             continue
         waited = round(time.perf_counter() - mark, 6)
-        _allocate(torch, index)
+        allocate_one(torch, index)
         left = _gap(stats, index)
         if left < held:
             record["streams"].append([handle, held - left, name, waited])
         held = left
     torch.cuda.synchronize(index)
     record["wait_s"] = round(time.perf_counter() - mark, 6)
-    _allocate(torch, index)
+    allocate_one(torch, index)
     record["after_sync_bytes"] = after = _gap(stats, index)
     if held > after:  # streams the program does not name in its main module (a library's)
         record["streams"].append([-1, held - after, None, record["wait_s"]])
@@ -106,4 +107,4 @@ def _named_streams(torch, index: int) -> list:
             found.append((int(value.cuda_stream), name, value))
         except Exception:
             pass
-    return found[:MAX_STREAMS]
+    return found

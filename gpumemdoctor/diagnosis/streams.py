@@ -41,11 +41,11 @@ def finished_bytes(found: dict | None) -> int:
 
 
 def stream_words(found: dict) -> str:
-    """'side stream `side` (1.00 GiB, finished 1.93 s after the end)' for each stream named."""
+    """'side stream `side` (1.00 GiB, finished 1.93 s after the end)' for each stream the main module
+    names, and the rest under one row (the agent's handle -1)."""
     parts = []
-    for handle, size, name, waited in found["streams"]:
-        what = (f"side stream `{name}`" if name else "streams the program's main module does not name"
-                if handle < 0 else "the default stream" if handle == 0 else f"stream 0x{handle:x}")
+    for _, size, name, waited in found["streams"]:
+        what = f"side stream `{name}`" if name else "streams the program's main module does not name"
         when = f", finished {_seconds(waited)} after the end" if waited is not None else ""
         parts.append(f"{what} ({fb(size)}{when})")
     return "; ".join(parts)
