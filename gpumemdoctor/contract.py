@@ -42,6 +42,11 @@ MAX_PAUSE_MAX_S = 1.0
 # Allocation stacks: "auto" (for a start-up window and when growth is seen), "on", "off". Holders
 # are looked for in every mode once growth is seen.
 TRACE_MODES = ("auto", "on", "off")
+# The parts of the allocated memory at its peak that a `peak_history` record names (_agent/replay.py),
+# and the stretch of the program it fell in.
+HISTORY_PARTS = ("parameters", "gradients", "optimizer-state", "activations", "temporaries", "gathered",
+                 "kept-tensors", "unclassified")
+HISTORY_PHASES = ("backward", "optimizer step", "outside")
 
 
 def max_pause_from_env(environ: Mapping[str, str]) -> float:

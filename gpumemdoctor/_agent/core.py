@@ -43,6 +43,8 @@ from .trace import Trace
 from .growth_watch import GrowthWatch
 from .phase_watch import PhaseWatch
 from .peak import PeakWatch
+from .history import History
+from .replay import STEP, STEP_END
 from .libraries import KNOWN, LibraryWatcher, record as library_record
 
 
@@ -69,6 +71,7 @@ class Agent:
         self.growth_watch = GrowthWatch(self)
         self.phase_watch = PhaseWatch(self)
         self.peak_watch = PeakWatch(self)
+        self.history = History(self)
         self.trace = Trace(self, run_dir)
         self.oom = OomObserver(self)
         self.threads = ThreadWatch(self)
@@ -102,6 +105,7 @@ class Agent:
             except Exception:
                 pass
             if self.run_dir:
+                self.history.install(torch)  # backward()'s marks (history.py)
                 try:  # the context read before NCCL's eager set-up (process_groups.py)
                     install_context_reading(self, torch)
                 except Exception:
@@ -132,6 +136,7 @@ class Agent:
             except Exception:
                 pass
             self.channel.write({"type": "cuda", "t": time.monotonic(), **origin})
+            self.history.start()  # the allocator's events, for the allocated peak (history.py)
             if self.trace.mode == "on":
                 self.trace.start("flag")
             elif self.trace.mode == "auto" and self.run_dir:
@@ -158,6 +163,7 @@ class Agent:
         self.growth_watch.prepare(len(self.devices))
         self.phase_watch.prepare(len(self.devices))
         self.peak_watch.prepare(len(self.devices))
+        self.history.prepare(len(self.devices))
 
     def attach_observers(self) -> None:
         """PyTorch's out-of-memory observer and the garbage collector's callback."""
@@ -210,10 +216,13 @@ class Agent:
 
     # -- steps ---------------------------------------------------------------
     def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:
+        self.history.marks.add(STEP)
         self.peak_watch.seen(optimizer)
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         # PyTorch calls hook(optimizer, args, kwargs): a signature with *args would make a tuple.
+        if self.run_dir:
+            self.history.marks.add(STEP_END)
         if not self.explicit_steps:
             self.on_step(False)
 

@@ -148,6 +148,7 @@ def _exit_probes(agent, torch, parts: dict) -> None:
         end = agent.sampler.read_devices()  # the memory as the program left it
         agent.channel.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
         agent.peak_watch.at_exit()  # the end as a new high: a leak's peak is often its end
+        agent.history.at_exit()  # the last steps' allocated peak, if it rose past the last reading
         took("peak")
         stats = agent.sampler.stats_fn or torch.cuda.memory_stats_as_nested_dict
         # Freed blocks still held for stream work: finished work not yet processed, or unfinished

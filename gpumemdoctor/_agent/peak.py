@@ -191,13 +191,15 @@ class PeakWatch:
             f'"gradients":{grads},"optimizer_state":{state},"optimizers":[{names}],'
             f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(not self.exiting and self.paused())}}}')
 
-    def optimizer_figures(self, index: int, figures: list) -> str:
+    def optimizer_figures(self, index: int, figures: list, seen: dict | None = None, sizes: dict | None = None) -> str:
         """The JSON rows `["class",p,g,s],...` of every optimizer that has stepped, on one device, and
         their parameters, gradients and optimizer state added up into `figures` (three items): each
-        storage counted once, in the first of those categories it belongs to. It makes no container but
+        storage counted once, in the first of those categories it belongs to (`seen`, when given, is
+        left with {storage address: 1, 2 or 3}, and `sizes` with their bytes: history.py's readings). It makes no container but
         its `seen` dict and strings (not even a tuple to return): a capture runs inside the program's
         step and must leave the collector's count as it was."""
-        seen: dict = {}  # storage address -> category: each storage counted once
+        if seen is None:
+            seen = {}  # storage address -> category: each storage counted once
         params = grads = state = 0
         names = ""
         for ref in self.optimizers:
@@ -208,14 +210,14 @@ class PeakWatch:
             try:
                 for group in opt.param_groups:
                     for p in group["params"]:
-                        p_bytes += _count(p, index, seen, 1)
+                        p_bytes += _count(p, index, seen, 1, sizes)
                         g = p.grad
                         if g is not None:
-                            g_bytes += _count(g, index, seen, 2)
+                            g_bytes += _count(g, index, seen, 2, sizes)
                         st = opt.state.get(p)
                         if st:
                             for v in st.values():
-                                s_bytes += _count(v, index, seen, 3)
+                                s_bytes += _count(v, index, seen, 3, sizes)
             except Exception:
                 pass
             params += p_bytes
@@ -327,8 +329,8 @@ def place(frame) -> tuple[str | None, str | None]:
     return where, inside
 
 
-def _count(t, index: int, seen: dict, category: int) -> int:
-    """The bytes of t's storage if it lies on this device and is not counted yet."""
+def _count(t, index: int, seen: dict, category: int, sizes: dict | None = None) -> int:
+    """The bytes of t's storage if it lies on this device and is not counted yet (into `sizes` too)."""
     try:
         if t.get_device() != index:
             return 0
@@ -337,7 +339,10 @@ def _count(t, index: int, seen: dict, category: int) -> int:
         if address in seen:
             return 0
         seen[address] = category
-        return storage.nbytes()
+        if sizes is None:
+            return storage.nbytes()
+        size = sizes[address] = storage.nbytes()
+        return size
     except Exception:
         return 0
 

@@ -74,6 +74,8 @@ class Sampler:
             or torch.cuda.memory_stats_as_nested_dict
         self.rows = [[d["index"], None, None, None, None, None, None, None] for d in agent.devices]
         self.live = [False] * len(agent.devices)
+        # per row: allocations and frees so far (history.py sizes its ring by a step's)
+        self.events = [None] * len(agent.devices)
         self.nvml_before = [None] * len(agent.devices)
         self.nvml_readers = []
         for d in agent.devices:
@@ -166,6 +168,11 @@ class Sampler:
             row[4] = _stat(stats, "requested_bytes", "current")
             row[6] = _stat(stats, "allocated_bytes", "peak")
             row[7] = _stat(stats, "reserved_bytes", "peak")
+            try:
+                counts = stats["allocation"]["all"]
+                self.events[i] = counts["allocated"] + counts["freed"]
+            except (KeyError, TypeError):
+                pass
 
     def _read_nvml(self) -> None:
         agent = self.agent
@@ -253,6 +260,7 @@ class Sampler:
                 agent.growth_watch.check(now, by)
                 agent.phase_watch.check(now, by)
                 apart = agent.peak_watch.check(now, by)
+                apart += agent.history.check(by)
             if self.samples % SAMPLES_PER_DOUBLING == 0:
                 self.base_interval_s = min(self.base_interval_s * 2, self.max_interval_s)
         except Exception:

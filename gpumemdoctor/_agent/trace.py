@@ -59,8 +59,11 @@ class Trace:
             # The call alone is timed (`elapsed_s`): on the program's thread it is a pause in its step.
             # PyTorch's Python side is a plain wrapper; its C++ side registers, at the first call, a
             # RecordFunction callback for annotations and takes each device allocator's lock.
-            agent.torch.cuda.memory._record_memory_history(
-                enabled=enabled, context="alloc", stacks="python", max_entries=TRACE_MAX_ENTRIES)
+            if agent.history.on:  # the events go on, without stacks; the live blocks get theirs
+                agent.history.apply(True)
+            else:
+                agent.torch.cuda.memory._record_memory_history(
+                    enabled=enabled, context="alloc", stacks="python", max_entries=TRACE_MAX_ENTRIES)
             elapsed = time.perf_counter() - started
             self.on = self.was_on = True
             if self.mode == "auto" and os.environ.get(ENV_SNAPSHOT) != "1" and why in ("growth", "start-up", "phase"):
@@ -103,7 +106,10 @@ class Trace:
         self.stop_at, self.stop_step = None, 1 << 62
         started = time.perf_counter()
         try:
-            agent.torch.cuda.memory._record_memory_history(enabled=None)
+            if agent.history.on:  # the events go on (history.py), without stacks
+                agent.history.apply(False)
+            else:
+                agent.torch.cuda.memory._record_memory_history(enabled=None)
             self.on = False
             error = None
         except Exception as exc:

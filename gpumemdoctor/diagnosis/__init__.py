@@ -11,7 +11,8 @@ growing), `probed` (holders named by the peak's probes where no copy was searche
 in the steps), `stacks` (a group's device, a holder's line), `non_torch`, `nccl` and
 `libraries` (memory outside PyTorch and whose it is), `ends` (an end not seen), `machine_faults`
 (host memory, NVML failures), `ranks` and `job` (distributed jobs), and `child_processes` (orphans,
-children's contexts). `peak` says what made each process's peak, `fit` what would have made an
+children's contexts). `peak` says what made each process's peak (`allocated_peak`: at
+PyTorch's allocated peak, from the allocator's events), `fit` what would have made an
 out-of-memory error fit, and `headroom` how long a growth had left before its GPU was full. `ci_checks` turns a diagnosis into the CI gate's pass or fail;
 `report_file` writes a diagnosis with its recording as the JSON report and reads one back strictly.
 """

@@ -141,8 +141,9 @@ class Job:
 
 
 # The parts of a peak, in the order they are drawn (peak.py says how each is recognised).
-PEAK_CATEGORIES = ("parameters", "gradients", "optimizer-state", "graphs-kept", "temporaries", "kept-tensors",
-                   "unclassified", "fragmentation", "cache", "outside-pytorch", "context")
+PEAK_CATEGORIES = ("parameters", "gradients", "optimizer-state", "activations", "gathered", "graphs-kept",
+                   "temporaries", "kept-tensors", "unclassified", "fragmentation", "cache", "outside-pytorch",
+                   "context")
 
 
 @dataclass

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 
-from . import probed
+from . import allocated_peak, probed
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS
 from ..units import MAX_SIZE_BYTES
@@ -63,7 +63,7 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
     """The composition of this process's highest capture on this device, and its findings."""
     captures = [c for c in agent.root.get("peaks", []) if c["device"] == torch_index]
     if not captures:
-        return None, []
+        return allocated_peak.compose(agent, torch_index, b, 0, _nvml_index(agent, torch_index), where) or (None, [])
     total = functools.partial(_total, context=b.context_bytes)
     best, highest = _busiest(captures, total)
     probe = probed.probe_of(agent, best["n"])
@@ -88,7 +88,34 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
         in_pause=best["paused"], where=best["where"], notes=split.notes,
         highest=None if highest is None else {"t": highest["t"], "total_bytes": total(highest),
                                               "cache_bytes": _cache(highest)})
-    return composition, findings(composition, best, where)
+    return _or_allocated_peak(agent, torch_index, b, where, composition, findings(composition, best, where))
+
+
+# The composition at PyTorch's allocated peak (allocated_peak.py) is the one shown when it had this
+# much more in use (all but the cache and fragmentation) than the highest reading's.
+MORE_IN_USE_BYTES = 64 << 20
+
+
+def _or_allocated_peak(agent, torch_index: int, b: Breakdown, where: str, composition: PeakComposition,
+                       found: list[Finding]) -> tuple[PeakComposition, list[Finding]]:
+    """The readings' composition, or the one at PyTorch's allocated peak where that moment, seen
+    only by the allocator's events, had more in use (a step's activations, a fast evaluation)."""
+    outside = composition.part("outside-pytorch")
+    replayed = allocated_peak.compose(agent, torch_index, b, outside.bytes if outside else 0, composition.device,
+                                      where)
+    if replayed is not None and _in_use(replayed[0]) > _in_use(composition) + MORE_IN_USE_BYTES:
+        replayed[0].notes.append(f"the busiest of the samples' readings had {fb(_in_use(composition))} in use "
+                                 f"({fb(composition.total_bytes)} in all, at {composition.t:.1f} s)")
+        return replayed
+    missed = allocated_peak.incomplete_note(agent, torch_index)
+    if missed:
+        composition.notes.append(missed)
+    return composition, found
+
+
+def _in_use(c: PeakComposition) -> int:
+    """All of a composition but the allocator's cache and fragmentation."""
+    return c.total_bytes - sum(p.bytes for p in c.parts if p.category in ("cache", "fragmentation"))
 
 
 class _Split:

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..files.schema import (BOOL, INT, NUM, SIZE, STR, Shape, absent, dict_of, frame, list_of, one_of,
                             may, null_as, opt, pair, row)
+from ..contract import HISTORY_PARTS, HISTORY_PHASES
 
 SUSPECT_KINDS = ("allocation", "garbage", "thread")
 HOLDER_KINDS = ("global", "attribute", "frame-local", "kept-exception", "hook", "closure",
@@ -188,6 +189,23 @@ PENDING = Shape({"t": NUM, "device": INT, "before_bytes": SIZE, "unfinished_byte
 # Recordings from before issue 42 have none.
 CONTEXT = Shape({"t": NUM, "device": INT, "nvml": opt(SIZE), "reserved": opt(SIZE), "why": STR})
 
+# PyTorch's allocation events kept from CUDA's start (_agent/history.py): whether they could be, the
+# ring's size, whether backward() is marked. A reading at a new high of the allocated peak counter
+# (_agent/replay.py): the highest allocated total the events lead back to, the segments' bytes then,
+# how long before the reading it came (`peak_before_s`) and where the stretch of the program that led
+# to it began, what part of a step it fell in, whether the events reached back to it (`complete`),
+# and what was live then by part: bytes, blocks and when the first and last were made (seconds before
+# the reading). Recordings from before issue 40's peak have none.
+HISTORY = Shape({"t": NUM, "ok": BOOL, "error": opt(STR), "capacity": INT, "backward_marked": BOOL})
+_HISTORY_PART = Shape({"bytes": SIZE, "blocks": INT, "first_before_s": opt(NUM), "last_before_s": opt(NUM)})
+PEAK_HISTORY = Shape({"n": INT, "t": NUM, "step": may(opt(INT)), "device": INT, "error": may(STR),
+                      "counter": may(SIZE), "allocated_peak": may(SIZE), "reserved_at_peak": may(opt(SIZE)),
+                      "allocated": may(SIZE), "peak_before_s": may(opt(NUM)), "stretch_before_s": may(opt(NUM)),
+                      "phase": may(one_of(*HISTORY_PHASES)), "complete": may(BOOL), "ring_full": may(BOOL),
+                      "events": may(INT), "capacity": may(INT), "backward_marked": may(BOOL),
+                      "parts": may(dict_of(one_of(*HISTORY_PARTS), _HISTORY_PART)),
+                      "snapshot_s": may(NUM), "elapsed_s": may(NUM)})
+
 # agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record
 RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
            "investigation": ("investigations", INVESTIGATION), "thread": ("threads", THREAD),
@@ -195,14 +213,16 @@ RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "ba
            "collection": ("collections", COLLECTION), "oom": ("ooms", OOM), "library": ("libraries", LIBRARY),
            "groups": ("groups", GROUPS), "peak": ("peaks", PEAK), "peak_probe": ("peak_probes", PEAK_PROBE),
            "declined": ("declined", DECLINED), "pending": ("pending_streams", PENDING),
-           "context": ("contexts", CONTEXT)}
+           "context": ("contexts", CONTEXT), "history": ("histories", HISTORY),
+           "peak_history": ("peak_histories", PEAK_HISTORY)}
 _SINGLE = ("garbage", "snapshot")
 
 
 def empty_root() -> dict:
     return {"suspicions": [], "traces": [], "baselines": [], "investigations": [], "threads": [],
             "garbage": None, "snapshot": None, "collections": [], "ooms": [], "libraries": [], "groups": [],
-            "peaks": [], "peak_probes": [], "declined": [], "pending_streams": [], "contexts": []}
+            "peaks": [], "peak_probes": [], "declined": [], "pending_streams": [], "contexts": [],
+            "histories": [], "peak_histories": []}
 
 
 def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:

@@ -20,6 +20,7 @@ SERIES_NAMES = {"allocated": "allocated", "non_torch": "outside PyTorch", "nvml"
 # samples: the context (the breakdown's, from its reading on), allocated, the cache (reserved less
 # allocated) and outside PyTorch (NVML less context and reserved, floored at 0).
 PEAK_COLOURS = {"parameters": "#1f77b4", "gradients": "#ff7f0e", "optimizer-state": "#d62728",
+                "activations": "#2ca02c", "gathered": "#c49c94",
                 "graphs-kept": "#9467bd", "temporaries": "#e377c2", "kept-tensors": "#17becf",
                 "unclassified": "#bcbd22",
                 "fragmentation": "#8c564b", "cache": "#4c78a8", "outside-pytorch": "#72b7b2", "context": "#9d9da1"}

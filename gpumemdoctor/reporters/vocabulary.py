@@ -94,6 +94,7 @@ def nccl_words(env: dict | None) -> str:
 
 # What each category of a peak is called where it is drawn (PEAK_CATEGORIES' order is the drawing's).
 PEAK_LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer-state": "optimizer state",
+               "activations": "activations", "gathered": "gathered, then freed",
                "graphs-kept": "graphs kept", "temporaries": "temporaries", "kept-tensors": "kept tensors",
                "unclassified": "unclassified", "fragmentation": "fragmentation", "cache": "allocator cache",
                "outside-pytorch": "outside PyTorch", "context": "CUDA context"}

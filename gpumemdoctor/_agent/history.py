@@ -1,0 +1,345 @@
+"""The allocated peak wherever it falls, between two samples too: PyTorch's allocation events kept
+from CUDA's start, and read back at each new high of its allocated peak counter (replay.py says
+what was live then).
+
+- From CUDA's start (--trace auto and on), PyTorch's history records every allocation and free,
+  without stacks (`enabled="all", context=None`): a ring of CAPACITY entries (address, size, time),
+  which costs nothing a step can show (GPT-2 124M on an H100: 187.6 ms a step with it and without).
+  trace.py's windows record the live blocks' stacks on top (`context="state"`), not the events'.
+- Marks: when each backward() and each optimizer step begins and ends (`torch.autograd.backward`
+  wrapped, same name, signature and result; PyTorch's global optimizer step hooks), in arrays made
+  once. They tell an activation from a temporary (replay.py).
+- At a sample where PyTorch's allocated peak counter has risen past the last reading's (RISE) to a
+  high that has gone again (TRANSIENT: the sample's own reading has a high that is still there), the
+  history is read: PyTorch's allocator snapshot, on the program's main thread (at a step boundary,
+  or between two of its bytecodes when the timer saw it), through neutral.Bulk with automatic
+  collection held off, so that the program's collections come when they would have. The snapshot is
+  asked for the events only (a pool no segment has: blocks with stacks would make its first call
+  import torch._dynamo, 4-7 s); with its segments, 2.3 ms with 5,000 events (GPT-2's step makes
+  3,200) and 0.45 us an event more; the ring is
+  sized to twice the events of the busiest step (MIN_CAPACITY to MAX_CAPACITY), so that the events
+  since the forward that led to the peak are still there. A `peak_history` record says what was
+  live at the highest moment, and its cost.
+- At most MAX_READINGS in a process; after LATE_READINGS a new high must be LATE_RISE above the
+  last. None with --snapshot (its events carry stacks: a reading would be slow).
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import threading
+import time
+from array import array
+from json.encoder import encode_basestring
+
+from . import main_thread, replay
+from .neutral import Bulk, quiet_gc
+from ..contract import ENV_SNAPSHOT
+
+MIN_BYTES = 64 << 20  # no reading below this counter
+RISE_BYTES = 16 << 20
+RISE_SHARE = 0.02
+TRANSIENT_BYTES = 64 << 20  # a high that came and went since the last sample: this far above allocated now
+TRANSIENT_SHARE = 0.05
+LATE_READINGS = 6
+LATE_RISE = 0.10
+MAX_READINGS = 12
+MIN_CAPACITY = 8192  # entries: an event is 1.5 entries (alloc, free requested, free completed)
+MAX_CAPACITY = 16384  # ~9 ms to read (H100); a step with more events leaves its first ones out
+ENTRIES_PER_EVENT = 1.6
+MARKS = 8192  # the marks' ring: four a step
+NO_POOL = (1 << 60, 1 << 60)  # a memory pool id no segment has: the snapshot's events without its segments
+BACKWARD_PARAMETERS = ["tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs"]
+
+
+class Marks:
+    """When backward() and optimizer steps began and ended: two arrays made once, written in place."""
+
+    def __init__(self):
+        self.times = array("q", bytes(8 * MARKS))
+        self.kinds = array("b", bytes(MARKS))
+        self.n = 0
+
+    def add(self, kind: int) -> None:
+        i = self.n % MARKS
+        self.times[i] = time.time_ns() // 1000  # the history's own clock: Unix time in microseconds
+        self.kinds[i] = kind
+        self.n += 1
+
+    def ordered(self, times: list, kinds: list) -> None:
+        """The marks kept, oldest first, into the two lists (one written out of order is left out)."""
+        n = self.n
+        last = 0
+        for j in range(n - MARKS if n > MARKS else 0, n):
+            i = j % MARKS
+            t = self.times[i]
+            if t >= last:
+                times.append(t)
+                kinds.append(self.kinds[i])
+                last = t
+
+
+def install_backward_marks(torch, marks: Marks) -> bool:
+    """torch.autograd.backward (which Tensor.backward calls) wrapped to mark its beginning and end,
+    where its parameters are the ones this wrapper passes on; False where they are not."""
+    original = torch.autograd.backward
+    if getattr(original, "__gpumemdoctor__", False):
+        return True
+    try:
+        parameters = inspect.signature(original).parameters
+    except (TypeError, ValueError):
+        return False
+    if list(parameters) != BACKWARD_PARAMETERS or any(
+            p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in parameters.values()):
+        return False
+
+    def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None,
+                 inputs=None):
+        marks.add(replay.BACKWARD)
+        try:
+            return original(tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs)
+        finally:
+            marks.add(replay.BACKWARD_END)
+
+    for name in ("__module__", "__name__", "__qualname__", "__doc__", "__annotations__"):
+        try:
+            setattr(backward, name, getattr(original, name))
+        except (AttributeError, TypeError):
+            pass
+    backward.__wrapped__ = original
+    backward.__gpumemdoctor__ = True
+    torch.autograd.backward = backward
+    return True
+
+
+class History:
+    """The events kept, the marks, and the readings at new highs of the allocated peak counter."""
+
+    def __init__(self, agent):
+        self.agent = agent
+        self.marks = Marks()
+        self.on = False
+        self.backward_marked = False
+        self.capacity = MIN_CAPACITY
+        self.best: list = []  # per device slot: the counter at the last reading
+        self.events: list = []  # per device slot: allocations and frees at the last step sample
+        self.busiest = 0  # most allocations and frees between two step samples
+        self.readings = 0
+        self.asked = False
+        self.pending = 0
+        self.bulk: Bulk | None = None
+        self.incref = None  # ctypes' Py_IncRef (see _read)
+        self.callback = self.add_pending = None
+        self.main_ident = threading.main_thread().ident
+
+    def prepare(self, devices: int) -> None:
+        """Made once at CUDA's start, on the program's thread."""
+        self.best = [0] * devices
+        self.events = [0] * devices
+        self.bulk = Bulk()
+        self.callback, self.add_pending = main_thread.pending_call(self._on_main_thread)
+        try:
+            import ctypes
+
+            incref = ctypes.pythonapi.Py_IncRef
+            incref.argtypes = [ctypes.py_object]
+            incref.restype = None
+            self.incref = incref
+        except Exception:
+            self.bulk = None  # no readings: the snapshot's call could not be made safe
+
+    def install(self, torch) -> None:
+        """The marks, when torch is imported (under `run` only)."""
+        try:
+            self.backward_marked = install_backward_marks(torch, self.marks)
+        except Exception:
+            self.backward_marked = False
+
+    def start(self) -> None:
+        """The events, from CUDA's start: --trace auto and on; not with --snapshot (trace.py records
+        them with stacks for its file)."""
+        agent = self.agent
+        if not agent.run_dir or agent.trace.mode == "off" or os.environ.get(ENV_SNAPSHOT) == "1":
+            return
+        error = None
+        try:
+            self.apply(False)
+            self.on = True
+        except Exception as exc:  # the cudaMallocAsync backend has no history
+            error = f"{type(exc).__name__}: {exc}"[:300]
+        agent.channel.write({"type": "history", "t": time.monotonic(), "ok": self.on, "error": error,
+                             "capacity": self.capacity, "backward_marked": self.backward_marked})
+
+    def apply(self, stacks: bool) -> None:
+        """PyTorch's history as this module keeps it, with the live blocks' stacks (trace.py's
+        windows) or without."""
+        self.agent.torch.cuda.memory._record_memory_history(
+            enabled="all", context="state" if stacks else None, stacks="python", max_entries=self.capacity)
+
+    # -- at each sample ----------------------------------------------------------------
+    def check(self, by: str) -> float:
+        """After each sample (the sampler's lock held). Returns the thread time a reading took."""
+        if not self.on or self.readings >= MAX_READINGS:
+            return 0.0
+        sampler = self.agent.sampler
+        rows = sampler.rows
+        live = sampler.live
+        share = LATE_RISE if self.readings >= LATE_READINGS else RISE_SHARE
+        for i in range(len(rows)):
+            if not live[i]:
+                continue
+            row = rows[i]
+            events = sampler.events[i]
+            if by == "step" and events is not None:
+                if self.events[i] and events - self.events[i] > self.busiest:
+                    self.busiest = events - self.events[i]
+                    self.resize()
+                self.events[i] = events
+            counter = row[6]
+            best = self.best[i]
+            if counter is None or counter < MIN_BYTES or counter < best + RISE_BYTES or counter < best * (1 + share):
+                continue
+            if not _between(counter, row[1]):  # the high is now: the sample's own reading (peak.py) has it
+                self.best[i] = counter
+                continue
+            if by == "step" and threading.get_ident() == self.main_ident:
+                started = time.thread_time()
+                self.read(i)  # (a step sample holds collection off)
+                return time.thread_time() - started
+            if not self.asked:
+                self.pending = i
+                self.asked = True  # before the call is queued: the main thread may run it at once
+                if not main_thread.ask(self.add_pending, self.callback):
+                    self.asked = False
+            return 0.0
+        return 0.0
+
+    def resize(self) -> None:
+        want = int(self.busiest * ENTRIES_PER_EVENT * 2)
+        want = MIN_CAPACITY if want < MIN_CAPACITY else MAX_CAPACITY if want > MAX_CAPACITY else want
+        if want > self.capacity * 1.25 or (want == MAX_CAPACITY and self.capacity < MAX_CAPACITY):
+            self.capacity = want
+            try:
+                self.apply(self.agent.trace.on)
+            except Exception:
+                pass
+
+    def _on_main_thread(self, _) -> int:
+        """Between two of the main thread's bytecodes (main_thread.py). Never raises."""
+        try:
+            self.asked = False
+            if not self.agent.finished and not main_thread.interrupted(sys._getframe(1)):
+                with quiet_gc():
+                    self.read(self.pending)
+        except Exception:
+            pass
+        return 0
+
+    def at_exit(self) -> None:
+        """The exit's reading, if the counter rose past the last one (the last steps' peak)."""
+        if not self.on or self.readings >= MAX_READINGS or not self.best:
+            return
+        sampler = self.agent.sampler
+        for i in range(len(sampler.rows)):
+            row = sampler.rows[i]
+            if (sampler.live[i] and row[6] and row[6] >= MIN_BYTES and row[6] >= self.best[i] + RISE_BYTES
+                    and _between(row[6], row[1])):
+                with quiet_gc():
+                    self.read(i)
+                return
+
+    # -- a reading ---------------------------------------------------------------------
+    def read(self, i: int) -> None:
+        """Reads the history for device slot i and writes its `peak_history` record."""
+        agent = self.agent
+        bulk = self.bulk
+        row = agent.sampler.rows[i]
+        self.best[i] = row[6] or 0  # before the reading: one that fails is not tried again at once
+        if bulk is None or not bulk.ready():
+            return
+        self.readings += 1
+        started = time.perf_counter()
+        line = bulk.run(self._read, row[0])
+        spent = time.perf_counter() - started
+        cost = agent.cost
+        cost["history_read_s"] = cost.get("history_read_s", 0.0) + spent
+        cost["history_reads"] = cost.get("history_reads", 0) + 1
+        if spent > cost.get("history_read_max_s", 0.0):
+            cost["history_read_max_s"] = spent
+        if line:
+            agent.channel.write_line(f'{line[:-1]},"elapsed_s":{spent!r}}}')
+
+    def _read(self, index: int) -> str:
+        """The snapshot and the walk back (replay.py), as one JSON line; inside neutral.Bulk: it
+        leaves nothing alive that it made but the line, and makes no tuple itself."""
+        agent = self.agent
+        torch = agent.torch
+        try:
+            stats = agent.sampler.stats_fn(index)
+            counter = stats["allocated_bytes"]["all"]["peak"]
+            allocated = stats["allocated_bytes"]["all"]["current"]
+            reserved = stats["reserved_bytes"]["all"]["current"]
+            del stats
+            started = time.perf_counter()
+            # The events only: a pool no segment belongs to leaves the segments out. Their blocks
+            # may carry stacks (trace.py's windows), whose first reading in a process imports
+            # torch._dynamo (6 s on an H100 machine) where the program has not.
+            # PyTorch 2.11 takes the pool id's two items as its own references and lets them go (a
+            # second call with the same tuple then read freed ints: "mempool_id elements must be
+            # integers", then a crash): each call first gives it the references it will drop.
+            self.incref(NO_POOL[0])
+            self.incref(NO_POOL[1])
+            snapshot = torch._C._cuda_memorySnapshot(NO_POOL)
+            snapshot_s = time.perf_counter() - started
+            traces = snapshot["device_traces"]
+            trace = traces[index] if index < len(traces) else []
+            storages: dict = {}
+            sizes: dict = {}
+            agent.peak_watch.optimizer_figures(index, [0, 0, 0], storages, sizes)
+            times: list = []
+            kinds: list = []
+            self.marks.ordered(times, kinds)
+            found = replay.replay(trace, allocated, times, kinds, storages, sizes, reserved, counter,
+                                  len(trace) >= self.capacity)
+            del snapshot, traces, trace, storages, sizes, times, kinds
+            if found is None:
+                return ""
+            now_us = time.time_ns() // 1000
+            now = time.monotonic()  # (with now_us: the two clocks read together)
+            parts = ""
+            for name in found["parts"]:
+                p = found["parts"][name]
+                item = (f'{encode_basestring(name)}:{{"bytes":{p["bytes"]},"blocks":{p["blocks"]},'
+                        f'"first_before_s":{_before(p["first_us"], now_us)},'
+                        f'"last_before_s":{_before(p["last_us"], now_us)}}}')
+                parts = f"{parts},{item}" if parts else item
+            reserved_at = found["reserved_at_peak"]
+            return (f'{{"type":"peak_history","n":{self.readings},"t":{now!r},"step":{agent.steps},"device":{index},'
+                    f'"counter":{counter},"allocated_peak":{found["allocated_peak"]},'
+                    f'"reserved_at_peak":{"null" if reserved_at is None else reserved_at},'
+                    f'"allocated":{found["allocated_now"]},"peak_before_s":{_before(found["peak_time_us"], now_us)},'
+                    f'"stretch_before_s":{_before(found["stretch_start_us"], now_us)},"phase":"{found["phase"]}",'
+                    f'"complete":{_bool(found["complete"])},"ring_full":{_bool(found["ring_full"])},'
+                    f'"events":{found["events"]},"capacity":{self.capacity},'
+                    f'"backward_marked":{_bool(self.backward_marked)},"parts":{{{parts}}},'
+                    f'"snapshot_s":{snapshot_s!r}}}')
+        except Exception as exc:
+            return (f'{{"type":"peak_history","n":{self.readings},"t":{time.monotonic()!r},"device":{index},'
+                    f'"error":{encode_basestring(f"{type(exc).__name__}: {exc}"[:200])}}}')
+
+
+def _between(counter: int, allocated) -> bool:
+    """Whether the counter's high came and went between two readings: it is above what is allocated
+    now by TRANSIENT_BYTES and TRANSIENT_SHARE of it."""
+    return allocated is not None and counter - allocated >= max(TRANSIENT_BYTES, TRANSIENT_SHARE * counter)
+
+
+def _before(us, now_us: int) -> str:
+    """How long before the reading a history time (Unix microseconds) was, in seconds, or null: the
+    recording's clock is another, and the reading's `t` is on it."""
+    return "null" if us is None else repr(max(0.0, (now_us - us) / 1e6))
+
+
+def _bool(value) -> str:
+    return "true" if value else "false"

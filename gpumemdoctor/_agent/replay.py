@@ -1,0 +1,194 @@
+"""The allocator's recorded events walked back to the moment of its highest allocated memory, and
+what was live then, told apart by when each block was made and freed. Pure: it reads a device's
+trace of events, the marks (history.py) and the optimizers' storages, and returns one record.
+
+The walk starts from what is allocated now (PyTorch's allocated bytes: the events' sizes are the
+blocks', which add up to it exactly) and undoes each event, newest first: an allocation subtracts
+its block, a free (`free_requested`, when PyTorch's allocated memory drops) adds it back. The
+highest total met is the allocated peak, if it lies within the recorded events (`complete`: the
+counter read with the events says whether it does). The blocks live then:
+- made within the events and still allocated now: a parameter, a gradient or optimizer state
+  (their storages' addresses, read with the events), or else `kept-tensors`;
+- made within the events and freed since, by when (marks: the program's backward() and optimizer
+  steps):
+  - made in a backward and freed after it ended: `gradients` (the .grad a step sets to None later);
+  - made in a backward, or in an optimizer step, and freed within it: `temporaries`;
+  - made outside both and freed while a later backward ran: `activations` (saved by a forward for
+    its backward);
+  - made outside both and freed with no backward in between: `gathered` when made early in the
+    stretch that led to the peak (GATHERED_SHARE of it: an evaluation's graphs or outputs, a
+    concatenation's pieces), else `temporaries`;
+- made before the events began: the optimizers' storages by their addresses, the rest still
+  allocated `kept-tensors`, and what was freed since `unclassified`.
+Each part keeps its blocks' count and when its first and last were made.
+"""
+from __future__ import annotations
+
+from bisect import bisect_right
+
+from ..contract import HISTORY_PARTS  # noqa: F401  (the names _part returns)
+
+# The walk's highest total against the counter: the history's sizes are the blocks' and add up to
+# allocated memory exactly (3.5 MiB above the counter on GPT-2's 14.7 GiB, H100): a peak found is
+# the counter's when it is within this of it (and 1% of it).
+COUNTER_SLACK = 16 << 20
+GATHERED_SHARE = 0.5  # made in the first half of the stretch before the peak: gathered, not a temporary
+BACKWARD, BACKWARD_END, STEP, STEP_END = 1, 2, 3, 4  # the kinds of marks (history.Marks)
+_STORAGE = {1: "parameters", 2: "gradients", 3: "optimizer-state"}
+
+
+def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict, sizes: dict,
+           reserved: int | None = None, counter: int | None = None, ring_full: bool = False) -> dict | None:
+    """The allocated peak found in `trace` (a device's entries, oldest first), walking back from
+    `allocated` (PyTorch's allocated bytes now) and `reserved` (its segments' bytes now). The marks:
+    `times` (time_us, in order) and their `kinds`; `storages`: {address: 1 parameters, 2 gradients,
+    3 optimizer state} of the storages alive now, `sizes` their bytes. `counter`: PyTorch's allocated
+    peak counter, read with the trace. None when the trace holds no allocation or free. Makes no
+    tuple: it runs inside a reading whose containers neutral.Bulk accounts for (dicts and lists)."""
+    total = allocated
+    best = allocated
+    best_i = len(trace)  # the state before entry best_i
+    segments = reserved or 0
+    best_segments = segments
+    seen = False
+    for i in range(len(trace) - 1, -1, -1):
+        e = trace[i]
+        action = e["action"]
+        if action == "alloc":
+            total -= e["size"]
+        elif action == "free_requested":
+            total += e["size"]
+        elif action == "segment_alloc" or action == "segment_map":
+            segments -= e["size"]
+            continue
+        elif action == "segment_free" or action == "segment_unmap":
+            segments += e["size"]
+            continue
+        else:
+            continue
+        seen = True
+        if total > best:
+            best = total
+            best_i = i
+            best_segments = segments
+    if not seen:
+        return None
+    # The blocks made within the recorded events and live at the peak: [size, made, freed].
+    made: dict = {}
+    for i in range(best_i):
+        e = trace[i]
+        action = e["action"]
+        if action == "alloc":
+            made[e["addr"]] = [e["size"], e["time_us"], None]
+        elif action == "free_requested":
+            made.pop(e["addr"], None)  # (one made before the events began, freed before the peak: gone)
+    later: dict = {}  # addresses allocated after the peak, until freed again
+    old_freed = 0  # blocks made before the events began, live at the peak, freed since
+    for i in range(best_i, len(trace)):
+        e = trace[i]
+        action = e["action"]
+        if action == "alloc":
+            later[e["addr"]] = True
+        elif action == "free_requested":
+            address = e["addr"]
+            if later.pop(address, None) is None:
+                block = made.get(address)
+                if block is not None and block[2] is None:
+                    block[2] = e["time_us"]
+                else:
+                    old_freed += e["size"]
+    peak_t = trace[best_i - 1]["time_us"] if best_i > 0 else trace[0]["time_us"]
+    stretch = _stretch_start(times, kinds, peak_t, trace[0]["time_us"])
+    parts: dict = {}
+    known = 0
+    for address in made:
+        block = made[address]
+        known += block[0]
+        _add(parts, _part(address, block[1], block[2], storages, times, kinds, stretch, peak_t), block[0], block[1])
+    # Made before the events began and still allocated: the storages the optimizers name, the rest kept.
+    old_alive = best - known - old_freed
+    if old_alive < 0:  # (sizes rounded apart by a few bytes)
+        old_alive = 0
+    for address in storages:
+        if address in made or address in later:
+            continue
+        size = (sizes.get(address, 0) + 511) // 512 * 512  # the allocator's blocks are 512-byte multiples
+        if size > old_alive:
+            size = old_alive
+        if size > 0:
+            _add(parts, _STORAGE[storages[address]], size, None)
+            old_alive -= size
+    if old_alive > 0:
+        _add(parts, "kept-tensors", old_alive, None)
+    if old_freed > 0:
+        _add(parts, "unclassified", old_freed, None)
+    out = {}
+    for name in parts:
+        p = parts[name]
+        out[name] = {"bytes": p[0], "blocks": p[1], "first_us": p[2], "last_us": p[3]}
+    return {"allocated_peak": best, "reserved_at_peak": best_segments if reserved is not None else None,
+            "peak_time_us": peak_t, "allocated_now": allocated,
+            "complete": counter is None or best >= counter - min(COUNTER_SLACK, counter // 100), "ring_full": ring_full,
+            "events": len(trace), "phase": _phase(times, kinds, peak_t), "stretch_start_us": stretch,
+            "parts": out}
+
+
+def _add(parts: dict, name: str, size: int, made) -> None:
+    p = parts.get(name)
+    if p is None:
+        parts[name] = p = [0, 0, made, made]
+    p[0] += size
+    p[1] += 1
+    if made is not None:
+        if p[2] is None or made < p[2]:
+            p[2] = made
+        if p[3] is None or made > p[3]:
+            p[3] = made
+
+
+def _part(address: int, made, freed, storages: dict, times: list, kinds: list, stretch: int, peak_t: int) -> str:
+    if freed is None:  # still allocated now
+        kind = storages.get(address)
+        return _STORAGE[kind] if kind else "kept-tensors"
+    made_in = _phase(times, kinds, made)
+    if made_in == "backward":
+        ended = _next(times, kinds, made, BACKWARD_END)
+        return "gradients" if ended is not None and freed > ended else "temporaries"
+    if made_in == "optimizer step":
+        return "temporaries"
+    backward = _next(times, kinds, made, BACKWARD)
+    if backward is not None and backward <= freed:
+        return "activations"
+    if made <= stretch + GATHERED_SHARE * (peak_t - stretch):
+        return "gathered"
+    return "temporaries"
+
+
+def _phase(times: list, kinds: list, t: int) -> str:
+    """'backward', 'optimizer step' or 'outside' (a forward, an evaluation, the program's own code)."""
+    i = bisect_right(times, t) - 1
+    if i < 0:
+        return "outside"
+    kind = kinds[i]
+    if kind == BACKWARD:
+        return "backward"
+    if kind == STEP:
+        return "optimizer step"
+    return "outside"
+
+
+def _next(times: list, kinds: list, t: int, kind: int):
+    """The time of the first mark of `kind` after t, or None."""
+    for i in range(bisect_right(times, t), len(times)):
+        if kinds[i] == kind:
+            return times[i]
+    return None
+
+
+def _stretch_start(times: list, kinds: list, peak_t: int, first_t: int) -> int:
+    """Where the stretch of the program that led to the peak began: the last end of a backward or of
+    an optimizer step before it, else the first recorded event."""
+    for i in range(bisect_right(times, peak_t) - 1, -1, -1):
+        if kinds[i] == BACKWARD_END or kinds[i] == STEP_END:
+            return times[i] if times[i] > first_t else first_t
+    return first_t

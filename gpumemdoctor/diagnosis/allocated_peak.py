@@ -1,0 +1,112 @@
+"""What filled the GPU at PyTorch's allocated peak, wherever it fell, between two samples too: the
+composition of the best `peak_history` reading (_agent/history.py: the allocator's events walked
+back to the peak, _agent/replay.py says how each part is told), and the finding it makes. Pure.
+
+The reading's parts are the allocated memory at that moment; beside them the CUDA context (the
+breakdown's), the segments' bytes then less the allocated (the allocator's cache), and memory
+outside PyTorch as the nearest capture (peak.py) read it. A reading whose events did not reach back
+to the peak (`complete` false) is not used; the report says so."""
+from __future__ import annotations
+
+from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
+from .remedies import FINDINGS
+from ..units import format_bytes as fb
+
+MIN_FINDING_BYTES = 256 << 20
+GATHERED_SHARE = 0.20  # of the allocated memory at the peak: an evaluation's gathered graphs or outputs
+
+HOW = {
+    "parameters": "the storages of the optimizers' parameter groups",
+    "gradients": "the .grad of those parameters, or made in backward() and kept after it ended",
+    "optimizer-state": "the optimizers' state (AdamW: exp_avg and exp_avg_sq)",
+    "activations": "made outside backward() and freed while a later backward() ran: saved by a forward for its "
+                   "backward",
+    "gathered": "made early in the stretch that led to the peak, with no backward() after them, and freed since: "
+                "an evaluation's graphs or gathered outputs, the pieces of a concatenation",
+    "temporaries": "made and freed within one stretch: a forward's before its backward(), backward()'s own "
+                   "(the gradients of activations), an optimizer step's",
+    "kept-tensors": "allocated before this moment and still allocated when it was read, not the optimizers'",
+    "unclassified": "made before the recorded events began and freed since",
+    "cache": "reserved by PyTorch then and not allocated: free for its next allocations",
+    "context": "the CUDA context, read at the process's first allocation",
+    "outside-pytorch": "NVML's figure for the process less the context and PyTorch's reserved memory, at the "
+                       "nearest reading",
+}
+PHASES = {"backward": "inside backward()", "optimizer step": "inside an optimizer step",
+          "outside": "outside backward() and the optimizer steps (a forward, an evaluation, the program's own code)"}
+
+
+def reading(agent, torch_index: int) -> dict | None:
+    """The reading with the highest allocated peak on this device whose events reached it."""
+    found = [r for r in agent.root.get("peak_histories", [])
+             if r["device"] == torch_index and "error" not in r and r.get("complete") and r.get("parts")]
+    return max(found, key=lambda r: r["allocated_peak"]) if found else None
+
+
+def incomplete_note(agent, torch_index: int) -> str | None:
+    """Said where every reading of this device missed its peak (the events did not reach back to it)."""
+    readings = [r for r in agent.root.get("peak_histories", []) if r["device"] == torch_index and "error" not in r]
+    if readings and not any(r.get("complete") for r in readings):
+        return ("PyTorch's allocation events did not reach back to its allocated peak (more events between two "
+                "samples than the ring kept): that peak is not split")
+    return None
+
+
+def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | None,
+            where: str) -> tuple[PeakComposition, list[Finding]] | None:
+    """The composition at the best reading's peak, and its finding; None without one."""
+    r = reading(agent, torch_index)
+    if r is None:
+        return None
+    allocated = r["allocated_peak"]
+    reserved = max(r["reserved_at_peak"] or 0, allocated)
+    parts: dict[str, PeakPart] = {}
+    for category, p in r["parts"].items():
+        if p["bytes"] > 0:
+            parts[category] = PeakPart(category, p["bytes"], HOW[category], [])
+    told = sum(p.bytes for p in parts.values())
+    if told < allocated:  # (the walk's parts add up to its peak, the storages' 512-byte rounding aside)
+        parts.setdefault("unclassified", PeakPart("unclassified", 0, HOW["unclassified"], [])).bytes += allocated - told
+    elif told > allocated and parts:
+        largest = max(parts.values(), key=lambda p: p.bytes)
+        largest.bytes -= min(largest.bytes, told - allocated)
+    if reserved > allocated:
+        parts["cache"] = PeakPart("cache", reserved - allocated, HOW["cache"], [])
+    if outside > 0:
+        parts["outside-pytorch"] = PeakPart("outside-pytorch", outside, HOW["outside-pytorch"], [])
+    parts["context"] = PeakPart("context", b.context_bytes or 0, HOW["context"], [])
+    ordered = [parts[c] for c in PEAK_CATEGORIES if c in parts and (parts[c].bytes > 0 or c == "context")]
+    t = r["t"] - (r["peak_before_s"] or 0.0)
+    notes = [f"split at PyTorch's allocated peak, {fb(allocated)}, from its allocation events walked back from a "
+             f"reading {r['peak_before_s'] or 0:.3f} s later; it came {PHASES[r['phase']]}"]
+    if not r.get("backward_marked", True):
+        notes.append("backward() could not be marked in this PyTorch: activations and temporaries are not told apart")
+    composition = PeakComposition(
+        pid=agent.pid, device=device, torch_index=torch_index, t=t, step=r.get("step"),
+        total_bytes=sum(p.bytes for p in ordered), allocated_bytes=allocated, reserved_bytes=reserved, parts=ordered,
+        allocated_peak_bytes=r["counter"], in_pause=False, where=None, notes=notes)
+    return composition, findings(composition, r, where)
+
+
+def findings(c: PeakComposition, r: dict, where: str) -> list[Finding]:
+    """An evaluation's gathered tensors at the peak: the avoidable peak an evaluation without no_grad makes."""
+    gathered = c.part("gathered")
+    if gathered is None or r["phase"] != "outside":
+        return []
+    if gathered.bytes < max(MIN_FINDING_BYTES, GATHERED_SHARE * c.allocated_bytes):
+        return []
+    p = r["parts"]["gathered"]
+    span = ""
+    if p["first_before_s"] is not None and p["last_before_s"] is not None:
+        span = f" over {(p['first_before_s'] - p['last_before_s']) * 1000:.0f} ms"
+    step = f", step {c.step}" if c.step else ""
+    return [Finding(kind="avoidable-peak", bytes=gathered.bytes, pid=c.pid, device=c.device,
+                    summary=f"At the peak of {where} ({fb(c.total_bytes)}{step}, between two samples), "
+                            f"{fb(gathered.bytes)} in {p['blocks']} tensors had been gathered{span} with no "
+                            "backward() after them, and all were freed when that stretch ended: an evaluation "
+                            "without torch.no_grad() keeps each batch's autograd graph, and what its forward "
+                            "saved, until its result is dropped (outputs kept in a list do the same)",
+                    evidence={"decided_by": "peak", "peak_t": c.t, "peak_step": c.step, "peak_bytes": c.total_bytes,
+                              "gathered_bytes": gathered.bytes, "gathered_blocks": p["blocks"],
+                              "phase": r["phase"]},
+                    remedy=FINDINGS["graphs-at-peak"])]

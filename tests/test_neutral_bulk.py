@@ -1,0 +1,73 @@
+"""A bulk reading (neutral.Bulk: PyTorch's allocator snapshot, thousands of dicts, lists and
+2-tuples) leaves the collector's count and the free lists of those types as it found them."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from gpumemdoctor._agent.neutral import BULK_SPARE, Bulk
+
+
+def _free_list_lengths(out: list) -> list:
+    """How many dicts, lists and 2-tuples each free list holds now (into `out`, made beforehand:
+    a list made here would be one the free list no longer holds), found as Bulk finds them (taken
+    until one is made anew), then given back. Run with collection held off."""
+    get = gc.get_count
+    for make in (lambda i: {}, lambda i: [], lambda i: (i, i + 1)):
+        held = []
+        c = get()[0]
+        n = 0
+        while True:
+            held.append(make(n))
+            if get()[0] != c:
+                break
+            n += 1
+        out.append(n)
+        last = held.pop()
+        del held[:]  # back to the free list: as it was, plus `last` below
+        keep.append(last)  # made anew: kept, not given to the list
+    return out
+
+
+keep: list = []
+
+
+def _snapshot_like(sizes):
+    """What a snapshot makes: `dicts` dicts in lists, `pairs` 2-tuples, all freed at the end."""
+    dicts, lists, pairs = sizes
+    trace = [{"action": "alloc", "addr": i, "size": 512} for i in range(dicts)]
+    segments = [[{"a": i}] for i in range(lists)]
+    pools = [(i, i + 1) for i in range(pairs)]
+    return len(trace) + len(segments) + len(pools)
+
+
+@pytest.mark.parametrize("sizes", [(0, 0, 0), (5, 3, 1), (79, 81, 10), (5000, 800, 198), (40, 2000, 3000)])
+def test_a_bulk_reading_leaves_the_count_and_the_free_lists_as_they_were(sizes):
+    bulk = Bulk()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        # Free lists part full, as in a running program.
+        junk = [{} for _ in range(30)] + [[] for _ in range(20)] + [(i, -i) for i in range(500)]
+        del junk
+        before, after = [], []
+        _free_list_lengths(before)
+        c0 = gc.get_count()[0]
+        made = bulk.run(_snapshot_like, sizes)
+        c1 = gc.get_count()[0]
+        _free_list_lengths(after)
+    finally:
+        if was:
+            gc.enable()
+    assert made == sum(sizes)
+    assert c1 == c0
+    assert after == before
+    assert bulk.short == 0
+
+
+def test_the_ballast_says_when_another_reading_could_not_be_put_back():
+    bulk = Bulk()
+    assert bulk.ready()
+    del bulk.ballast[BULK_SPARE - 1:]
+    assert not bulk.ready()

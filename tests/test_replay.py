@@ -1,0 +1,75 @@
+"""The allocated peak told from the allocator's events (gpumemdoctor/_agent/replay.py), on a real
+recording: transformers' GPT-2 124M, four AdamW steps on an H100 (tests/fixtures/history/, made by
+benchmarks/peak_history.py), against PyTorch's MemTracker on the same steps; and on small traces
+whose answer is known."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from gpumemdoctor._agent import replay as R
+
+FIXTURE = Path(__file__).parent / "fixtures" / "history" / "gpt2-124m-h100.json.gz"
+KINDS = {"backward": R.BACKWARD, "backward_end": R.BACKWARD_END, "step": R.STEP, "step_end": R.STEP_END}
+MIB = 1 << 20
+
+
+def _gpt2(first_entry: int = 0):
+    with gzip.open(FIXTURE, "rt") as f:
+        d = json.load(f)
+    trace = [{"action": a, "addr": addr, "size": size, "time_us": t} for a, addr, size, t in d["trace"]][first_entry:]
+    times = [t for k, t in d["marks"] if k in KINDS]
+    kinds = [KINDS[k] for k, t in d["marks"] if k in KINDS]
+    storages, sizes = {}, {}
+    for category, key in ((1, "parameters"), (2, "gradients"), (3, "state")):
+        for address, size in d["storages"][key]:
+            storages.setdefault(address, category)
+            sizes.setdefault(address, size)
+    found = R.replay(trace, d["allocated"], times, kinds, storages, sizes, d["reserved"],
+                     counter=d["per_step"][-1]["peak"])
+    return found, d
+
+
+@pytest.mark.parametrize("first_entry", [0, 8000])  # all four steps; only the last one and a half
+def test_gpt2s_peak_is_split_as_memtracker_splits_it(first_entry):
+    found, d = _gpt2(first_entry)
+    reference = d["memtracker"]["peak"]["cuda:0"]
+    parts = {k: v["bytes"] for k, v in found["parts"].items()}
+    assert found["complete"] and found["phase"] == "backward"
+    assert abs(found["allocated_peak"] - d["per_step"][-1]["peak"]) <= 16 * MIB
+    for ours, theirs in (("activations", "Activation"), ("temporaries", "Temp"),
+                         ("optimizer-state", "Optstate"), ("parameters", "Parameter")):
+        assert abs(parts[ours] - reference[theirs]) <= max(64 * MIB, 0.10 * reference[theirs]), (ours, parts, reference)
+    assert parts.get("gradients", 0) <= 64 * MIB  # MemTracker: 0 (set_to_none, the peak early in backward)
+    assert parts.get("unclassified", 0) <= 0.10 * found["allocated_peak"]
+    assert sum(parts.values()) == found["allocated_peak"]
+
+
+def _e(action, addr, size, t):
+    return {"action": action, "addr": addr, "size": size, "time_us": t}
+
+
+def test_a_step_is_split_by_when_each_block_was_made_and_freed():
+    # 100 allocated before (a parameter at 1 and its state at 2 among them); a forward makes 3 and 4
+    # (4 freed before backward: a temporary), backward (t 10-20) makes 5 (a gradient, freed after
+    # it) and 6 (freed within it), the peak comes at t 13 with 3, 5 and 6 live.
+    trace = [_e("alloc", 3, 40, 2), _e("alloc", 4, 8, 3), _e("free_requested", 4, 8, 4),
+             _e("alloc", 5, 10, 11), _e("alloc", 6, 30, 13), _e("free_requested", 6, 30, 14),
+             _e("free_requested", 3, 40, 15), _e("free_requested", 5, 10, 30)]
+    found = R.replay(trace, 100, [10, 20, 21, 25], [R.BACKWARD, R.BACKWARD_END, R.STEP, R.STEP_END],
+                     {1: 1, 2: 3}, {1: 512, 2: 1024}, counter=180)
+    assert found["allocated_peak"] == 180 and found["complete"] and found["phase"] == "backward"
+    parts = {k: v["bytes"] for k, v in found["parts"].items()}
+    assert parts == {"activations": 40, "gradients": 10, "temporaries": 30, "parameters": 100}
+
+
+def test_an_evaluation_without_a_backward_is_gathered_and_a_peak_before_the_events_is_incomplete():
+    trace = [_e("alloc", a, 10, a) for a in range(1, 9)] + [_e("free_requested", a, 10, 20 + a) for a in range(1, 9)]
+    found = R.replay(trace, 50, [], [], {}, {}, counter=130)
+    assert found["parts"]["gathered"]["bytes"] == 40 and found["parts"]["temporaries"]["bytes"] == 40
+    assert found["parts"]["kept-tensors"]["bytes"] == 50
+    assert not R.replay(trace, 50, [], [], {}, {}, counter=500)["complete"]
+    assert R.replay([_e("segment_alloc", 1, 10, 1)], 0, [], [], {}, {}) is None
