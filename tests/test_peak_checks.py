@@ -105,6 +105,18 @@ def test_an_older_baseline_without_parts_loads_and_compares_as_before(tmp_path):
     assert [reporter.message(r) for r in results] == [r.message for r in before]
 
 
+def test_a_baseline_made_before_the_allocated_peaks_parts_loads_them_as_zero(tmp_path):
+    recording, diagnosis = run(compositions=[training_peak()])
+    doc = checks.baseline_document(recording, diagnosis)
+    for category in ("activations", "gathered"):
+        del doc["peak_parts"][category]
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(doc))
+    parts = checks.load_baseline(str(path))["peak_parts"]
+    assert parts["activations"] == 0 and parts["gathered"] == 0
+    assert parts["optimizer-state"] == doc["peak_parts"]["optimizer-state"]
+
+
 @pytest.mark.parametrize("broken", [
     lambda parts: parts.pop("optimizer-state"),
     lambda parts: parts.__setitem__("parameters", -1),

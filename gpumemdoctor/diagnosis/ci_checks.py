@@ -25,6 +25,7 @@ from typing import Any
 
 from .. import __version__
 from .diagnose import FINDING_KINDS, INFORMATIVE, PEAK_CATEGORIES, Diagnosis, PeakComposition
+from .findings import LATER_PEAK_CATEGORIES
 from ..errors import BadReportError, UsageError
 from ..files.inputs import read_json
 from ..files.outputs import write_text
@@ -407,8 +408,10 @@ def parse_baseline(obj: Any) -> dict:
 # A baseline's declared shape: its figures, each written (null where it was not measured), and the
 # same per rank where the run had ranks.
 BASELINE_FIGURES = Shape({key: written(opt(SIZE)) for key in RANK_FIGURES})
-# The largest peak's parts, every category written (absent from baselines made before them).
-BASELINE_PEAK_PARTS = Shape({category: written(SIZE) for category in PEAK_CATEGORIES})
+# The largest peak's parts, every category written (absent from baselines made before them); the
+# categories added later read as 0 from a baseline made before them.
+BASELINE_PEAK_PARTS = Shape({category: absent(SIZE, 0) if category in LATER_PEAK_CATEGORIES else written(SIZE)
+                             for category in PEAK_CATEGORIES})
 BASELINE = Shape({"tool_version": STR, "figures": BASELINE_FIGURES,
                   "ranks": opt(dict_of(need_int_key, BASELINE_FIGURES)),
                   "peak_parts": absent(opt(BASELINE_PEAK_PARTS), None)})

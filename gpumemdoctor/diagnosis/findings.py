@@ -144,6 +144,8 @@ class Job:
 PEAK_CATEGORIES = ("parameters", "gradients", "optimizer-state", "activations", "gathered", "graphs-kept",
                    "temporaries", "kept-tensors", "unclassified", "fragmentation", "cache", "outside-pytorch",
                    "context")
+# Categories added after baselines first kept a peak's parts: absent from those baselines, read as 0.
+LATER_PEAK_CATEGORIES = ("activations", "gathered")
 
 
 @dataclass
