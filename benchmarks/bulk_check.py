@@ -9,27 +9,7 @@ import torch
 
 from gpumemdoctor._agent import replay
 from gpumemdoctor._agent.history import NO_POOL, History
-from gpumemdoctor._agent.neutral import Bulk
-
-keep = []
-
-
-def lengths(out):
-    get = gc.get_count
-    for make in (lambda i: {}, lambda i: [], lambda i: (i,), lambda i: (i, i), lambda i: (i, i, i),
-                 lambda i: (i, i, i, i)):
-        held = []
-        c = get()[0]
-        n = 0
-        while n < 5000:
-            held.append(make(n))
-            if get()[0] != c:
-                break
-            n += 1
-        out.append(n)
-        keep.append(held.pop())
-        del held[:]
-
+from gpumemdoctor._agent.neutral import Bulk, free_list_lengths
 
 history = History(None)
 history.prepare(1)
@@ -56,11 +36,11 @@ gc.disable()
 junk = [{} for _ in range(30)] + [[] for _ in range(20)] + [(i, -i) for i in range(500)] + [(i,) for i in range(7)]
 del junk
 before, after = [], []
-lengths(before)
+free_list_lengths(before)
 c0 = gc.get_count()[0]
 peak = bulk.run(reading, None)
 c1 = gc.get_count()[0]
-lengths(after)
+free_list_lengths(after)
 gc.enable()
 print(f"peak {peak}; count {c0} -> {c1}; free lists (dict, list, 1- to 4-tuples) {before} -> {after}; short {bulk.short}")
 sys.exit(0 if (c0 == c1 and before == after) else 1)

@@ -6,31 +6,7 @@ import gc
 
 import pytest
 
-from gpumemdoctor._agent.neutral import BULK_SPARE, Bulk
-
-
-def _free_list_lengths(out: list) -> list:
-    """How many dicts, lists and 2-tuples each free list holds now (into `out`, made beforehand:
-    a list made here would be one the free list no longer holds), found as Bulk finds them (taken
-    until one is made anew), then given back. Run with collection held off."""
-    get = gc.get_count
-    for make in (lambda i: {}, lambda i: [], lambda i: (i, i + 1)):
-        held = []
-        c = get()[0]
-        n = 0
-        while True:
-            held.append(make(n))
-            if get()[0] != c:
-                break
-            n += 1
-        out.append(n)
-        last = held.pop()
-        del held[:]  # back to the free list: as it was, plus `last` below
-        keep.append(last)  # made anew: kept, not given to the list
-    return out
-
-
-keep: list = []
+from gpumemdoctor._agent.neutral import BULK_SPARE, Bulk, free_list_lengths
 
 
 def _snapshot_like(sizes):
@@ -52,11 +28,11 @@ def test_a_bulk_reading_leaves_the_count_and_the_free_lists_as_they_were(sizes):
         junk = [{} for _ in range(30)] + [[] for _ in range(20)] + [(i, -i) for i in range(500)]
         del junk
         before, after = [], []
-        _free_list_lengths(before)
+        free_list_lengths(before)
         c0 = gc.get_count()[0]
         made = bulk.run(_snapshot_like, sizes)
         c1 = gc.get_count()[0]
-        _free_list_lengths(after)
+        free_list_lengths(after)
     finally:
         if was:
             gc.enable()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpumemdoctor._agent import replay as R
+from gpumemdoctor.contract import HISTORY_PARTS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "history" / "gpt2-124m-h100.json.gz"
 KINDS = {"backward": R.BACKWARD, "backward_end": R.BACKWARD_END, "step": R.STEP, "step_end": R.STEP_END}
@@ -46,6 +47,7 @@ def test_gpt2s_peak_is_split_as_memtracker_splits_it(first_entry):
     assert parts.get("gradients", 0) <= 64 * MIB  # MemTracker: 0 (set_to_none, the peak early in backward)
     assert parts.get("unclassified", 0) <= 0.10 * found["allocated_peak"]
     assert sum(parts.values()) == found["allocated_peak"]
+    assert set(parts) <= set(HISTORY_PARTS)
 
 
 def _e(action, addr, size, t):
@@ -73,3 +75,16 @@ def test_an_evaluation_without_a_backward_is_gathered_and_a_peak_before_the_even
     assert found["parts"]["kept-tensors"]["bytes"] == 50
     assert not R.replay(trace, 50, [], [], {}, {}, counter=500)["complete"]
     assert R.replay([_e("segment_alloc", 1, 10, 1)], 0, [], [], {}, {}) is None
+
+
+def test_the_marks_kept_are_those_from_the_last_before_the_events_on_in_order():
+    from gpumemdoctor._agent.history import Marks
+
+    marks = Marks()
+    for i, kind in enumerate([R.BACKWARD, R.BACKWARD_END, R.STEP, R.STEP_END] * 3):
+        marks.times[marks.n] = 100 + 10 * i
+        marks.kinds[marks.n] = kind
+        marks.n += 1
+    times, kinds = [], []
+    marks.ordered(times, kinds, 175)
+    assert times == [170, 180, 190, 200, 210] and kinds == [R.STEP_END, R.BACKWARD, R.BACKWARD_END, R.STEP, R.STEP_END]

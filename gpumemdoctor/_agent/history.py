@@ -9,7 +9,7 @@ what was live then).
 - Marks: when each backward() and each optimizer step begins and ends (`torch.autograd.backward`
   wrapped, same name, signature and result; PyTorch's global optimizer step hooks), in arrays made
   once. They tell an activation from a temporary (replay.py).
-- At a sample where PyTorch's allocated peak counter has risen past the last reading's (RISE) to a
+- At a sample where PyTorch's allocated peak counter has risen past the last reading's (peak.new_high) to a
   high that has gone again (TRANSIENT: the sample's own reading has a high that is still there), the
   history is read: PyTorch's allocator snapshot, on the program's main thread (at a step boundary,
   or between two of its bytecodes when the timer saw it), through neutral.Bulk with automatic
@@ -20,8 +20,7 @@ what was live then).
   sized to twice the events of the busiest step (MIN_CAPACITY to MAX_CAPACITY), so that the events
   since the forward that led to the peak are still there. A `peak_history` record says what was
   live at the highest moment, and its cost.
-- At most MAX_READINGS in a process; after LATE_READINGS a new high must be LATE_RISE above the
-  last. None with --snapshot (its events carry stacks: a reading would be slow).
+- A new high as peak.py's captures have one (`new_high`); at most MAX_READINGS in a process. None with --snapshot (its events carry stacks: a reading would be slow).
 """
 from __future__ import annotations
 
@@ -35,15 +34,11 @@ from json.encoder import encode_basestring
 
 from . import main_thread, replay
 from .neutral import Bulk, quiet_gc
+from .peak import new_high
 from ..contract import ENV_SNAPSHOT
 
-MIN_BYTES = 64 << 20  # no reading below this counter
-RISE_BYTES = 16 << 20
-RISE_SHARE = 0.02
 TRANSIENT_BYTES = 64 << 20  # a high that came and went since the last sample: this far above allocated now
 TRANSIENT_SHARE = 0.05
-LATE_READINGS = 6
-LATE_RISE = 0.10
 MAX_READINGS = 12
 MIN_CAPACITY = 8192  # entries: an event is 1.5 entries (alloc, free requested, free completed)
 MAX_CAPACITY = 16384  # ~9 ms to read (H100); a step with more events leaves its first ones out
@@ -67,17 +62,23 @@ class Marks:
         self.kinds[i] = kind
         self.n += 1
 
-    def ordered(self, times: list, kinds: list) -> None:
-        """The marks kept, oldest first, into the two lists (one written out of order is left out)."""
+    def ordered(self, times: list, kinds: list, since: int) -> None:
+        """The marks from the last one before `since` (Unix microseconds) on, oldest first, into the
+        two lists (one written out of order is left out)."""
         n = self.n
-        last = 0
-        for j in range(n - MARKS if n > MARKS else 0, n):
+        last = None
+        for j in range(n - 1, (n - MARKS if n > MARKS else 0) - 1, -1):
             i = j % MARKS
             t = self.times[i]
-            if t >= last:
-                times.append(t)
-                kinds.append(self.kinds[i])
-                last = t
+            if last is not None and t > last:
+                continue
+            times.append(t)
+            kinds.append(self.kinds[i])
+            last = t
+            if t < since:  # it tells what part of a step the first events fell in
+                break
+        times.reverse()
+        kinds.reverse()
 
 
 def install_backward_marks(torch, marks: Marks) -> bool:
@@ -185,20 +186,15 @@ class History:
         sampler = self.agent.sampler
         rows = sampler.rows
         live = sampler.live
-        share = LATE_RISE if self.readings >= LATE_READINGS else RISE_SHARE
+        if by == "step":
+            self.count_events(sampler)
         for i in range(len(rows)):
             if not live[i]:
                 continue
             row = rows[i]
-            events = sampler.events[i]
-            if by == "step" and events is not None:
-                if self.events[i] and events - self.events[i] > self.busiest:
-                    self.busiest = events - self.events[i]
-                    self.resize()
-                self.events[i] = events
             counter = row[6]
             best = self.best[i]
-            if counter is None or counter < MIN_BYTES or counter < best + RISE_BYTES or counter < best * (1 + share):
+            if counter is None or not new_high(counter, best, self.readings):
                 continue
             if not _between(counter, row[1]):  # the high is now: the sample's own reading (peak.py) has it
                 self.best[i] = counter
@@ -214,6 +210,17 @@ class History:
                     self.asked = False
             return 0.0
         return 0.0
+
+    def count_events(self, sampler) -> None:
+        """The allocations and frees since the last step sample: the busiest step's size the ring."""
+        for i in range(len(self.events)):
+            events = sampler.events[i]
+            if events is None or not sampler.live[i]:
+                continue
+            if self.events[i] and events - self.events[i] > self.busiest:
+                self.busiest = events - self.events[i]
+                self.resize()
+            self.events[i] = events
 
     def resize(self) -> None:
         want = int(self.busiest * ENTRIES_PER_EVENT * 2)
@@ -243,8 +250,7 @@ class History:
         sampler = self.agent.sampler
         for i in range(len(sampler.rows)):
             row = sampler.rows[i]
-            if (sampler.live[i] and row[6] and row[6] >= MIN_BYTES and row[6] >= self.best[i] + RISE_BYTES
-                    and _between(row[6], row[1])):
+            if sampler.live[i] and row[6] and new_high(row[6], self.best[i], self.readings) and _between(row[6], row[1]):
                 with quiet_gc():
                     self.read(i)
                 return
@@ -299,7 +305,7 @@ class History:
             agent.peak_watch.optimizer_figures(index, [0, 0, 0], storages, sizes)
             times: list = []
             kinds: list = []
-            self.marks.ordered(times, kinds)
+            self.marks.ordered(times, kinds, trace[0]["time_us"] if trace else 0)
             found = replay.replay(trace, allocated, times, kinds, storages, sizes, reserved, counter,
                                   len(trace) >= self.capacity)
             del snapshot, traces, trace, storages, sizes, times, kinds

@@ -97,19 +97,26 @@ class Neutral:
                 n -= 1
             c = get()[0]
             if not collected:  # after a collection the count starts again from zero: nothing to put back
-                while c > c0 and ballast:
-                    ballast.pop()
-                    c -= 1
+                c = _put_back(ballast, c, c0)
                 if c > c0:
                     self.short += 1
-                while c < c0:
-                    ballast.append(_Ballast())
-                    c += 1
             self.t3 = (c, c0, n)
         return result
 
 
 NO_ROOM = object()
+
+
+def _put_back(ballast: list, c: int, c0: int) -> int:
+    """Ballast freed or made, one at a time, until the collector's count, now c, is c0 again; the
+    count then (above c0 where the ballast ran out)."""
+    while c > c0 and ballast:
+        ballast.pop()
+        c -= 1
+    while c < c0:
+        ballast.append(_Ballast())
+        c += 1
+    return c
 
 
 class quiet_gc:
@@ -168,56 +175,52 @@ class Bulk:
         self.t3 = None  # lent: gc.get_count's own tuple comes from the free list of 3-tuples
         c0 = get()[0]
         drained = self.drained
-        _drain_dicts(drained[0], get)
-        _drain_lists(drained[1], get)
-        _drain_pairs(drained[2], get)
+        for i in range(3):
+            _drain(drained[i], get, BULK_KINDS[i])
         try:
             return fn(arg)
         finally:
             again = self.again
-            _drain_dicts(again[0], get)
-            _drain_lists(again[1], get)
-            _drain_pairs(again[2], get)
             kept = self.kept
+            for i in range(3):
+                _drain(again[i], get, BULK_KINDS[i])
             for i in range(3):
                 kept.append(drained[i].pop())  # the last one drained was made anew: not a free list's
                 del drained[i][:]  # back to their free lists, emptied by the second drain
                 kept.extend(again[i])
                 del again[i][:]
-            c = get()[0]
-            ballast = self.ballast
-            while c > c0 and ballast:
-                ballast.pop()
-                c -= 1
+            c = _put_back(self.ballast, get()[0], c0)
             if c > c0:
                 self.short += 1
-            while c < c0:
-                ballast.append(_Ballast())
-                c += 1
             self.t3 = (c, c0, 0)
 
 
-def _drain_dicts(held: list, get) -> None:
+def _drain(held: list, get, make) -> int:
+    """Takes `make(n)` objects into `held` until one is made anew (the collector's count moves): how
+    many the free list held."""
     c = get()[0]
-    for _ in range(_DRAIN_LIMIT):
-        held.append({})
+    for n in range(_DRAIN_LIMIT):
+        held.append(make(n))
         if get()[0] != c:
-            return
+            return n
+    return _DRAIN_LIMIT
 
 
-def _drain_lists(held: list, get) -> None:
-    c = get()[0]
-    for _ in range(_DRAIN_LIMIT):
-        held.append([])
-        if get()[0] != c:
-            return
+# Each kind made from its free list: a literal in the maker's own code (`dict()` would not use it); a
+# tuple of variables (one of constants is a constant, made once).
+BULK_KINDS = (lambda n: {}, lambda n: [], lambda n: (n, n))  # what a snapshot makes: dicts, lists, 2-tuples
+CHECKED_KINDS = (*BULK_KINDS[:2], lambda n: (n,), BULK_KINDS[2], lambda n: (n, n, n), lambda n: (n, n, n, n))
+_made_anew: list = []
 
 
-def _drain_pairs(held: list, get) -> None:
-    c = get()[0]
-    a = b = 0
-    for _ in range(_DRAIN_LIMIT):
-        held.append((a, b))
-        if get()[0] != c:
-            return
-        b += 1
+def free_list_lengths(out: list, kinds=CHECKED_KINDS) -> None:
+    """How many objects each kind's free list holds (dicts, lists, 1- to 4-tuples), appended to `out`
+    (made beforehand: a list made here would be one the free list no longer holds); each list is
+    given back what was taken, but the one made anew, which is kept. How Bulk is checked (tests,
+    benchmarks/bulk_check.py); run it with collection held off."""
+    get = gc.get_count
+    for make in kinds:
+        held: list = []
+        out.append(_drain(held, get, make))
+        _made_anew.append(held.pop())
+        del held[:]

@@ -122,14 +122,13 @@ class PeakWatch:
         sampler = self.agent.sampler
         rows = sampler.rows
         live = sampler.live
-        share = LATE_RISE if self.captures >= LATE_CAPTURES else RISE_SHARE
         for i in range(len(rows)):
             if not live[i]:
                 continue
             row = rows[i]
             total = row[5] or row[3] or 0
             best = self.best[i]
-            if total < MIN_BYTES or total < best + RISE_BYTES or total < best * (1 + share):
+            if not new_high(total, best, self.captures):
                 continue
             self.best[i] = total
             started = time.perf_counter()
@@ -309,6 +308,13 @@ class PeakWatch:
         cost["peak_probe_s"] = cost.get("peak_probe_s", 0.0) + spent
         if spent > cost.get("peak_probe_max_s", 0.0):
             cost["peak_probe_max_s"] = spent
+
+
+def new_high(value: int, best: int, done: int) -> bool:
+    """Whether `value` is a high worth reading over `best`, the highest read so far, after `done`
+    readings: the rule of the captures here and of history.py's readings."""
+    share = LATE_RISE if done >= LATE_CAPTURES else RISE_SHARE
+    return value >= MIN_BYTES and value >= best + RISE_BYTES and value >= best * (1 + share)
 
 
 def place(frame) -> tuple[str | None, str | None]:

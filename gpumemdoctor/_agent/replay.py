@@ -20,13 +20,12 @@ counter read with the events says whether it does). The blocks live then:
     concatenation's pieces), else `temporaries`;
 - made before the events began: the optimizers' storages by their addresses, the rest still
   allocated `kept-tensors`, and what was freed since `unclassified`.
-Each part keeps its blocks' count and when its first and last were made.
+Each part keeps its blocks' count and when its first and last were made; the parts are
+contract.HISTORY_PARTS, which the records' shape declares.
 """
 from __future__ import annotations
 
 from bisect import bisect_right
-
-from ..contract import HISTORY_PARTS  # noqa: F401  (the names _part returns)
 
 # The walk's highest total against the counter: the history's sizes are the blocks' and add up to
 # allocated memory exactly (3.5 MiB above the counter on GPT-2's 14.7 GiB, H100): a peak found is

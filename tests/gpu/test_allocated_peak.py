@@ -10,8 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.gpu.runs import run_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
