@@ -69,9 +69,13 @@ def test_a_step_is_split_by_when_each_block_was_made_and_freed():
 
 
 def test_an_evaluation_without_a_backward_is_gathered_and_a_peak_before_the_events_is_incomplete():
-    trace = [_e("alloc", a, 10, a) for a in range(1, 9)] + [_e("free_requested", a, 10, 20 + a) for a in range(1, 9)]
-    found = R.replay(trace, 50, [], [], {}, {}, counter=130)
-    assert found["parts"]["gathered"]["bytes"] == 40 and found["parts"]["temporaries"]["bytes"] == 40
+    # Eight batches kept until the end (made at 1-8, freed at 21-28) and one short-lived tensor made
+    # last and freed first (9-10): gathered 80, a temporary 30, over 50 kept from before.
+    trace = ([_e("alloc", a, 10, a) for a in range(1, 9)] + [_e("alloc", 9, 30, 9), _e("free_requested", 9, 30, 10)]
+             + [_e("free_requested", a, 10, 20 + a) for a in range(1, 9)])
+    found = R.replay(trace, 50, [], [], {}, {}, counter=160)
+    assert found["allocated_peak"] == 160
+    assert found["parts"]["gathered"]["bytes"] == 80 and found["parts"]["temporaries"]["bytes"] == 30
     assert found["parts"]["kept-tensors"]["bytes"] == 50
     assert not R.replay(trace, 50, [], [], {}, {}, counter=500)["complete"]
     assert R.replay([_e("segment_alloc", 1, 10, 1)], 0, [], [], {}, {}) is None

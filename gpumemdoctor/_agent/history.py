@@ -325,7 +325,7 @@ class History:
                     f'"counter":{counter},"allocated_peak":{found["allocated_peak"]},'
                     f'"reserved_at_peak":{"null" if reserved_at is None else reserved_at},'
                     f'"allocated":{found["allocated_now"]},"peak_before_s":{_before(found["peak_time_us"], now_us)},'
-                    f'"stretch_before_s":{_before(found["stretch_start_us"], now_us)},"phase":"{found["phase"]}",'
+                    f'"phase":"{found["phase"]}",'
                     f'"complete":{_bool(found["complete"])},"ring_full":{_bool(found["ring_full"])},'
                     f'"events":{found["events"]},"capacity":{self.capacity},'
                     f'"backward_marked":{_bool(self.backward_marked)},"parts":{{{parts}}},'

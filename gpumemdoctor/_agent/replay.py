@@ -15,9 +15,9 @@ counter read with the events says whether it does). The blocks live then:
   - made in a backward, or in an optimizer step, and freed within it: `temporaries`;
   - made outside both and freed while a later backward ran: `activations` (saved by a forward for
     its backward);
-  - made outside both and freed with no backward in between: `gathered` when made early in the
-    stretch that led to the peak (GATHERED_SHARE of it: an evaluation's graphs or outputs, a
-    concatenation's pieces), else `temporaries`;
+  - made outside both and freed with no backward in between: `gathered` when held with the oldest
+    of them, freed no earlier than it (an evaluation's graphs or outputs, a concatenation's pieces
+    and their result), else `temporaries` (made later, freed sooner);
 - made before the events began: the optimizers' storages by their addresses, the rest still
   allocated `kept-tensors`, and what was freed since `unclassified`.
 Each part keeps its blocks' count and when its first and last were made; the parts are
@@ -31,7 +31,7 @@ from bisect import bisect_right
 # allocated memory exactly (3.5 MiB above the counter on GPT-2's 14.7 GiB, H100): a peak found is
 # the counter's when it is within this of it (and 1% of it).
 COUNTER_SLACK = 16 << 20
-GATHERED_SHARE = 0.5  # made in the first half of the stretch before the peak: gathered, not a temporary
+GATHERED_SLACK = 0.25  # of the oldest gathered block's life: freed this much before it, still with it
 BACKWARD, BACKWARD_END, STEP, STEP_END = 1, 2, 3, 4  # the kinds of marks (history.Marks)
 _STORAGE = {1: "parameters", 2: "gradients", 3: "optimizer-state"}
 
@@ -97,13 +97,18 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
                 else:
                     old_freed += e["size"]
     peak_t = trace[best_i - 1]["time_us"] if best_i > 0 else trace[0]["time_us"]
-    stretch = _stretch_start(times, kinds, peak_t, trace[0]["time_us"])
     parts: dict = {}
     known = 0
+    unbacked: list = []  # made outside backward and the steps, freed since with no backward in between
     for address in made:
         block = made[address]
         known += block[0]
-        _add(parts, _part(address, block[1], block[2], storages, times, kinds, stretch, peak_t), block[0], block[1])
+        part = _part(address, block[1], block[2], storages, times, kinds)
+        if part is None:
+            unbacked.append(block)
+        else:
+            _add(parts, part, block[0], block[1])
+    _gathered(parts, unbacked)
     # Made before the events began and still allocated: the storages the optimizers name, the rest kept.
     old_alive = best - known - old_freed
     if old_alive < 0:  # (sizes rounded apart by a few bytes)
@@ -128,7 +133,7 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
     return {"allocated_peak": best, "reserved_at_peak": best_segments if reserved is not None else None,
             "peak_time_us": peak_t, "allocated_now": allocated,
             "complete": counter is None or best >= counter - min(COUNTER_SLACK, counter // 100), "ring_full": ring_full,
-            "events": len(trace), "phase": _phase(times, kinds, peak_t), "stretch_start_us": stretch,
+            "events": len(trace), "phase": _phase(times, kinds, peak_t),
             "parts": out}
 
 
@@ -145,7 +150,9 @@ def _add(parts: dict, name: str, size: int, made) -> None:
             p[3] = made
 
 
-def _part(address: int, made, freed, storages: dict, times: list, kinds: list, stretch: int, peak_t: int) -> str:
+def _part(address: int, made, freed, storages: dict, times: list, kinds: list):
+    """A block's part, or None for one made outside backward() and the optimizer steps and freed
+    with no backward() in between (_gathered tells those apart)."""
     if freed is None:  # still allocated now
         kind = storages.get(address)
         return _STORAGE[kind] if kind else "kept-tensors"
@@ -158,9 +165,22 @@ def _part(address: int, made, freed, storages: dict, times: list, kinds: list, s
     backward = _next(times, kinds, made, BACKWARD)
     if backward is not None and backward <= freed:
         return "activations"
-    if made <= stretch + GATHERED_SHARE * (peak_t - stretch):
-        return "gathered"
-    return "temporaries"
+    return None
+
+
+def _gathered(parts: dict, blocks: list) -> None:
+    """Blocks made outside backward() and freed with no backward() after them: `gathered` where held
+    with the oldest of them, freed no earlier than it was (less GATHERED_SLACK of its life: a graph
+    frees its nodes in a cascade), `temporaries` where made later and freed sooner."""
+    if not blocks:
+        return
+    oldest = blocks[0]
+    for block in blocks:
+        if block[1] < oldest[1]:
+            oldest = block
+    until = oldest[2] - (oldest[2] - oldest[1]) * GATHERED_SLACK
+    for block in blocks:
+        _add(parts, "gathered" if block[2] >= until else "temporaries", block[0], block[1])
 
 
 def _phase(times: list, kinds: list, t: int) -> str:
@@ -182,12 +202,3 @@ def _next(times: list, kinds: list, t: int, kind: int):
         if kinds[i] == kind:
             return times[i]
     return None
-
-
-def _stretch_start(times: list, kinds: list, peak_t: int, first_t: int) -> int:
-    """Where the stretch of the program that led to the peak began: the last end of a backward or of
-    an optimizer step before it, else the first recorded event."""
-    for i in range(bisect_right(times, peak_t) - 1, -1, -1):
-        if kinds[i] == BACKWARD_END or kinds[i] == STEP_END:
-            return times[i] if times[i] > first_t else first_t
-    return first_t

@@ -21,10 +21,11 @@ HOW = {
     "optimizer-state": "the optimizers' state (AdamW: exp_avg and exp_avg_sq)",
     "activations": "made outside backward() and freed while a later backward() ran: saved by a forward for its "
                    "backward",
-    "gathered": "made early in the stretch that led to the peak, with no backward() after them, and freed since: "
-                "an evaluation's graphs or gathered outputs, the pieces of a concatenation",
-    "temporaries": "made and freed within one stretch: a forward's before its backward(), backward()'s own "
-                   "(the gradients of activations), an optimizer step's",
+    "gathered": "made outside backward() with no backward() after them, held as long as the oldest of them and "
+                "freed since: an evaluation's graphs or gathered outputs, a concatenation's pieces and its result",
+    "temporaries": "made and freed within one part of a step: a forward's before its backward(), backward()'s "
+                   "own (the gradients of activations), an optimizer step's, or made after the gathered tensors "
+                   "and freed before them",
     "kept-tensors": "allocated before this moment and still allocated when it was read, not the optimizers'",
     "unclassified": "made before the recorded events began and freed since",
     "cache": "reserved by PyTorch then and not allocated: free for its next allocations",
@@ -103,7 +104,7 @@ def findings(c: PeakComposition, r: dict, where: str) -> list[Finding]:
     return [Finding(kind="avoidable-peak", bytes=gathered.bytes, pid=c.pid, device=c.device,
                     summary=f"At the peak of {where} ({fb(c.total_bytes)}{step}, between two samples), "
                             f"{fb(gathered.bytes)} in {p['blocks']} tensors had been gathered{span} with no "
-                            "backward() after them, and all were freed when that stretch ended: an evaluation "
+                            "backward() after them, and were let go of together after it: an evaluation "
                             "without torch.no_grad() keeps each batch's autograd graph, and what its forward "
                             "saved, until its result is dropped (outputs kept in a list do the same)",
                     evidence={"decided_by": "peak", "peak_t": c.t, "peak_step": c.step, "peak_bytes": c.total_bytes,

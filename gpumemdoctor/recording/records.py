@@ -192,15 +192,15 @@ CONTEXT = Shape({"t": NUM, "device": INT, "nvml": opt(SIZE), "reserved": opt(SIZ
 # PyTorch's allocation events kept from CUDA's start (_agent/history.py): whether they could be, the
 # ring's size, whether backward() is marked. A reading at a new high of the allocated peak counter
 # (_agent/replay.py): the highest allocated total the events lead back to, the segments' bytes then,
-# how long before the reading it came (`peak_before_s`) and where the stretch of the program that led
-# to it began, what part of a step it fell in, whether the events reached back to it (`complete`),
+# how long before the reading it came (`peak_before_s`), what part of a step it fell in, whether the events reached back to it (`complete`),
 # and what was live then by part: bytes, blocks and when the first and last were made (seconds before
 # the reading). Recordings from before issue 40's peak have none.
 HISTORY = Shape({"t": NUM, "ok": BOOL, "error": opt(STR), "capacity": INT, "backward_marked": BOOL})
 _HISTORY_PART = Shape({"bytes": SIZE, "blocks": INT, "first_before_s": opt(NUM), "last_before_s": opt(NUM)})
 PEAK_HISTORY = Shape({"n": INT, "t": NUM, "step": may(opt(INT)), "device": INT, "error": may(STR),
                       "counter": may(SIZE), "allocated_peak": may(SIZE), "reserved_at_peak": may(opt(SIZE)),
-                      "allocated": may(SIZE), "peak_before_s": may(opt(NUM)), "stretch_before_s": may(opt(NUM)),
+                      "allocated": may(SIZE), "peak_before_s": may(opt(NUM)),
+                      "stretch_before_s": may(opt(NUM)),  # (written by the first recordings only)
                       "phase": may(one_of(*HISTORY_PHASES)), "complete": may(BOOL), "ring_full": may(BOOL),
                       "events": may(INT), "capacity": may(INT), "backward_marked": may(BOOL),
                       "parts": may(dict_of(one_of(*HISTORY_PARTS), _HISTORY_PART)),

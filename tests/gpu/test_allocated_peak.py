@@ -37,15 +37,17 @@ def _cost(report: dict) -> dict:
 
 
 def test_a_fast_evaluation_without_no_grad_is_explained_with_its_remedy(tmp_path):
-    # On an H100 the 40 batches took 76-88 ms: the 20 ms timer's samples see it, and the pause's own
-    # reading splits it (its graphs in `unclassified`, with the probe's note, or `graphs-kept`); where
-    # it falls between samples, the events' reading has it `gathered`. Either way the finding is made.
+    # Forty batches took 76-88 ms on an H100: the 20 ms timer's samples saw them, and the pause's own
+    # reading split them (the graphs `unclassified`, with the probe's note). Ten take about 20 ms: the
+    # events' reading has them `gathered`. Either way the finding is made, with its remedy.
     report = run_scenario(ROOT / "scenarios" / "fast_eval_without_no_grad.py", tmp_path)
     truth, composition = _truth(report), _composition(report)
     assert truth["seconds"] < 0.1, truth
     parts = _parts(composition)
     held = sum(parts.get(k, 0) for k in ("gathered", "graphs-kept", "unclassified", "temporaries"))
     assert held >= 0.9 * truth["graphs_kept"], (parts, truth)
+    if any(note.startswith("split at PyTorch's allocated peak") for note in composition["notes"]):
+        assert parts.get("gathered", 0) >= 0.9 * truth["graphs_kept"], (parts, truth)
     finding = next(f for f in report["findings"] if f["kind"] == "avoidable-peak")
     assert "torch.no_grad()" in finding["remedy"]
 
