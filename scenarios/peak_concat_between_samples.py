@@ -1,9 +1,11 @@
 # expect: clean
+# expect-finding: temporary-peak
 """A single concatenation between two samples: eight 512 MiB feature chunks are joined with torch.cat
 into one 4 GiB tensor, the chunks dropped, the result reduced and dropped, all within a few
 milliseconds. For that moment the chunks and their concatenation are both allocated: 8 GiB above the
-model. No sample sees it; PyTorch's allocated peak counter and its allocation events do. The program
-prints the chunks' and the result's sizes on a `peak-truth:` line."""
+model. No sample sees it; PyTorch's allocated peak counter and its allocation events do. The tool names
+it a concatenation (`temporary-peak`, its evidence `joined`). The program prints the chunks' and the
+result's sizes on a `peak-truth:` line."""
 import json
 import sys
 

@@ -92,3 +92,15 @@ def test_the_marks_kept_are_those_from_the_last_before_the_events_on_in_order():
     times, kinds = [], []
     marks.ordered(times, kinds, 175)
     assert times == [170, 180, 190, 200, 210] and kinds == [R.STEP_END, R.BACKWARD, R.BACKWARD_END, R.STEP, R.STEP_END]
+
+
+def test_a_concatenation_made_while_its_pieces_are_held_is_joined():
+    # Four pieces of 10 (made at 1-4) and their concatenation of 40 (5), all freed after it (6-10).
+    trace = ([_e("alloc", a, 10, a) for a in range(1, 5)] + [_e("alloc", 5, 40, 5)]
+             + [_e("free_requested", a, s, 5 + a) for a, s in ((1, 10), (2, 10), (3, 10), (4, 10), (5, 40))])
+    found = R.replay(trace, 0, [], [], {}, {}, counter=80)
+    assert found["parts"]["gathered"]["bytes"] == 80
+    assert found["joined"] == {"bytes": 40, "pieces": 4, "pieces_bytes": 40}
+    # The evaluation above, eight batches alike and one short-lived tensor: nothing joined.
+    batches = ([_e("alloc", a, 10, a) for a in range(1, 9)] + [_e("free_requested", a, 10, 20 + a) for a in range(1, 9)])
+    assert R.replay(batches, 0, [], [], {}, {}, counter=80)["joined"] is None

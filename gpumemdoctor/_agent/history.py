@@ -321,6 +321,9 @@ class History:
                         f'"last_before_s":{_before(p["last_us"], now_us)}}}')
                 parts = f"{parts},{item}" if parts else item
             reserved_at = found["reserved_at_peak"]
+            joined = found["joined"]
+            joined = "null" if joined is None else (f'{{"bytes":{joined["bytes"]},"pieces":{joined["pieces"]},'
+                                                    f'"pieces_bytes":{joined["pieces_bytes"]}}}')
             return (f'{{"type":"peak_history","n":{self.readings},"t":{now!r},"step":{agent.steps},"device":{index},'
                     f'"counter":{counter},"allocated_peak":{found["allocated_peak"]},'
                     f'"reserved_at_peak":{"null" if reserved_at is None else reserved_at},'
@@ -328,7 +331,7 @@ class History:
                     f'"phase":"{found["phase"]}",'
                     f'"complete":{_bool(found["complete"])},"ring_full":{_bool(found["ring_full"])},'
                     f'"events":{found["events"]},"capacity":{self.capacity},'
-                    f'"backward_marked":{_bool(self.backward_marked)},"parts":{{{parts}}},'
+                    f'"backward_marked":{_bool(self.backward_marked)},"joined":{joined},"parts":{{{parts}}},'
                     f'"snapshot_s":{snapshot_s!r}}}')
         except Exception as exc:
             return (f'{{"type":"peak_history","n":{self.readings},"t":{time.monotonic()!r},"device":{index},'

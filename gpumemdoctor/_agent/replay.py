@@ -20,7 +20,8 @@ counter read with the events says whether it does). The blocks live then:
     and their result), else `temporaries` (made later, freed sooner);
 - made before the events began: the optimizers' storages by their addresses, the rest still
   allocated `kept-tensors`, and what was freed since `unclassified`.
-Each part keeps its blocks' count and when its first and last were made; the parts are
+Where the largest gathered block is as large as the gathered ones made before it, it is their
+concatenation (`joined`). Each part keeps its blocks' count and when its first and last were made; the parts are
 contract.HISTORY_PARTS, which the records' shape declares.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from bisect import bisect_right
 # allocated memory exactly (3.5 MiB above the counter on GPT-2's 14.7 GiB, H100): a peak found is
 # the counter's when it is within this of it (and 1% of it).
 COUNTER_SLACK = 16 << 20
+JOINED_SLACK = 0.01  # a concatenation's result against its pieces (blocks are rounded to 512 bytes)
 GATHERED_SLACK = 0.25  # of the oldest gathered block's life: freed this much before it, still with it
 BACKWARD, BACKWARD_END, STEP, STEP_END = 1, 2, 3, 4  # the kinds of marks (history.Marks)
 _STORAGE = {1: "parameters", 2: "gradients", 3: "optimizer-state"}
@@ -108,7 +110,7 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
             unbacked.append(block)
         else:
             _add(parts, part, block[0], block[1])
-    _gathered(parts, unbacked)
+    joined = _gathered(parts, unbacked)
     # Made before the events began and still allocated: the storages the optimizers name, the rest kept.
     old_alive = best - known - old_freed
     if old_alive < 0:  # (sizes rounded apart by a few bytes)
@@ -134,7 +136,7 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
             "peak_time_us": peak_t, "allocated_now": allocated,
             "complete": counter is None or best >= counter - min(COUNTER_SLACK, counter // 100), "ring_full": ring_full,
             "events": len(trace), "phase": _phase(times, kinds, peak_t),
-            "parts": out}
+            "joined": joined, "parts": out}
 
 
 def _add(parts: dict, name: str, size: int, made) -> None:
@@ -168,19 +170,47 @@ def _part(address: int, made, freed, storages: dict, times: list, kinds: list):
     return None
 
 
-def _gathered(parts: dict, blocks: list) -> None:
+def _gathered(parts: dict, blocks: list):
     """Blocks made outside backward() and freed with no backward() after them: `gathered` where held
     with the oldest of them, freed no earlier than it was (less GATHERED_SLACK of its life: a graph
-    frees its nodes in a cascade), `temporaries` where made later and freed sooner."""
+    frees its nodes in a cascade), `temporaries` where made later and freed sooner. Returns the
+    gathered blocks' concatenation where there is one (`_joined`), else None."""
     if not blocks:
-        return
+        return None
     oldest = blocks[0]
     for block in blocks:
         if block[1] < oldest[1]:
             oldest = block
     until = oldest[2] - (oldest[2] - oldest[1]) * GATHERED_SLACK
+    gathered: list = []
     for block in blocks:
-        _add(parts, "gathered" if block[2] >= until else "temporaries", block[0], block[1])
+        if block[2] >= until:
+            gathered.append(block)
+            _add(parts, "gathered", block[0], block[1])
+        else:
+            _add(parts, "temporaries", block[0], block[1])
+    return _joined(gathered)
+
+
+def _joined(blocks: list):
+    """The largest gathered block (the latest made of equal ones) where it is as large, within
+    JOINED_SLACK, as the two or more gathered before it together: a concatenation (torch.cat, stack)
+    made while its pieces were still held. {"bytes", "pieces", "pieces_bytes"}, or None."""
+    result = None
+    for block in blocks:
+        if result is None or block[0] > result[0] or (block[0] == result[0] and block[1] > result[1]):
+            result = block
+    if result is None:
+        return None
+    pieces = 0
+    pieces_bytes = 0
+    for block in blocks:
+        if block[1] < result[1]:
+            pieces += 1
+            pieces_bytes += block[0]
+    if pieces < 2 or abs(pieces_bytes - result[0]) > JOINED_SLACK * result[0]:
+        return None
+    return {"bytes": result[0], "pieces": pieces, "pieces_bytes": pieces_bytes}
 
 
 def _phase(times: list, kinds: list, t: int) -> str:

@@ -90,7 +90,9 @@ def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | N
 
 
 def findings(c: PeakComposition, r: dict, where: str) -> list[Finding]:
-    """An evaluation's gathered tensors at the peak: the avoidable peak an evaluation without no_grad makes."""
+    """Tensors gathered at the peak with no backward() after them: a concatenation made while its
+    pieces were held (`joined`), or an evaluation's graphs or outputs (the avoidable peak an
+    evaluation without no_grad makes)."""
     gathered = c.part("gathered")
     if gathered is None or r["phase"] != "outside":
         return []
@@ -100,14 +102,20 @@ def findings(c: PeakComposition, r: dict, where: str) -> list[Finding]:
     span = ""
     if p["first_before_s"] is not None and p["last_before_s"] is not None:
         span = f" over {(p['first_before_s'] - p['last_before_s']) * 1000:.0f} ms"
-    step = f", step {c.step}" if c.step else ""
+    moment = f"At the peak of {where} ({fb(c.total_bytes)}{f', step {c.step}' if c.step else ''}, between two samples)"
+    evidence = {"decided_by": "peak", "peak_t": c.t, "peak_step": c.step, "peak_bytes": c.total_bytes,
+                "gathered_bytes": gathered.bytes, "gathered_blocks": p["blocks"], "phase": r["phase"]}
+    joined = r.get("joined")
+    if joined and joined["bytes"] + joined["pieces_bytes"] >= 0.5 * gathered.bytes:
+        return [Finding(kind="temporary-peak", bytes=joined["bytes"], pid=c.pid, device=c.device,
+                        summary=f"{moment}, a tensor of {fb(joined['bytes'])} was made while the "
+                                f"{joined['pieces']} tensors made before it, as large together "
+                                f"({fb(joined['pieces_bytes'])}), were still held: a concatenation (torch.cat, "
+                                "torch.stack) of them, the pieces and the whole allocated at once",
+                        evidence={**evidence, "joined": joined}, remedy=FINDINGS["concatenation-at-peak"])]
     return [Finding(kind="avoidable-peak", bytes=gathered.bytes, pid=c.pid, device=c.device,
-                    summary=f"At the peak of {where} ({fb(c.total_bytes)}{step}, between two samples), "
-                            f"{fb(gathered.bytes)} in {p['blocks']} tensors had been gathered{span} with no "
-                            "backward() after them, and were let go of together after it: an evaluation "
-                            "without torch.no_grad() keeps each batch's autograd graph, and what its forward "
-                            "saved, until its result is dropped (outputs kept in a list do the same)",
-                    evidence={"decided_by": "peak", "peak_t": c.t, "peak_step": c.step, "peak_bytes": c.total_bytes,
-                              "gathered_bytes": gathered.bytes, "gathered_blocks": p["blocks"],
-                              "phase": r["phase"]},
-                    remedy=FINDINGS["graphs-at-peak"])]
+                    summary=f"{moment}, {fb(gathered.bytes)} in {p['blocks']} tensors had been gathered{span} with "
+                            "no backward() after them, and were let go of together after it, as an evaluation "
+                            "without torch.no_grad() does: it keeps each batch's autograd graph, and what its "
+                            "forward saved, until its result is dropped (outputs kept in a list do the same)",
+                    evidence=evidence, remedy=FINDINGS["graphs-at-peak"])]

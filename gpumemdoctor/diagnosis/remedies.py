@@ -173,6 +173,9 @@ FINDINGS: dict[str, str] = {
                       "(del, or reassign), compute in place (x.mul_(), out=), process it in chunks, or avoid the "
                       "copy (torch.cat of growing lists, .contiguous(), .float() of a half-precision tensor each "
                       "make a whole new tensor).",
+    "concatenation-at-peak": "A concatenation's result was made while all its pieces were still held: write the "
+                             "pieces into one tensor made beforehand (torch.empty, then out[i:j] = piece, or "
+                             "torch.cat(..., out=)), or drop each piece as soon as it is copied.",
     "state-at-evaluation": "Gradients are not needed while evaluating: call optimizer.zero_grad(set_to_none=True) "
                            "before the evaluation. If the optimizer's state must make room too, evaluate in a "
                            "smaller batch, or move the state to the CPU around the evaluation.",

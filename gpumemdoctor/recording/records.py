@@ -194,7 +194,8 @@ CONTEXT = Shape({"t": NUM, "device": INT, "nvml": opt(SIZE), "reserved": opt(SIZ
 # (_agent/replay.py): the highest allocated total the events lead back to, the segments' bytes then,
 # how long before the reading it came (`peak_before_s`), what part of a step it fell in, whether the events reached back to it (`complete`),
 # and what was live then by part: bytes, blocks and when the first and last were made (seconds before
-# the reading). Recordings from before issue 40's peak have none.
+# the reading); `joined`, a gathered block as large as the gathered ones made before it (a
+# concatenation made while its pieces were held). Recordings from before issue 40's peak have none.
 HISTORY = Shape({"t": NUM, "ok": BOOL, "error": opt(STR), "capacity": INT, "backward_marked": BOOL})
 _HISTORY_PART = Shape({"bytes": SIZE, "blocks": INT, "first_before_s": opt(NUM), "last_before_s": opt(NUM)})
 PEAK_HISTORY = Shape({"n": INT, "t": NUM, "step": may(opt(INT)), "device": INT, "error": may(STR),
@@ -204,6 +205,7 @@ PEAK_HISTORY = Shape({"n": INT, "t": NUM, "step": may(opt(INT)), "device": INT, 
                       "phase": may(one_of(*HISTORY_PHASES)), "complete": may(BOOL), "ring_full": may(BOOL),
                       "events": may(INT), "capacity": may(INT), "backward_marked": may(BOOL),
                       "parts": may(dict_of(one_of(*HISTORY_PARTS), _HISTORY_PART)),
+                      "joined": may(opt(Shape({"bytes": SIZE, "pieces": INT, "pieces_bytes": SIZE}))),
                       "snapshot_s": may(NUM), "elapsed_s": may(NUM)})
 
 # agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record

@@ -60,6 +60,10 @@ def test_a_concatenation_between_samples_is_its_pieces_and_its_result(tmp_path):
     parts = _parts(composition)
     assert parts.get("gathered", 0) + parts.get("temporaries", 0) >= 0.98 * spike, parts
     assert parts.get("unclassified", 0) <= 64 * MIB
+    finding = next(f for f in report["findings"] if f["kind"] == "temporary-peak")
+    assert finding["evidence"]["joined"]["pieces"] == 8, finding
+    assert "torch.cat" in finding["remedy"] and "no_grad" not in finding["remedy"]
+    assert not any(f["kind"] == "avoidable-peak" for f in report["findings"]), report["findings"]
 
 
 def test_gpt2s_peak_is_split_within_ten_percent_of_memtracker(tmp_path):
