@@ -8,12 +8,16 @@ outside PyTorch as the nearest capture (peak.py) read it. A reading whose events
 to the peak (`complete` false) is not used; the report says so."""
 from __future__ import annotations
 
+from . import probed
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS
 from ..units import format_bytes as fb
 
 MIN_FINDING_BYTES = 256 << 20
 GATHERED_SHARE = 0.20  # of the allocated memory at the peak: an evaluation's gathered graphs or outputs
+# An evaluation's graphs are a few tensors a batch over several batches: fewer gathered tensors (a
+# metric's torch.cat of outputs kept elsewhere, and its result) are not called one.
+MIN_GATHERED_BLOCKS = 8
 
 HOW = {
     "parameters": "the storages of the optimizers' parameter groups",
@@ -78,15 +82,42 @@ def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | N
     parts["context"] = PeakPart("context", b.context_bytes or 0, HOW["context"], [])
     ordered = [parts[c] for c in PEAK_CATEGORIES if c in parts and (parts[c].bytes > 0 or c == "context")]
     t = r["t"] - (r["peak_before_s"] or 0.0)
+    # The step count then: the reading's may be a step later (it came at the next step's sample).
+    step = max((s.step for s in agent.samples if s.t <= t and s.step is not None), default=r.get("step"))
     notes = [f"split at PyTorch's allocated peak, {fb(allocated)}, from its allocation events walked back from a "
              f"reading {r['peak_before_s'] or 0:.3f} s later; it came {PHASES[r['phase']]}"]
     if not r.get("backward_marked", True):
         notes.append("backward() could not be marked in this PyTorch: activations and temporaries are not told apart")
     composition = PeakComposition(
-        pid=agent.pid, device=device, torch_index=torch_index, t=t, step=r.get("step"),
+        pid=agent.pid, device=device, torch_index=torch_index, t=t, step=step,
         total_bytes=sum(p.bytes for p in ordered), allocated_bytes=allocated, reserved_bytes=reserved, parts=ordered,
         allocated_peak_bytes=r["counter"], in_pause=False, where=None, notes=notes)
     return composition, findings(composition, r, where)
+
+
+PROBE_BEFORE_S = 1.0  # a probe this long before the peak, at the same step, names its holders
+MIN_HOLDER_BYTES = 64 << 10
+NAMED_PARTS = ("gathered", "kept-tensors", "temporaries")  # the parts a probe's names can hold
+
+
+def name_from_probe(agent, torch_index: int, c: PeakComposition) -> None:
+    """The holders that the latest probe of the program's names before the peak, at the same step,
+    found (temporaries and kept tensors): on the largest of NAMED_PARTS, with a note saying when; and
+    whether that moment was in a pause in the steps, as the probe's capture says. The events name no
+    holder."""
+    before = [(capture, probe) for capture, probe in probed.probes_of(agent, torch_index)
+              if capture["step"] == c.step and c.t - PROBE_BEFORE_S <= capture["t"] <= c.t]
+    if not before:
+        return
+    capture, probe = before[-1]
+    c.in_pause = capture["paused"]
+    rows = [h for key in ("temporaries", "kept-tensors") for h in probe.get(key) or [] if h[1] >= MIN_HOLDER_BYTES]
+    part = max((p for p in c.parts if p.category in NAMED_PARTS), key=lambda p: p.bytes, default=None)
+    if not rows or part is None:
+        return
+    part.holders = [{"name": h[0], "bytes": h[1], "line": h[2]} for h in sorted(rows, key=lambda h: -h[1])[:4]]
+    c.notes.append(f"its holders as the probe of the program's names found them {c.t - capture['t']:.3f} s "
+                   "before it, in the same step")
 
 
 def findings(c: PeakComposition, r: dict, where: str) -> list[Finding]:
@@ -113,6 +144,8 @@ def findings(c: PeakComposition, r: dict, where: str) -> list[Finding]:
                                 f"({fb(joined['pieces_bytes'])}), were still held: a concatenation (torch.cat, "
                                 "torch.stack) of them, the pieces and the whole allocated at once",
                         evidence={**evidence, "joined": joined}, remedy=FINDINGS["concatenation-at-peak"])]
+    if p["blocks"] < MIN_GATHERED_BLOCKS:
+        return []
     return [Finding(kind="avoidable-peak", bytes=gathered.bytes, pid=c.pid, device=c.device,
                     summary=f"{moment}, {fb(gathered.bytes)} in {p['blocks']} tensors had been gathered{span} with "
                             "no backward() after them, and were let go of together after it, as an evaluation "

@@ -104,13 +104,26 @@ def _or_allocated_peak(agent, torch_index: int, b: Breakdown, where: str, compos
     replayed = allocated_peak.compose(agent, torch_index, b, outside.bytes if outside else 0, composition.device,
                                       where)
     if replayed is not None and _in_use(replayed[0]) > _in_use(composition) + MORE_IN_USE_BYTES:
-        replayed[0].notes.append(f"the busiest of the samples' readings had {fb(_in_use(composition))} in use "
-                                 f"({fb(composition.total_bytes)} in all, at {composition.t:.1f} s)")
+        c = replayed[0]
+        c.notes.append(f"the busiest of the samples' readings had {fb(_in_use(composition))} in use "
+                       f"({fb(composition.total_bytes)} in all, at {composition.t:.1f} s)")
+        # NVML's highest reading, where it was higher than this moment, still ranks the process (peak_bytes).
+        highest = composition.highest or {"t": composition.t, "total_bytes": composition.total_bytes,
+                                          "cache_bytes": _cache_of(composition)}
+        if highest["total_bytes"] > c.total_bytes:
+            c.highest = highest
+            c.notes += [n for n in composition.notes if n.startswith("the reading with the most memory in use")]
+        allocated_peak.name_from_probe(agent, torch_index, c)
         return replayed
     missed = allocated_peak.incomplete_note(agent, torch_index)
     if missed:
         composition.notes.append(missed)
     return composition, found
+
+
+def _cache_of(c: PeakComposition) -> int:
+    part = c.part("cache")
+    return part.bytes if part else 0
 
 
 def _in_use(c: PeakComposition) -> int:
