@@ -1,5 +1,5 @@
 """Whether a history reading (PyTorch's allocator snapshot and the walk back, through neutral.Bulk)
-leaves the collector's count and the free lists of dicts, lists and 1- to 4-tuples as it found them,
+leaves the collector's count and the free lists of dicts, lists and 1-, 2- and 4-tuples as it found them,
 on a real snapshot of a CUDA program: `python benchmarks/bulk_check.py` prints the lengths before and
 after and exits 1 where one differs. Needs CUDA."""
 import gc
@@ -42,5 +42,5 @@ peak = bulk.run(reading, None)
 c1 = gc.get_count()[0]
 free_list_lengths(after)
 gc.enable()
-print(f"peak {peak}; count {c0} -> {c1}; free lists (dict, list, 1- to 4-tuples) {before} -> {after}; short {bulk.short}")
+print(f"peak {peak}; count {c0} -> {c1}; free lists (dict, list, 1-, 2- and 4-tuples) {before} -> {after}; short {bulk.short}")
 sys.exit(0 if (c0 == c1 and before == after) else 1)

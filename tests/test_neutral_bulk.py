@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 
 import pytest
 
@@ -23,6 +24,10 @@ def test_a_bulk_reading_leaves_the_count_and_the_free_lists_as_they_were(sizes):
     bulk = Bulk()
     was = gc.isenabled()
     gc.disable()
+    # No other thread runs in between (one left by an earlier test, in this process, would make and
+    # free objects of its own): a reading holds the GIL throughout, as this test does.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100)
     try:
         # Free lists part full, as in a running program.
         junk = [{} for _ in range(30)] + [[] for _ in range(20)] + [(i, -i) for i in range(500)]
@@ -34,6 +39,7 @@ def test_a_bulk_reading_leaves_the_count_and_the_free_lists_as_they_were(sizes):
         c1 = gc.get_count()[0]
         free_list_lengths(after)
     finally:
+        sys.setswitchinterval(interval)
         if was:
             gc.enable()
     assert made == sum(sizes)

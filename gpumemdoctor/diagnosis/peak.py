@@ -114,11 +114,26 @@ def _or_allocated_peak(agent, torch_index: int, b: Breakdown, where: str, compos
             c.highest = highest
             c.notes += [n for n in composition.notes if n.startswith("the reading with the most memory in use")]
         allocated_peak.name_from_probe(agent, torch_index, c)
+        _optimizers_named(c, agent, torch_index)
         return replayed
     missed = allocated_peak.incomplete_note(agent, torch_index)
     if missed:
         composition.notes.append(missed)
     return composition, found
+
+
+def _optimizers_named(c: PeakComposition, agent, torch_index: int) -> None:
+    """The optimizers that hold the parameters, gradients and state of the split at the allocated
+    peak (the events know the storages, not whose they are): as the capture nearest to it that read
+    them says."""
+    read = [cap for cap in agent.root.get("peaks", []) if cap["device"] == torch_index and cap["optimizers"]]
+    if not read:
+        return
+    nearest = min(read, key=lambda cap: abs(cap["t"] - c.t))
+    for category, _, column, label in OPTIMIZER_PARTS:
+        part = c.part(category)
+        if part is not None and not part.holders:
+            part.holders = _optimizer_holders(nearest, column, label)
 
 
 def _cache_of(c: PeakComposition) -> int:
@@ -176,14 +191,22 @@ def _outside_allocated(split: _Split, agent, capture: dict, peak_total: int, con
     split.add("cache", free - fragmented)
 
 
+# The optimizers' parts: category, the capture's key, its column in a capture's `optimizers` rows, the
+# holder's words.
+OPTIMIZER_PARTS = (("parameters", "parameters", 1, "{}'s parameter groups"),
+                   ("gradients", "gradients", 2, "{}'s parameters' .grad"),
+                   ("optimizer-state", "optimizer_state", 3, "{}.state"))
+
+
 def _optimizers(split: _Split, capture: dict) -> None:
     """The stepped optimizers' parameters, gradients and state, each with its optimizers as holders."""
-    for category, key, column, label in (("parameters", "parameters", 1, "{}'s parameter groups"),
-                                         ("gradients", "gradients", 2, "{}'s parameters' .grad"),
-                                         ("optimizer-state", "optimizer_state", 3, "{}.state")):
-        holders = [{"name": label.format(o[0]), "bytes": o[column], "line": None}
-                   for o in sorted(capture["optimizers"], key=lambda o: -o[column]) if o[column]]
-        split.take(category, capture[key], holders)
+    for category, key, column, label in OPTIMIZER_PARTS:
+        split.take(category, capture[key], _optimizer_holders(capture, column, label))
+
+
+def _optimizer_holders(capture: dict, column: int, label: str) -> list[dict]:
+    return [{"name": label.format(o[0]), "bytes": o[column], "line": None}
+            for o in sorted(capture["optimizers"], key=lambda o: -o[column]) if o[column]]
 
 
 def _graphs(split: _Split, agent, torch_index: int, capture: dict) -> None:
