@@ -44,6 +44,7 @@ from .growth_watch import GrowthWatch
 from .phase_watch import PhaseWatch
 from .peak import PeakWatch
 from .history import History
+from .saved_by import ForwardWatch
 from .replay import STEP, STEP_END
 from .libraries import KNOWN, LibraryWatcher, record as library_record
 
@@ -72,6 +73,7 @@ class Agent:
         self.phase_watch = PhaseWatch(self)
         self.peak_watch = PeakWatch(self)
         self.history = History(self)
+        self.forward_watch = ForwardWatch(self)  # what saved the activations: one step with module hooks
         self.trace = Trace(self, run_dir)
         self.oom = OomObserver(self)
         self.threads = ThreadWatch(self)
@@ -241,6 +243,8 @@ class Agent:
                 sampler.sample("step")
             watch = self.growth_watch
             trace = self.trace
+            if self.forward_watch.state:
+                self.forward_watch.at_step()
             if watch.copies:
                 with quiet_gc():
                     watch.poll_copies()

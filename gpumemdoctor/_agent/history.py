@@ -32,7 +32,7 @@ import time
 from array import array
 from json.encoder import encode_basestring
 
-from . import main_thread, replay
+from . import main_thread, replay, saved_by
 from .neutral import Bulk, quiet_gc
 from .peak import new_high
 from ..contract import ENV_SNAPSHOT
@@ -276,6 +276,17 @@ class History:
         if line:
             agent.channel.write_line(f'{line[:-1]},"elapsed_s":{spent!r}}}')
 
+    def snapshot(self, torch) -> dict:
+        """PyTorch's allocator snapshot with the events only: a pool no segment belongs to leaves the
+        segments out. Their blocks may carry stacks (trace.py's windows), whose first reading in a
+        process imports torch._dynamo (6 s on an H100 machine) where the program has not.
+        PyTorch 2.11 takes the pool id's two items as its own references and lets them go (a second
+        call with the same tuple then read freed ints: "mempool_id elements must be integers", then a
+        crash): each call first gives it the references it will drop."""
+        self.incref(NO_POOL[0])
+        self.incref(NO_POOL[1])
+        return torch._C._cuda_memorySnapshot(NO_POOL)
+
     def _read(self, index: int) -> str:
         """The snapshot and the walk back (replay.py), as one JSON line; inside neutral.Bulk: it
         leaves nothing alive that it made but the line, and makes no tuple itself."""
@@ -288,29 +299,27 @@ class History:
             reserved = stats["reserved_bytes"]["all"]["current"]
             del stats
             started = time.perf_counter()
-            # The events only: a pool no segment belongs to leaves the segments out. Their blocks
-            # may carry stacks (trace.py's windows), whose first reading in a process imports
-            # torch._dynamo (6 s on an H100 machine) where the program has not.
-            # PyTorch 2.11 takes the pool id's two items as its own references and lets them go (a
-            # second call with the same tuple then read freed ints: "mempool_id elements must be
-            # integers", then a crash): each call first gives it the references it will drop.
-            self.incref(NO_POOL[0])
-            self.incref(NO_POOL[1])
-            snapshot = torch._C._cuda_memorySnapshot(NO_POOL)
+            snapshot = self.snapshot(torch)
             snapshot_s = time.perf_counter() - started
             traces = snapshot["device_traces"]
             trace = traces[index] if index < len(traces) else []
             storages: dict = {}
             sizes: dict = {}
             agent.peak_watch.optimizer_figures(index, [0, 0, 0], storages, sizes)
+            figures_s = time.perf_counter() - started - snapshot_s
             times: list = []
             kinds: list = []
             self.marks.ordered(times, kinds, trace[0]["time_us"] if trace else 0)
             found = replay.replay(trace, allocated, times, kinds, storages, sizes, reserved, counter,
                                   len(trace) >= self.capacity)
+            replay_s = time.perf_counter() - started - snapshot_s - figures_s
             del snapshot, traces, trace, storages, sizes, times, kinds
+            freed_s = time.perf_counter() - started - snapshot_s - figures_s - replay_s
             if found is None:
                 return ""
+            activations = found["parts"].get("activations")
+            if activations is not None and activations["bytes"] >= saved_by.MIN_BYTES and found["complete"]:
+                agent.forward_watch.arm(index)  # the modules that saved them, from the next step
             now_us = time.time_ns() // 1000
             now = time.monotonic()  # (with now_us: the two clocks read together)
             parts = ""
@@ -332,7 +341,8 @@ class History:
                     f'"complete":{_bool(found["complete"])},"ring_full":{_bool(found["ring_full"])},'
                     f'"events":{found["events"]},"capacity":{self.capacity},'
                     f'"backward_marked":{_bool(self.backward_marked)},"joined":{joined},"parts":{{{parts}}},'
-                    f'"snapshot_s":{snapshot_s!r}}}')
+                    f'"snapshot_s":{snapshot_s!r},"figures_s":{figures_s!r},"replay_s":{replay_s!r},'
+                    f'"freed_s":{freed_s!r}}}')
         except Exception as exc:
             return (f'{{"type":"peak_history","n":{self.readings},"t":{time.monotonic()!r},"device":{index},'
                     f'"error":{encode_basestring(f"{type(exc).__name__}: {exc}"[:200])}}}')

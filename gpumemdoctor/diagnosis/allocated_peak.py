@@ -8,6 +8,8 @@ outside PyTorch as the nearest capture (peak.py) read it. A reading whose events
 to the peak (`complete` false) is not used; the report says so."""
 from __future__ import annotations
 
+import os
+
 from . import probed
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS
@@ -80,12 +82,17 @@ def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | N
     if outside > 0:
         parts["outside-pytorch"] = PeakPart("outside-pytorch", outside, HOW["outside-pytorch"], [])
     parts["context"] = PeakPart("context", b.context_bytes or 0, HOW["context"], [])
+    saved = saved_by(agent, torch_index)
+    if saved is not None and "activations" in parts:
+        parts["activations"].holders = saved[0]
     ordered = [parts[c] for c in PEAK_CATEGORIES if c in parts and (parts[c].bytes > 0 or c == "context")]
     t = r["t"] - (r["peak_before_s"] or 0.0)
     # The step count then: the reading's may be a step later (it came at the next step's sample).
     step = max((s.step for s in agent.samples if s.t <= t and s.step is not None), default=r.get("step"))
     notes = [f"split at PyTorch's allocated peak, {fb(allocated)}, from its allocation events walked back from a "
              f"reading {r['peak_before_s'] or 0:.3f} s later; it came {PHASES[r['phase']]}"]
+    if saved is not None and "activations" in parts:
+        notes.append(saved[1])
     if not r.get("backward_marked", True):
         notes.append("backward() could not be marked in this PyTorch: activations and temporaries are not told apart")
     composition = PeakComposition(
@@ -93,6 +100,24 @@ def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | N
         total_bytes=sum(p.bytes for p in ordered), allocated_bytes=allocated, reserved_bytes=reserved, parts=ordered,
         allocated_peak_bytes=r["counter"], in_pause=False, where=None, notes=notes)
     return composition, findings(composition, r, where)
+
+
+def saved_by(agent, torch_index: int) -> tuple[list[dict], str] | None:
+    """The modules whose forward made the activations of the step recorded with module hooks
+    (_agent/saved_by.py), as holders of the activations part, each with the line that called the
+    outermost forward; and the note that says where they come from. None without that record."""
+    r = next((r for r in agent.root.get("forward_modules", [])
+              if r["device"] == torch_index and "error" not in r and r.get("modules")), None)
+    if r is None:
+        return None
+    line = r.get("line")
+    where = f"{os.path.basename(line['file'])}:{line['line']}" if line else None
+    holders = [{"name": m["name"], "bytes": m["bytes"], "line": where} for m in r["modules"][:4]]
+    outside = f", {fb(r['outside_modules'])} made with no module running" if r.get("outside_modules") else ""
+    called = f"; the outermost forward called at {where}" if where else ""
+    note = (f"the activations' modules are those whose forward made them in step {r['step'] + 1}, recorded with "
+            f"module hooks for that one step ({fb(r['activations'])} of activations{outside}{called})")
+    return holders, note
 
 
 PROBE_BEFORE_S = 1.0  # a probe this long before the peak, at the same step, names its holders

@@ -90,7 +90,7 @@ class Dist:
 # Root records added since reports were first written: kept only where there are some, so that an
 # older report reads back to itself.
 NEW_ROOT_RECORDS = ("libraries", "groups", "peaks", "peak_probes", "declined", "pending_streams", "contexts",
-                    "histories", "peak_histories")
+                    "histories", "peak_histories", "forward_modules")
 
 
 @dataclass

@@ -206,7 +206,16 @@ PEAK_HISTORY = Shape({"n": INT, "t": NUM, "step": may(opt(INT)), "device": INT, 
                       "events": may(INT), "capacity": may(INT), "backward_marked": may(BOOL),
                       "parts": may(dict_of(one_of(*HISTORY_PARTS), _HISTORY_PART)),
                       "joined": may(opt(Shape({"bytes": SIZE, "pieces": INT, "pieces_bytes": SIZE}))),
-                      "snapshot_s": may(NUM), "elapsed_s": may(NUM)})
+                      "snapshot_s": may(NUM), "figures_s": may(NUM), "replay_s": may(NUM), "freed_s": may(NUM),
+                      "elapsed_s": may(NUM)})
+# What saved one step's activations (_agent/saved_by.py): the modules whose forward made them, by
+# folded name, largest first, the rest's bytes, what no module made, and the line that called the
+# outermost forward. Recordings from before it have none.
+FORWARD_MODULES = Shape({"t": NUM, "step": INT, "device": INT, "error": may(STR), "activations": may(SIZE),
+                         "outside_modules": may(SIZE), "rest": may(SIZE), "forwards": may(INT), "full": may(BOOL),
+                         "line": may(opt(Shape({"file": STR, "line": INT, "function": STR}))),
+                         "modules": may(list_of(Shape({"name": STR, "bytes": SIZE, "blocks": INT}))),
+                         "snapshot_s": may(NUM), "elapsed_s": may(NUM)})
 
 # agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record
 RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),
@@ -216,7 +225,7 @@ RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "ba
            "groups": ("groups", GROUPS), "peak": ("peaks", PEAK), "peak_probe": ("peak_probes", PEAK_PROBE),
            "declined": ("declined", DECLINED), "pending": ("pending_streams", PENDING),
            "context": ("contexts", CONTEXT), "history": ("histories", HISTORY),
-           "peak_history": ("peak_histories", PEAK_HISTORY)}
+           "peak_history": ("peak_histories", PEAK_HISTORY), "forward_modules": ("forward_modules", FORWARD_MODULES)}
 _SINGLE = ("garbage", "snapshot")
 
 
@@ -224,7 +233,7 @@ def empty_root() -> dict:
     return {"suspicions": [], "traces": [], "baselines": [], "investigations": [], "threads": [],
             "garbage": None, "snapshot": None, "collections": [], "ooms": [], "libraries": [], "groups": [],
             "peaks": [], "peak_probes": [], "declined": [], "pending_streams": [], "contexts": [],
-            "histories": [], "peak_histories": []}
+            "histories": [], "peak_histories": [], "forward_modules": []}
 
 
 def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:

@@ -83,3 +83,18 @@ def test_gpt2s_peak_is_split_within_ten_percent_of_memtracker(tmp_path):
     assert parts.get("unclassified", 0) <= 0.10 * composition["allocated_bytes"]
     # Its longest reading: 11.8 ms (6,754 events) on an H100; the issue's pause target is 10 ms.
     assert _cost(report)["history_read_max_s"] < 0.015
+    # What saved the activations (saved_by.py): one later step recorded with module hooks names GPT-2's
+    # repeated blocks, and the line of the program that called the model.
+    activations = next(p for p in composition["parts"] if p["category"] == "activations")
+    assert activations["holders"], composition["notes"]
+    assert all(h["name"].startswith(("transformer.h[*].", "transformer.", "lm_head", "GPT2LMHeadModel"))
+               for h in activations["holders"]), activations["holders"]
+    assert any(h["name"].startswith("transformer.h[*].") for h in activations["holders"]), activations["holders"]
+    source = (ROOT / "corpus" / "hf_gpt2_124m_adamw.py").read_text().splitlines()
+    called = next(i + 1 for i, text in enumerate(source) if "model(input_ids=ids" in text)
+    assert activations["holders"][0]["line"] == f"hf_gpt2_124m_adamw.py:{called}", activations["holders"]
+    agent = next(a for a in report["recording"]["agents"] if a["pid"] == report["target"]["pid"])
+    (record,) = agent["root"]["forward_modules"]
+    assert abs(record["activations"] - parts["activations"]) <= 0.10 * parts["activations"], (record, parts)
+    named = sum(m["bytes"] for m in record["modules"]) + record["rest"] + record["outside_modules"]
+    assert named == record["activations"]
