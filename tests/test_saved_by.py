@@ -157,5 +157,5 @@ def test_the_report_names_the_modules_as_the_activations_holders_with_the_line()
     holders, note = saved_by(agent, 0)
     assert holders == [{"name": "transformer.h[*].mlp", "bytes": 6 << 30, "line": "train.py:26"},
                        {"name": "transformer.h[*].attn", "bytes": 4 << 30, "line": "train.py:26"}]
-    assert "step 5" in note and "train.py:26" in note and "1.00 MiB made with no module running" in note
+    assert "step 5" in note and "train.py:26" in note and "; 1.00 MiB made with no module running" in note
     assert saved_by(SimpleNamespace(root={"forward_modules": [{**record, "error": "x"}]}), 0) is None

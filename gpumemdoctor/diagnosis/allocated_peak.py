@@ -113,10 +113,9 @@ def saved_by(agent, torch_index: int) -> tuple[list[dict], str] | None:
     line = r.get("line")
     where = f"{os.path.basename(line['file'])}:{line['line']}" if line else None
     holders = [{"name": m["name"], "bytes": m["bytes"], "line": where} for m in r["modules"][:4]]
-    outside = f", {fb(r['outside_modules'])} made with no module running" if r.get("outside_modules") else ""
+    outside = f"; {fb(r['outside_modules'])} made with no module running" if r.get("outside_modules") else ""
     called = f"; the outermost forward called at {where}" if where else ""
-    note = (f"the activations' modules are those whose forward made them in step {r['step'] + 1}, recorded with "
-            f"module hooks for that one step ({fb(r['activations'])} of activations{outside}{called})")
+    note = f"activations by the module whose forward made them, in step {r['step'] + 1} (module hooks for that step){outside}{called}"
     return holders, note
 
 
