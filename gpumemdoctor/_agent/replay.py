@@ -36,6 +36,9 @@ JOINED_SLACK = 0.01  # a concatenation's result against its pieces (blocks are r
 GATHERED_SLACK = 0.25  # of the oldest gathered block's life: freed this much before it, still with it
 BACKWARD, BACKWARD_END, STEP, STEP_END = 1, 2, 3, 4  # the kinds of marks (history.Marks)
 _STORAGE = {1: "parameters", 2: "gradients", 3: "optimizer-state"}
+# An entry's action walking back: an allocation undone (-1), a free undone (+1), a segment's (-2, +2).
+_SIGN = {"alloc": -1, "free_requested": 1, "segment_alloc": -2, "segment_map": -2, "segment_free": 2,
+         "segment_unmap": 2}
 
 
 def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict, sizes: dict,
@@ -46,70 +49,76 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
     3 optimizer state} of the storages alive now, `sizes` their bytes. `counter`: PyTorch's allocated
     peak counter, read with the trace. None when the trace holds no allocation or free. Makes no
     tuple: it runs inside a reading whose containers neutral.Bulk accounts for (dicts and lists)."""
+    n = len(trace)
     total = allocated
     best = allocated
-    best_i = len(trace)  # the state before entry best_i
+    best_i = n  # the state before entry best_i
     segments = reserved or 0
     best_segments = segments
     seen = False
-    for i in range(len(trace) - 1, -1, -1):
-        e = trace[i]
-        action = e["action"]
-        if action == "alloc":
-            total -= e["size"]
-        elif action == "free_requested":
+    # One walk back: each free met waits (by address) for the allocation that made its block; each
+    # allocation is written into `blocks` as two indices, its own and its free's (n: not freed).
+    waiting: dict = {}
+    blocks: list = []
+    append = blocks.append
+    pop = waiting.pop
+    sign = _SIGN
+    i = n
+    for e in reversed(trace):
+        i -= 1
+        s = sign.get(e["action"])
+        if s is None:
+            continue
+        if s == 1:  # a free undone
+            waiting[e["addr"]] = i
             total += e["size"]
-        elif action == "segment_alloc" or action == "segment_map":
-            segments -= e["size"]
-            continue
-        elif action == "segment_free" or action == "segment_unmap":
-            segments += e["size"]
-            continue
-        else:
+            if total > best:
+                best = total
+                best_i = i
+                best_segments = segments
+        elif s == -1:  # an allocation undone
+            total -= e["size"]
+            append(i)
+            append(pop(e["addr"], n))
+        else:  # a segment's: the reserved memory then
+            segments += e["size"] if s == 2 else -e["size"]
             continue
         seen = True
-        if total > best:
-            best = total
-            best_i = i
-            best_segments = segments
     if not seen:
         return None
-    # The blocks made within the recorded events and live at the peak: [size, made, freed].
+    # The blocks made within the recorded events and live at the peak, and when each was freed.
     made: dict = {}
-    for i in range(best_i):
-        e = trace[i]
-        action = e["action"]
-        if action == "alloc":
-            made[e["addr"]] = [e["size"], e["time_us"], None]
-        elif action == "free_requested":
-            made.pop(e["addr"], None)  # (one made before the events began, freed before the peak: gone)
-    later: dict = {}  # addresses allocated after the peak, until freed again
+    freed: dict = {}
+    later: dict = {}  # made after the peak and still allocated
+    for k in range(0, len(blocks), 2):
+        j = blocks[k]
+        f = blocks[k + 1]
+        if j < best_i <= f:
+            address = trace[j]["addr"]
+            made[address] = trace[j]
+            if f < n:
+                freed[address] = trace[f]["time_us"]
+        elif f == n:
+            later[trace[j]["addr"]] = True
     old_freed = 0  # blocks made before the events began, live at the peak, freed since
-    for i in range(best_i, len(trace)):
-        e = trace[i]
-        action = e["action"]
-        if action == "alloc":
-            later[e["addr"]] = True
-        elif action == "free_requested":
-            address = e["addr"]
-            if later.pop(address, None) is None:
-                block = made.get(address)
-                if block is not None and block[2] is None:
-                    block[2] = e["time_us"]
-                else:
-                    old_freed += e["size"]
+    for address in waiting:
+        f = waiting[address]
+        if f >= best_i:
+            old_freed += trace[f]["size"]
     peak_t = trace[best_i - 1]["time_us"] if best_i > 0 else trace[0]["time_us"]
     parts: dict = {}
     known = 0
     unbacked: list = []  # made outside backward and the steps, freed since with no backward in between
     for address in made:
-        block = made[address]
-        known += block[0]
-        part = _part(address, block[1], block[2], storages, times, kinds)
+        e = made[address]
+        size = e["size"]
+        t = e["time_us"]
+        known += size
+        part = _part(address, t, freed.get(address), storages, times, kinds)
         if part is None:
-            unbacked.append(block)
+            unbacked.append([size, t, freed[address]])
         else:
-            _add(parts, part, block[0], block[1])
+            _add(parts, part, size, t)
     joined = _gathered(parts, unbacked)
     # Made before the events began and still allocated: the storages the optimizers name, the rest kept.
     old_alive = best - known - old_freed
