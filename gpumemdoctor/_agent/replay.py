@@ -4,7 +4,9 @@ trace of events, the marks (history.py) and the optimizers' storages, and return
 
 The walk starts from what is allocated now (PyTorch's allocated bytes: the events' sizes are the
 blocks', which add up to it exactly) and undoes each event, newest first: an allocation subtracts
-its block, a free (`free_requested`, when PyTorch's allocated memory drops) adds it back. The
+its block, a free (`free_requested`, when PyTorch's allocated memory drops) adds it back; the same
+walk pairs each allocation with its block's free (GPT-2's 6,754 entries: 2.2 ms on the development
+machine's CPU; 3.4 with one walk to the peak and another from the start). The
 highest total met is the allocated peak, if it lies within the recorded events (`complete`: the
 counter read with the events says whether it does). The blocks live then:
 - made within the events and still allocated now: a parameter, a gradient or optimizer state
