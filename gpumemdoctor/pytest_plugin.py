@@ -30,13 +30,16 @@ before is already above the limit is the test's own peak unknown: then, for that
 only, the plugin calls `torch.cuda.reset_peak_memory_stats()` just before it, and the summary
 says so.
 
-What filled the peak: during a `vram_limit` test (where the tests have imported torch), a global
-optimizer step post hook (`torch.optim.optimizer.register_optimizer_step_post_hook`) is registered,
-and removed after the test. At each step it reads, per GPU, the unique storages of the optimizers'
-parameters, their gradients and their state tensors (`optimizer_parts`; one pass over them a step).
-A failure names them, as read at the last optimizer step, and calls the rest of PyTorch's peak
-unclassified (activations, temporaries); without a step it says that the parts are not known.
-The plugin cannot see activations, graphs or the cache by name: `gpumemdoctor run` can.
+What filled the peak: during a `vram_limit` test (where the tests have imported torch), PyTorch's
+allocation events are recorded without stacks (from the test's start, or from CUDA's start during
+it; a history the tests turned on is left as it is), backward() and the optimizer steps are marked,
+and the optimizers' storages read at each step's end (_agent/plugin_history.py; all of it undone
+after the test). A failure splits the test's allocated peak as `gpumemdoctor run` does, walking the
+events back to it: parameters, gradients, optimizer state, activations, temporaries, gathered, kept
+tensors (reporters/plugin_peak.py). Where the events did not reach back to it, or none were kept, it
+says what a global optimizer step post hook (`StepWatch`) read, per GPU, at the last step: the
+unique storages of the optimizers' parameters, their gradients and their state tensors
+(`optimizer_parts`), the rest of the peak unclassified; without a step, that the parts are not known.
 
 A failure in the plugin never errors a test: checks stop, and the summary says why. Under
 pytest-xdist each worker checks its own tests and the controller prints the summary.
@@ -175,6 +178,7 @@ class StepWatch:
         self.optimizers: Any = weakref.WeakSet()
         self.steps = 0
         self.parts: dict[str, dict[str, int]] = {}
+        self.then: Any = None  # called at each step too, after the reading (PeakHistory.on_step)
         self._handle: Any = None
 
     def start(self, optimizer_module: Any) -> None:
@@ -193,6 +197,22 @@ class StepWatch:
             self.parts = optimizer_parts(self.optimizers)
         except Exception:  # a hook never fails the program's step
             self.parts = {}
+        if self.then is not None:  # (which never raises)
+            self.then(optimizer, args, kwargs)
+
+
+def _record_events() -> Any:
+    """A vram_limit test's allocation events, marks and storages, where the tests have imported torch;
+    None where they cannot be recorded. Never raises."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    try:
+        from ._agent.plugin_history import PeakHistory
+
+        return PeakHistory.start(torch, sys.modules.get("torch.optim.optimizer"))  # (loaded with torch)
+    except Exception:
+        return None
 
 
 def _stat(stats: dict, name: str, field: str = "current") -> int:
@@ -266,6 +286,7 @@ class VramChecker:
         # and the next test's start, so it is that test's "before" without another gc.collect().
         self._last: tuple[Any, dict[int, DeviceReading] | None] = (None, None)
         self._steps: StepWatch | None = None  # a vram_limit test's optimizer steps
+        self._events: Any = None  # and its allocation events (_agent/plugin_history.PeakHistory)
 
     def _guard(self, fn: Callable, *args: Any) -> Any:
         try:
@@ -351,10 +372,7 @@ class VramChecker:
                                            held.allocated))
             if limit is not None:
                 over = judge_limit(b.peak, a.peak, limit, device, index in resets, b.allocated)
-                watch = self._steps
-                if over and watch is not None:
-                    over += " " + judge_limit_parts(a.peak, watch.parts.get(device), watch.steps)
-                failures.append(over)
+                failures.append(over and f"{over} {self._what_filled(index, a.peak)}".rstrip())
             if leak and before and b.nvml_bytes is not None and a.nvml_bytes is not None:
                 outside = judge_outside(a.nvml_bytes - b.nvml_bytes - (held.nvml_bytes or 0),
                                         a.reserved - b.reserved - held.reserved, self.threshold, device)
@@ -364,6 +382,17 @@ class VramChecker:
                 else:
                     failures.append(outside)
         return [f for f in failures if f]
+
+    def _what_filled(self, index: int, peak: int) -> str:
+        """The split at the test's peak (the events), or else the parts read at the last step."""
+        watch = self._steps
+        said = judge_limit_parts(peak, watch.parts.get(f"cuda:{index}"), watch.steps) if watch is not None else ""
+        try:
+            from .reporters.plugin_peak import what_filled
+
+            return what_filled(self._events.split(index, peak) if self._events is not None else None, said)
+        except Exception:  # the words the plugin had before the events
+            return said
 
     def _watch_steps(self) -> StepWatch | None:
         """A StepWatch started, where the tests have imported torch (the plugin never imports it)."""
@@ -391,16 +420,24 @@ class VramChecker:
         before, resets = self._guard(self._before, item, limit) or (None, set())
         self._fixtures, self._in_test = {}, True
         self._steps = self._guard(self._watch_steps) if limit is not None else None
+        self._events = _record_events() if limit is not None else None
+        if self._steps is not None and self._events is not None:
+            self._steps.then = self._events.on_step
         try:
             reports = runtestprotocol(item, log=False, nextitem=nextitem)
         finally:
             self._in_test = False
             if self._steps is not None:
                 self._guard(self._steps.stop)
+            if self._events is not None:
+                self._events.unmark()
         passed = [r.when for r in reports if r.passed and not hasattr(r, "wasxfail")] == [
             "setup", "call", "teardown"]
         failures = [] if self.found["stopped"] else (
             self._guard(self._judge, item, before, resets, leak, limit, passed, nextitem) or [])
+        if self._events is not None:
+            self._events, events = None, self._events
+            events.close()
         self.found["notes"] += [f"{item.nodeid}: reset PyTorch's peak memory statistics on cuda:{i} "
                                 "before the test, to measure its vram_limit." for i in sorted(resets)]
         for report in reports:

@@ -104,3 +104,29 @@ def test_a_concatenation_made_while_its_pieces_are_held_is_joined():
     # The evaluation above, eight batches alike and one short-lived tensor: nothing joined.
     batches = ([_e("alloc", a, 10, a) for a in range(1, 9)] + [_e("free_requested", a, 10, 20 + a) for a in range(1, 9)])
     assert R.replay(batches, 0, [], [], {}, {}, counter=80)["joined"] is None
+
+
+def test_a_forward_output_still_held_at_the_reading_is_an_activation_of_its_step_not_a_kept_tensor():
+    # Step 1 ends at t 5. Made before it and still held: 7 (kept). Step 2's forward makes 8 (its
+    # logits, still held by the program's name at the reading) and 9 (saved, freed in backward);
+    # backward runs t 10-20 and the peak is in it (t 12).
+    trace = [_e("alloc", 7, 16, 3), _e("alloc", 8, 64, 6), _e("alloc", 9, 32, 7), _e("alloc", 10, 8, 12),
+             _e("free_requested", 10, 8, 13), _e("free_requested", 9, 32, 15)]
+    marks = [4, 5, 10, 20], [R.STEP, R.STEP_END, R.BACKWARD, R.BACKWARD_END]
+    found = R.replay(trace, 100 + 16 + 64, *marks, {}, {}, counter=100 + 16 + 64 + 32 + 8)
+    parts = {k: v["bytes"] for k, v in found["parts"].items()}
+    assert parts == {"kept-tensors": 100 + 16, "activations": 64 + 32, "temporaries": 8}, parts
+    # With no optimizer step before the peak the stretch is not known: what is still held is kept.
+    found = R.replay(trace, 100 + 16 + 64, marks[0][2:], marks[1][2:], {}, {}, counter=100 + 16 + 64 + 32 + 8)
+    assert {k: v["bytes"] for k, v in found["parts"].items()} == {"kept-tensors": 100 + 16 + 64, "activations": 32,
+                                                                  "temporaries": 8}
+
+
+def test_a_concatenation_whose_result_is_still_held_is_joined():
+    # A gathering loop (the Trainer's evaluation): the pieces gathered so far (30, made at 1) and a
+    # new batch (10, at 2) are concatenated into 40 (at 3), which is still held at the reading.
+    trace = [_e("alloc", 1, 30, 1), _e("alloc", 2, 10, 2), _e("alloc", 3, 40, 3),
+             _e("free_requested", 1, 30, 4), _e("free_requested", 2, 10, 5)]
+    found = R.replay(trace, 40, [], [], {}, {}, counter=80)
+    assert found["parts"]["gathered"]["bytes"] == 40 and found["parts"]["kept-tensors"]["bytes"] == 40
+    assert found["joined"] == {"bytes": 40, "pieces": 2, "pieces_bytes": 40}

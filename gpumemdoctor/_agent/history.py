@@ -20,7 +20,8 @@ what was live then).
   sized to twice the events of the busiest step (MIN_CAPACITY to MAX_CAPACITY), so that the events
   since the forward that led to the peak are still there. A `peak_history` record says what was
   live at the highest moment, and its cost.
-- A new high as peak.py's captures have one (`new_high`); at most MAX_READINGS in a process. None with --snapshot (its events carry stacks: a reading would be slow).
+- A new high as peak.py's captures have one (`new_high`); at most MAX_READINGS in a process, then
+  MORE_READINGS for highs BIG_RISE above the last reading's. None with --snapshot (its events carry stacks: a reading would be slow).
 """
 from __future__ import annotations
 
@@ -40,6 +41,11 @@ from ..contract import ENV_SNAPSHOT
 TRANSIENT_BYTES = 64 << 20  # a high that came and went since the last sample: this far above allocated now
 TRANSIENT_SHARE = 0.05
 MAX_READINGS = 12
+# After MAX_READINGS, a high this far above the last reading's is still read, up to MORE_READINGS in
+# all: a gathering loop (the Trainer's evaluation, a concatenation each batch) rises by less than
+# peak.py's late share each batch, and its last high is the one that matters.
+BIG_RISE = 0.15
+MORE_READINGS = 24
 MIN_CAPACITY = 8192  # entries: an event is 1.5 entries (alloc, free requested, free completed)
 MAX_CAPACITY = 16384  # ~9 ms to read (H100); a step with more events leaves its first ones out
 ENTRIES_PER_EVENT = 1.6
@@ -141,12 +147,7 @@ class History:
         self.bulk = Bulk()
         self.callback, self.add_pending = main_thread.pending_call(self._on_main_thread)
         try:
-            import ctypes
-
-            incref = ctypes.pythonapi.Py_IncRef
-            incref.argtypes = [ctypes.py_object]
-            incref.restype = None
-            self.incref = incref
+            self.incref = py_incref()
         except Exception:
             self.bulk = None  # no readings: the snapshot's call could not be made safe
 
@@ -181,7 +182,7 @@ class History:
     # -- at each sample ----------------------------------------------------------------
     def check(self, by: str) -> float:
         """After each sample (the sampler's lock held). Returns the thread time a reading took."""
-        if not self.on or self.readings >= MAX_READINGS:
+        if not self.on or self.readings >= MORE_READINGS:
             return 0.0
         sampler = self.agent.sampler
         rows = sampler.rows
@@ -194,7 +195,7 @@ class History:
             row = rows[i]
             counter = row[6]
             best = self.best[i]
-            if counter is None or not new_high(counter, best, self.readings):
+            if counter is None or not self.worth(counter, best):
                 continue
             if not _between(counter, row[1]):  # the high is now: the sample's own reading (peak.py) has it
                 self.best[i] = counter
@@ -210,6 +211,12 @@ class History:
                     self.asked = False
             return 0.0
         return 0.0
+
+    def worth(self, counter: int, best: int) -> bool:
+        """Whether the counter's high is worth a reading over the last one's (`best`)."""
+        if not new_high(counter, best, self.readings):
+            return False
+        return self.readings < MAX_READINGS or counter >= best * (1 + BIG_RISE)
 
     def count_events(self, sampler) -> None:
         """The allocations and frees since the last step sample: the busiest step's size the ring."""
@@ -245,12 +252,13 @@ class History:
 
     def at_exit(self) -> None:
         """The exit's reading, if the counter rose past the last one (the last steps' peak)."""
-        if not self.on or self.readings >= MAX_READINGS or not self.best:
+        if not self.on or self.readings >= MORE_READINGS or not self.best:
             return
         sampler = self.agent.sampler
         for i in range(len(sampler.rows)):
             row = sampler.rows[i]
-            if sampler.live[i] and row[6] and new_high(row[6], self.best[i], self.readings) and _between(row[6], row[1]):
+            # (the last chance: any high 2% above the last reading's, as at the first readings)
+            if sampler.live[i] and row[6] and new_high(row[6], self.best[i], 0) and _between(row[6], row[1]):
                 with quiet_gc():
                     self.read(i)
                 return
@@ -277,15 +285,8 @@ class History:
             agent.channel.write_line(f'{line[:-1]},"elapsed_s":{spent!r}}}')
 
     def snapshot(self, torch) -> dict:
-        """PyTorch's allocator snapshot with the events only: a pool no segment belongs to leaves the
-        segments out. Their blocks may carry stacks (trace.py's windows), whose first reading in a
-        process imports torch._dynamo (6 s on an H100 machine) where the program has not.
-        PyTorch 2.11 takes the pool id's two items as its own references and lets them go (a second
-        call with the same tuple then read freed ints: "mempool_id elements must be integers", then a
-        crash): each call first gives it the references it will drop."""
-        self.incref(NO_POOL[0])
-        self.incref(NO_POOL[1])
-        return torch._C._cuda_memorySnapshot(NO_POOL)
+        """The allocator's snapshot with the events only (events_only)."""
+        return events_only(torch, self.incref)
 
     def _read(self, index: int) -> str:
         """The snapshot and the walk back (replay.py), as one JSON line; inside neutral.Bulk: it
@@ -333,7 +334,9 @@ class History:
             joined = found["joined"]
             joined = "null" if joined is None else (f'{{"bytes":{joined["bytes"]},"pieces":{joined["pieces"]},'
                                                     f'"pieces_bytes":{joined["pieces_bytes"]}}}')
+            loop = _library_loop(sys._getframe())
             return (f'{{"type":"peak_history","n":{self.readings},"t":{now!r},"step":{agent.steps},"device":{index},'
+                    f'"loop":{"null" if loop is None else encode_basestring(loop)},'
                     f'"counter":{counter},"allocated_peak":{found["allocated_peak"]},'
                     f'"reserved_at_peak":{"null" if reserved_at is None else reserved_at},'
                     f'"allocated":{found["allocated_now"]},"peak_before_s":{_before(found["peak_time_us"], now_us)},'
@@ -346,6 +349,47 @@ class History:
         except Exception as exc:
             return (f'{{"type":"peak_history","n":{self.readings},"t":{time.monotonic()!r},"device":{index},'
                     f'"error":{encode_basestring(f"{type(exc).__name__}: {exc}"[:200])}}}')
+
+
+# Library loops that gather a model's outputs on the GPU, whose own switches say how not to:
+# (file's ending, function) -> the name a reading records (diagnosis/allocated_peak.py has the remedy).
+LIBRARY_LOOPS = {(os.path.join("transformers", "trainer.py"), "evaluation_loop"): "transformers.Trainer.evaluation_loop",
+                 (os.path.join("transformers", "trainer.py"), "prediction_loop"): "transformers.Trainer.prediction_loop"}
+
+
+def _library_loop(frame) -> str | None:
+    """The library loop (LIBRARY_LOOPS) the main thread is in when a reading is made there, if any."""
+    depth = 0
+    while frame is not None and depth < 200:
+        code = frame.f_code
+        for key in LIBRARY_LOOPS:
+            if code.co_name == key[1] and code.co_filename.endswith(key[0]):
+                return LIBRARY_LOOPS[key]
+        frame = frame.f_back
+        depth += 1
+    return None
+
+
+def py_incref():
+    """ctypes' Py_IncRef, for events_only."""
+    import ctypes
+
+    incref = ctypes.pythonapi.Py_IncRef
+    incref.argtypes = [ctypes.py_object]
+    incref.restype = None
+    return incref
+
+
+def events_only(torch, incref) -> dict:
+    """PyTorch's allocator snapshot with the events only: a pool no segment belongs to (NO_POOL)
+    leaves the segments out. Their blocks may carry stacks (trace.py's windows), whose first reading
+    in a process imports torch._dynamo (6 s on an H100 machine) where the program has not. PyTorch
+    2.11 takes the pool id's two items as its own references and lets them go (a second call with the
+    same tuple then read freed ints: "mempool_id elements must be integers", then a crash): each call
+    first gives it the references it will drop (`incref`: py_incref())."""
+    incref(NO_POOL[0])
+    incref(NO_POOL[1])
+    return torch._C._cuda_memorySnapshot(NO_POOL)
 
 
 def _between(counter: int, allocated) -> bool:

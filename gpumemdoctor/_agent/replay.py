@@ -111,17 +111,23 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
     parts: dict = {}
     known = 0
     unbacked: list = []  # made outside backward and the steps, freed since with no backward in between
+    held: list = []  # kept tensors made within the events: a concatenation's result may be one
+    stretch = _last(times, kinds, peak_t, STEP_END)  # the stretch of the program the peak fell in began here
+    end_t = trace[n - 1]["time_us"] + 1  # "still held" (for _gathered)
     for address in made:
         e = made[address]
         size = e["size"]
         t = e["time_us"]
         known += size
-        part = _part(address, t, freed.get(address), storages, times, kinds)
+        f = freed.get(address)
+        part = _part(address, t, f, storages, times, kinds, stretch, peak_t)
         if part is None:
-            unbacked.append([size, t, freed[address]])
+            unbacked.append([size, t, end_t if f is None else f])
         else:
             _add(parts, part, size, t)
-    joined = _gathered(parts, unbacked)
+            if part == "kept-tensors":
+                held.append([size, t, end_t])
+    joined = _gathered(parts, unbacked, held)
     # Made before the events began and still allocated: the storages the optimizers name, the rest kept.
     old_alive = best - known - old_freed
     if old_alive < 0:  # (sizes rounded apart by a few bytes)
@@ -163,13 +169,21 @@ def _add(parts: dict, name: str, size: int, made) -> None:
             p[3] = made
 
 
-def _part(address: int, made, freed, storages: dict, times: list, kinds: list):
+def _part(address: int, made, freed, storages: dict, times: list, kinds: list, stretch=None, peak_t=None):
     """A block's part, or None for one made outside backward() and the optimizer steps and freed
-    with no backward() in between (_gathered tells those apart)."""
+    with no backward() in between, or still held and made in the stretch of the peak (since the last
+    optimizer step before it) with no backward() in between (_gathered tells those apart)."""
+    made_in = _phase(times, kinds, made)
     if freed is None:  # still allocated now
         kind = storages.get(address)
-        return _STORAGE[kind] if kind else "kept-tensors"
-    made_in = _phase(times, kinds, made)
+        if kind:
+            return _STORAGE[kind]
+        if stretch is None or made_in != "outside" or made <= stretch:
+            return "kept-tensors"  # (made in an earlier step, by backward() or a step, or no step seen)
+        # This step's forward output, or an evaluation's, still held by the program's names: what it
+        # made for this moment, not kept from an earlier one.
+        backward = _next(times, kinds, made, BACKWARD)
+        return "activations" if backward is not None and backward <= peak_t else None
     if made_in == "backward":
         ended = _next(times, kinds, made, BACKWARD_END)
         return "gradients" if ended is not None and freed > ended else "temporaries"
@@ -181,7 +195,7 @@ def _part(address: int, made, freed, storages: dict, times: list, kinds: list):
     return None
 
 
-def _gathered(parts: dict, blocks: list):
+def _gathered(parts: dict, blocks: list, held: list = ()):
     """Blocks made outside backward() and freed with no backward() after them: `gathered` where held
     with the oldest of them, freed no earlier than it was (less GATHERED_SLACK of its life: a graph
     frees its nodes in a cascade), `temporaries` where made later and freed sooner. Returns the
@@ -200,6 +214,9 @@ def _gathered(parts: dict, blocks: list):
             _add(parts, "gathered", block[0], block[1])
         else:
             _add(parts, "temporaries", block[0], block[1])
+    for block in held:  # (still held: the result of a concatenation of gathered pieces may be)
+        if block[1] > oldest[1]:
+            gathered.append(block)
     return _joined(gathered)
 
 
@@ -235,6 +252,14 @@ def _phase(times: list, kinds: list, t: int) -> str:
     if kind == STEP:
         return "optimizer step"
     return "outside"
+
+
+def _last(times: list, kinds: list, t: int, kind: int):
+    """The time of the last mark of `kind` at or before t, or None."""
+    for i in range(bisect_right(times, t) - 1, -1, -1):
+        if kinds[i] == kind:
+            return times[i]
+    return None
 
 
 def _next(times: list, kinds: list, t: int, kind: int):

@@ -99,7 +99,8 @@ def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | N
         pid=agent.pid, device=device, torch_index=torch_index, t=t, step=step,
         total_bytes=sum(p.bytes for p in ordered), allocated_bytes=allocated, reserved_bytes=reserved, parts=ordered,
         allocated_peak_bytes=r["counter"], in_pause=False, where=None, notes=notes)
-    return composition, findings(composition, r, where)
+    readings = [x for x in agent.root.get("peak_histories", []) if x["device"] == torch_index and "error" not in x]
+    return composition, findings(composition, r, where, readings)
 
 
 def saved_by(agent, torch_index: int) -> tuple[list[dict], str] | None:
@@ -144,7 +145,23 @@ def name_from_probe(agent, torch_index: int, c: PeakComposition) -> None:
                    "before it, in the same step")
 
 
-def findings(c: PeakComposition, r: dict, where: str) -> list[Finding]:
+# The remedies of library loops that gather outputs on the GPU (_agent/history.py's LIBRARY_LOOPS), in
+# the library's own terms.
+_TRAINER = ("The Trainer gathers every batch's predictions on the GPU, concatenated to the ones before, until the "
+            "evaluation ends: set TrainingArguments(eval_accumulation_steps=N) to move them to the CPU every N "
+            "steps, and pass Trainer(preprocess_logits_for_metrics=...) to keep only what compute_metrics needs "
+            "(logits.argmax(-1) instead of the vocabulary's logits).")
+LOOP_REMEDIES = {"transformers.Trainer.evaluation_loop": _TRAINER, "transformers.Trainer.prediction_loop": _TRAINER}
+
+
+def _grown(readings: list, best: dict) -> list[int]:
+    """The concatenations' results of this device's readings up to the best one, where each was
+    larger than the one before (a tensor grown by concatenation, step after step); else []."""
+    sizes = [r["joined"]["bytes"] for r in readings if r.get("joined") and r["t"] <= best["t"]]
+    return sizes if len(sizes) >= 2 and all(a < b for a, b in zip(sizes, sizes[1:])) else []
+
+
+def findings(c: PeakComposition, r: dict, where: str, readings: list = ()) -> list[Finding]:
     """Tensors gathered at the peak with no backward() after them: a concatenation made while its
     pieces were held (`joined`), or an evaluation's graphs or outputs (the avoidable peak an
     evaluation without no_grad makes)."""
@@ -162,12 +179,28 @@ def findings(c: PeakComposition, r: dict, where: str) -> list[Finding]:
                 "gathered_bytes": gathered.bytes, "gathered_blocks": p["blocks"], "phase": r["phase"]}
     joined = r.get("joined")
     if joined and joined["bytes"] + joined["pieces_bytes"] >= 0.5 * gathered.bytes:
+        grown = _grown(readings, r)
+        said = ""
+        if len(grown) >= 3:
+            said = (f"; the concatenation's result grew reading after reading ({len(grown)} readings: "
+                    f"{fb(grown[0])} to {fb(grown[-1])}), each larger result needing new memory while the "
+                    "smaller ones freed before it stayed in PyTorch's cache")
+        cache = c.part("cache")
+        if said and cache is not None and cache.bytes >= 0.25 * c.total_bytes:
+            said += f" ({fb(cache.bytes)} of cache at this moment)"
+        loop = r.get("loop")
+        if loop in LOOP_REMEDIES:
+            said += f"; the reading came while {loop} ran"
+            evidence["loop"] = loop
+        if grown:
+            evidence["grown_bytes"] = grown
         return [Finding(kind="temporary-peak", bytes=joined["bytes"], pid=c.pid, device=c.device,
                         summary=f"{moment}, a tensor of {fb(joined['bytes'])} was made while the "
                                 f"{joined['pieces']} tensors made before it, as large together "
                                 f"({fb(joined['pieces_bytes'])}), were still held: a concatenation (torch.cat, "
-                                "torch.stack) of them, the pieces and the whole allocated at once",
-                        evidence={**evidence, "joined": joined}, remedy=FINDINGS["concatenation-at-peak"])]
+                                f"torch.stack) of them, the pieces and the whole allocated at once{said}",
+                        evidence={**evidence, "joined": joined},
+                        remedy=LOOP_REMEDIES.get(loop) or FINDINGS["concatenation-at-peak"])]
     if p["blocks"] < MIN_GATHERED_BLOCKS:
         return []
     return [Finding(kind="avoidable-peak", bytes=gathered.bytes, pid=c.pid, device=c.device,

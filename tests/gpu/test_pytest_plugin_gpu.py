@@ -1,10 +1,13 @@
 """The pytest plugin on a real GPU: a leaking test fails with its bytes and a clean one passes,
-common operations and fixtures are no leak, and vram_limit bounds a test's peak.
+common operations and fixtures are no leak, and vram_limit bounds a test's peak and says what filled
+it at the peak itself.
 
 Each case runs in a fresh pytest process (pytester's subprocess), where CUDA starts inside
 the tests, as it does in a user's session.
 """
 from __future__ import annotations
+
+import re
 
 import pytest
 
@@ -127,10 +130,10 @@ def test_vram_limit(pytester):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=3, failed=2)
     result.stdout.fnmatch_lines([
-        "*_ test_a_over _*",
+        "*_ test_a_over _*",  # CUDA starts in it: the allocation events start with it
         ("VRAM limit: cuda:0 peak allocated during this test was 256 MiB (268435456 bytes), "
-         "above its vram_limit of 128 MiB (134217728 bytes). What filled it is not known here: no optimizer "
-         "stepped during the test*"),
+         "above its vram_limit of 128 MiB (134217728 bytes). What filled it, at the peak itself, which came "
+         "outside backward() and the optimizer steps*: gathered, then freed 256 MiB."),
         "*_ test_e_over_after_reset _*",
         "VRAM limit: cuda:0 peak allocated during this test was 128 MiB*above its vram_limit of 64.0 MiB*",
     ])
@@ -138,6 +141,36 @@ def test_vram_limit(pytester):
     assert "test_d_under_after_reset: reset PyTorch's peak memory statistics on cuda:0" in text
     assert "test_e_over_after_reset: reset PyTorch's peak memory statistics on cuda:0" in text
     assert "test_c_peak_left_alone: reset" not in text
+
+
+def test_vram_limit_says_what_filled_the_peak_itself(pytester):
+    """A small MLP's two AdamW steps: the peak comes in the second backward(), with the activations
+    (4 x 64 MiB saved) and the optimizer state made by the first step (2 x 64 MiB)."""
+    pytester.makepyfile("""
+        import pytest
+        import torch
+
+        @pytest.mark.vram_limit("128MiB")
+        def test_trains_over():
+            torch.manual_seed(0)
+            layers = [m for _ in range(4) for m in (torch.nn.Linear(2048, 2048), torch.nn.ReLU())]
+            model = torch.nn.Sequential(*layers).cuda()  # 64.0 MiB of parameters
+            adam = torch.optim.AdamW(model.parameters())
+            x = torch.randn(8192, 2048, device="cuda")  # 64 MiB, and as much for each layer's output
+            for _ in range(2):
+                adam.zero_grad()
+                model(x).square().mean().backward()
+                adam.step()
+    """)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    line = next(line for line in result.outlines if line.startswith("VRAM limit: "))
+    # (seen on an H100: activations 256 MiB, temporaries 256 MiB, kept tensors 129 MiB, optimizer state 128 MiB,
+    # parameters 64.0 MiB; the kept tensors are x and cuBLAS's workspaces)
+    assert "What filled it, at the peak itself, which came inside backward(): " in line, line
+    assert "optimizer state 128 MiB" in line and "parameters 64.0 MiB" in line, line
+    number, unit = re.search(r"activations ([\d.]+) (MiB|GiB)", line).groups()
+    assert float(number) * (1024 if unit == "GiB" else 1) >= 128, line
 
 
 @pytest.mark.parametrize("fail_on_nvml", [False, True])
