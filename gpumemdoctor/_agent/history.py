@@ -131,6 +131,7 @@ class History:
         self.backward_marked = False
         self.capacity = MIN_CAPACITY
         self.best: list = []  # per device slot: the counter at the last reading
+        self.seen: list = []
         self.events: list = []  # per device slot: allocations and frees at the last step sample
         self.busiest = 0  # most allocations and frees between two step samples
         self.readings = 0
@@ -146,6 +147,7 @@ class History:
     def prepare(self, devices: int) -> None:
         """Made once at CUDA's start, on the program's thread."""
         self.best = [0] * devices
+        self.seen = [None] * devices  # per device slot: the counter at the last sample
         self.events = [0] * devices
         self.bulk = Bulk()
         self.callback, self.add_pending = main_thread.pending_call(self._on_main_thread)
@@ -207,7 +209,12 @@ class History:
             row = rows[i]
             counter = row[6]
             best = self.best[i]
-            if counter is None or not self.worth(counter, best):
+            # A high that stayed since the last sample is read once it is 2% above the last reading's:
+            # the counter has stopped rising (a gathering loop's last concatenation, whose rise was
+            # too small for `worth` at the time), and the program still holds what it held then.
+            settled = counter is not None and counter == self.seen[i] and new_high(counter, best, 0)
+            self.seen[i] = counter
+            if counter is None or not (settled or self.worth(counter, best)):
                 continue
             if not _between(counter, row[1]):  # the high is now: the sample's own reading (peak.py) has it
                 self.best[i] = counter

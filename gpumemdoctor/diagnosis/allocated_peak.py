@@ -13,6 +13,7 @@ import os
 from . import probed
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS
+from ..contract import HISTORY_COUNTER_SLACK as COUNTER_SLACK
 from ..units import format_bytes as fb
 
 MIN_FINDING_BYTES = 256 << 20
@@ -46,14 +47,23 @@ PHASES = {"backward": "inside backward()", "optimizer step": "inside an optimize
 def reading(agent, torch_index: int) -> dict | None:
     """The reading with the highest allocated peak on this device whose events reached it."""
     found = [r for r in agent.root.get("peak_histories", [])
-             if r["device"] == torch_index and "error" not in r and r.get("complete") and r.get("parts")]
+             if r["device"] == torch_index and "error" not in r and complete(r) and r.get("parts")]
     return max(found, key=lambda r: r["allocated_peak"]) if found else None
+
+
+def complete(r: dict) -> bool:
+    """Whether a reading's events reached back to the counter's peak: as the agent judged, or within
+    COUNTER_SLACK or 1% of the counter (the agent's rule since; recordings made before judged within
+    the smaller of the two)."""
+    counter = r.get("counter")
+    return bool(r.get("complete")) or (counter is not None and r.get("allocated_peak") is not None
+                                       and r["allocated_peak"] >= counter - max(COUNTER_SLACK, counter // 100))
 
 
 def incomplete_note(agent, torch_index: int) -> str | None:
     """Said where every reading of this device missed its peak (the events did not reach back to it)."""
     readings = [r for r in agent.root.get("peak_histories", []) if r["device"] == torch_index and "error" not in r]
-    if readings and not any(r.get("complete") for r in readings):
+    if readings and not any(complete(r) for r in readings):
         return ("PyTorch's allocation events did not reach back to its allocated peak (more events between two "
                 "samples than the ring kept): that peak is not split")
     return None
@@ -91,6 +101,10 @@ def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | N
     step = max((s.step for s in agent.samples if s.t <= t and s.step is not None), default=r.get("step"))
     notes = [f"split at PyTorch's allocated peak, {fb(allocated)}, from its allocation events walked back from a "
              f"reading {r['peak_before_s'] or 0:.3f} s later; it came {PHASES[r['phase']]}"]
+    short = (r["counter"] or 0) - allocated
+    if short > COUNTER_SLACK:
+        notes.append(f"the events' highest moment is {fb(short)} below PyTorch's allocated peak counter "
+                     f"({fb(r['counter'])}): that much was allocated then that the events do not show")
     if saved is not None and "activations" in parts:
         notes.append(saved[1])
     if not r.get("backward_marked", True):
@@ -188,7 +202,9 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = ()) -> li
         cache = c.part("cache")
         if said and cache is not None and cache.bytes >= 0.25 * c.total_bytes:
             said += f" ({fb(cache.bytes)} of cache at this moment)"
-        loop = r.get("loop")
+        # (the best reading may come after the loop ended: at exit; the growth's readings came in it)
+        loop = next((x.get("loop") for x in [r, *readings] if x.get("loop") in LOOP_REMEDIES
+                     and (x is r or (x.get("joined") and x["t"] <= r["t"]))), None)
         if loop in LOOP_REMEDIES:
             said += f"; the reading came while {loop} ran"
             evidence["loop"] = loop

@@ -1,0 +1,58 @@
+"""When history.py reads the allocator's events (gpumemdoctor/_agent/history.py's check): at a new
+high of the allocated peak counter that has come and gone, after the first readings only at larger
+rises, once more when a smaller rise has stayed (a gathering loop's last concatenation), and again
+when a reading's ring did not reach back to its peak. The reading itself is replaced here: it needs
+CUDA (tests/gpu/test_allocated_peak.py)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from gpumemdoctor._agent import history as H
+
+GiB = 1 << 30
+
+
+def _history():
+    sampler = SimpleNamespace(rows=[[0, 0, 0, 0, 0, 0, 0, 0]], live=[True], events=[None])
+    agent = SimpleNamespace(sampler=sampler, run_dir="x", trace=SimpleNamespace(mode="auto", on=False))
+    h = H.History(agent)
+    h.best, h.seen, h.events = [0], [None], [0]
+    h.on = True
+    done = []
+
+    def read(i):
+        h.best[i] = sampler.rows[i][6]
+        h.readings += 1
+        done.append(sampler.rows[i][6])
+
+    h.read = read
+    return h, sampler, done
+
+
+def _sample(h, sampler, counter, allocated=0):
+    sampler.rows[0][6] = counter
+    sampler.rows[0][1] = allocated
+    h.check("step")
+
+
+def test_a_gathering_loops_last_small_rise_is_read_once_it_stays():
+    h, sampler, done = _history()
+    h.readings = H.MAX_READINGS  # the first readings made: only a rise of BIG_RISE is read at once
+    h.best[0] = 20 * GiB
+    _sample(h, sampler, int(21.3 * GiB))  # +6.5%: not at once
+    assert done == []
+    _sample(h, sampler, int(21.3 * GiB))  # the same high at the next sample: it stayed, read it
+    assert done == [int(21.3 * GiB)]
+    _sample(h, sampler, int(21.3 * GiB))  # read already
+    assert done == [int(21.3 * GiB)]
+    _sample(h, sampler, 25 * GiB)  # +17%: at once
+    assert done == [int(21.3 * GiB), 25 * GiB]
+
+
+def test_a_high_that_is_now_is_no_reading_and_a_reading_that_missed_its_peak_is_made_again():
+    h, sampler, done = _history()
+    _sample(h, sampler, 10 * GiB, allocated=10 * GiB - (1 << 20))  # the high is now: the sample has it
+    assert done == [] and h.best[0] == 10 * GiB
+    h.retry = 0  # (set by a reading whose ring was full and did not reach back)
+    _sample(h, sampler, 10 * GiB, allocated=GiB)
+    assert done == [10 * GiB] and h.retry is None
