@@ -128,6 +128,12 @@ def test_a_concatenation_whose_result_is_still_held_is_joined():
     # new batch (10, at 2) are concatenated into 40 (at 3), which is still held at the reading.
     trace = [_e("alloc", 1, 30, 1), _e("alloc", 2, 10, 2), _e("alloc", 3, 40, 3),
              _e("free_requested", 1, 30, 4), _e("free_requested", 2, 10, 5)]
-    found = R.replay(trace, 40, [], [], {}, {}, counter=80)
-    assert found["parts"]["gathered"]["bytes"] == 40 and found["parts"]["kept-tensors"]["bytes"] == 40
+    found = R.replay(trace, 40 + 5, [], [], {}, {}, counter=80 + 5)
+    # With no optimizer step before the peak, the result still held is the gathering's too; what
+    # was there before the events (5) stays kept.
+    assert {k: v["bytes"] for k, v in found["parts"].items()} == {"gathered": 80, "kept-tensors": 5}
+    assert found["joined"] == {"bytes": 40, "pieces": 2, "pieces_bytes": 40}
+    # After an optimizer step (t 0.5) too: made since it, with no backward after it, still held.
+    found = R.replay(trace, 40 + 5, [0, 0.5], [R.STEP, R.STEP_END], {}, {}, counter=80 + 5)
+    assert {k: v["bytes"] for k, v in found["parts"].items()} == {"gathered": 80, "kept-tensors": 5}
     assert found["joined"] == {"bytes": 40, "pieces": 2, "pieces_bytes": 40}

@@ -130,7 +130,10 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
             _add(parts, part, size, t)
             if part == "kept-tensors":
                 held.append([size, t, end_t])
-    joined = _gathered(parts, unbacked, held)
+    # With no optimizer step before an outside peak (an evaluation, inference), what is still held and
+    # was made after the oldest gathered block is the same gathering's (a concatenation's result, the
+    # last batch's outputs): gathered too.
+    joined = _gathered(parts, unbacked, held, stretch is None and _phase(times, kinds, peak_t) == "outside")
     # Made before the events began and still allocated: the storages the optimizers name, the rest kept.
     old_alive = best - known - old_freed
     if old_alive < 0:  # (sizes rounded apart by a few bytes)
@@ -198,7 +201,7 @@ def _part(address: int, made, freed, storages: dict, times: list, kinds: list, s
     return None
 
 
-def _gathered(parts: dict, blocks: list, held: list = ()):
+def _gathered(parts: dict, blocks: list, held: list = (), take_held: bool = False):
     """Blocks made outside backward() and freed with no backward() after them: `gathered` where held
     with the oldest of them, freed no earlier than it was (less GATHERED_SLACK of its life: a graph
     frees its nodes in a cascade), `temporaries` where made later and freed sooner. Returns the
@@ -220,6 +223,13 @@ def _gathered(parts: dict, blocks: list, held: list = ()):
     for block in held:  # (still held: the result of a concatenation of gathered pieces may be)
         if block[1] > oldest[1]:
             gathered.append(block)
+            if take_held:
+                kept = parts["kept-tensors"]
+                kept[0] -= block[0]
+                kept[1] -= 1
+                _add(parts, "gathered", block[0], block[1])
+    if take_held and "kept-tensors" in parts and parts["kept-tensors"][1] == 0:
+        del parts["kept-tensors"]
     return _joined(gathered)
 
 
