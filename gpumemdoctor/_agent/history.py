@@ -216,8 +216,9 @@ class History:
             self.seen[i] = counter
             if counter is None or not (settled or self.worth(counter, best)):
                 continue
-            if not _between(counter, row[1]):  # the high is now: the sample's own reading (peak.py) has it
-                self.best[i] = counter
+            if not _between(counter, row[1]):
+                # The high is now: the sample's own capture (peak.py) has it, without a split; a
+                # later sample reads it once it has gone (the counter is not taken as read).
                 continue
             if by == "step" and threading.get_ident() == self.main_ident:
                 started = time.thread_time()
