@@ -195,3 +195,20 @@ def test_a_validation_no_sample_fell_in_is_still_a_leak_held_by_its_container():
     assert holder["pattern"].startswith(want["holder"]) and holder["kind"] == want["holder-kind"]
     assert leak.suspects[0]["where"][1] == want["line"], leak.suspects[0]["where"]
     assert "did not see the memory build up" in leak.summary
+
+
+def test_the_trainers_evaluation_is_a_concatenation_grown_batch_after_batch_with_the_trainers_remedy():
+    """transformers' Trainer.evaluate() with compute_metrics and the evaluation's defaults (recorded on
+    an H200): the gathered logits concatenated batch after batch, the peak a concatenation made while
+    its pieces were held, the cache it left, and the Trainer's own switches as the remedy (issue 40,
+    item 4)."""
+    report, recording = load(RECORDINGS / "hf_trainer_eval.json")
+    diagnosis = diagnose(recording)
+    (f,) = [f for f in diagnosis.findings if f.kind == "temporary-peak"]
+    assert "eval_accumulation_steps" in f.remedy and "preprocess_logits_for_metrics" in f.remedy
+    assert f.evidence["loop"] == "transformers.Trainer.evaluation_loop"
+    grown = f.evidence["grown_bytes"]
+    assert len(grown) >= 5 and grown == sorted(grown) and grown[-1] >= 3 * grown[0]
+    assert "grew reading after reading" in f.summary and "of cache at this moment" in f.summary
+    (c,) = [c for c in diagnosis.peak_compositions if c.pid == recording.target_pid]
+    assert c.part("gathered").bytes >= 0.9 * c.allocated_bytes

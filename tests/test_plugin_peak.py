@@ -9,8 +9,6 @@ and with a CPU build of torch. tests/gpu/test_pytest_plugin_gpu.py runs it on a 
 """
 from __future__ import annotations
 
-import gzip
-import json
 import re
 import types
 
@@ -19,7 +17,7 @@ from gpumemdoctor._agent.plugin_history import CAPACITY, PeakHistory, peak_split
 from gpumemdoctor.reporters.plugin_peak import what_filled
 
 from .test_pytest_plugin import FAKE_OPTIM, _need_torch
-from .test_replay import FIXTURE, KINDS
+from .test_replay import gpt2_recording
 
 pytest_plugins = ["pytester"]
 
@@ -133,17 +131,7 @@ def test_no_backward_and_no_step_still_splits():
 
 def _gpt2():
     """The recorded GPT-2 steps (tests/test_replay.py), and the storages as read after them."""
-    with gzip.open(FIXTURE, "rt") as f:
-        d = json.load(f)
-    trace = [{"action": a, "addr": addr, "size": size, "time_us": t} for a, addr, size, t in d["trace"]]
-    times = [t for k, t in d["marks"] if k in KINDS]
-    kinds = [KINDS[k] for k, t in d["marks"] if k in KINDS]
-    storages, sizes = {}, {}
-    for category, key in ((1, "parameters"), (2, "gradients"), (3, "state")):
-        for address, size in d["storages"][key]:
-            storages.setdefault(address, category)
-            sizes.setdefault(address, size)
-    return d, trace, times, kinds, storages, sizes
+    return gpt2_recording()
 
 
 def _size(text: str, label: str) -> float:

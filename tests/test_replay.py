@@ -18,10 +18,12 @@ KINDS = {"backward": R.BACKWARD, "backward_end": R.BACKWARD_END, "step": R.STEP,
 MIB = 1 << 20
 
 
-def _gpt2(first_entry: int = 0):
+def gpt2_recording():
+    """The recorded GPT-2 steps: the file's dict, its trace of events, the marks' times and kinds, and
+    the optimizers' storages read after them ({address: category}, {address: bytes})."""
     with gzip.open(FIXTURE, "rt") as f:
         d = json.load(f)
-    trace = [{"action": a, "addr": addr, "size": size, "time_us": t} for a, addr, size, t in d["trace"]][first_entry:]
+    trace = [{"action": a, "addr": addr, "size": size, "time_us": t} for a, addr, size, t in d["trace"]]
     times = [t for k, t in d["marks"] if k in KINDS]
     kinds = [KINDS[k] for k, t in d["marks"] if k in KINDS]
     storages, sizes = {}, {}
@@ -29,7 +31,12 @@ def _gpt2(first_entry: int = 0):
         for address, size in d["storages"][key]:
             storages.setdefault(address, category)
             sizes.setdefault(address, size)
-    found = R.replay(trace, d["allocated"], times, kinds, storages, sizes, d["reserved"],
+    return d, trace, times, kinds, storages, sizes
+
+
+def _gpt2(first_entry: int = 0):
+    d, trace, times, kinds, storages, sizes = gpt2_recording()
+    found = R.replay(trace[first_entry:], d["allocated"], times, kinds, storages, sizes, d["reserved"],
                      counter=d["per_step"][-1]["peak"])
     return found, d
 

@@ -211,10 +211,10 @@ class History:
             best = self.best[i]
             # A high that stayed since the last sample is read once it is 2% above the last reading's:
             # the counter has stopped rising (a gathering loop's last concatenation, whose rise was
-            # too small for `worth` at the time), and the program still holds what it held then.
+            # too small for `_worth` at the time), and the program still holds what it held then.
             settled = counter is not None and counter == self.seen[i] and new_high(counter, best, 0)
             self.seen[i] = counter
-            if counter is None or not (settled or self.worth(counter, best)):
+            if counter is None or not (settled or _worth(counter, best, self.readings)):
                 continue
             if not _between(counter, row[1]):
                 # The high is now: the sample's own capture (peak.py) has it, without a split; a
@@ -231,12 +231,6 @@ class History:
                     self.asked = False
             return 0.0
         return 0.0
-
-    def worth(self, counter: int, best: int) -> bool:
-        """Whether the counter's high is worth a reading over the last one's (`best`)."""
-        if not new_high(counter, best, self.readings):
-            return False
-        return self.readings < MAX_READINGS or counter >= best * (1 + BIG_RISE)
 
     def count_events(self, sampler) -> None:
         """The allocations and frees since the last step sample: the busiest step's size the ring."""
@@ -413,6 +407,13 @@ def events_only(torch, incref) -> dict:
     incref(NO_POOL[0])
     incref(NO_POOL[1])
     return torch._C._cuda_memorySnapshot(NO_POOL)
+
+
+def _worth(counter: int, best: int, readings: int) -> bool:
+    """Whether the counter's high is worth a reading over the last one's (`best`)."""
+    if not new_high(counter, best, readings):
+        return False
+    return readings < MAX_READINGS or counter >= best * (1 + BIG_RISE)
 
 
 def _between(counter: int, allocated) -> bool:

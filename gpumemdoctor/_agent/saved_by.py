@@ -131,14 +131,7 @@ class ForwardWatch:
     def _pre(self, module, args):
         if threading.get_ident() != self.main_ident:
             return None
-        n = self.n
-        if n < CAPACITY:
-            self.times[n] = time.time_ns() // 1000
-            self.ids[n] = id(module)
-            self.kinds[n] = 1
-            self.n = n + 1
-        else:
-            self.full = True
+        self._write(module, 1)
         if self.depth == 0:
             self._root(module)
         self.depth += 1
@@ -147,17 +140,20 @@ class ForwardWatch:
     def _post(self, module, args, output):
         if threading.get_ident() != self.main_ident:
             return None
+        self._write(module, -1)
+        if self.depth > 0:
+            self.depth -= 1
+        return None
+
+    def _write(self, module, kind: int) -> None:
         n = self.n
         if n < CAPACITY:
             self.times[n] = time.time_ns() // 1000
             self.ids[n] = id(module)
-            self.kinds[n] = -1
+            self.kinds[n] = kind
             self.n = n + 1
         else:
             self.full = True
-        if self.depth > 0:
-            self.depth -= 1
-        return None
 
     def _root(self, module) -> None:
         roots = self.roots
