@@ -12,7 +12,7 @@ in the steps), `stacks` (a group's device, a holder's line), `non_torch`, `nccl`
 `libraries` (memory outside PyTorch and whose it is), `ends` (an end not seen), `machine_faults`
 (host memory, NVML failures), `ranks` and `job` (distributed jobs), and `child_processes` (orphans,
 children's contexts). `peak` says what made each process's peak (`allocated_peak`: at
-PyTorch's allocated peak, from the allocator's events), `fit` what would have made an
+PyTorch's allocated peak, from the allocator's events; `cache_filled`: what filled a peak's cache), `fit` what would have made an
 out-of-memory error fit, and `headroom` how long a growth had left before its GPU was full. `ci_checks` turns a diagnosis into the CI gate's pass or fail;
 `report_file` writes a diagnosis with its recording as the JSON report and reads one back strictly.
 """

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 
-from . import allocated_peak, probed
+from . import allocated_peak, cache_filled, probed
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS
 from ..units import MAX_SIZE_BYTES
@@ -88,7 +88,11 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
         in_pause=best["paused"], where=best["where"], notes=split.notes,
         highest=None if highest is None else {"t": highest["t"], "total_bytes": total(highest),
                                               "cache_bytes": _cache(highest)})
-    return _or_allocated_peak(agent, torch_index, b, where, composition, findings(composition, best, where))
+    shown, found = _or_allocated_peak(agent, torch_index, b, where, composition, findings(composition, best, where))
+    said = cache_filled.note(agent, shown)
+    if said:
+        shown.notes.append(said)
+    return shown, found
 
 
 # The composition at PyTorch's allocated peak (allocated_peak.py) is the one shown when it had this
