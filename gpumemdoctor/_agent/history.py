@@ -35,7 +35,7 @@ from json.encoder import encode_basestring
 
 from . import main_thread, replay, saved_by
 from .neutral import Bulk, quiet_gc
-from .peak import new_high
+from .peak import new_high, place
 from ..contract import ENV_SNAPSHOT
 
 TRANSIENT_BYTES = 64 << 20  # a high that came and went since the last sample: this far above allocated now
@@ -352,8 +352,10 @@ class History:
             joined = "null" if joined is None else (f'{{"bytes":{joined["bytes"]},"pieces":{joined["pieces"]},'
                                                     f'"pieces_bytes":{joined["pieces_bytes"]}}}')
             loop = _library_loop(sys._getframe())
+            called = place(sys._getframe())[0] if loop is not None else None  # the program's line in it
             return (f'{{"type":"peak_history","n":{self.readings},"t":{now!r},"step":{agent.steps},"device":{index},'
                     f'"loop":{"null" if loop is None else encode_basestring(loop)},'
+                    f'"loop_called_at":{"null" if called is None else encode_basestring(called)},'
                     f'"counter":{counter},"allocated_peak":{found["allocated_peak"]},'
                     f'"reserved_at_peak":{"null" if reserved_at is None else reserved_at},'
                     f'"allocated":{found["allocated_now"]},"peak_before_s":{_before(found["peak_time_us"], now_us)},'

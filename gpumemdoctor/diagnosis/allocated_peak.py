@@ -203,11 +203,15 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = ()) -> li
         if said and cache is not None and cache.bytes >= 0.25 * c.total_bytes:
             said += f" ({fb(cache.bytes)} of cache at this moment)"
         # (the best reading may come after the loop ended: at exit; the growth's readings came in it)
-        loop = next((x.get("loop") for x in [r, *readings] if x.get("loop") in LOOP_REMEDIES
-                     and (x is r or (x.get("joined") and x["t"] <= r["t"]))), None)
-        if loop in LOOP_REMEDIES:
-            said += f"; the reading came while {loop} ran"
+        inside = next((x for x in [r, *readings] if x.get("loop") in LOOP_REMEDIES
+                       and (x is r or (x.get("joined") and x["t"] <= r["t"]))), None)
+        loop = inside["loop"] if inside else None
+        if inside:
+            called = inside.get("loop_called_at")
+            said += f"; the reading came while {loop} ran" + (f", called at {called}" if called else "")
             evidence["loop"] = loop
+            if called:
+                evidence["loop_called_at"] = called
         if grown:
             evidence["grown_bytes"] = grown
         return [Finding(kind="temporary-peak", bytes=joined["bytes"], pid=c.pid, device=c.device,

@@ -206,7 +206,7 @@ PEAK_HISTORY = Shape({"n": INT, "t": NUM, "step": may(opt(INT)), "device": INT, 
                       "events": may(INT), "capacity": may(INT), "backward_marked": may(BOOL),
                       "parts": may(dict_of(one_of(*HISTORY_PARTS), _HISTORY_PART)),
                       "joined": may(opt(Shape({"bytes": SIZE, "pieces": INT, "pieces_bytes": SIZE}))),
-                      "loop": may(opt(STR)),
+                      "loop": may(opt(STR)), "loop_called_at": may(opt(STR)),
                       "snapshot_s": may(NUM), "figures_s": may(NUM), "replay_s": may(NUM), "freed_s": may(NUM),
                       "elapsed_s": may(NUM)})
 # What saved one step's activations (_agent/saved_by.py): the modules whose forward made them, by
