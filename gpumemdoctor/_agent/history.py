@@ -21,7 +21,10 @@ what was live then).
   since the forward that led to the peak are still there. A `peak_history` record says what was
   live at the highest moment, and its cost.
 - A new high as peak.py's captures have one (`new_high`); at most MAX_READINGS in a process, then
-  MORE_READINGS for highs BIG_RISE above the last reading's. None with --snapshot (its events carry stacks: a reading would be slow).
+  MORE_READINGS for highs BIG_RISE above the last reading's; a smaller rise is read once it has stayed
+  a sample (a gathering loop's last concatenation). A high seen at a sample itself is read at a later
+  one, once gone; a reading whose full ring missed its peak is made again at the next step samples
+  (RETRIES). None with --snapshot (its events carry stacks: a reading would be slow).
 """
 from __future__ import annotations
 
