@@ -204,9 +204,10 @@ def _from_report(path: str) -> dict:
         cost = (agent.get("exit_info") or {}).get("cost") or {}
         # The longest pause of this process: a search's (capture and fork; before issue 31 the fork
         # alone), the search at a pause's height (its whole call on the main thread), a peak's reading
-        # and its probe of the program's names (the GIL held, or on the main thread).
-        mine = [cost[k] for k in ("search_pause_max_s", "phase_pause_s", "peak_capture_max_s", "peak_probe_max_s")
-                if cost.get(k) is not None]
+        # and its probe of the program's names (the GIL held, or on the main thread), a reading of the
+        # allocation events at a new high of the allocated peak, and the one that names the modules.
+        mine = [cost[k] for k in ("search_pause_max_s", "phase_pause_s", "peak_capture_max_s", "peak_probe_max_s",
+                                  "history_read_max_s", "forward_modules_s") if cost.get(k) is not None]
         if mine:
             pauses.append(max(mine))
         if agent["pid"] == report["target"]["pid"] or not exit_costs:
