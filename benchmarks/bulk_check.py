@@ -9,7 +9,7 @@ import torch
 
 from gpumemdoctor._agent import replay
 from gpumemdoctor._agent.history import NO_POOL, History
-from gpumemdoctor._agent.neutral import Bulk, free_list_lengths
+from gpumemdoctor._agent.neutral import Bulk, checked_run
 
 history = History(None)
 history.prepare(1)
@@ -36,11 +36,7 @@ gc.disable()
 junk = [{} for _ in range(30)] + [[] for _ in range(20)] + [(i, -i) for i in range(500)] + [(i,) for i in range(7)]
 del junk
 before, after = [], []
-free_list_lengths(before)
-c0 = gc.get_count()[0]
-peak = bulk.run(reading, None)
-c1 = gc.get_count()[0]
-free_list_lengths(after)
+peak, c0, c1 = checked_run(bulk, reading, None, before, after)
 gc.enable()
 print(f"peak {peak}; count {c0} -> {c1}; free lists (dict, list, 1-, 2- and 4-tuples) {before} -> {after}; short {bulk.short}")
 sys.exit(0 if (c0 == c1 and before == after) else 1)

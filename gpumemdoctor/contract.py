@@ -52,6 +52,12 @@ HISTORY_PHASES = ("backward", "optimizer step", "outside")
 HISTORY_COUNTER_SLACK = 16 << 20
 
 
+def reaches_counter(peak: int, counter: int | None) -> bool:
+    """Whether the events' highest moment is PyTorch's allocated peak counter's: within
+    HISTORY_COUNTER_SLACK or 1% of it (the agent's readings and the diagnosis of older ones)."""
+    return counter is None or peak >= counter - max(HISTORY_COUNTER_SLACK, counter // 100)
+
+
 def max_pause_from_env(environ: Mapping[str, str]) -> float:
     """The pause limit the supervisor asked for (see _seconds_from_env)."""
     return _seconds_from_env(environ, ENV_MAX_PAUSE, MAX_PAUSE_DEFAULT_S, MAX_PAUSE_MIN_S, MAX_PAUSE_MAX_S)

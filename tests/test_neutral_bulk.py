@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from gpumemdoctor._agent.neutral import BULK_SPARE, Bulk, free_list_lengths
+from gpumemdoctor._agent.neutral import BULK_SPARE, Bulk, checked_run
 
 
 def _snapshot_like(sizes):
@@ -33,11 +33,7 @@ def test_a_bulk_reading_leaves_the_count_and_the_free_lists_as_they_were(sizes):
         junk = [{} for _ in range(30)] + [[] for _ in range(20)] + [(i, -i) for i in range(500)]
         del junk
         before, after = [], []
-        free_list_lengths(before)
-        c0 = gc.get_count()[0]
-        made = bulk.run(_snapshot_like, sizes)
-        c1 = gc.get_count()[0]
-        free_list_lengths(after)
+        made, c0, c1 = checked_run(bulk, _snapshot_like, sizes, before, after)
     finally:
         sys.setswitchinterval(interval)
         if was:

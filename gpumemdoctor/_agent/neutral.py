@@ -217,6 +217,18 @@ CHECKED_KINDS = (*BULK_KINDS[:2], lambda n: (n,), BULK_KINDS[2], lambda n: (n, n
 _made_anew: list = []
 
 
+def checked_run(bulk: Bulk, fn, arg, before: list, after: list):
+    """bulk.run(fn, arg) between two measures of the free lists (into `before` and `after`, made
+    beforehand) and of the collector's count: (its result, the count before, the count after). How
+    Bulk is checked (tests, benchmarks/bulk_check.py); run it with collection held off."""
+    free_list_lengths(before)
+    c0 = gc.get_count()[0]
+    result = bulk.run(fn, arg)
+    c1 = gc.get_count()[0]
+    free_list_lengths(after)
+    return result, c0, c1
+
+
 def free_list_lengths(out: list, kinds=CHECKED_KINDS) -> None:
     """How many objects each kind's free list holds (dicts, lists, 1-, 2- and 4-tuples), appended to `out`
     (made beforehand: a list made here would be one the free list no longer holds); each list is

@@ -30,13 +30,11 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from ..contract import HISTORY_COUNTER_SLACK
+from ..contract import reaches_counter
 
-# The walk's highest total against the counter: the history's sizes are the blocks' and add up to
-# allocated memory exactly (3.5 MiB above the counter on GPT-2's 14.7 GiB, H100; 20 MiB below it on
-# timm's ResNet-50, 6.3 GB, H200): a peak found is the counter's when it is within this of it, or 1%
-# of it (the report says by how much where it is more than COUNTER_SLACK).
-COUNTER_SLACK = HISTORY_COUNTER_SLACK
+# The walk's highest total against the counter (contract.reaches_counter): the history's sizes are
+# the blocks' and add up to allocated memory exactly (3.5 MiB above the counter on GPT-2's 14.7 GiB,
+# H100; 20 MiB below it on timm's ResNet-50, 6.3 GB, H200).
 JOINED_SLACK = 0.01  # a concatenation's result against its pieces (blocks are rounded to 512 bytes)
 GATHERED_SLACK = 0.25  # of the oldest gathered block's life: freed this much before it, still with it
 BACKWARD, BACKWARD_END, STEP, STEP_END = 1, 2, 3, 4  # the kinds of marks (history.Marks)
@@ -157,7 +155,7 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
         out[name] = {"bytes": p[0], "blocks": p[1], "first_us": p[2], "last_us": p[3]}
     return {"allocated_peak": best, "reserved_at_peak": best_segments if reserved is not None else None,
             "peak_time_us": peak_t, "allocated_now": allocated,
-            "complete": counter is None or best >= counter - max(COUNTER_SLACK, counter // 100), "ring_full": ring_full,
+            "complete": reaches_counter(best, counter), "ring_full": ring_full,
             "events": len(trace), "phase": _phase(times, kinds, peak_t),
             "joined": joined, "parts": out}
 
@@ -179,17 +177,18 @@ def _part(address: int, made, freed, storages: dict, times: list, kinds: list, s
     """A block's part, or None for one made outside backward() and the optimizer steps and freed
     with no backward() in between, or still held and made in the stretch of the peak (since the last
     optimizer step before it) with no backward() in between (_gathered tells those apart)."""
-    made_in = _phase(times, kinds, made)
     if freed is None:  # still allocated now
         kind = storages.get(address)
         if kind:
             return _STORAGE[kind]
+        made_in = _phase(times, kinds, made)
         if stretch is None or made_in != "outside" or made <= stretch:
             return "kept-tensors"  # (made in an earlier step, by backward() or a step, or no step seen)
         # This step's forward output, or an evaluation's, still held by the program's names: what it
         # made for this moment, not kept from an earlier one.
         backward = _next(times, kinds, made, BACKWARD)
         return "activations" if backward is not None and backward <= peak_t else None
+    made_in = _phase(times, kinds, made)
     if made_in == "backward":
         ended = _next(times, kinds, made, BACKWARD_END)
         return "gradients" if ended is not None and freed > ended else "temporaries"

@@ -13,7 +13,7 @@ import os
 from . import probed
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS
-from ..contract import HISTORY_COUNTER_SLACK as COUNTER_SLACK
+from ..contract import HISTORY_COUNTER_SLACK as COUNTER_SLACK, reaches_counter
 from ..units import format_bytes as fb
 
 MIN_FINDING_BYTES = 256 << 20
@@ -52,12 +52,10 @@ def reading(agent, torch_index: int) -> dict | None:
 
 
 def complete(r: dict) -> bool:
-    """Whether a reading's events reached back to the counter's peak: as the agent judged, or within
-    COUNTER_SLACK or 1% of the counter (the agent's rule since; recordings made before judged within
-    the smaller of the two)."""
-    counter = r.get("counter")
-    return bool(r.get("complete")) or (counter is not None and r.get("allocated_peak") is not None
-                                       and r["allocated_peak"] >= counter - max(COUNTER_SLACK, counter // 100))
+    """Whether a reading's events reached back to the counter's peak: as the agent judged, or by the
+    agent's rule since (contract.reaches_counter; recordings made before it judged more strictly)."""
+    return bool(r.get("complete")) or (r.get("counter") is not None and r.get("allocated_peak") is not None
+                                       and reaches_counter(r["allocated_peak"], r["counter"]))
 
 
 def incomplete_note(agent, torch_index: int) -> str | None:
