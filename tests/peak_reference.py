@@ -50,7 +50,7 @@ UNCLASSIFIED_SHARE = 0.10  # of the allocated peak
 
 # The programs of issue 40's comparison, in corpus/.
 PROGRAMS = ("hf_gpt2_124m_adamw", "timm_resnet50_ema", "lightning_validation_cleared", "plain_loop_transformer",
-            "hf_trainer_eval")
+            "hf_trainer_eval", "hf_trainer_train")
 FIXTURES = Path(__file__).parent / "fixtures" / "peak_reference"
 
 # (part, the tool's categories, MemTracker's, in words): see the module's docstring.
