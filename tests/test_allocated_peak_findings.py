@@ -9,17 +9,19 @@ from gpumemdoctor.recording.records import PEAK_HISTORY
 from tests.peak_samples import GiB, composition
 
 
-def _reading(t: float, result: int, loop=None, called=None) -> dict:
+def _reading(t: float, result: int, loop=None, called=None, holder=None) -> dict:
     part = {"bytes": result, "blocks": 2, "first_before_s": 0.5, "last_before_s": 0.1}
     return PEAK_HISTORY({"n": 1, "t": t, "device": 0, "counter": 2 * result, "allocated_peak": 2 * result,
                          "phase": "outside", "complete": True,
                          "parts": {"gathered": part, "kept-tensors": part}, "loop": loop, "loop_called_at": called,
+                         "loop_holder": holder,
                          "joined": {"bytes": result, "pieces": 2, "pieces_bytes": result}}, "peak_history")
 
 
 def test_a_concatenation_grown_in_the_trainers_evaluation_loop_gets_the_trainers_remedy():
-    readings = [_reading(1.0, 2 * GiB), _reading(2.0, 4 * GiB), _reading(3.0, 8 * GiB, "transformers.Trainer.evaluation_loop",
-                                                                          "eval.py:40 in main()")]
+    holder = "evaluation_loop() local all_preds.tensors at trainer.py:4398"
+    readings = [_reading(1.0, 2 * GiB), _reading(2.0, 4 * GiB),
+                _reading(3.0, 8 * GiB, "transformers.Trainer.evaluation_loop", "eval.py:40 in main()", holder)]
     c = composition(gathered=8 * GiB, kept_tensors=8 * GiB, cache=30 * GiB, context=GiB)
     (f,) = findings(c, readings[-1], "process 1", readings)
     assert f.kind == "temporary-peak" and f.remedy == LOOP_REMEDIES["transformers.Trainer.evaluation_loop"]
@@ -28,6 +30,7 @@ def test_a_concatenation_grown_in_the_trainers_evaluation_loop_gets_the_trainers
     assert "30.0 GiB of cache at this moment" in f.summary
     assert "while transformers.Trainer.evaluation_loop ran, called at eval.py:40 in main()" in f.summary
     assert f.evidence["loop_called_at"] == "eval.py:40 in main()"
+    assert f.summary.endswith(f"; the result was held by {holder}") and f.evidence["loop_holder"] == holder
     assert f.evidence["grown_bytes"] == [2 * GiB, 4 * GiB, 8 * GiB] and f.evidence["loop"].endswith("evaluation_loop")
 
 

@@ -60,3 +60,26 @@ def test_a_high_that_is_now_is_read_once_gone_and_a_reading_that_missed_its_peak
     h.retry = 0  # (set by a reading whose ring was full and did not reach back)
     _sample(h, sampler, 10 * GiB, allocated=GiB)
     assert done == [10 * GiB] and h.retry is None
+
+
+def test_a_reading_in_a_library_loop_names_it_and_the_program_line_that_called_it(tmp_path):
+    """A reading made while transformers' evaluation loop runs, here inside the program's own callback
+    that the loop calls: the loop is named, and the program's line is the one that called the loop,
+    not the callback's."""
+    library = tmp_path / "site-packages" / "transformers" / "trainer.py"
+    library.parent.mkdir(parents=True)
+    library.write_text("def evaluation_loop(callback):\n    return callback()\n")
+    namespace: dict = {}
+    exec(compile(library.read_text(), str(library), "exec"), namespace)
+    program = tmp_path / "train.py"
+    program.write_text("import sys\n"
+                       "def on_prediction_step():\n"
+                       "    return LOOP_OF(sys._getframe())\n"
+                       "def main():\n"
+                       "    return evaluation_loop(on_prediction_step)\n")
+    code: dict = {"LOOP_OF": H.loop_of, "evaluation_loop": namespace["evaluation_loop"]}
+    exec(compile(program.read_text(), str(program), "exec"), code)
+    loop, called, frame = code["main"]()
+    assert (loop, called) == ("transformers.Trainer.evaluation_loop", "train.py:5 in main()")
+    assert frame.f_code.co_name == "evaluation_loop"
+    assert code["on_prediction_step"]() == (None, None, None)  # outside the loop

@@ -108,7 +108,7 @@ def test_a_concatenation_made_while_its_pieces_are_held_is_joined():
              + [_e("free_requested", a, s, 5 + a) for a, s in ((1, 10), (2, 10), (3, 10), (4, 10), (5, 40))])
     found = R.replay(trace, 0, [], [], {}, {}, counter=80)
     assert found["parts"]["gathered"]["bytes"] == 80
-    assert found["joined"] == {"bytes": 40, "pieces": 4, "pieces_bytes": 40}
+    assert found["joined"] == {"bytes": 40, "pieces": 4, "pieces_bytes": 40, "held": False, "address": 5}
     # The evaluation above, eight batches alike and one short-lived tensor: nothing joined.
     batches = ([_e("alloc", a, 10, a) for a in range(1, 9)] + [_e("free_requested", a, 10, 20 + a) for a in range(1, 9)])
     assert R.replay(batches, 0, [], [], {}, {}, counter=80)["joined"] is None
@@ -139,8 +139,8 @@ def test_a_concatenation_whose_result_is_still_held_is_joined():
     # With no optimizer step before the peak, the result still held is the gathering's too; what
     # was there before the events (5) stays kept.
     assert {k: v["bytes"] for k, v in found["parts"].items()} == {"gathered": 80, "kept-tensors": 5}
-    assert found["joined"] == {"bytes": 40, "pieces": 2, "pieces_bytes": 40}
+    assert found["joined"] == {"bytes": 40, "pieces": 2, "pieces_bytes": 40, "held": True, "address": 3}
     # After an optimizer step (t 0.5) too: made since it, with no backward after it, still held.
     found = R.replay(trace, 40 + 5, [0, 0.5], [R.STEP, R.STEP_END], {}, {}, counter=80 + 5)
     assert {k: v["bytes"] for k, v in found["parts"].items()} == {"gathered": 80, "kept-tensors": 5}
-    assert found["joined"] == {"bytes": 40, "pieces": 2, "pieces_bytes": 40}
+    assert found["joined"] == {"bytes": 40, "pieces": 2, "pieces_bytes": 40, "held": True, "address": 3}

@@ -36,7 +36,7 @@ import time
 from array import array
 from json.encoder import encode_basestring
 
-from . import main_thread, replay, saved_by
+from . import loop_holder, main_thread, replay, saved_by
 from .neutral import Bulk, quiet_gc
 from .peak import new_high, place
 from ..contract import ENV_SNAPSHOT
@@ -351,14 +351,13 @@ class History:
                         f'"last_before_s":{_before(p["last_us"], now_us)}}}')
                 parts = f"{parts},{item}" if parts else item
             reserved_at = found["reserved_at_peak"]
+            loop = _loop_fields(torch, found["joined"])
             joined = found["joined"]
             joined = "null" if joined is None else (f'{{"bytes":{joined["bytes"]},"pieces":{joined["pieces"]},'
-                                                    f'"pieces_bytes":{joined["pieces_bytes"]}}}')
-            loop = _library_loop(sys._getframe())
-            called = place(sys._getframe())[0] if loop is not None else None  # the program's line in it
+                                                    f'"pieces_bytes":{joined["pieces_bytes"]},'
+                                                    f'"held":{_bool(joined["held"])}}}')
             return (f'{{"type":"peak_history","n":{self.readings},"t":{now!r},"step":{agent.steps},"device":{index},'
-                    f'"loop":{"null" if loop is None else encode_basestring(loop)},'
-                    f'"loop_called_at":{"null" if called is None else encode_basestring(called)},'
+                    f'{loop},'
                     f'"counter":{counter},"allocated_peak":{found["allocated_peak"]},'
                     f'"reserved_at_peak":{"null" if reserved_at is None else reserved_at},'
                     f'"allocated":{found["allocated_now"]},"peak_before_s":{_before(found["peak_time_us"], now_us)},'
@@ -379,17 +378,32 @@ LIBRARY_LOOPS = {(os.path.join("transformers", "trainer.py"), "evaluation_loop")
                  (os.path.join("transformers", "trainer.py"), "prediction_loop"): "transformers.Trainer.prediction_loop"}
 
 
-def _library_loop(frame) -> str | None:
-    """The library loop (LIBRARY_LOOPS) the main thread is in when a reading is made there, if any."""
+def _loop_fields(torch, joined) -> str:
+    """The reading's `loop`, `loop_called_at` and `loop_holder` (what holds a concatenation's result
+    still held in the loop, with the library's line: loop_holder.py), as JSON fields."""
+    loop, called, frame = loop_of(sys._getframe(1))
+    holder = None
+    if frame is not None and joined is not None and joined["held"]:
+        holder = loop_holder.holder(torch.Tensor, torch.nn.Parameter, sys._getframe(), frame, joined["address"])
+    del frame
+    return (f'"loop":{"null" if loop is None else encode_basestring(loop)},'
+            f'"loop_called_at":{"null" if called is None else encode_basestring(called)},'
+            f'"loop_holder":{"null" if holder is None else encode_basestring(holder)}')
+
+
+def loop_of(frame) -> tuple:
+    """The library loop (LIBRARY_LOOPS) the main thread is in when a reading is made there, the
+    program's line that called it (outside the loop: a callback the loop calls is the program's too)
+    and the loop's frame; (None, None, None) outside one."""
     depth = 0
     while frame is not None and depth < 200:
         code = frame.f_code
         for key in LIBRARY_LOOPS:
             if code.co_name == key[1] and code.co_filename.endswith(key[0]):
-                return LIBRARY_LOOPS[key]
+                return LIBRARY_LOOPS[key], place(frame.f_back)[0], frame
         frame = frame.f_back
         depth += 1
-    return None
+    return None, None, None
 
 
 def py_incref():

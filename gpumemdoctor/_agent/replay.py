@@ -123,15 +123,15 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
         f = freed.get(address)
         part = _part(address, t, f, storages, times, kinds, stretch, peak_t)
         if part is None:
-            unbacked.append([size, t, end_t if f is None else f])
+            unbacked.append([size, t, end_t if f is None else f, address])
         else:
             _add(parts, part, size, t)
             if part == "kept-tensors":
-                held.append([size, t, end_t])
+                held.append([size, t, end_t, address])
     # With no optimizer step before an outside peak (an evaluation, inference), what is still held and
     # was made after the oldest gathered block is the same gathering's (a concatenation's result, the
     # last batch's outputs): gathered too.
-    joined = _gathered(parts, unbacked, held, stretch is None and _phase(times, kinds, peak_t) == "outside")
+    joined = _gathered(parts, unbacked, held, stretch is None and _phase(times, kinds, peak_t) == "outside", end_t)
     # Made before the events began and still allocated: the storages the optimizers name, the rest kept.
     old_alive = best - known - old_freed
     if old_alive < 0:  # (sizes rounded apart by a few bytes)
@@ -200,7 +200,7 @@ def _part(address: int, made, freed, storages: dict, times: list, kinds: list, s
     return None
 
 
-def _gathered(parts: dict, blocks: list, held: list = (), take_held: bool = False):
+def _gathered(parts: dict, blocks: list, held: list = (), take_held: bool = False, end_t=None):
     """Blocks made outside backward() and freed with no backward() after them: `gathered` where held
     with the oldest of them, freed no earlier than it was (less GATHERED_SLACK of its life: a graph
     frees its nodes in a cascade), `temporaries` where made later and freed sooner. Returns the
@@ -229,13 +229,15 @@ def _gathered(parts: dict, blocks: list, held: list = (), take_held: bool = Fals
                 _add(parts, "gathered", block[0], block[1])
     if take_held and "kept-tensors" in parts and parts["kept-tensors"][1] == 0:
         del parts["kept-tensors"]
-    return _joined(gathered)
+    return _joined(gathered, end_t)
 
 
-def _joined(blocks: list):
+def _joined(blocks: list, end_t=None):
     """The largest gathered block (the latest made of equal ones) where it is as large, within
     JOINED_SLACK, as the two or more gathered before it together: a concatenation (torch.cat, stack)
-    made while its pieces were still held. {"bytes", "pieces", "pieces_bytes"}, or None."""
+    made while its pieces were still held. {"bytes", "pieces", "pieces_bytes", "held" (still
+    allocated at the reading), "address"}, or None. Blocks are [size, made, freed (end_t: not yet),
+    address]."""
     result = None
     for block in blocks:
         if result is None or block[0] > result[0] or (block[0] == result[0] and block[1] > result[1]):
@@ -250,7 +252,8 @@ def _joined(blocks: list):
             pieces_bytes += block[0]
     if pieces < 2 or abs(pieces_bytes - result[0]) > JOINED_SLACK * result[0]:
         return None
-    return {"bytes": result[0], "pieces": pieces, "pieces_bytes": pieces_bytes}
+    return {"bytes": result[0], "pieces": pieces, "pieces_bytes": pieces_bytes,
+            "held": end_t is not None and result[2] >= end_t, "address": result[3]}
 
 
 def _phase(times: list, kinds: list, t: int) -> str:

@@ -210,6 +210,12 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = ()) -> li
             evidence["loop"] = loop
             if called:
                 evidence["loop_called_at"] = called
+            # The name that held the result in the loop, with the library's line, as the latest reading found it.
+            holder = next((x["loop_holder"] for x in [r, *reversed(readings)] if x.get("loop_holder")
+                           and x["t"] <= r["t"]), None)
+            if holder:
+                said += f"; the result was held by {holder}"
+                evidence["loop_holder"] = holder
         if grown:
             evidence["grown_bytes"] = grown
         return [Finding(kind="temporary-peak", bytes=joined["bytes"], pid=c.pid, device=c.device,

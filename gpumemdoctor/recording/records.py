@@ -205,8 +205,9 @@ PEAK_HISTORY = Shape({"n": INT, "t": NUM, "step": may(opt(INT)), "device": INT, 
                       "phase": may(one_of(*HISTORY_PHASES)), "complete": may(BOOL), "ring_full": may(BOOL),
                       "events": may(INT), "capacity": may(INT), "backward_marked": may(BOOL),
                       "parts": may(dict_of(one_of(*HISTORY_PARTS), _HISTORY_PART)),
-                      "joined": may(opt(Shape({"bytes": SIZE, "pieces": INT, "pieces_bytes": SIZE}))),
-                      "loop": may(opt(STR)), "loop_called_at": may(opt(STR)),
+                      "joined": may(opt(Shape({"bytes": SIZE, "pieces": INT, "pieces_bytes": SIZE,
+                                               "held": may(BOOL)}))),
+                      "loop": may(opt(STR)), "loop_called_at": may(opt(STR)), "loop_holder": may(opt(STR)),
                       "snapshot_s": may(NUM), "figures_s": may(NUM), "replay_s": may(NUM), "freed_s": may(NUM),
                       "elapsed_s": may(NUM)})
 # What saved one step's activations (_agent/saved_by.py): the modules whose forward made them, by
