@@ -96,7 +96,8 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
 
 
 # The composition at PyTorch's allocated peak (allocated_peak.py) is the one shown when it had this
-# much more in use (all but the cache and fragmentation) than the highest reading's.
+# much more in use (all but the cache and fragmentation) than the highest reading's, or as much and
+# this much less unclassified (a sample that saw a fast evaluation's graphs at their height, untold).
 MORE_IN_USE_BYTES = 64 << 20
 
 
@@ -107,7 +108,7 @@ def _or_allocated_peak(agent, torch_index: int, b: Breakdown, where: str, compos
     outside = composition.part("outside-pytorch")
     replayed = allocated_peak.compose(agent, torch_index, b, outside.bytes if outside else 0, composition.device,
                                       where)
-    if replayed is not None and _in_use(replayed[0]) > _in_use(composition) + MORE_IN_USE_BYTES:
+    if replayed is not None and _told_more(replayed[0], composition):
         c = replayed[0]
         c.notes.append(f"the busiest of the samples' readings had {fb(_in_use(composition))} in use "
                        f"({fb(composition.total_bytes)} in all, at {composition.t:.1f} s)")
@@ -138,6 +139,19 @@ def _optimizers_named(c: PeakComposition, agent, torch_index: int) -> None:
         part = c.part(category)
         if part is not None and not part.holders:
             part.holders = _optimizer_holders(nearest, column, label)
+
+
+def _told_more(replayed: PeakComposition, composition: PeakComposition) -> bool:
+    """Whether the split at the allocated peak had more in use than the readings' composition, or as
+    much with less of it unclassified."""
+    more = _in_use(replayed) - _in_use(composition)
+    return more > MORE_IN_USE_BYTES or (more >= -MORE_IN_USE_BYTES and _untold(replayed) + MORE_IN_USE_BYTES
+                                        < _untold(composition))
+
+
+def _untold(c: PeakComposition) -> int:
+    part = c.part("unclassified")
+    return part.bytes if part else 0
 
 
 def _cache_of(c: PeakComposition) -> int:
