@@ -54,6 +54,7 @@ class Agent:
 
     def __init__(self, run_dir: str | None, interval_s: float):
         self.pid = os.getpid()
+        self.born = time.monotonic()  # the agent's start: about the process's (the exit search's share)
         self.run_dir = run_dir
         self.channel = Channel(run_dir, self.pid)
         self.server = None
