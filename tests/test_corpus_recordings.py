@@ -12,6 +12,7 @@ from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.recording.recording import Recording
 from tests.expect import corpus, expectations, root_cause
 
+ROOT = Path(__file__).resolve().parent.parent
 RECORDINGS = Path(__file__).parent / "fixtures" / "corpus"
 WORKLOADS = {p.stem: p for p in corpus()}
 REPORTS = sorted(RECORDINGS.glob("*.json"))
@@ -199,9 +200,10 @@ def test_a_validation_no_sample_fell_in_is_still_a_leak_held_by_its_container():
 
 def test_the_trainers_evaluation_is_a_concatenation_grown_batch_after_batch_with_the_trainers_remedy():
     """transformers' Trainer.evaluate() with compute_metrics and the evaluation's defaults (recorded on
-    an H200): the gathered logits concatenated batch after batch, the peak a concatenation made while
-    its pieces were held, the cache it left, and the Trainer's own switches as the remedy (issue 40,
-    item 4)."""
+    an H100): the gathered logits concatenated batch after batch, the peak a concatenation made while
+    its pieces were held, the cache it left, the Trainer's own switches as the remedy, the program's
+    line that called the loop and the name that held the result in it, with the library's line
+    (issue 40, item 4)."""
     report, recording = load(RECORDINGS / "hf_trainer_eval.json")
     diagnosis = diagnose(recording)
     (f,) = [f for f in diagnosis.findings if f.kind == "temporary-peak"]
@@ -210,5 +212,10 @@ def test_the_trainers_evaluation_is_a_concatenation_grown_batch_after_batch_with
     grown = f.evidence["grown_bytes"]
     assert len(grown) >= 5 and grown == sorted(grown) and grown[-1] >= 3 * grown[0]
     assert "grew reading after reading" in f.summary and "of cache at this moment" in f.summary
+    source = (ROOT / "corpus" / "hf_trainer_eval.py").read_text().splitlines()
+    called = next(i + 1 for i, text in enumerate(source) if "trainer.evaluate()" in text)
+    assert f.evidence["loop_called_at"] == f"hf_trainer_eval.py:{called} in main()"
+    assert f.evidence["loop_holder"].startswith("evaluation_loop() local all_preds.tensors at trainer.py:")
+    assert f.summary.endswith(f"; the result was held by {f.evidence['loop_holder']}")
     (c,) = [c for c in diagnosis.peak_compositions if c.pid == recording.target_pid]
     assert c.part("gathered").bytes >= 0.9 * c.allocated_bytes
