@@ -37,6 +37,11 @@ def test_a_recorded_job_of_two_gpus(name):
     two_gpus.RECORDED[name](judged_now(f"{name}.json"))
 
 
+@pytest.mark.parametrize("name", list(two_gpus.JOBS))
+def test_every_rank_kept_its_allocation_events(name):
+    two_gpus.events_in_every_rank(judged_now(f"{name}.json"))
+
+
 def test_watch_flagged_the_stray_context():
     lines = [json.loads(x) for x in recorded("watch_stray_context.jsonl").read_text().splitlines()]
     two_gpus.watch_flags(lines[-1])

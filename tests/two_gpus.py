@@ -17,6 +17,17 @@ def rank_agents(report: dict) -> dict:
     return out
 
 
+def events_in_every_rank(report: dict, ranks: int = 2) -> None:
+    """Every rank kept its allocation events (issue 40), and no reading of them failed."""
+    agents = rank_agents(report)
+    assert sorted(agents) == list(range(ranks)), sorted(agents)
+    for rank, agent in agents.items():
+        root = agent["root"]
+        assert [h["ok"] for h in root["histories"]] == [True], (rank, root["histories"])
+        failed = [r for r in root.get("peak_histories", []) + root.get("forward_modules", []) if "error" in r]
+        assert not failed, (rank, failed)
+
+
 def rows_by_rank(report: dict) -> dict:
     out: dict = {}
     for row in report["ranks"]:

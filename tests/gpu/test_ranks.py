@@ -147,14 +147,7 @@ def test_a_job_of_two_gpus(name, tmp_path):
     verdict, _ = expectations(RANKS / f"{name}.py")
     assert report["verdict"] == verdict, (two_gpus.summaries(report), report["_stderr"])
     two_gpus.JOBS[name](report)
-    # Every rank keeps its allocation events (issue 40), and its readings of them did not fail.
-    agents = rank_agents(report)
-    assert sorted(agents) == [0, 1], sorted(agents)
-    for rank, agent in agents.items():
-        root = agent["root"]
-        assert [h["ok"] for h in root["histories"]] == [True], (rank, root["histories"])
-        failed = [r for r in root.get("peak_histories", []) + root.get("forward_modules", []) if "error" in r]
-        assert not failed, (rank, failed)
+    two_gpus.events_in_every_rank(report)
 
 
 # A job left running for `watch` and `ps`, started plainly by torchrun (no gpumemdoctor in it): every
