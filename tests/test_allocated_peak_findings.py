@@ -30,7 +30,7 @@ def test_a_concatenation_grown_in_the_trainers_evaluation_loop_gets_the_trainers
     assert "30.0 GiB of cache at this moment" in f.summary
     assert "while transformers.Trainer.evaluation_loop ran, called at eval.py:40 in main()" in f.summary
     assert f.evidence["loop_called_at"] == "eval.py:40 in main()"
-    assert f.summary.endswith(f"; the result was held by {holder}") and f.evidence["loop_holder"] == holder
+    assert f.summary.endswith(f"; at the reading the result was held by {holder} (the line the loop was on)") and f.evidence["loop_holder"] == holder
     assert f.evidence["grown_bytes"] == [2 * GiB, 4 * GiB, 8 * GiB] and f.evidence["loop"].endswith("evaluation_loop")
 
 

@@ -216,6 +216,7 @@ def test_the_trainers_evaluation_is_a_concatenation_grown_batch_after_batch_with
     called = next(i + 1 for i, text in enumerate(source) if "trainer.evaluate()" in text)
     assert f.evidence["loop_called_at"] == f"hf_trainer_eval.py:{called} in main()"
     assert f.evidence["loop_holder"].startswith("evaluation_loop() local all_preds.tensors at trainer.py:")
-    assert f.summary.endswith(f"; the result was held by {f.evidence['loop_holder']}")
+    assert f.summary.endswith(f"; at the reading the result was held by {f.evidence['loop_holder']} "
+                              "(the line the loop was on)")
     (c,) = [c for c in diagnosis.peak_compositions if c.pid == recording.target_pid]
     assert c.part("gathered").bytes >= 0.9 * c.allocated_bytes

@@ -214,7 +214,7 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = ()) -> li
             holder = next((x["loop_holder"] for x in [r, *reversed(readings)] if x.get("loop_holder")
                            and x["t"] <= r["t"]), None)
             if holder:
-                said += f"; the result was held by {holder}"
+                said += f"; at the reading the result was held by {holder} (the line the loop was on)"
                 evidence["loop_holder"] = holder
         if grown:
             evidence["grown_bytes"] = grown
