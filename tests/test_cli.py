@@ -606,3 +606,17 @@ def test_the_signal_witness_keeps_a_signal_that_comes_while_it_starts():
         assert witness.also_got(signal.SIGUSR1) is False  # taken once; none is pending now
     finally:
         witness.close()
+
+
+def test_a_run_without_checks_does_not_import_the_diagnosis_before_the_target_starts():
+    """The checks' module imports the whole diagnosis (0.1 s): with no check asked for it is imported
+    while the target runs (AFTER_RUN_MODULES), not on the way to starting it."""
+    code = ("import sys\n"
+            "from gpumemdoctor.cli.run import _policy\n"
+            "assert _policy(None, None, None, '5%', None, None, None, False) is None\n"
+            "assert 'gpumemdoctor.diagnosis.diagnose' not in sys.modules, 'imported before the run'\n"
+            "policy = _policy(1 << 30, None, None, '5%', None, None, None, False)\n"
+            "assert policy.max_peak_bytes == 1 << 30 and not policy.empty\n"
+            "assert _policy(None, None, None, '7%', None, None, None, False).tolerance.fraction == 0.07\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -11,6 +11,9 @@ from ._params import FileName
 from ._params import size as _size
 
 
+TOLERANCE_DEFAULT = "5%"
+
+
 def check_options(fn: Callable) -> Callable:
     """Add --max-peak, --max-retained, --fail-on, --tolerance, --nvml-tolerance, --junit."""
     options = [
@@ -23,7 +26,7 @@ def check_options(fn: Callable) -> Callable:
                      help="Fail on any of these findings, comma-separated: leak, out-of-memory, "
                           "allocator-cache, pending-stream, garbage-cycle, non-torch, child-contexts, stray-context, "
                           "orphan-process, host-memory, rank-imbalance, avoidable-peak."),
-        click.option("--tolerance", default="5%", show_default=True, metavar="TOL", callback=_tolerance_given,
+        click.option("--tolerance", default=TOLERANCE_DEFAULT, show_default=True, metavar="TOL", callback=_tolerance_given,
                      help="How much a baseline figure may grow: 5% or 64MiB."),
         click.option("--nvml-tolerance", metavar="TOL", callback=_tolerance_given,
                      help="Also compare the NVML peak with the baseline, with this tolerance."),

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import click
 
 from ..errors import EXIT_CHECK_FAILED, UsageError, internal_error
-from ._ci_checks import check_options, make_policy, publish
+from ._ci_checks import TOLERANCE_DEFAULT, check_options, make_policy, publish
 from .. import contract
 from ._params import FileName, Seconds
 from ._target import check_target, resolve_command
@@ -196,9 +196,14 @@ def _check_outputs(reads: dict, output: str | None, force: bool, snapshot: str |
 def _policy(max_peak: int | None, max_retained: int | None, fail_on: str | None, tolerance: str,
             nvml_tolerance: str | None, junit: str | None, baseline: str | None, update_baseline: bool):
     """The checks asked for, with the baseline's figures read now (a bad baseline is exit 4 before the
-    run); --junit without a check is refused, and its file checked."""
+    run); --junit without a check is refused, and its file checked. None where no check and no
+    tolerance was asked for: the checks' module (and the diagnosis it imports, 0.1 s) is then not
+    imported before the target starts, but while it runs."""
     from ..files.outputs import check_writable
 
+    if (max_peak is None and max_retained is None and fail_on is None and baseline is None and junit is None
+            and tolerance == TOLERANCE_DEFAULT and nvml_tolerance is None):
+        return None
     baseline_figures = None
     if baseline and not update_baseline:
         from ..diagnosis import ci_checks
@@ -280,7 +285,7 @@ def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:
             console.print(f"HTML report: {html}", soft_wrap=True)
     failed = outputs.new_baseline is not None and not _write_baseline(console, recording, diagnosis,
                                                                        outputs.new_baseline)
-    if not policy.empty:
+    if policy is not None and not policy.empty:
         results = ci_checks.evaluate(recording, diagnosis, policy)
         report = outputs.report or default_path
         written = {f"the report {report}": report, f"the HTML page {html}": html,
