@@ -792,3 +792,27 @@ def test_the_probe_does_not_look_through_a_list_of_lists_of_numbers():
     found, *_ = evaluate()
     # read within a budget of 0.2 s, after the rows (four million looks would have run past it)
     assert found["stopped"] is None and {h[0]: h[1] for h in found["temporaries"]} == {"evaluate() local pairs[*]": 32}
+
+
+def test_a_sample_that_saw_a_fast_evaluations_graphs_does_not_hide_their_split():
+    """tests/fixtures/caught/fast_eval_without_no_grad_sampled.json: a sample landed on the graphs at
+    their height, 8 ms after the allocated peak, and left them unclassified. The events' split is
+    shown (as much in use, less unclassified), the avoidable peak is found, and the name whose graph
+    kept them, read by that sample's probe, is said."""
+    from pathlib import Path
+
+    from gpumemdoctor.diagnosis.diagnose import diagnose
+    from gpumemdoctor.recording.recording import Recording
+
+    report = json.loads((Path(__file__).parent / "fixtures" / "caught" /
+                         "fast_eval_without_no_grad_sampled.json").read_text())
+    recording = Recording.from_json(report["recording"])
+    diagnosis = diagnose(recording)
+    (c,) = [c for c in diagnosis.peak_compositions if c.pid == recording.target_pid]
+    assert c.notes[0].startswith("split at PyTorch's allocated peak")
+    assert c.part("gathered").bytes >= 470 << 20 and c.part("unclassified") is None
+    (f,) = [f for f in diagnosis.findings if f.kind == "avoidable-peak"]
+    assert f.bytes == c.part("gathered").bytes and "torch.no_grad()" in f.remedy
+    (note,) = [n for n in c.notes if n.startswith("what kept the gathered tensors")]
+    assert "after the peak, in the same step" in note
+    assert "evaluate() at fast_eval_without_no_grad.py:28 local total carrying an autograd graph" in note

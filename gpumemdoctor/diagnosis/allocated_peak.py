@@ -142,9 +142,11 @@ def name_from_probe(agent, torch_index: int, c: PeakComposition) -> None:
     found (temporaries and kept tensors): on the largest of NAMED_PARTS, with a note saying when; and
     whether that moment was in a pause in the steps, as the probe's capture says. The events name no
     holder."""
-    before = [(capture, probe) for capture, probe in probed.probes_of(agent, torch_index)
+    made = probed.probes_of(agent, torch_index)
+    before = [(capture, probe) for capture, probe in made
               if capture["step"] == c.step and c.t - PROBE_BEFORE_S <= capture["t"] <= c.t]
     if not before:
+        _graph_after(agent, torch_index, c, made)
         return
     capture, probe = before[-1]
     c.in_pause = capture["paused"]
@@ -155,6 +157,31 @@ def name_from_probe(agent, torch_index: int, c: PeakComposition) -> None:
     part.holders = [{"name": h[0], "bytes": h[1], "line": h[2]} for h in sorted(rows, key=lambda h: -h[1])[:4]]
     c.notes.append(f"its holders as the probe of the program's names found them {c.t - capture['t']:.3f} s "
                    "before it, in the same step")
+
+
+NEAR_PEAK_SHARE = 0.95  # of the allocated peak: a capture this full saw the peak's tensors still there
+
+
+def _graph_after(agent, torch_index: int, c: PeakComposition, made: list) -> None:
+    """Where no probe came before the peak but one came after it, in the same step and before the
+    reading that split it, at a capture that still had the peak's memory in use (a sample that landed
+    on an evaluation's graphs at their height): the name whose autograd graph chained the most
+    operations of one kind, as a note on the gathered part. A note, not a holder: the probe read the
+    name's graph, not which blocks it kept."""
+    gathered = c.part("gathered")
+    r = reading(agent, torch_index)
+    if gathered is None or r is None:
+        return
+    after = [(capture, probe) for capture, probe in made
+             if capture["step"] == c.step and c.t < capture["t"] <= r["t"]
+             and (capture["allocated"] or 0) >= NEAR_PEAK_SHARE * c.allocated_bytes]
+    for capture, probe in after:
+        graph = probed.longest_graph(probed.holders(probe))
+        if graph is not None:
+            c.notes.append(f"what kept the gathered tensors: the probe of the program's names "
+                           f"{capture['t'] - c.t:.3f} s after the peak, in the same step, found {graph['path']} "
+                           f"carrying {probed.graph_words(graph)}")
+            return
 
 
 # The remedies of library loops that gather outputs on the GPU (_agent/history.py's LIBRARY_LOOPS), in
