@@ -26,7 +26,8 @@ def check_options(fn: Callable) -> Callable:
                      help="Fail on any of these findings, comma-separated: leak, out-of-memory, "
                           "allocator-cache, pending-stream, garbage-cycle, non-torch, child-contexts, stray-context, "
                           "orphan-process, host-memory, rank-imbalance, avoidable-peak."),
-        click.option("--tolerance", default=TOLERANCE_DEFAULT, show_default=True, metavar="TOL", callback=_tolerance_given,
+        click.option("--tolerance", default=TOLERANCE_DEFAULT, show_default=True, metavar="TOL",
+                     callback=_tolerance_given,
                      help="How much a baseline figure may grow: 5% or 64MiB."),
         click.option("--nvml-tolerance", metavar="TOL", callback=_tolerance_given,
                      help="Also compare the NVML peak with the baseline, with this tolerance."),
