@@ -159,3 +159,21 @@ def test_the_report_names_the_modules_as_the_activations_holders_with_the_line()
                        {"name": "transformer.h[*].attn", "bytes": 4 << 30, "line": "train.py:26"}]
     assert "step 5" in note and "train.py:26" in note and "; 1.00 MiB made with no module running" in note
     assert saved_by(SimpleNamespace(root={"forward_modules": [{**record, "error": "x"}]}), 0) is None
+
+
+def test_the_recorded_step_keeps_no_model_alive_after_it():
+    """The roots are held while the step is recorded (to name its modules), never after: a program
+    that drops its model after training gets its memory back."""
+    import weakref
+
+    model = torch.nn.Linear(4, 4)
+    watch = _watch()  # (no Bulk: the reading is skipped, the roots let go all the same)
+    watch.state = S.RECORDING
+    watch._pre(model, ())
+    watch._post(model, (), None)
+    assert watch.roots[0] is model
+    gone = weakref.ref(model)
+    watch.at_step()
+    del model
+    gc.collect()
+    assert gone() is None and watch.roots == [None] * S.MAX_ROOTS and watch.state == S.DONE

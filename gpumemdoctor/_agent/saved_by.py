@@ -106,11 +106,16 @@ class ForwardWatch:
         self.state = DONE
         self._remove()
         bulk = self.agent.history.bulk
-        if bulk is None or not bulk.ready():
-            return
-        started = time.perf_counter()
-        line = bulk.run(self._read, self.device)
-        spent = time.perf_counter() - started
+        try:
+            if bulk is None or not bulk.ready():
+                return
+            started = time.perf_counter()
+            line = bulk.run(self._read, self.device)
+            spent = time.perf_counter() - started
+        finally:
+            roots = self.roots
+            for i in range(MAX_ROOTS):  # the program's models are its own to let go of
+                roots[i] = None
         self.agent.cost["forward_modules_s"] = spent  # (one reading in a process: the program's pause)
         if line:
             self.agent.channel.write_line(f'{line[:-1]},"elapsed_s":{spent!r}}}')
