@@ -202,6 +202,11 @@ class PeakComposition:
     def part(self, category: str) -> PeakPart | None:
         return next((p for p in self.parts if p.category == category), None)
 
+    def bytes_of(self, category: str) -> int:
+        """A part's bytes; 0 for a part the composition does not have."""
+        p = self.part(category)
+        return p.bytes if p else 0
+
     def to_json(self) -> dict:
         out = asdict(self)
         out["parts"] = [p.to_json() for p in self.parts]

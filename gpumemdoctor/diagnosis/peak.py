@@ -114,7 +114,7 @@ def _or_allocated_peak(agent, torch_index: int, b: Breakdown, where: str, compos
                        f"({fb(composition.total_bytes)} in all, at {composition.t:.1f} s)")
         # NVML's highest reading, where it was higher than this moment, still ranks the process (peak_bytes).
         highest = composition.highest or {"t": composition.t, "total_bytes": composition.total_bytes,
-                                          "cache_bytes": _cache_of(composition)}
+                                          "cache_bytes": composition.bytes_of("cache")}
         if highest["total_bytes"] > c.total_bytes:
             c.highest = highest
             c.notes += [n for n in composition.notes if n.startswith("the reading with the most memory in use")]
@@ -145,18 +145,8 @@ def _told_more(replayed: PeakComposition, composition: PeakComposition) -> bool:
     """Whether the split at the allocated peak had more in use than the readings' composition, or as
     much with less of it unclassified."""
     more = _in_use(replayed) - _in_use(composition)
-    return more > MORE_IN_USE_BYTES or (more >= -MORE_IN_USE_BYTES and _untold(replayed) + MORE_IN_USE_BYTES
-                                        < _untold(composition))
-
-
-def _untold(c: PeakComposition) -> int:
-    part = c.part("unclassified")
-    return part.bytes if part else 0
-
-
-def _cache_of(c: PeakComposition) -> int:
-    part = c.part("cache")
-    return part.bytes if part else 0
+    return more > MORE_IN_USE_BYTES or (more >= -MORE_IN_USE_BYTES and replayed.bytes_of("unclassified")
+                                        + MORE_IN_USE_BYTES < composition.bytes_of("unclassified"))
 
 
 def _in_use(c: PeakComposition) -> int:
@@ -346,11 +336,7 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
     moment = f"At the peak of {where} ({fb(c.total_bytes)}{f', step {c.step}' if c.step else ''}{busiest})"
     evidence = {"decided_by": "peak", "peak_t": c.t, "peak_step": c.step, "peak_bytes": c.total_bytes}
 
-    def part(name: str) -> int:
-        p = c.part(name)
-        return p.bytes if p else 0
-
-    split = part("fragmentation")
+    split = c.bytes_of("fragmentation")
     if split >= max(MIN_FINDING_BYTES, FRAGMENTED_SHARE * c.total_bytes):
         out.append(Finding(kind="fragmented-peak", bytes=split, pid=c.pid, device=c.device,
                            summary=f"{moment}, {fb(split)} was free memory split inside the allocator's "
@@ -371,14 +357,14 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
                                summary=f"{moment}, {top['name']}{at} held {fb(top['bytes'])} of its own",
                                evidence={**evidence, "holder": top["name"], "line": top["line"]},
                                remedy=FINDINGS["temporary-peak"]))
-    state = part("gradients") + part("optimizer-state")
+    state = c.bytes_of("gradients") + c.bytes_of("optimizer-state")
     if c.in_pause and state >= max(MIN_FINDING_BYTES, STATE_SHARE * c.total_bytes):
         out.append(Finding(kind="state-at-evaluation", bytes=state, pid=c.pid, device=c.device,
                            summary=f"{moment}, during a pause in the steps (an evaluation, a validation), gradients "
-                                   f"({fb(part('gradients'))}) and optimizer state ({fb(part('optimizer-state'))}) "
-                                   "were held",
-                           evidence={**evidence, "gradients_bytes": part("gradients"),
-                                     "optimizer_state_bytes": part("optimizer-state")},
+                                   f"({fb(c.bytes_of('gradients'))}) and optimizer state "
+                                   f"({fb(c.bytes_of('optimizer-state'))}) were held",
+                           evidence={**evidence, "gradients_bytes": c.bytes_of("gradients"),
+                                     "optimizer_state_bytes": c.bytes_of("optimizer-state")},
                            remedy=FINDINGS["state-at-evaluation"]))
     graphs = c.part("graphs-kept")
     if (graphs and (c.in_pause or not c.step)
