@@ -17,7 +17,7 @@ them is the real code:
    first simulated minute and the last, and every hour; the agent file's size; this
    process's RSS.
 2. The supervisor (a child process of its own, so that its RSS is its own): the real
-   `supervisor._TreeWatch` (tree refreshes every 0.5 s and host RSS reads every 0.2 s of
+   `tree.TreeWatch` (tree refreshes every 0.5 s and host RSS reads every 0.2 s of
    simulated time, on itself; psutil's scan of the whole process table for the tree, 3 ms
    a time on the machine of the first run, is measured once and then answered in-process:
    the target has no children) polling an in-process NVML stand-in every 50 ms
@@ -25,7 +25,7 @@ them is the real code:
    every poll gives ten times more points, into the same bounded series), and the real
    `combine.AgentFiles` reading the agent's file once a simulated second as it grows
    (phase 1's lines are appended as the simulated clock passes them). Then the real
-   `supervisor.collect`, `diagnose`, `report.build` and `report.write`. Measured: the
+   `tree.collect`, `diagnose`, `report.build` and `report.write`. Measured: the
    supervisor's RSS every simulated hour and its peak, the time to collect, diagnose and
    write, the report's size, the verdict and the leak rate it found.
 
@@ -194,14 +194,14 @@ class _Feed:
 
 def supervisor_phase(hours: float, agent_file: str, poll_s: float) -> dict:
     from gpumemdoctor.system import nvml, procs
-    from gpumemdoctor.supervise import supervisor
+    from gpumemdoctor.supervise import supervisor, tree
     from gpumemdoctor.recording.agent_files import AgentFiles
     from gpumemdoctor.diagnosis.diagnose import diagnose
     from gpumemdoctor.diagnosis.report_file import build, write
 
     rss_start = rss_of_self()
     clock = SimpleNamespace(now=T0)
-    supervisor.time = SimpleNamespace(monotonic=lambda: clock.now, sleep=time.sleep, time=time.time)
+    tree.time = SimpleNamespace(monotonic=lambda: clock.now, sleep=time.sleep, time=time.time)
     pid = os.getpid()
     rng = random.Random(24)
     reserved = {"now": 0}
@@ -216,7 +216,7 @@ def supervisor_phase(hours: float, agent_file: str, poll_s: float) -> dict:
         used = reserved["now"] + CONTEXT
         return nvml.MemoryInfo(device.total_bytes, used, device.total_bytes - used, None)
 
-    supervisor.nvml = SimpleNamespace(processes=processes, memory_info=memory_info, CallFailed=nvml.CallFailed)
+    tree.nvml = SimpleNamespace(processes=processes, memory_info=memory_info, CallFailed=nvml.CallFailed)
     scans = []
     for _ in range(50):
         started = time.perf_counter()
@@ -227,7 +227,7 @@ def supervisor_phase(hours: float, agent_file: str, poll_s: float) -> dict:
     device = nvml.Device(0, "GPU-synthetic", None, "synthetic", 80 << 30)
     run_dir = tempfile.mkdtemp(prefix="gpumemdoctor-long-")
     feed = _Feed(agent_file, os.path.join(run_dir, f"agent-{pid}.jsonl"), pid)
-    watch = supervisor._TreeWatch(pid, T0, [device], True)
+    watch = tree.TreeWatch(pid, T0, [device], True)
     agents = AgentFiles(run_dir, T0, pid)
     end = T0 + hours * 3600
     polls = 0
@@ -251,10 +251,10 @@ def supervisor_phase(hours: float, agent_file: str, poll_s: float) -> dict:
     clock.now += 2
     watch.after_exit()
     collect_started = time.perf_counter()
-    recording = supervisor.collect(
+    recording = tree.collect(
         supervisor.RunOptions(target_args=["train.py"], poll_interval_s=poll_s), watch, agents, pid, 0,
         started_wall=time.time(), duration_s=hours * 3600, versions={"tool": "benchmark"},
-        devices=[device], notes=[], cost={}, oom_kills=None)
+        devices=[device], notes=[], cost={}, oom_kills=None, host=supervisor.host_name())
     collect_s = time.perf_counter() - collect_started
     started = time.perf_counter()
     diagnosis = diagnose(recording)

@@ -376,7 +376,7 @@ RUN_FOLDERS = Documents([{"run": _run_file(r), "lines": _agent_lines(r)}
 
 
 def test_the_run_folders_here_are_valid():
-    from gpumemdoctor.supervise.supervisor import RUN_SCHEMA
+    from gpumemdoctor.supervise.recovery import RUN_SCHEMA
     assert RUN_FOLDERS.docs[0]["run"]["schema"] == RUN_SCHEMA
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from gpumemdoctor.errors import NoGpuError
 from gpumemdoctor.system import nvml
-from gpumemdoctor.supervise import supervisor
+from gpumemdoctor.supervise import supervisor, tree
 
 GIB = 1 << 30
 TARGET = 100
@@ -19,13 +19,13 @@ TARGET = 100
 def world(monkeypatch):
     """A target (PID 100) whose children come and go; NVML lists those the test says."""
     state = {"now": 1000.0, "children": [], "gpu": {}, "error": None}
-    monkeypatch.setattr(supervisor, "time", SimpleNamespace(monotonic=lambda: state["now"], sleep=lambda s: None))
+    monkeypatch.setattr(tree, "time", SimpleNamespace(monotonic=lambda: state["now"], sleep=lambda s: None))
     procs = SimpleNamespace(
         info=lambda pid: None, descendants=lambda pid: list(state["children"]) if pid == TARGET else [],
         descends_from=lambda pid, ancestor: pid in state["children"] or pid in state["gpu"],
         rss=lambda pid: GIB if pid == TARGET or pid in state["children"] else None,
         same_process=lambda pid, ct: pid == TARGET or pid in state["children"])
-    monkeypatch.setattr(supervisor, "procs", procs)
+    monkeypatch.setattr(tree, "procs", procs)
 
     def processes(device, strict=False):
         if state.get("fatal"):
@@ -42,8 +42,8 @@ def world(monkeypatch):
         used = sum(state["gpu"].values()) + state.get("others", 0)
         return nvml.MemoryInfo(device.total_bytes, used, device.total_bytes - used, 0)
 
-    monkeypatch.setattr(supervisor, "nvml", SimpleNamespace(processes=processes, memory_info=memory_info))
-    watch = supervisor._TreeWatch(TARGET, 1000.0, [nvml.Device(0, "GPU-0", None, "test", 80 * GIB)], True)
+    monkeypatch.setattr(tree, "nvml", SimpleNamespace(processes=processes, memory_info=memory_info))
+    watch = tree.TreeWatch(TARGET, 1000.0, [nvml.Device(0, "GPU-0", None, "test", 80 * GIB)], True)
 
     def tick(seconds=0.6):
         state["now"] += seconds
@@ -66,10 +66,10 @@ def test_a_day_of_workers_with_contexts_keeps_the_watch_bounded(world):
         tick()
         tick()
     ended = [k for k in watch.series if k[0] != TARGET]
-    assert len(ended) == supervisor.MAX_ENDED_SERIES and watch.ended_dropped == 144 * 8 - supervisor.MAX_ENDED_SERIES
+    assert len(ended) == tree.MAX_ENDED_SERIES and watch.ended_dropped == 144 * 8 - tree.MAX_ENDED_SERIES
     assert all(len(watch.series[k].points()) <= 16 for k in ended)
     assert max(u for _, u in watch.series[ended[-1]].points()) == GIB // 2 + 19 * 1024  # the peak survives
-    assert len(watch.members) <= supervisor.MAX_MEMBERS + 8
+    assert len(watch.members) <= tree.MAX_MEMBERS + 8
     assert any("are not kept" in n for n in watch.notes())
 
 
@@ -164,3 +164,30 @@ def test_the_modules_to_prepare_are_imported_while_the_target_runs(tmp_path, mon
                                                      prepare=("prepared_probe", "no_such_module_here")))
     assert recording.target["exit_code"] == 0
     assert sys.modules["prepared_probe"].IMPORTED_AT < float(ended.read_text(encoding="utf-8")) <= time.time()
+
+
+def test_the_target_starts_before_the_supervisor_imports_what_it_watches_it_with(tmp_path):
+    """What the supervisor needs only once the target runs (psutil, the recording's modules, and on a
+    GPU machine pynvml: 0.2 s on an H100 machine) is imported after the target's launch, while the
+    target starts: the CLI's own time before the launch is what the run loses."""
+    import subprocess
+    import sys
+
+    (tmp_path / "t.py").write_text("pass\n", encoding="utf-8")
+    code = (
+        "import subprocess, sys\n"
+        "real = subprocess.Popen.__init__\n"
+        "def launch(self, *a, **k):\n"
+        "    if not hasattr(sys, 'seen'):\n"
+        "        sys.seen = sorted(m for m in ('psutil', 'gpumemdoctor.recording.agent_files',\n"
+        "                                      'gpumemdoctor.recording.recording', 'gpumemdoctor.supervise.tree')\n"
+        "                          if m in sys.modules)\n"
+        "        print('BEFORE THE LAUNCH', sys.seen, file=sys.stderr, flush=True)\n"
+        "    return real(self, *a, **k)\n"
+        "subprocess.Popen.__init__ = launch\n"
+        "from gpumemdoctor.cli import main\n"
+        "sys.argv = ['gpumemdoctor', 'run', '--allow-no-gpu', '-q', '-o', 'r.json', 't.py']\n"
+        "main()\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert "BEFORE THE LAUNCH []" in done.stderr, done.stderr
+    assert (tmp_path / "r.json").exists()

@@ -219,12 +219,13 @@ def _policy(max_peak: int | None, max_retained: int | None, fail_on: str | None,
 
 
 def _measure_gpu(allow_no_gpu: bool, update_baseline: bool) -> bool:
-    """Initialise NVML: False where there is none and --allow-no-gpu runs the target all the same."""
+    """Check that NVML answers (the supervisor initialises it while the target starts): False where
+    it does not and --allow-no-gpu runs the target all the same."""
     from ..errors import NoGpuError
     from ..system import nvml
 
     try:
-        nvml.init()
+        nvml.check_available()
     except NoGpuError as exc:
         if not allow_no_gpu:
             raise NoGpuError(f"{exc}, or pass --allow-no-gpu to run the target without GPU "

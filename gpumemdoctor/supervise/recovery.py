@@ -14,11 +14,10 @@ from ..recording.agent_files import AgentFiles
 from ..errors import BadReportError, UsageError
 from ..files.inputs import loads_strict, read_json
 from ..recording.recording import ProcessRecord, Recording
+from .supervisor import RUN_FILE, RUN_SCHEMA
 from ..files.schema import ANY, BOOL, DICT, INT, NUM, STR, Shape, absent, check_sizes, list_of, need_dict, opt
 
 MAX_RUN_FILE_BYTES = 16 << 20  # a run file holds the target's arguments and the devices: a few KiB
-RUN_FILE = "run.json"  # in the run folder: what `report --from-run-dir` needs if the supervisor dies
-RUN_SCHEMA = "gpumemdoctor.run/1"
 # What the supervisor writes at the start of a run (supervisor._write_run_file), as read back.
 RUN_INFO = Shape({"t0": NUM, "started_wall": NUM, "target_args": list_of(STR), "pid": INT, "create_time": opt(NUM),
                   "cwd": opt(STR), "poll_interval_s": NUM, "measure_gpu": absent(BOOL, False),
