@@ -202,8 +202,31 @@ def test_the_exit_probes_allocate_only_where_the_program_reserved_memory(agent_a
     worked = [1, 40 * MiB, 40 * MiB, 64 * MiB, 40 * MiB, 64 * MiB + CONTEXT, 48 * MiB, 64 * MiB]
     emptied = [2, 0, 0, 0, 0, CONTEXT, 8 * MiB, 16 * MiB]  # used, then given back before exit
     assert exit_probes.program_devices([stray, worked, emptied]) == [1, 2]
-    exit_probes._probe(agent, torch, [stray, worked, emptied], lambda name: None, skip_gc=True)
+    exit_probes._probe(agent, torch, [stray, worked, emptied], lambda name: None, skip_gc="a test")
     assert touched == [("synchronize", 1), ("empty", "cuda:1"), ("synchronize", 2), ("empty", "cuda:2")]
+
+
+@pytest.mark.parametrize("allocated, library, collected", [
+    (0, None, False),  # nothing can be garbage: no collection (0.38 s at the end of a Lightning run)
+    (8 * MiB, None, True),  # a tensor that a cycle could hold
+    (0, "cupy", True),  # CuPy's arrays in a cycle hold memory PyTorch does not count
+])
+def test_the_exit_collection_is_skipped_only_where_no_garbage_can_hold_gpu_memory(
+        agent_and_clock, tmp_path, monkeypatch, allocated, library, collected):
+    agent, _ = agent_and_clock
+    agent.torch.set(allocated, 20 * MiB)
+    for name in exit_probes.KNOWN:
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    if library:
+        monkeypatch.setitem(sys.modules, library, SimpleNamespace())
+    calls = []
+    monkeypatch.setattr(exit_probes, "_collect_garbage", lambda agent, torch: calls.append(1) or 0)
+    agent.at_exit()
+    (probe,) = [r for r in records(tmp_path, agent) if r.get("type") == "p" and r["phase"] == "gc"]
+    assert bool(calls) is collected
+    assert (probe.get("skipped") is None) is collected
+    if not collected:
+        assert probe["skipped"] == "no tensor was allocated at exit and no other GPU library was imported"
 
 
 def test_an_interrupt_during_the_exit_probes_ends_them_quietly(agent_and_clock):

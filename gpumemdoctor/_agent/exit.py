@@ -6,7 +6,8 @@ apart into finished and unfinished work (streams.py, a `pending` record); the al
 (--snapshot);
 a holder search over all live memory (after growth or with --trace on, or when
 LIVE_SEARCH_MIN_BYTES of tensors are alive); `gc` (what gc.collect() freed, looked at first:
-garbage.py; not collected when that search found no memory only garbage could hold); `sync` (work
+garbage.py; not collected when that search found no memory only garbage could hold, or when no
+tensor is allocated and no other GPU library was imported); `sync` (work
 finished on side streams); `empty_cache` (the cache given back); then, after the last reading, the
 cuBLAS workspaces (what clearing them frees). The parts go into the exit record's `parts`.
 What each re-measure gives back says what held the memory. Automatic collection is held off
@@ -26,6 +27,7 @@ import time
 from . import parts as parts_of
 from . import streams
 from .events import uncaught
+from .libraries import KNOWN
 from ..contract import ENV_SNAPSHOT
 
 # A run in which no growth was seen is searched at exit when its live tensors reach this: the
@@ -170,7 +172,13 @@ def _exit_probes(agent, torch, parts: dict) -> None:
         elif agent.channel.fd is not None and any((row[1] or 0) >= LIVE_SEARCH_MIN_BYTES for row in end):
             searched = agent.growth_watch.search("exit", budget="live")
         took("search")
-        _probe(agent, torch, end, took, skip_gc=bool(searched and searched.get("complete")))
+        if searched and searched.get("complete"):
+            skip_gc = "the exit search found no CUDA memory that only garbage could hold"
+        elif not any(row[1] for row in end) and not any(name in sys.modules for name in KNOWN):
+            skip_gc = "no tensor was allocated at exit and no other GPU library was imported"
+        else:
+            skip_gc = None
+        _probe(agent, torch, end, took, skip_gc)
         parts["cublas_workspaces"] = parts_of.cublas_workspaces(torch, stats, touched)
         took("cublas")
     finally:
@@ -178,17 +186,19 @@ def _exit_probes(agent, torch, parts: dict) -> None:
             gc.enable()
 
 
-def _probe(agent, torch, end: list, took, skip_gc: bool = False) -> None:
+def _probe(agent, torch, end: list, took, skip_gc: str | None = None) -> None:
     """Re-measure after each thing that can give memory back, to say what held it. The collection
-    is skipped when the exit search placed every block on a reachable object or found it held by
-    no Python object: then no garbage holds any, and a full collection of a big heap (0.6 s at a
-    million objects on an H100 machine) would only delay the end for nothing."""
+    is skipped (`skip_gc` says why) when no garbage can hold CUDA memory: the exit search placed
+    every block on a reachable object or found it held by no Python object, or no tensor was
+    allocated at all and no other GPU library (CuPy's arrays in a cycle) was imported. A full
+    collection of a big heap (0.6 s at a million objects on an H100 machine, 0.38 s at the end of
+    a Lightning run that had freed everything) would only delay the end for nothing."""
     write = agent.channel.write
     read = agent.sampler.read_devices
     touched = program_devices(end)  # never allocate on a device the program left alone
     if skip_gc:
         write({"type": "p", "phase": "gc", "t": time.monotonic(), "collected": None, "d": read(),
-               "skipped": "the exit search found no CUDA memory that only garbage could hold"})
+               "skipped": skip_gc})
     else:
         collected = _collect_garbage(agent, torch)
         write({"type": "p", "phase": "gc", "t": time.monotonic(), "collected": collected, "d": read()})
