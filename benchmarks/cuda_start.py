@@ -10,7 +10,10 @@ written to a file, as a user would see it), alternating plain and tool, --pairs 
 wall time, from this script's launch of the command to its exit, is split at the program's own
 marks:
 
-    start    launch -> torch imported   (interpreter, site, the tool's CLI and its agent's start)
+    start    launch -> torch imported, in two:
+      launch   launch -> the program's first line   (interpreter, site, the tool's CLI to the
+               target's launch, and the target's interpreter with the agent's start)
+      import   the program's first line -> torch imported   (torch's import, with the agent's hook)
     cuda     torch imported -> first tensor on the GPU, synchronized   (CUDA's start: the agent's
              hooks at its start are here)
     end      the program's last line -> the command's exit   (the agent's exit probes, and the
@@ -43,7 +46,7 @@ print("MARK cuda", time.time(), flush=True)
 del x
 print("MARK end", time.time(), flush=True)
 """
-PARTS = ("start", "cuda", "end")
+PARTS = ("start", "launch", "import", "cuda", "end")
 
 
 def one(cmd: list, cwd: Path) -> dict:
@@ -58,6 +61,7 @@ def one(cmd: list, cwd: Path) -> dict:
             _, name, t = line.split()
             marks[name] = float(t)
     return {"wall_s": exited - launched, "start": marks["imported"] - launched,
+            "launch": marks["start"] - launched, "import": marks["imported"] - marks["start"],
             "cuda": marks["cuda"] - marks["imported"], "end": exited - marks["end"]}
 
 
@@ -67,7 +71,11 @@ def agent_exit_costs(report_path: Path) -> dict:
     for agent in report["recording"]["agents"]:
         if agent["pid"] == target:
             cost = (agent.get("exit_info") or {}).get("cost") or {}
-            return {k: v for k, v in cost.items() if k.startswith("exit_") or k == "init_s"}
+            costs = {k: v for k, v in cost.items() if k.startswith("exit_") or k == "init_s"}
+            before = (report["recording"].get("tool_cost") or {}).get("before_target_s")
+            if before is not None:  # the CLI's own start, to the target's launch
+                costs["cli_before_target_s"] = before
+            return costs
     return {}
 
 
@@ -88,7 +96,8 @@ def main(argv: list | None = None) -> int:
             runs += [{"mode": "plain", "pair": pair, **plain}, {"mode": "tool", "pair": pair, **tool}]
             print(f"pair {pair}: plain {plain['wall_s']:.2f} s, tool {tool['wall_s']:.2f} s "
                   f"({', '.join(f'{k} {tool[k] - plain[k]:+.2f}' for k in PARTS)}); "
-                  f"agent at exit {sum(v for k, v in tool['agent'].items() if k != 'init_s'):.3f} s", flush=True)
+                  f"agent at exit {sum(v for k, v in tool['agent'].items() if k.startswith('exit_')):.3f} s, "
+                  f"CLI to the launch {tool['agent'].get('cli_before_target_s', float('nan')):.2f} s", flush=True)
     print()
     header = "pairs' median difference"
     print(f"{'part':8} {'plain s':>8} {'tool s':>8} {header:>26}")
