@@ -37,7 +37,7 @@ from .exit import finish
 from .neutral import quiet_gc
 from .oom import OomObserver
 from .process_groups import ProcessGroups, install_context_reading
-from .sampler import Sampler, SamplingThread, step_due
+from .sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
 from .threads import ThreadWatch
 from .trace import Trace
 from .growth_watch import GrowthWatch
@@ -239,7 +239,8 @@ class Agent:
             sampler = self.sampler
             # Against the last *step* sample: the timer's samples in the middle of a long step
             # must not take the place of the step boundary's.
-            if self.devices and step_due(sampler, self.steps, now):
+            if self.devices and (self.steps <= EVERY_STEP_UNTIL
+                                 or now - sampler.last_step_sample_t >= sampler.interval_s):
                 sampler.sample("step")
             watch = self.growth_watch
             trace = self.trace

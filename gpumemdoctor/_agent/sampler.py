@@ -24,10 +24,7 @@ from ..contract import interval_ceiling
 SAMPLES_PER_DOUBLING = 1000  # long runs sample more slowly so a recording stays small
 FIRST_ALLOCATION_WAIT_S = 10.0
 STARVED_S = 0.25  # a time sample put off this long (no room below the collector's threshold) is taken anyway
-EVERY_STEP_UNTIL = 100  # the first steps are all sampled (50-400 us each): short runs need them,
-# unless a sample costs more than this share of a step: then as often as that share allows (a Lightning
-# loop's 3.2 ms steps with 1.1 ms samples on an H100: every 4th step, not every step, 75 ms less).
-EARLY_STEP_SHARE = 0.1
+EVERY_STEP_UNTIL = 100  # the first steps are all sampled (50-400 us each): short runs need them
 COST_WINDOW_S = 60.0  # the samples' cost is also kept for the first and the last such window
 NAP_S = 0.05  # the sampling thread's longest sleep: how soon it sees the program ending
 # The samples' share of the program's time, at most: the interval is lengthened to the mean cost of
@@ -290,16 +287,6 @@ class Sampler:
         if paced > interval:
             interval = paced if paced < most else most
         self.interval_s = interval
-
-
-def step_due(sampler: Sampler, steps: int, now: float) -> bool:
-    """Whether a step boundary takes a sample: each of the first EVERY_STEP_UNTIL steps while a
-    sample costs at most EARLY_STEP_SHARE of the time since the last step sample, later once the
-    interval in force has passed. Floats only."""
-    since = now - sampler.last_step_sample_t
-    if steps <= EVERY_STEP_UNTIL and sampler.mean_cost_s <= EARLY_STEP_SHARE * since:
-        return True
-    return since >= sampler.interval_s
 
 
 class SampleCost:
