@@ -270,3 +270,34 @@ def test_the_first_samples_do_not_set_the_pace(agent_and_clock, monkeypatch):
         clock.now += 1
         assert s._sample("time", True)
     assert len(paced) == 2 and s.interval_s == s.base_interval_s
+
+
+def test_a_time_sample_put_off_for_room_is_taken_at_once_when_the_program_is_idle(agent_and_clock, monkeypatch):
+    """The timer reads only with room below the collector's threshold. A program that sleeps with its
+    count near the threshold does not move it: the next try finds the same count and reads at once,
+    collection held off. One that allocates is read once put off for STARVED_S (on an H100, 0.25 s
+    left a sleeping program's 1.2 s leak with four samples)."""
+    agent, clock = agent_and_clock
+    s = agent.sampler
+    counts = iter([600, 600, 610, 620, 630])
+    taken = []
+
+    def reading(by, quiet):
+        if not quiet:
+            s.neutral.t3 = (next(counts), 700, 0)  # what Neutral.read leaves when it finds no room
+            return None
+        taken.append(clock.now)
+        s.last_sample_t = clock.now
+        return True
+
+    monkeypatch.setattr(s, "_sample", reading)
+    s.last_sample_t = clock.now
+    clock.now += 0.02
+    assert s.sample("time") is False  # no room, and the count not seen before
+    clock.now += 0.02
+    assert s.sample("time") is True and taken == [clock.now]  # the same count: idle, read at once
+    clock.now += 0.02
+    assert s.sample("time") is False  # the count moved: the program allocates
+    clock.now += sampler.STARVED_S
+    assert s.sample("time") is True and len(taken) == 2  # put off long enough: read all the same
+    assert s.samples_skipped == 4
