@@ -22,7 +22,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
-
 from typing import TYPE_CHECKING
 
 from .. import __version__
@@ -38,6 +37,8 @@ BOOTSTRAP_DIR = os.path.join(PACKAGE_DIR, "_bootstrap")
 AGENT_READ_S = 1.0  # the agents' files are read this often while the target runs
 RUN_FILE = "run.json"  # in the run folder: what `report --from-run-dir` needs if the supervisor dies
 RUN_SCHEMA = "gpumemdoctor.run/1"
+
+
 @dataclass
 class RunOptions:
     """What to run and how closely to watch it."""
