@@ -191,3 +191,19 @@ def test_the_target_starts_before_the_supervisor_imports_what_it_watches_it_with
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "BEFORE THE LAUNCH []" in done.stderr, done.stderr
     assert (tmp_path / "r.json").exists()
+
+
+def test_nvml_that_fails_once_the_target_has_started_leaves_a_run_without_gpu_figures(tmp_path):
+    """The CLI checked that NVML answers; the supervisor starts it only once the target runs. Where it
+    fails then (here: no NVML at all), the target runs to its end, and the recording says why it has
+    no NVML figures."""
+    from gpumemdoctor.system import nvml
+
+    if nvml.available():
+        pytest.skip("NVML answers here")
+    script = tmp_path / "target.py"
+    script.write_text("print('ran')\n", encoding="utf-8")
+    recording = supervisor.run(supervisor.RunOptions(target_args=[str(script)], measure_gpu=True))
+    assert recording.target["exit_code"] == 0
+    assert recording.nvml_available is False and recording.devices == []
+    assert any(n.startswith("NVML could not be used once the target had started") for n in recording.notes)
