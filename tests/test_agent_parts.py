@@ -210,11 +210,15 @@ def test_the_exit_probes_allocate_only_where_the_program_reserved_memory(agent_a
     (0, None, False),  # nothing can be garbage: no collection (0.38 s at the end of a Lightning run)
     (8 * MiB, None, True),  # a tensor that a cycle could hold
     (0, "cupy", True),  # CuPy's arrays in a cycle hold memory PyTorch does not count
+    (None, None, True),  # PyTorch's figure could not be read: nothing says that no tensor is allocated
 ])
 def test_the_exit_collection_is_skipped_only_where_no_garbage_can_hold_gpu_memory(
         agent_and_clock, tmp_path, monkeypatch, allocated, library, collected):
     agent, _ = agent_and_clock
-    agent.torch.set(allocated, 20 * MiB)
+    agent.torch.set(allocated or 0, 20 * MiB)
+    if allocated is None:
+        read = agent.sampler.read_devices
+        monkeypatch.setattr(agent.sampler, "read_devices", lambda: [[r[0], None, *r[2:]] for r in read()])
     for name in exit_probes.KNOWN:
         monkeypatch.delitem(sys.modules, name, raising=False)
     if library:

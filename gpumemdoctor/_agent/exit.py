@@ -174,7 +174,7 @@ def _exit_probes(agent, torch, parts: dict) -> None:
         took("search")
         if searched and searched.get("complete"):
             skip_gc = "the exit search found no CUDA memory that only garbage could hold"
-        elif not any(row[1] for row in end) and not any(name in sys.modules for name in KNOWN):
+        elif all(row[1] == 0 for row in end) and not any(name in sys.modules for name in KNOWN):
             skip_gc = "no tensor was allocated at exit and no other GPU library was imported"
         else:
             skip_gc = None
