@@ -7,13 +7,14 @@ library's own line, beside the program's line that called the loop.
 It reads the frames' locals, their objects' attributes and their containers' items, no deeper, and
 at most MAX_LOOKED values; it runs no code of the program's (only plain tensors are asked for their
 storage: a subclass's __torch_function__ would run). On Python 3.11 and 3.12 a frame's f_locals is a
-snapshot the frame keeps: it is emptied again where nothing else holds it, as probe.py does."""
+snapshot the frame keeps: it is emptied again where nothing else holds it (probe.release_locals)."""
 from __future__ import annotations
 
 import os
 import sys
 
 from .blocks import PACKAGE_DIR
+from .probe import release_locals
 
 MAX_LOOKED = 4000  # values looked at in all
 MAX_ITEMS = 64  # of one container
@@ -116,10 +117,6 @@ def holder(tensor, parameter, frame, loop_frame, address: int) -> str | None:
             if found is not None or search.looked >= MAX_LOOKED:
                 break
     finally:
-        for f in frames:
-            local = f.f_locals
-            if type(local) is dict and f.f_locals is not f.f_globals and sys.getrefcount(local) <= 3:
-                local.clear()  # the snapshot (3.11, 3.12) goes: 3.13's f_locals is a view
-            local = None
+        release_locals(frames)
         del frames[:]
     return found

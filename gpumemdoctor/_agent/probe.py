@@ -93,11 +93,7 @@ class Probe:
                 for k, v in frame.f_locals.items():
                     if not self.stopped:
                         self._named(v, f"{code.co_name}() local {k}", where, "temporaries", modules)
-        for frame in frames:
-            local = frame.f_locals
-            if type(local) is dict and sys.getrefcount(local) <= 3:  # the frame, ours, the call
-                local.clear()  # the snapshot (3.11, 3.12) goes: 3.13's f_locals is a view
-            del local
+        release_locals(frames)
         del frames
         out = {"stopped": self.stopped, "graphs": self.graphs, "graph_links": self.links}
         graphs = []
@@ -256,6 +252,17 @@ class Probe:
             entry[0] += size
             entry[2] += tensors
             entry[3] = max(entry[3], chain)
+
+
+def release_locals(frames: list) -> None:
+    """Empty the f_locals snapshots of these frames (Python 3.11, 3.12: a dict the frame keeps until it
+    returns, holding every local's value) where nothing but the frame holds them; a module's globals
+    are left alone, and 3.13's f_locals, a view, is not a dict. Makes no container."""
+    for frame in frames:
+        local = frame.f_locals
+        if type(local) is dict and local is not frame.f_globals and sys.getrefcount(local) <= 3:
+            local.clear()  # (the frame, `local`, getrefcount's argument)
+        local = None
 
 
 def _is_cuda(t) -> bool:
