@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gpumemdoctor._agent import history as H
+from gpumemdoctor._agent import history as H, reading
 
 GiB = 1 << 30
 
@@ -20,7 +20,7 @@ def _history():
     h.on = True
     done = []
 
-    def read(i):
+    def read(i, later=False):
         h.best[i] = sampler.rows[i][6]
         h.readings += 1
         done.append(sampler.rows[i][6])
@@ -77,9 +77,137 @@ def test_a_reading_in_a_library_loop_names_it_and_the_program_line_that_called_i
                        "    return LOOP_OF(sys._getframe())\n"
                        "def main():\n"
                        "    return evaluation_loop(on_prediction_step)\n")
-    code: dict = {"LOOP_OF": H.loop_of, "evaluation_loop": namespace["evaluation_loop"]}
+    code: dict = {"LOOP_OF": reading.loop_of, "evaluation_loop": namespace["evaluation_loop"]}
     exec(compile(program.read_text(), str(program), "exec"), code)
     loop, called, frame = code["main"]()
     assert (loop, called) == ("transformers.Trainer.evaluation_loop", "train.py:5 in main()")
     assert frame.f_code.co_name == "evaluation_loop"
     assert code["on_prediction_step"]() == (None, None, None)  # outside the loop
+
+
+def _recorder(takes_skip: bool):
+    calls = []
+    if takes_skip:
+        def record(enabled, context, stacks, max_entries, skip_actions=None):
+            calls.append({"context": context, "max_entries": max_entries, "skip_actions": skip_actions})
+    else:  # PyTorch before skip_actions
+        def record(enabled, context, stacks, max_entries):
+            calls.append({"context": context, "max_entries": max_entries})
+    torch = SimpleNamespace(cuda=SimpleNamespace(memory=SimpleNamespace(_record_memory_history=record)))
+    agent = SimpleNamespace(torch=torch, run_dir="x", trace=SimpleNamespace(mode="auto", on=False))
+    return H.History(agent), calls
+
+
+def test_the_ring_leaves_out_the_entries_no_walk_reads_and_holds_as_many_events_without_them():
+    h, calls = _recorder(True)
+    h.apply(False)
+    h.apply(True)  # trace.py's window: the live blocks' stacks, the same ring
+    assert [c["skip_actions"] for c in calls] == [H.SKIPPED, H.SKIPPED]
+    assert calls[0]["max_entries"] == calls[1]["max_entries"] == int(H.MIN_EVENTS * H.ENTRIES_PER_EVENT[1])
+    assert (calls[0]["context"], calls[1]["context"]) == (None, "state")
+    assert h.skips
+    old, old_calls = _recorder(False)
+    old.apply(False)  # the first call fails on skip_actions; the second records every action
+    assert not old.skips and len(old_calls) == 1
+    assert old_calls[0]["max_entries"] == old.capacity
+    # The same events either way: a free's request and its completion are 1.5 entries an event.
+    assert abs(old.capacity / H.ENTRIES_PER_EVENT[0] - h.capacity / H.ENTRIES_PER_EVENT[1]) <= 2
+    assert old.capacity > 1.4 * h.capacity
+
+
+def test_the_ring_grows_to_twice_the_busiest_steps_events_within_its_bounds():
+    h, calls = _recorder(True)
+    h.apply(False)
+    h.busiest = 4000
+    h.resize()
+    assert h.capacity == H.capacity(8000, True) and calls[-1]["max_entries"] == h.capacity
+    h.busiest = 100_000
+    h.resize()
+    assert h.capacity == H.capacity(H.MAX_EVENTS, True)
+    n = len(calls)
+    h.busiest = 120_000
+    h.resize()  # at its largest already: no new call
+    assert len(calls) == n
+
+
+def _reading_agent():
+    """An agent whose allocator is a recorded spike: two 1 GiB blocks made and freed between two
+    samples, above 2 GiB still allocated; the real reading (reading.py) runs on it."""
+    base = 2 * GiB
+    trace = [{"action": "alloc", "addr": 1 << 40, "size": GiB, "time_us": 10, "stream": 0},
+             {"action": "alloc", "addr": 2 << 40, "size": GiB, "time_us": 20, "stream": 0},
+             {"action": "free_requested", "addr": 2 << 40, "size": GiB, "time_us": 30, "stream": 0},
+             {"action": "free_requested", "addr": 1 << 40, "size": GiB, "time_us": 40, "stream": 0}]
+    stats = {"allocated_bytes": {"all": {"peak": base + 2 * GiB, "current": base}},
+             "reserved_bytes": {"all": {"current": base + 2 * GiB}}}
+    memory = SimpleNamespace(_record_memory_history=lambda **kw: None)
+    torch = SimpleNamespace(
+        _C=SimpleNamespace(_cuda_memorySnapshot=lambda pool: {"device_traces": [[dict(e) for e in trace]]}),
+        cuda=SimpleNamespace(memory=memory), Tensor=type(None), nn=SimpleNamespace(Parameter=type(None)))
+    sampler = SimpleNamespace(rows=[[0, base, 0, 0, 0, 0, base + 2 * GiB, 0]], live=[True], events=[None],
+                              stats_fn=lambda i: stats)
+    lines: list = []
+    agent = SimpleNamespace(torch=torch, sampler=sampler, steps=5, cost={}, run_dir="x", finished=False,
+                            trace=SimpleNamespace(mode="auto", on=False),
+                            channel=SimpleNamespace(write_line=lines.append),
+                            peak_watch=SimpleNamespace(optimizer_figures=lambda *a: None),
+                            forward_watch=SimpleNamespace(arm=lambda i: None))
+    h = H.History(agent)
+    h.prepare(1)
+    h.on = True
+    return h, agent, lines
+
+
+def test_a_reading_at_a_steps_sample_walks_at_the_next_steps_and_leaves_the_collectors_count():
+    """Each step pauses for one part: the snapshot at one step's sample, the walk and the record at
+    the next step's; the collector's count is the same after each (collection held off, as a step's
+    sample holds it)."""
+    import gc
+    import json
+    import sys
+
+    h, agent, lines = _reading_agent()
+    was = gc.isenabled()
+    gc.disable()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100)
+    try:
+        counts = [gc.get_count()[0]]
+        h.check("step")  # the high has gone: read, the walk put off
+        counts.append(gc.get_count()[0])
+        assert h.taken is not None and lines == [] and agent.cost["history_reads"] == 1
+        h.check("step")  # the same step: nothing more
+        counts.append(gc.get_count()[0])
+        assert h.taken is not None and lines == []
+        agent.steps = 6
+        h.check("step")
+        counts.append(gc.get_count()[0])
+    finally:
+        sys.setswitchinterval(interval)
+        if was:
+            gc.enable()
+    assert h.taken is None and len(lines) == 1
+    assert len(set(counts)) == 1, counts
+    record = json.loads(lines[0])
+    assert record["put_off"] is True and (record["step"], record["walked_step"]) == (5, 6)
+    assert record["allocated_peak"] == 4 * GiB and record["complete"]
+    assert sum(p["bytes"] for p in record["parts"].values()) == 4 * GiB
+    assert record["elapsed_s"] >= record["taken_s"] > 0
+    assert agent.cost["history_read_max_s"] <= record["elapsed_s"]
+    assert h.bulk.short == 0 and h.bulk.ready()
+
+
+def test_a_walk_put_off_is_made_at_exit_and_a_reading_outside_a_steps_sample_is_whole():
+    h, agent, lines = _reading_agent()
+    h.check("step")
+    assert h.taken is not None
+    agent.finished = True
+    h.at_exit()  # the program ends before another step: its walk is made there
+    assert h.taken is None and len(lines) == 1
+    h2, agent2, lines2 = _reading_agent()
+    h2.read(0)  # (the main thread's call between two bytecodes, the exit's reading)
+    assert h2.taken is None and len(lines2) == 1
+    import json
+
+    record = json.loads(lines2[0])
+    assert record["put_off"] is False and record["allocated_peak"] == 4 * GiB

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from gpumemdoctor._agent.history import loop_of
+from gpumemdoctor._agent.reading import loop_of
 from gpumemdoctor._agent.loop_holder import holder
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (a CPU build will do)")

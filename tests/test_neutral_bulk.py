@@ -49,3 +49,44 @@ def test_the_ballast_says_when_another_reading_could_not_be_put_back():
     assert bulk.ready()
     del bulk.ballast[BULK_SPARE - 1:]
     assert not bulk.ready()
+
+
+def test_a_snapshot_kept_until_a_later_step_leaves_each_run_as_it_found_things():
+    """reading.py keeps a snapshot's entries from one step's sample to the next: the run that takes
+    them pops ballast for each, the run that lets them go makes it again; each leaves the count and
+    the free lists as they were, and the ballast is ready for the next reading."""
+    from gpumemdoctor._agent.neutral import BULK_BALLAST
+
+    bulk = Bulk()
+    kept: list = []
+
+    def take(n):
+        kept.append([{"action": "alloc", "addr": i, "size": 512} for i in range(n)])
+
+    def let_go(_):
+        bulk.lift(len(kept[0]) + 1)
+        del kept[:]
+
+    was = gc.isenabled()
+    gc.disable()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(100)
+    try:
+        junk = [{} for _ in range(30)] + [[] for _ in range(20)] + [(i, -i) for i in range(500)]
+        del junk
+        assert bulk.can_hold(11_500) and not bulk.can_hold(BULK_BALLAST)
+        ballast = len(bulk.ballast)
+        runs = []
+        for fn, arg in ((take, 11_500), (let_go, None)):
+            before, after = [], []
+            _, c0, c1 = checked_run(bulk, fn, arg, before, after)
+            runs.append((c0, c1, before, after, len(bulk.ballast)))
+    finally:
+        sys.setswitchinterval(interval)
+        if was:
+            gc.enable()
+    (c0, c1, before, after, left), (d0, d1, before2, after2, back) = runs
+    assert c1 == c0 and after == before
+    assert d1 == d0 and after2 == before2
+    assert left <= ballast - 11_500 and bulk.short == 0
+    assert back >= ballast - 600 and bulk.ready()  # (less what refilled the free lists, kept)

@@ -3,8 +3,9 @@ from CUDA's start, and read back at each new high of its allocated peak counter 
 what was live then).
 
 - From CUDA's start (--trace auto and on), PyTorch's history records every allocation and free,
-  without stacks (`enabled="all", context=None`): a ring of CAPACITY entries (address, size, time),
-  which costs nothing a step can show (GPT-2 124M on an H100: 187.6 ms a step with it and without).
+  without stacks (`enabled="all", context=None`, and without the entries no walk reads: SKIPPED): a
+  ring of entries (address, size, time), which costs nothing a step can show (GPT-2 124M on an H100:
+  187.6 ms a step with it and without).
   trace.py's windows record the live blocks' stacks on top (`context="state"`), not the events'.
 - Marks: when each backward() and each optimizer step begins and ends (`torch.autograd.backward`
   wrapped, same name, signature and result; PyTorch's global optimizer step hooks), in arrays made
@@ -17,7 +18,7 @@ what was live then).
   asked for the events only (a pool no segment has: blocks with stacks would make its first call
   import torch._dynamo, 4-7 s); with its segments, 2.3 ms with 5,000 events (GPT-2's step makes
   3,200) and 0.45 us an event more; the ring is
-  sized to twice the events of the busiest step (MIN_CAPACITY to MAX_CAPACITY), so that the events
+  sized to twice the events of the busiest step (MIN_EVENTS to MAX_EVENTS), so that the events
   since the forward that led to the peak are still there. A `peak_history` record says what was
   live at the highest moment, and its cost.
 - A new high as peak.py's captures have one (`new_high`); at most MAX_READINGS in a process, then
@@ -34,11 +35,10 @@ import sys
 import threading
 import time
 from array import array
-from json.encoder import encode_basestring
 
-from . import loop_holder, main_thread, replay, saved_by
+from . import main_thread, reading, replay
 from .neutral import Bulk, quiet_gc
-from .peak import new_high, place
+from .peak import new_high
 from ..contract import ENV_SNAPSHOT
 
 TRANSIENT_BYTES = 64 << 20  # a high that came and went since the last sample: this far above allocated now
@@ -49,12 +49,15 @@ MAX_READINGS = 12
 # peak.py's late share each batch, and its last high is the one that matters.
 BIG_RISE = 0.15
 MORE_READINGS = 24
-RETRIES = 3  # readings made again because the ring did not reach back to the peak
-MIN_CAPACITY = 8192  # entries: an event is 1.5 entries (alloc, free requested, free completed)
-MAX_CAPACITY = 16384  # ~9 ms to read (H100); a step with more events leaves its first ones out
-ENTRIES_PER_EVENT = 1.6
+# The ring, in allocations and frees (events): twice the busiest step's, within these bounds. A
+# reading costs per entry (H100, torch 2.11: the snapshot 0.6-1.2 us, the walk 0.5 us, freeing it
+# 0.2 us), and an event is one entry where PyTorch can skip the entries no walk reads (SKIPPED), 1.5
+# where it cannot (a free's request and its completion).
+MIN_EVENTS = 5461  # an evaluation between two steps: more events than any step count foresees
+MAX_EVENTS = 10922  # a step with more events leaves its first ones out
+SKIPPED = ["free_completed", "snapshot"]  # (a free lowers allocated memory at its request)
+ENTRIES_PER_EVENT = (1.6, 1.05)  # without SKIPPED, with it (segments' entries, an out-of-memory's)
 MARKS = 8192  # the marks' ring: four a step
-NO_POOL = (1 << 60, 1 << 60)  # a memory pool id no segment has: the snapshot's events without its segments
 BACKWARD_PARAMETERS = ["tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs"]
 
 
@@ -132,7 +135,8 @@ class History:
         self.marks = Marks()
         self.on = False
         self.backward_marked = False
-        self.capacity = MIN_CAPACITY
+        self.skips = True  # whether PyTorch takes skip_actions (2.10 on): entries the walk never reads
+        self.capacity = capacity(MIN_EVENTS, True)
         self.best: list = []  # per device slot: the counter at the last reading
         self.seen: list = []
         self.events: list = []  # per device slot: allocations and frees at the last step sample
@@ -143,7 +147,8 @@ class History:
         self.asked = False
         self.pending = 0
         self.bulk: Bulk | None = None
-        self.incref = None  # ctypes' Py_IncRef (see _read)
+        self.incref = None  # ctypes' Py_IncRef (reading.events_only)
+        self.taken = None  # a reading whose walk was put off to a later step's sample (reading.take)
         self.callback = self.add_pending = None
         self.main_ident = threading.main_thread().ident
 
@@ -155,7 +160,7 @@ class History:
         self.bulk = Bulk()
         self.callback, self.add_pending = main_thread.pending_call(self._on_main_thread)
         try:
-            self.incref = py_incref()
+            self.incref = reading.py_incref()
         except Exception:
             self.bulk = None  # no readings: the snapshot's call could not be made safe
 
@@ -184,13 +189,34 @@ class History:
     def apply(self, stacks: bool) -> None:
         """PyTorch's history as this module keeps it, with the live blocks' stacks (trace.py's
         windows) or without."""
-        self.agent.torch.cuda.memory._record_memory_history(
-            enabled="all", context="state" if stacks else None, stacks="python", max_entries=self.capacity)
+        record = self.agent.torch.cuda.memory._record_memory_history
+        context = "state" if stacks else None
+        if self.skips:
+            try:
+                record(enabled="all", context=context, stacks="python", max_entries=self.capacity,
+                       skip_actions=SKIPPED)
+                return
+            except TypeError:  # an older PyTorch: every action is recorded, 1.5 entries an event
+                self.skips = False
+                self.capacity = int(self.capacity / ENTRIES_PER_EVENT[1] * ENTRIES_PER_EVENT[0])
+        record(enabled="all", context=context, stacks="python", max_entries=self.capacity)
 
     # -- at each sample ----------------------------------------------------------------
     def check(self, by: str) -> float:
         """After each sample (the sampler's lock held). Returns the thread time a reading took."""
-        if not self.on or self.readings >= MORE_READINGS:
+        if not self.on:
+            return 0.0
+        on_main = threading.get_ident() == self.main_ident
+        if self.taken is not None:
+            # A reading's walk put off at a step's sample is made at a later step's, so that each
+            # step pauses for one part only; no other reading is made at a step's sample before it.
+            if by == "step" and on_main and self.agent.steps > self.taken[reading.STEP]:
+                started = time.thread_time()
+                self.finish()
+                return time.thread_time() - started
+            if by == "step":
+                return 0.0
+        if self.readings >= MORE_READINGS:
             return 0.0
         sampler = self.agent.sampler
         rows = sampler.rows
@@ -198,13 +224,13 @@ class History:
         if by == "step":
             self.count_events(sampler)
             retry = self.retry
-            if retry is not None and threading.get_ident() == self.main_ident and retry < len(rows) and live[retry]:
+            if retry is not None and on_main and retry < len(rows) and live[retry]:
                 # The last reading's ring did not reach back to its peak (a first step with more
                 # events than the ring held): once the ring is sized to the steps, a later step's
                 # events hold a peak as high, which no new high of the counter would ask for.
                 self.retry = None
                 started = time.thread_time()
-                self.read(retry)
+                self.read(retry, later=True)
                 return time.thread_time() - started
         for i in range(len(rows)):
             if not live[i]:
@@ -223,9 +249,9 @@ class History:
                 # The high is now: the sample's own capture (peak.py) has it, without a split; a
                 # later sample reads it once it has gone (the counter is not taken as read).
                 continue
-            if by == "step" and threading.get_ident() == self.main_ident:
+            if by == "step" and on_main:
                 started = time.thread_time()
-                self.read(i)  # (a step sample holds collection off)
+                self.read(i, later=True)  # (a step sample holds collection off)
                 return time.thread_time() - started
             if not self.asked:
                 self.pending = i
@@ -247,9 +273,11 @@ class History:
             self.events[i] = events
 
     def resize(self) -> None:
-        want = int(self.busiest * ENTRIES_PER_EVENT * 2)
-        want = MIN_CAPACITY if want < MIN_CAPACITY else MAX_CAPACITY if want > MAX_CAPACITY else want
-        if want > self.capacity * 1.25 or (want == MAX_CAPACITY and self.capacity < MAX_CAPACITY):
+        events = self.busiest * 2
+        events = MIN_EVENTS if events < MIN_EVENTS else MAX_EVENTS if events > MAX_EVENTS else events
+        want = capacity(events, self.skips)
+        most = capacity(MAX_EVENTS, self.skips)
+        if want > self.capacity * 1.25 or (want == most and self.capacity < most):
             self.capacity = want
             try:
                 self.apply(self.agent.trace.on)
@@ -268,7 +296,11 @@ class History:
         return 0
 
     def at_exit(self) -> None:
-        """The exit's reading, if the counter rose past the last one (the last steps' peak)."""
+        """The exit's reading, if the counter rose past the last one (the last steps' peak); a walk
+        put off is made first."""
+        if self.taken is not None:
+            with quiet_gc():
+                self.finish()
         if not self.on or self.readings >= MORE_READINGS or not self.best:
             return
         sampler = self.agent.sampler
@@ -280,152 +312,79 @@ class History:
                     self.read(i)
                 return
 
-    # -- a reading ---------------------------------------------------------------------
-    def read(self, i: int) -> None:
-        """Reads the history for device slot i and writes its `peak_history` record."""
+    # -- a reading (reading.py) ----------------------------------------------------------
+    def read(self, i: int, later: bool = False) -> None:
+        """Reads the history for device slot i: its snapshot, then its walk and `peak_history` record
+        at once or, `later`, at the next step's sample, where the ballast can hold the snapshot's
+        entries until then (neutral.Bulk.can_hold). A walk put off before is made first."""
         agent = self.agent
         bulk = self.bulk
         row = agent.sampler.rows[i]
         self.best[i] = row[6] or 0  # before the reading: one that fails is not tried again at once
+        if self.taken is not None:
+            self.finish()
         if bulk is None or not bulk.ready():
             return
         self.readings += 1
         started = time.perf_counter()
-        line = bulk.run(self._read, row[0])
+        if not later or not bulk.can_hold(self.capacity):
+            line = bulk.run(self._whole, i)
+            spent = time.perf_counter() - started
+            _count(self.agent.cost, spent, 1)
+            if line:
+                agent.channel.write_line(f'{line[:-1]},"elapsed_s":{spent!r}}}')
+            return
+        taken = bulk.run(self._take, i)
         spent = time.perf_counter() - started
-        cost = agent.cost
-        cost["history_read_s"] = cost.get("history_read_s", 0.0) + spent
-        cost["history_reads"] = cost.get("history_reads", 0) + 1
-        if spent > cost.get("history_read_max_s", 0.0):
-            cost["history_read_max_s"] = spent
+        _count(self.agent.cost, spent, 1)
+        if type(taken) is str:  # (the error's record)
+            agent.channel.write_line(f'{taken[:-1]},"elapsed_s":{spent!r}}}')
+            return
+        taken[reading.TAKEN_S] = spent
+        self.taken = taken
+
+    def finish(self) -> None:
+        """The walk put off (reading.walk) and its record, with both parts' time."""
+        taken_s = self.taken[reading.TAKEN_S]
+        started = time.perf_counter()
+        line = self.bulk.run(self._walk, True)
+        spent = time.perf_counter() - started
+        _count(self.agent.cost, spent)
         if line:
-            agent.channel.write_line(f'{line[:-1]},"elapsed_s":{spent!r}}}')
+            self.agent.channel.write_line(f'{line[:-1]},"elapsed_s":{taken_s + spent!r}}}')
 
     def snapshot(self, torch) -> dict:
-        """The allocator's snapshot with the events only (events_only)."""
-        return events_only(torch, self.incref)
+        """The allocator's snapshot with the events only (saved_by.py's reading too)."""
+        return reading.events_only(torch, self.incref)
 
-    def _read(self, index: int) -> str:
-        """The snapshot and the walk back (replay.py), as one JSON line; inside neutral.Bulk: it
-        leaves nothing alive that it made but the line, and makes no tuple itself."""
-        agent = self.agent
-        torch = agent.torch
-        try:
-            stats = agent.sampler.stats_fn(index)
-            counter = stats["allocated_bytes"]["all"]["peak"]
-            allocated = stats["allocated_bytes"]["all"]["current"]
-            reserved = stats["reserved_bytes"]["all"]["current"]
-            del stats
-            started = time.perf_counter()
-            snapshot = self.snapshot(torch)
-            snapshot_s = time.perf_counter() - started
-            traces = snapshot["device_traces"]
-            trace = traces[index] if index < len(traces) else []
-            storages: dict = {}
-            sizes: dict = {}
-            agent.peak_watch.optimizer_figures(index, [0, 0, 0], storages, sizes)
-            figures_s = time.perf_counter() - started - snapshot_s
-            times: list = []
-            kinds: list = []
-            self.marks.ordered(times, kinds, trace[0]["time_us"] if trace else 0)
-            found = replay.replay(trace, allocated, times, kinds, storages, sizes, reserved, counter,
-                                  len(trace) >= self.capacity)
-            replay_s = time.perf_counter() - started - snapshot_s - figures_s
-            del snapshot, traces, trace, storages, sizes, times, kinds
-            freed_s = time.perf_counter() - started - snapshot_s - figures_s - replay_s
-            if found is None:
-                return ""
-            if not found["complete"] and found["ring_full"] and self.retries < RETRIES:
-                self.retries += 1
-                self.retry = index  # (read again at the next step sample, when the ring holds a step)
-            activations = found["parts"].get("activations")
-            if activations is not None and activations["bytes"] >= saved_by.MIN_BYTES and found["complete"]:
-                agent.forward_watch.arm(index)  # the modules that saved them, from the next step
-            now_us = time.time_ns() // 1000
-            now = time.monotonic()  # (with now_us: the two clocks read together)
-            parts = ""
-            for name in found["parts"]:
-                p = found["parts"][name]
-                item = (f'{encode_basestring(name)}:{{"bytes":{p["bytes"]},"blocks":{p["blocks"]},'
-                        f'"first_before_s":{_before(p["first_us"], now_us)},'
-                        f'"last_before_s":{_before(p["last_us"], now_us)}}}')
-                parts = f"{parts},{item}" if parts else item
-            reserved_at = found["reserved_at_peak"]
-            loop = _loop_fields(torch, found["joined"])
-            joined = found["joined"]
-            joined = "null" if joined is None else (f'{{"bytes":{joined["bytes"]},"pieces":{joined["pieces"]},'
-                                                    f'"pieces_bytes":{joined["pieces_bytes"]},'
-                                                    f'"held":{_bool(joined["held"])}}}')
-            return (f'{{"type":"peak_history","n":{self.readings},"t":{now!r},"step":{agent.steps},"device":{index},'
-                    f'{loop},'
-                    f'"counter":{counter},"allocated_peak":{found["allocated_peak"]},'
-                    f'"reserved_at_peak":{"null" if reserved_at is None else reserved_at},'
-                    f'"allocated":{found["allocated_now"]},"peak_before_s":{_before(found["peak_time_us"], now_us)},'
-                    f'"phase":"{found["phase"]}",'
-                    f'"complete":{_bool(found["complete"])},"ring_full":{_bool(found["ring_full"])},'
-                    f'"events":{found["events"]},"capacity":{self.capacity},'
-                    f'"backward_marked":{_bool(self.backward_marked)},"joined":{joined},"parts":{{{parts}}},'
-                    f'"snapshot_s":{snapshot_s!r},"figures_s":{figures_s!r},"replay_s":{replay_s!r},'
-                    f'"freed_s":{freed_s!r}}}')
-        except Exception as exc:
-            return (f'{{"type":"peak_history","n":{self.readings},"t":{time.monotonic()!r},"device":{index},'
-                    f'"error":{encode_basestring(f"{type(exc).__name__}: {exc}"[:200])}}}')
+    def _take(self, index: int):
+        return reading.take(self.agent, self, index)
+
+    def _walk(self, put_off: bool) -> str:
+        taken = self.taken
+        self.taken = None  # (the list goes inside the Bulk run)
+        return reading.walk(self.agent, self, taken, put_off)
+
+    def _whole(self, index: int) -> str:
+        """Both parts in one run (reading.py)."""
+        taken = reading.take(self.agent, self, index)
+        if type(taken) is str:
+            return taken
+        self.taken = taken
+        return self._walk(False)
 
 
-# Library loops that gather a model's outputs on the GPU, whose own switches say how not to:
-# (file's ending, function) -> the name a reading records (diagnosis/allocated_peak.py has the remedy).
-LIBRARY_LOOPS = {(os.path.join("transformers", "trainer.py"), "evaluation_loop"): "transformers.Trainer.evaluation_loop",
-                 (os.path.join("transformers", "trainer.py"), "prediction_loop"): "transformers.Trainer.prediction_loop"}
+def capacity(events: int, skips: bool) -> int:
+    """The ring's entries that hold `events` allocations and frees."""
+    return int(events * ENTRIES_PER_EVENT[1 if skips else 0])
 
 
-def _loop_fields(torch, joined) -> str:
-    """The reading's `loop`, `loop_called_at` and `loop_holder` (what holds a concatenation's result
-    still held in the loop, with the library's line: loop_holder.py), as JSON fields."""
-    loop, called, frame = loop_of(sys._getframe(1))
-    holder = None
-    if frame is not None and joined is not None and joined["held"]:
-        holder = loop_holder.holder(torch.Tensor, torch.nn.Parameter, sys._getframe(), frame, joined["address"])
-    del frame
-    return (f'"loop":{"null" if loop is None else encode_basestring(loop)},'
-            f'"loop_called_at":{"null" if called is None else encode_basestring(called)},'
-            f'"loop_holder":{"null" if holder is None else encode_basestring(holder)}')
-
-
-def loop_of(frame) -> tuple:
-    """The library loop (LIBRARY_LOOPS) the main thread is in when a reading is made there, the
-    program's line that called it (outside the loop: a callback the loop calls is the program's too)
-    and the loop's frame; (None, None, None) outside one."""
-    depth = 0
-    while frame is not None and depth < 200:
-        code = frame.f_code
-        for key in LIBRARY_LOOPS:
-            if code.co_name == key[1] and code.co_filename.endswith(key[0]):
-                return LIBRARY_LOOPS[key], place(frame.f_back)[0], frame
-        frame = frame.f_back
-        depth += 1
-    return None, None, None
-
-
-def py_incref():
-    """ctypes' Py_IncRef, for events_only."""
-    import ctypes
-
-    incref = ctypes.pythonapi.Py_IncRef
-    incref.argtypes = [ctypes.py_object]
-    incref.restype = None
-    return incref
-
-
-def events_only(torch, incref) -> dict:
-    """PyTorch's allocator snapshot with the events only: a pool no segment belongs to (NO_POOL)
-    leaves the segments out. Their blocks may carry stacks (trace.py's windows), whose first reading
-    in a process imports torch._dynamo (6 s on an H100 machine) where the program has not. PyTorch
-    2.11 takes the pool id's two items as its own references and lets them go (a second call with the
-    same tuple then read freed ints: "mempool_id elements must be integers", then a crash): each call
-    first gives it the references it will drop (`incref`: py_incref())."""
-    incref(NO_POOL[0])
-    incref(NO_POOL[1])
-    return torch._C._cuda_memorySnapshot(NO_POOL)
+def _count(cost: dict, spent: float, reads: int = 0) -> None:
+    """A pause of the program's for a reading (its first part: `reads` 1), in the agent's costs."""
+    cost["history_reads"] = cost.get("history_reads", 0) + reads
+    cost["history_read_s"] = cost.get("history_read_s", 0.0) + spent
+    if spent > cost.get("history_read_max_s", 0.0):
+        cost["history_read_max_s"] = spent  # (the longest)
 
 
 def _worth(counter: int, best: int, readings: int) -> bool:
@@ -439,13 +398,3 @@ def _between(counter: int, allocated) -> bool:
     """Whether the counter's high came and went between two readings: it is above what is allocated
     now by TRANSIENT_BYTES and TRANSIENT_SHARE of it."""
     return allocated is not None and counter - allocated >= max(TRANSIENT_BYTES, TRANSIENT_SHARE * counter)
-
-
-def _before(us, now_us: int) -> str:
-    """How long before the reading a history time (Unix microseconds) was, in seconds, or null: the
-    recording's clock is another, and the reading's `t` is on it."""
-    return "null" if us is None else repr(max(0.0, (now_us - us) / 1e6))
-
-
-def _bool(value) -> str:
-    return "true" if value else "false"

@@ -1,5 +1,5 @@
 """Who holds a library loop's gathered result: at a history reading made while a library loop runs
-(history.LIBRARY_LOOPS: transformers' evaluation loop) whose events show a concatenation's result
+(reading.LIBRARY_LOOPS: transformers' evaluation loop) whose events show a concatenation's result
 still allocated (replay.py's `joined`), the name that holds that tensor in the loop's frame or a
 frame it called, read one level down (`all_preds.tensors`, `preds[*]`), with that frame's line: the
 library's own line, beside the program's line that called the loop.

@@ -138,8 +138,11 @@ class quiet_gc:
 # The count is put back with these after a bulk reading (see Bulk): each reading keeps what refilled
 # the free lists it emptied (at most 80 dicts, 80 lists and 2,000 2-tuples; a snapshot of GPT-2 makes
 # a few hundred 2-tuples) and pops as much ballast. BULK_SPARE must be left for a reading to start.
-BULK_BALLAST = 6144
+# A reading that keeps its snapshot's entries until a later step (reading.py) pops one a kept entry,
+# and a later run that lets them go makes as many again: BULK_BALLAST holds the largest ring's.
+BULK_BALLAST = 16384
 BULK_SPARE = 2200
+HELD_SPARE = 512  # kept with a snapshot's entries: its outer dicts and lists, the optimizers' storages
 _DRAIN_LIMIT = 4096  # more than any free list holds (2-tuples: 2,000)
 
 
@@ -156,7 +159,8 @@ class Bulk:
        what it held before;
     4. what may not go back to a free list is kept (`kept`, a few hundred objects a reading), and
        the count is put back with ballast.
-    `fn(arg)` must leave nothing alive that it made. Checked in tests/test_neutral_bulk.py."""
+    `fn(arg)` must leave nothing alive that it made, but as many objects as `can_hold` allowed for
+    (which a later run lets go). Checked in tests/test_neutral_bulk.py."""
 
     def __init__(self):
         self.ballast = [_Ballast() for _ in range(BULK_BALLAST)]
@@ -169,6 +173,20 @@ class Bulk:
     def ready(self) -> bool:
         """Whether the ballast left can put the count back after one more reading."""
         return len(self.ballast) >= BULK_SPARE
+
+    def lift(self, n: int) -> None:
+        """Makes n ballast, inside a run that then lets go of about n objects an earlier run kept:
+        the count rises by n first, so that their frees do not find it at zero (where CPython stops
+        counting them) and the run can put it back; the ballast the earlier run spent is made again."""
+        append = self.ballast.append
+        while n > 0:
+            append(_Ballast())
+            n -= 1
+
+    def can_hold(self, entries: int) -> bool:
+        """Whether a reading may keep `entries` objects alive after its run (reading.py's snapshot
+        kept for a later step), with the ballast still ready() for the next reading."""
+        return len(self.ballast) >= entries + HELD_SPARE + BULK_SPARE
 
     def run(self, fn, arg):
         get = gc.get_count

@@ -29,7 +29,8 @@ import time
 import weakref
 
 from . import replay
-from .history import Marks, events_only, install_backward_marks, py_incref
+from .history import Marks, install_backward_marks
+from .reading import events_only, py_incref
 from .peak import _count
 
 # Entries: 1.5 an allocation or free (GPT-2 124M's step makes 3,200). Measured on an H100 (torch 2.11):
@@ -262,7 +263,7 @@ def _made_in_backward(trace: list, times: list, kinds: list) -> dict:
 
 def _traces(torch) -> list:
     """Each device's recorded events: the allocator's snapshot asked for those only
-    (history.events_only: no segments, and no import of torch._dynamo where blocks carry stacks)."""
+    (reading.events_only: no segments, and no import of torch._dynamo where blocks carry stacks)."""
     try:
         return events_only(torch, py_incref())["device_traces"]
     except TypeError:  # a PyTorch whose snapshot takes no pool

@@ -67,24 +67,24 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
     pop = waiting.pop
     sign = _SIGN
     i = n
-    for e in reversed(trace):
+    for e in reversed(trace):  # (the two common actions compared as strings: no hash of a new str)
         i -= 1
-        s = sign.get(e["action"])
-        if s is None:
-            continue
-        if s == 1:  # a free undone
+        action = e["action"]
+        if action == "free_requested":  # a free undone
             waiting[e["addr"]] = i
             total += e["size"]
             if total > best:
                 best = total
                 best_i = i
                 best_segments = segments
-        elif s == -1:  # an allocation undone
+        elif action == "alloc":  # an allocation undone
             total -= e["size"]
             append(i)
             append(pop(e["addr"], n))
-        else:  # a segment's: the reserved memory then
-            segments += e["size"] if s == 2 else -e["size"]
+        else:
+            s = sign.get(action)
+            if s is not None:  # a segment's: the reserved memory then
+                segments += e["size"] if s == 2 else -e["size"]
             continue
         seen = True
     if not seen:

@@ -209,7 +209,7 @@ PEAK_HISTORY = Shape({"n": INT, "t": NUM, "step": may(opt(INT)), "device": INT, 
                                                "held": may(BOOL)}))),
                       "loop": may(opt(STR)), "loop_called_at": may(opt(STR)), "loop_holder": may(opt(STR)),
                       "snapshot_s": may(NUM), "figures_s": may(NUM), "replay_s": may(NUM), "freed_s": may(NUM),
-                      "elapsed_s": may(NUM)})
+                      "taken_s": may(NUM), "put_off": may(BOOL), "walked_step": may(INT), "elapsed_s": may(NUM)})
 # What saved one step's activations (_agent/saved_by.py): the modules whose forward made them, by
 # folded name, largest first, the rest's bytes, what no module made, and the line that called the
 # outermost forward. Recordings from before it have none.

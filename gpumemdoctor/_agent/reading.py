@@ -1,0 +1,195 @@
+"""One reading of PyTorch's allocation events (history.py decides when), in two parts that may fall
+in two steps of the program, so that neither pause is the whole reading's:
+
+- `take`, at the reading's moment: PyTorch's statistics, its allocator snapshot with the events only
+  (`events_only`), the optimizers' storages, the marks and the library loop the program is in. The
+  snapshot's entries are kept (history.py holds them) until
+- `walk`, at once or at the next step's sample: the walk back (replay.py), the holder of a loop's
+  gathered result where the program is still in that loop (loop_holder.py), the snapshot let go,
+  and the `peak_history` record as one JSON line.
+
+Both run inside neutral.Bulk with automatic collection held off, each leaving the collector's count
+and the free lists as it found them (the entries kept between them are untracked dicts in one list,
+which the program's collections pass over). Costs per entry (H100): the snapshot 0.6-1.2 us, the
+walk 0.5 us, letting it go 0.2 us; the `peak_history` record has each part's time.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from json.encoder import encode_basestring
+
+from . import loop_holder, replay, saved_by
+from .neutral import HELD_SPARE
+from .peak import place
+
+RETRIES = 3  # readings made again because the ring did not reach back to the peak
+NO_POOL = (1 << 60, 1 << 60)  # a memory pool id no segment has: the snapshot's events without its segments
+# A taken reading: a list (no tuple: Bulk counts them), read by these indices.
+INDEX, SNAPSHOT, TRACE, COUNTER, ALLOCATED, RESERVED, STORAGES, SIZES, TIMES, KINDS, NOW, NOW_US, STEP, \
+    LOOP, CALLED, SNAPSHOT_S, FIGURES_S, TAKEN_S = range(18)
+# Library loops that gather a model's outputs on the GPU, whose own switches say how not to:
+# (file's ending, function) -> the name a reading records (diagnosis/allocated_peak.py has the remedy).
+LIBRARY_LOOPS = {(os.path.join("transformers", "trainer.py"), "evaluation_loop"): "transformers.Trainer.evaluation_loop",
+                 (os.path.join("transformers", "trainer.py"), "prediction_loop"): "transformers.Trainer.prediction_loop"}
+LOOP_MODULE = "transformers.trainer"  # the module of LIBRARY_LOOPS' loops
+
+
+def take(agent, history, index: int):
+    """The reading's first part (see the module's docstring), as a list, or an error record's line."""
+    torch = agent.torch
+    began = time.perf_counter()
+    try:
+        stats = agent.sampler.stats_fn(index)
+        counter = stats["allocated_bytes"]["all"]["peak"]
+        allocated = stats["allocated_bytes"]["all"]["current"]
+        reserved = stats["reserved_bytes"]["all"]["current"]
+        del stats
+        started = time.perf_counter()
+        snapshot = events_only(torch, history.incref)
+        snapshot_s = time.perf_counter() - started
+        traces = snapshot["device_traces"]
+        trace = traces[index] if index < len(traces) else []
+        del traces
+        storages: dict = {}
+        sizes: dict = {}
+        agent.peak_watch.optimizer_figures(index, [0, 0, 0], storages, sizes)
+        times: list = []
+        kinds: list = []
+        history.marks.ordered(times, kinds, trace[0]["time_us"] if trace else 0)
+        loop = called = None
+        if LOOP_MODULE in sys.modules:  # (a walk of the frames makes their frame objects: only where one may be)
+            loop, called, frame = loop_of(sys._getframe(1))
+            del frame
+        now_us = time.time_ns() // 1000
+        now = time.monotonic()  # (with now_us: the two clocks read together)
+        figures_s = time.perf_counter() - started - snapshot_s
+        return [index, snapshot, trace, counter, allocated, reserved, storages, sizes, times, kinds, now, now_us,
+                agent.steps, loop, called, snapshot_s, figures_s, time.perf_counter() - began]
+    except Exception as exc:
+        return error_line(history.readings, index, exc)
+
+
+def walk(agent, history, taken: list, put_off: bool) -> str:
+    """The reading's second part, at once or at a later step's sample (`put_off`): its `peak_history`
+    record as one JSON line, without `elapsed_s` (history.py adds it), or "" where the events hold no
+    allocation. Lets the snapshot go."""
+    index = taken[INDEX]
+    try:
+        started = time.perf_counter()
+        trace = taken[TRACE]
+        found = replay.replay(trace, taken[ALLOCATED], taken[TIMES], taken[KINDS], taken[STORAGES], taken[SIZES],
+                              taken[RESERVED], taken[COUNTER], len(trace) >= history.capacity)
+        replay_s = time.perf_counter() - started
+        if put_off:  # (the entries' frees counted: neutral.Bulk.lift)
+            history.bulk.lift(len(trace) + HELD_SPARE)
+        del trace
+        for i in (SNAPSHOT, TRACE, STORAGES, SIZES, TIMES, KINDS):
+            taken[i] = None
+        freed_s = time.perf_counter() - started - replay_s
+        if found is None:
+            return ""
+        if not found["complete"] and found["ring_full"] and history.retries < RETRIES:
+            history.retries += 1
+            history.retry = index  # (read again at the next step sample, when the ring holds a step)
+        activations = found["parts"].get("activations")
+        if activations is not None and activations["bytes"] >= saved_by.MIN_BYTES and found["complete"]:
+            agent.forward_watch.arm(index)  # the modules that saved them, from the next step
+        now_us = taken[NOW_US]
+        parts = ""
+        for name in found["parts"]:
+            p = found["parts"][name]
+            item = (f'{encode_basestring(name)}:{{"bytes":{p["bytes"]},"blocks":{p["blocks"]},'
+                    f'"first_before_s":{_before(p["first_us"], now_us)},'
+                    f'"last_before_s":{_before(p["last_us"], now_us)}}}')
+            parts = f"{parts},{item}" if parts else item
+        reserved_at = found["reserved_at_peak"]
+        joined = found["joined"]
+        loop = _loop_fields(agent.torch, taken[LOOP], taken[CALLED], joined)
+        joined = "null" if joined is None else (f'{{"bytes":{joined["bytes"]},"pieces":{joined["pieces"]},'
+                                                f'"pieces_bytes":{joined["pieces_bytes"]},'
+                                                f'"held":{_bool(joined["held"])}}}')
+        return (f'{{"type":"peak_history","n":{history.readings},"t":{taken[NOW]!r},"step":{taken[STEP]},'
+                f'"device":{index},{loop},'
+                f'"counter":{taken[COUNTER]},"allocated_peak":{found["allocated_peak"]},'
+                f'"reserved_at_peak":{"null" if reserved_at is None else reserved_at},'
+                f'"allocated":{found["allocated_now"]},"peak_before_s":{_before(found["peak_time_us"], now_us)},'
+                f'"phase":"{found["phase"]}",'
+                f'"complete":{_bool(found["complete"])},"ring_full":{_bool(found["ring_full"])},'
+                f'"events":{found["events"]},"capacity":{history.capacity},'
+                f'"backward_marked":{_bool(history.backward_marked)},"joined":{joined},"parts":{{{parts}}},'
+                f'"snapshot_s":{taken[SNAPSHOT_S]!r},"figures_s":{taken[FIGURES_S]!r},"replay_s":{replay_s!r},'
+                f'"freed_s":{freed_s!r},"taken_s":{taken[TAKEN_S]!r},"put_off":{_bool(put_off)},'
+                f'"walked_step":{agent.steps}}}')
+    except Exception as exc:
+        for i in (SNAPSHOT, TRACE, STORAGES, SIZES, TIMES, KINDS):
+            taken[i] = None
+        return error_line(history.readings, index, exc)
+
+
+def error_line(n: int, index: int, exc: BaseException) -> str:
+    return (f'{{"type":"peak_history","n":{n},"t":{time.monotonic()!r},"device":{index},'
+            f'"error":{encode_basestring(f"{type(exc).__name__}: {exc}"[:200])}}}')
+
+
+def _loop_fields(torch, loop, called, joined) -> str:
+    """The reading's `loop`, `loop_called_at` (taken with the snapshot) and `loop_holder` (what holds a
+    concatenation's result still held in the loop, with the library's line: loop_holder.py, where
+    the program is in that loop now), as JSON fields."""
+    holder = None
+    if loop is not None and joined is not None and joined["held"]:
+        now, now_called, frame = loop_of(sys._getframe(1))
+        if frame is not None and now == loop and now_called == called:
+            holder = loop_holder.holder(torch.Tensor, torch.nn.Parameter, sys._getframe(), frame, joined["address"])
+        del frame
+    return (f'"loop":{"null" if loop is None else encode_basestring(loop)},'
+            f'"loop_called_at":{"null" if called is None else encode_basestring(called)},'
+            f'"loop_holder":{"null" if holder is None else encode_basestring(holder)}')
+
+
+def loop_of(frame) -> tuple:
+    """The library loop (LIBRARY_LOOPS) the main thread is in when a reading is made there, the
+    program's line that called it (outside the loop: a callback the loop calls is the program's too)
+    and the loop's frame; (None, None, None) outside one."""
+    depth = 0
+    while frame is not None and depth < 200:
+        code = frame.f_code
+        for key in LIBRARY_LOOPS:
+            if code.co_name == key[1] and code.co_filename.endswith(key[0]):
+                return LIBRARY_LOOPS[key], place(frame.f_back)[0], frame
+        frame = frame.f_back
+        depth += 1
+    return None, None, None
+
+
+def py_incref():
+    """ctypes' Py_IncRef, for events_only."""
+    import ctypes
+
+    incref = ctypes.pythonapi.Py_IncRef
+    incref.argtypes = [ctypes.py_object]
+    incref.restype = None
+    return incref
+
+
+def events_only(torch, incref) -> dict:
+    """PyTorch's allocator snapshot with the events only: a pool no segment belongs to (NO_POOL)
+    leaves the segments out. Their blocks may carry stacks (trace.py's windows), whose first reading
+    in a process imports torch._dynamo (6 s on an H100 machine) where the program has not. PyTorch
+    2.11 takes the pool id's two items as its own references and lets them go (a second call with the
+    same tuple then read freed ints: "mempool_id elements must be integers", then a crash): each call
+    first gives it the references it will drop (`incref`: py_incref())."""
+    incref(NO_POOL[0])
+    incref(NO_POOL[1])
+    return torch._C._cuda_memorySnapshot(NO_POOL)
+
+
+def _before(us, now_us: int) -> str:
+    """How long before the reading a history time (Unix microseconds) was, in seconds, or null: the
+    recording's clock is another, and the reading's `t` is on it."""
+    return "null" if us is None else repr(max(0.0, (now_us - us) / 1e6))
+
+
+def _bool(value) -> str:
+    return "true" if value else "false"
