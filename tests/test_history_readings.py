@@ -14,7 +14,7 @@ GiB = 1 << 30
 
 def _history():
     sampler = SimpleNamespace(rows=[[0, 0, 0, 0, 0, 0, 0, 0]], live=[True], events=[None])
-    agent = SimpleNamespace(sampler=sampler, run_dir="x", trace=SimpleNamespace(mode="auto", on=False))
+    agent = SimpleNamespace(sampler=sampler, run_dir="x", trace=SimpleNamespace(mode="auto", on=False), steps=0)
     h = H.History(agent)
     h.best, h.seen, h.events = [0], [None], [0]
     h.on = True
@@ -171,23 +171,29 @@ def test_a_reading_at_a_steps_sample_walks_at_the_next_steps_and_leaves_the_coll
     gc.disable()
     interval = sys.getswitchinterval()
     sys.setswitchinterval(100)
+    get = gc.get_count
+    moved = [0, 0, 0]
+    states = [None, None, None]
     try:
-        counts = [gc.get_count()[0]]
+        c = get()[0]
         h.check("step")  # the high has gone: read, the walk put off
-        counts.append(gc.get_count()[0])
-        assert h.taken is not None and lines == [] and agent.cost["history_reads"] == 1
+        moved[0] = get()[0] - c
+        states[0] = [h.taken is not None, len(lines), agent.cost["history_reads"]]
+        c = get()[0]
         h.check("step")  # the same step: nothing more
-        counts.append(gc.get_count()[0])
-        assert h.taken is not None and lines == []
+        moved[1] = get()[0] - c
+        states[1] = [h.taken is not None, len(lines)]
         agent.steps = 6
+        c = get()[0]
         h.check("step")
-        counts.append(gc.get_count()[0])
+        moved[2] = get()[0] - c
     finally:
         sys.setswitchinterval(interval)
         if was:
             gc.enable()
+    assert states[0] == [True, 0, 1] and states[1] == [True, 0]
     assert h.taken is None and len(lines) == 1
-    assert len(set(counts)) == 1, counts
+    assert moved == [0, 0, 0]
     record = json.loads(lines[0])
     assert record["put_off"] is True and (record["step"], record["walked_step"]) == (5, 6)
     assert record["allocated_peak"] == 4 * GiB and record["complete"]
@@ -211,3 +217,23 @@ def test_a_walk_put_off_is_made_at_exit_and_a_reading_outside_a_steps_sample_is_
 
     record = json.loads(lines2[0])
     assert record["put_off"] is False and record["allocated_peak"] == 4 * GiB
+
+
+def test_a_reading_in_the_middle_of_a_step_walks_after_the_next_step_and_at_once_before_any():
+    """A reading the timer asked of the main thread falls inside a step: that step's own sample must
+    not add the walk to the same step's pause; a program that has made no step yet walks at once."""
+    h, agent, lines = _reading_agent()
+    h.pending = 0
+    h._on_main_thread(None)  # (the main thread's call between two of its bytecodes, in step 6)
+    assert h.taken is not None and h.walk_at == 7
+    agent.steps = 6
+    h.check("step")  # the end of the step the reading fell in
+    assert h.taken is not None and lines == []
+    agent.steps = 7
+    h.check("step")
+    assert h.taken is None and len(lines) == 1
+    h2, agent2, lines2 = _reading_agent()
+    agent2.steps = 0
+    h2.pending = 0
+    h2._on_main_thread(None)
+    assert h2.taken is None and len(lines2) == 1

@@ -149,6 +149,7 @@ class History:
         self.bulk: Bulk | None = None
         self.incref = None  # ctypes' Py_IncRef (reading.events_only)
         self.taken = None  # a reading whose walk was put off to a later step's sample (reading.take)
+        self.walk_at = 0  # ... at the first step sample once the program has made this many steps
         self.callback = self.add_pending = None
         self.main_ident = threading.main_thread().ident
 
@@ -210,7 +211,7 @@ class History:
         if self.taken is not None:
             # A reading's walk put off at a step's sample is made at a later step's, so that each
             # step pauses for one part only; no other reading is made at a step's sample before it.
-            if by == "step" and on_main and self.agent.steps > self.taken[reading.STEP]:
+            if by == "step" and on_main and self.agent.steps >= self.walk_at:
                 started = time.thread_time()
                 self.finish()
                 return time.thread_time() - started
@@ -230,7 +231,7 @@ class History:
                 # events hold a peak as high, which no new high of the counter would ask for.
                 self.retry = None
                 started = time.thread_time()
-                self.read(retry, later=True)
+                self.read(retry, self.agent.steps + 1)
                 return time.thread_time() - started
         for i in range(len(rows)):
             if not live[i]:
@@ -251,7 +252,7 @@ class History:
                 continue
             if by == "step" and on_main:
                 started = time.thread_time()
-                self.read(i, later=True)  # (a step sample holds collection off)
+                self.read(i, self.agent.steps + 1)  # (a step sample holds collection off)
                 return time.thread_time() - started
             if not self.asked:
                 self.pending = i
@@ -289,8 +290,9 @@ class History:
         try:
             self.asked = False
             if not self.agent.finished and not main_thread.interrupted(sys._getframe(1)):
+                steps = self.agent.steps  # (in the middle of a step: its walk after the next one)
                 with quiet_gc():
-                    self.read(self.pending)
+                    self.read(self.pending, steps + 2 if steps else 0)
         except Exception:
             pass
         return 0
@@ -313,10 +315,10 @@ class History:
                 return
 
     # -- a reading (reading.py) ----------------------------------------------------------
-    def read(self, i: int, later: bool = False) -> None:
-        """Reads the history for device slot i: its snapshot, then its walk and `peak_history` record
-        at once or, `later`, at the next step's sample, where the ballast can hold the snapshot's
-        entries until then (neutral.Bulk.can_hold). A walk put off before is made first."""
+    def read(self, i: int, walk_at: int = 0) -> None:
+        """Device slot i's snapshot, then its walk and record at once or at the first step sample
+        once `walk_at` steps are made, where the ballast can hold its entries (Bulk.can_hold) and no
+        library loop runs (its holder is read at the walk). A walk put off before is made first."""
         agent = self.agent
         bulk = self.bulk
         row = agent.sampler.rows[i]
@@ -327,7 +329,7 @@ class History:
             return
         self.readings += 1
         started = time.perf_counter()
-        if not later or not bulk.can_hold(self.capacity):
+        if not walk_at or not bulk.can_hold(self.capacity):
             line = bulk.run(self._whole, i)
             spent = time.perf_counter() - started
             _count(self.agent.cost, spent, 1)
@@ -342,6 +344,9 @@ class History:
             return
         taken[reading.TAKEN_S] = spent
         self.taken = taken
+        self.walk_at = walk_at
+        if taken[reading.LOOP] is not None:
+            self.finish()
 
     def finish(self) -> None:
         """The walk put off (reading.walk) and its record, with both parts' time."""
