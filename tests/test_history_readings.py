@@ -237,3 +237,24 @@ def test_a_reading_in_the_middle_of_a_step_walks_after_the_next_step_and_at_once
     h2.pending = 0
     h2._on_main_thread(None)
     assert h2.taken is None and len(lines2) == 1
+
+
+def test_os_exit_makes_a_walk_that_was_put_off():
+    """The program leaves through os._exit before the next step: exit.hard_exit makes the walk, so
+    the reading's record is not lost."""
+    import os
+    import threading
+
+    from gpumemdoctor._agent import exit as exit_probes
+
+    h, agent, lines = _reading_agent()
+    h.check("step")
+    assert h.taken is not None
+    written: list = []
+    agent.pid, agent.history, agent.devices = os.getpid(), h, [{}]
+    agent.sampler.neutral, agent.sampler.lock = object(), threading.Lock()
+    agent.sampler.read_devices = lambda: []
+    agent.channel.write = written.append
+    exit_probes.hard_exit(agent, 3)
+    assert h.taken is None and len(lines) == 1 and '"put_off":true' in lines[0]
+    assert [r["type"] for r in written] == ["hard-exit"]

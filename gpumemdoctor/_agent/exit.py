@@ -74,6 +74,11 @@ def hard_exit(agent, status) -> None:
         finally:
             if locked:
                 sampler.lock.release()
+        if agent.history.taken is not None:  # a reading whose walk was put off to a later step
+            try:
+                agent.history.finish()
+            except Exception:
+                pass
     agent.channel.write({"type": "hard-exit", "t": time.monotonic(), "status": status if isinstance(status, int)
                          else None, "steps": agent.steps, "d": rows})
 

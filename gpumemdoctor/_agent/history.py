@@ -330,13 +330,13 @@ class History:
         self.readings += 1
         started = time.perf_counter()
         if not walk_at or not bulk.can_hold(self.capacity):
-            line = bulk.run(self._whole, i)
+            line = bulk.run(self._whole, row[0])  # (the device's torch index)
             spent = time.perf_counter() - started
             _count(self.agent.cost, spent, 1)
             if line:
                 agent.channel.write_line(f'{line[:-1]},"elapsed_s":{spent!r}}}')
             return
-        taken = bulk.run(self._take, i)
+        taken = bulk.run(self._take, row[0])
         spent = time.perf_counter() - started
         _count(self.agent.cost, spent, 1)
         if type(taken) is str:  # (the error's record)
