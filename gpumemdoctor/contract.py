@@ -39,9 +39,10 @@ MAX_PAUSE_DEFAULT_S = 0.02
 MAX_PAUSE_MIN_S = 0.0
 MAX_PAUSE_MAX_S = 1.0
 
-# Allocation stacks: "auto" (for a start-up window and when growth is seen), "on", "off". Holders
-# are looked for in every mode once growth is seen.
-TRACE_MODES = ("auto", "on", "off")
+# Allocation stacks: "auto" (for a start-up window and when growth is seen), "on", "events" (none,
+# but the allocation events that split the allocated peak, kept in every mode but "off"), "off".
+# Holders are looked for in every mode once growth is seen.
+TRACE_MODES = ("auto", "on", "events", "off")
 # The parts of the allocated memory at its peak that a `peak_history` record names (_agent/replay.py),
 # and the stretch of the program it fell in.
 HISTORY_PARTS = ("parameters", "gradients", "optimizer-state", "activations", "temporaries", "gathered",

@@ -356,7 +356,7 @@ BAD_INPUTS = {
     "-o folder missing": (["-o", "nodir/r.json", "t.py"], None, "does not exist"),
     "--snapshot existing file": (["--snapshot", "exists.json", "t.py"], _existing_output, "--snapshot"),
     "--snapshot folder missing": (["--snapshot", "nodir/s.pickle", "t.py"], None, "does not exist"),
-    "--trace unknown mode": (["--trace", "sometimes", "t.py"], None, "'auto', 'on', 'off'"),
+    "--trace unknown mode": (["--trace", "sometimes", "t.py"], None, "'auto', 'on', 'events', 'off'"),
 }
 
 

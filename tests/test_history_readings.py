@@ -258,3 +258,27 @@ def test_os_exit_makes_a_walk_that_was_put_off():
     exit_probes.hard_exit(agent, 3)
     assert h.taken is None and len(lines) == 1 and '"put_off":true' in lines[0]
     assert [r["type"] for r in written] == ["hard-exit"]
+
+
+def test_trace_events_keeps_the_allocation_events_and_never_records_stacks(tmp_path):
+    """--trace events: at CUDA's start the history of events (no stacks) as in auto and on, and no
+    start-up window of stacks; off: neither."""
+    from tests.doubles import fake_cuda
+
+    seen = {}
+    for mode in ("auto", "on", "events", "off"):
+        (tmp_path / mode).mkdir()
+        agent, _ = fake_cuda.make_agent(str(tmp_path / mode), trace=mode)
+        try:
+            agent.cuda_seen = False
+            agent.on_cuda()  # (as PyTorch's lazy CUDA start calls it)
+            seen[mode] = ([c.get("context") for c in agent.torch.cuda.memory.history_calls], agent.history.on)
+        finally:
+            fake_cuda.restore_clock()
+            if agent.channel.fd is not None:
+                import os
+
+                os.close(agent.channel.fd)
+    assert seen["auto"] == ([None, "state"], True) and seen["on"] == ([None, "state"], True)
+    assert seen["events"] == ([None], True)
+    assert seen["off"] == ([], False)

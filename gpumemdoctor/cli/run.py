@@ -85,9 +85,10 @@ def _split(args: list[str], command: click.Command) -> tuple[list[str], list[str
               help="Run the target even where NVML is missing (nothing GPU-side is measured).")
 @click.option("-q", "--quiet", is_flag=True, help="Print only the verdict line and the report path.")
 @click.option("--trace", type=click.Choice(contract.TRACE_MODES), default=None,
-              help="Record allocation stacks (PyTorch's memory history): from the start (on), only "
-                   "once memory is seen growing (auto), or never (off). [default: auto; on with "
-                   "--snapshot]")
+              help="Record allocation stacks (PyTorch's memory history): from the start (on), for a "
+                   "start-up window and once memory is seen growing (auto), or never (events: only "
+                   "the allocation events that split the allocated peak, for steps that recording stacks "
+                   "would slow; off: not those either). [default: auto; on with --snapshot]")
 @click.option("--max-pause", type=Seconds(contract.MAX_PAUSE_MIN_S, contract.MAX_PAUSE_MAX_S),
               default=contract.MAX_PAUSE_DEFAULT_S, show_default=True, metavar="SECONDS",
               help="The longest your program may pause for a holder search during the run (a copy of "

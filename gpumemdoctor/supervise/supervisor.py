@@ -48,7 +48,7 @@ class RunOptions:
     agent_interval_s: float = INTERVAL_DEFAULT_S
     measure_gpu: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
-    trace: str = "auto"  # allocation stacks: "auto" (once growth is seen), "on", "off"
+    trace: str = "auto"  # allocation stacks: "auto" (windows), "on", "events" (none; the peak's events), "off"
     max_pause_s: float = MAX_PAUSE_DEFAULT_S  # the longest pause a search during the run may cost
     snapshot_path: str | None = None  # where the target's allocator snapshot goes
     # Modules the caller needs after the run (the report's): imported on a thread of their own
