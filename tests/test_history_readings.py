@@ -282,3 +282,18 @@ def test_trace_events_keeps_the_allocation_events_and_never_records_stacks(tmp_p
     assert seen["auto"] == ([None, "state"], True) and seen["on"] == ([None, "state"], True)
     assert seen["events"] == ([None], True)
     assert seen["off"] == ([], False)
+
+
+def test_the_steps_events_are_counted_while_a_walk_waits():
+    """The ring is sized by the busiest step's events: a step whose sample only waited for a walk is
+    counted on its own, not as part of the next one."""
+    h, agent, lines = _reading_agent()
+    agent.sampler.events = [1000]
+    h.check("step")  # the reading, its walk put off
+    assert h.taken is not None
+    agent.sampler.events = [1300]  # the same step's sample again: 300 events
+    h.check("step")
+    agent.steps = 6
+    agent.sampler.events = [1600]  # the next step: the walk, and 300 more
+    h.check("step")
+    assert h.taken is None and h.busiest == 300

@@ -208,9 +208,11 @@ class History:
         if not self.on:
             return 0.0
         on_main = threading.get_ident() == self.main_ident
+        sampler = self.agent.sampler
+        if by == "step":
+            self.count_events(sampler)  # (each step's, also while a walk waits: the ring's size)
         if self.taken is not None:
-            # A reading's walk put off at a step's sample is made at a later step's, so that each
-            # step pauses for one part only; no other reading is made at a step's sample before it.
+            # A walk put off is made at a later step's sample (one part a step), before any reading.
             if by == "step" and on_main and self.agent.steps >= self.walk_at:
                 started = time.thread_time()
                 self.finish()
@@ -219,11 +221,9 @@ class History:
                 return 0.0
         if self.readings >= MORE_READINGS:
             return 0.0
-        sampler = self.agent.sampler
         rows = sampler.rows
         live = sampler.live
         if by == "step":
-            self.count_events(sampler)
             retry = self.retry
             if retry is not None and on_main and retry < len(rows) and live[retry]:
                 # The last reading's ring did not reach back to its peak (a first step with more
