@@ -135,7 +135,7 @@ class History:
         self.marks = Marks()
         self.on = False
         self.backward_marked = False
-        self.skips = True  # whether PyTorch takes skip_actions (2.10 on): entries the walk never reads
+        self.skips = True  # whether PyTorch takes skip_actions (2.11 and 2.13 do): entries no walk reads
         self.capacity = capacity(MIN_EVENTS, True)
         self.best: list = []  # per device slot: the counter at the last reading
         self.seen: list = []
