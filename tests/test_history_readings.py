@@ -130,14 +130,18 @@ def test_the_ring_grows_to_twice_the_busiest_steps_events_within_its_bounds():
     assert len(calls) == n
 
 
-def _reading_agent():
+def _reading_agent(pad: int = 0):
     """An agent whose allocator is a recorded spike: two 1 GiB blocks made and freed between two
-    samples, above 2 GiB still allocated; the real reading (reading.py) runs on it."""
+    samples, above 2 GiB still allocated (and `pad` pairs of small blocks made and freed after); the
+    real reading (reading.py) runs on it."""
     base = 2 * GiB
     trace = [{"action": "alloc", "addr": 1 << 40, "size": GiB, "time_us": 10, "stream": 0},
              {"action": "alloc", "addr": 2 << 40, "size": GiB, "time_us": 20, "stream": 0},
              {"action": "free_requested", "addr": 2 << 40, "size": GiB, "time_us": 30, "stream": 0},
              {"action": "free_requested", "addr": 1 << 40, "size": GiB, "time_us": 40, "stream": 0}]
+    for k in range(pad):
+        trace += [{"action": "alloc", "addr": 3 << 40, "size": 512, "time_us": 50 + 2 * k, "stream": 0},
+                  {"action": "free_requested", "addr": 3 << 40, "size": 512, "time_us": 51 + 2 * k, "stream": 0}]
     stats = {"allocated_bytes": {"all": {"peak": base + 2 * GiB, "current": base}},
              "reserved_bytes": {"all": {"current": base + 2 * GiB}}}
     memory = SimpleNamespace(_record_memory_history=lambda **kw: None)
@@ -297,3 +301,32 @@ def test_the_steps_events_are_counted_while_a_walk_waits():
     agent.sampler.events = [1600]  # the next step: the walk, and 300 more
     h.check("step")
     assert h.taken is None and h.busiest == 300
+
+
+def test_a_walk_put_off_that_fails_still_puts_the_collectors_count_back(monkeypatch):
+    """The walk raises (a PyTorch whose events the walk cannot read): its error record is written,
+    the kept entries are let go, and the ballast spent on them is made again."""
+    import gc
+    import json
+
+    h, agent, lines = _reading_agent(pad=1500)  # 3,004 entries kept from one step to the next
+    h.check("step")
+    ballast = len(h.bulk.ballast)
+
+    def broken(*args, **kwargs):
+        raise KeyError("size")
+
+    monkeypatch.setattr(H.reading.replay, "replay", broken)
+    agent.steps = 6
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        c = gc.get_count()[0]
+        h.check("step")
+        moved = gc.get_count()[0] - c
+    finally:
+        if was:
+            gc.enable()
+    assert abs(moved) <= 1 and h.taken is None  # (the exception's own 1-tuple of args, which Bulk does not count)
+    assert "error" in json.loads(lines[-1])
+    assert len(h.bulk.ballast) >= ballast + 3004 - 100 and h.bulk.short == 0  # (made again, less what was kept)

@@ -373,10 +373,7 @@ class History:
     def _whole(self, index: int) -> str:
         """Both parts in one run (reading.py)."""
         taken = reading.take(self.agent, self, index)
-        if type(taken) is str:
-            return taken
-        self.taken = taken
-        return self._walk(False)
+        return taken if type(taken) is str else reading.walk(self.agent, self, taken, False)
 
 
 def capacity(events: int, skips: bool) -> int:

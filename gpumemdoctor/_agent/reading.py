@@ -82,11 +82,8 @@ def walk(agent, history, taken: list, put_off: bool) -> str:
         found = replay.replay(trace, taken[ALLOCATED], taken[TIMES], taken[KINDS], taken[STORAGES], taken[SIZES],
                               taken[RESERVED], taken[COUNTER], len(trace) >= history.capacity)
         replay_s = time.perf_counter() - started
-        if put_off:  # (the entries' frees counted: neutral.Bulk.lift)
-            history.bulk.lift(len(trace) + HELD_SPARE)
         del trace
-        for i in (SNAPSHOT, TRACE, STORAGES, SIZES, TIMES, KINDS):
-            taken[i] = None
+        _let_go(history, taken, put_off)
         freed_s = time.perf_counter() - started - replay_s
         if found is None:
             return ""
@@ -123,9 +120,20 @@ def walk(agent, history, taken: list, put_off: bool) -> str:
                 f'"freed_s":{freed_s!r},"taken_s":{taken[TAKEN_S]!r},"put_off":{_bool(put_off)},'
                 f'"walked_step":{agent.steps}}}')
     except Exception as exc:
-        for i in (SNAPSHOT, TRACE, STORAGES, SIZES, TIMES, KINDS):
-            taken[i] = None
+        if taken[SNAPSHOT] is not None:
+            _let_go(history, taken, put_off)
         return error_line(history.readings, index, exc)
+
+
+def _let_go(history, taken: list, put_off: bool) -> None:
+    """The snapshot's entries let go; where they were kept from an earlier run, the ballast that run
+    spent on them is made first (neutral.Bulk.lift)."""
+    if put_off:
+        trace = taken[TRACE]
+        history.bulk.lift((len(trace) if trace is not None else 0) + HELD_SPARE)
+        del trace
+    for i in (SNAPSHOT, TRACE, STORAGES, SIZES, TIMES, KINDS):
+        taken[i] = None
 
 
 def error_line(n: int, index: int, exc: BaseException) -> str:
