@@ -118,10 +118,13 @@ def main(argv: list[str] | None = None) -> int:
                             raise _Skip()
                         run["pair"] = pair
                         runs.append(run)
-                        print(f"  {name:24s} {mode:5s} #{pair + 1}: wall {run['wall_s']:6.2f} s, step "
+                        print(f"  {name:24s} {mode:5s} #{pair + 1}: wall {run['wall_s']:6.2f} s{_split(run)}, step "
                               f"{run['step_time_ms']:8.3f} ms, longest gap {run['gap_max_ms']:8.1f} ms"
                               + (f", exit search {run['exit_search_s']} s, searches {run['searches']}, "
                                  f"verdict {run['verdict']}" if mode != "plain" else ""), flush=True)
+                        if args.json:  # after each run, so a call cut short keeps every run it made
+                            results["workloads"][name] = {"runs": runs, "summary": None}
+                            _write(args.json, results)
                     if args.keep and os.path.exists(report):
                         os.makedirs(args.keep, exist_ok=True)
                         with open(report, encoding="utf-8") as src, \
@@ -185,12 +188,58 @@ def _run(name, mode, cmd, env, cwd, timeout, report) -> dict | None:
         run.update(before_s=round(first - launched, 4), loop_s=round(last - first, 4),
                    after_s=round(ended - last, 4))
     if report:
-        run.update(_from_report(report))
+        run.update(_from_report(report, ended))
     return run
 
 
-def _from_report(path: str) -> dict:
-    """The searches, their budgets, the copies' pauses, the exit costs and the verdict."""
+def _split(run: dict) -> str:
+    """A run's wall time in its parts, and the tool's own seconds where it ran under the tool."""
+    out = ""
+    if "loop_s" in run:
+        out += f" (before {run['before_s']:.2f}, loop {run['loop_s']:.2f}, after {run['after_s']:.2f})"
+    own = run.get("own_s")
+    if own:
+        out += (f", the tool's own {sum(own.values()):.2f} s (cli start {own['cli_start']:.2f}, in the target "
+                f"{own['agent']:.2f}, cli end {own['cli_end']:.2f})")
+    return out
+
+
+# An agent's cost records that are seconds of its own work: its start, its samples, its readings at
+# steps and peaks, its searches' pauses, and its work at exit. Their sum is an upper bound: a reading
+# made inside a sample is counted in sample_s too, and a sample on the agent's own thread takes the
+# program's time only while it holds the interpreter's lock. (The *_max_s are the longest of each,
+# already in their sums; phase_pause_s is a longest, not a sum; the windows' figures are counts and
+# microseconds a sample.)
+AGENT_SECONDS = ("init_s", "sample_s", "peak_capture_s", "peak_probe_s", "history_read_s", "forward_modules_s",
+                 "search_pause_s", "phase_pause_s")
+
+
+def _own_seconds(report: dict, ended: float | None) -> dict | None:
+    """Where the tool's own seconds went in one run, read from its report, with no comparison to a
+    plain run (whose wall time varies by a second or more with the imports, more than the tool
+    adds): the command's start before the target is launched, the agents' time inside the target
+    (their start, samples, readings, exit probes and searches: AGENT_SECONDS, an upper bound), and
+    the command's end after the target has exited (collecting, diagnosing, writing the report).
+    What this leaves out is what the agents do not time: PyTorch's recording of allocation events
+    inside the steps (the loop's part of the wall time split shows it) and the interpreter's start
+    in the target with the agent's bootstrap."""
+    recording = report.get("recording") or {}
+    tool_cost = recording.get("tool_cost") or {}
+    if ended is None or "started_wall" not in recording or "duration_s" not in recording:
+        return None
+    agent = 0.0
+    for a in recording.get("agents") or []:
+        cost = (a.get("exit_info") or {}).get("cost") or {}
+        agent += sum(float(cost.get(k) or 0.0) for k in AGENT_SECONDS)
+        agent += sum(float(v) for k, v in cost.items() if k.startswith("exit_") and k.endswith("_s"))
+    cli_end = ended - (recording["started_wall"] + recording["duration_s"])
+    return {"cli_start": round(float(tool_cost.get("before_target_s") or 0.0), 4), "agent": round(agent, 4),
+            "cli_end": round(max(0.0, cli_end), 4)}
+
+
+def _from_report(path: str, ended: float | None = None) -> dict:
+    """The searches, their budgets, the copies' pauses, the exit costs, the tool's own seconds and
+    the verdict."""
     with open(path, encoding="utf-8") as f:
         report = json.load(f)
     searches, pauses, exit_costs, declined = [], [], {}, []
@@ -220,7 +269,7 @@ def _from_report(path: str) -> dict:
     return {"verdict": report["verdict"], "holder": holder, "searches": searches,
             "exit_search_s": max(exit_search) if exit_search else None,
             "copy_pause_max_s": max(pauses) if pauses else None, "exit_costs": exit_costs,
-            "declined": declined}
+            "declined": declined, "own_s": _own_seconds(report, ended)}
 
 
 def _summary(runs: list[dict], mode: str = "tool") -> dict:
@@ -245,6 +294,10 @@ def _summary(runs: list[dict], mode: str = "tool") -> dict:
     for part in ("before_s", "loop_s", "after_s"):
         if all(part in r for r in runs):
             out[f"{part[:-2]}_extra_s"] = med(r[part] for r in tool) - med(r[part] for r in plain)
+    own = [r["own_s"] for r in tool if r.get("own_s")]
+    if own:
+        out["own_s"] = {k: med(o[k] for o in own) for k in own[0]}
+        out["own_pct"] = sum(out["own_s"].values()) / wall_plain * 100
     allowed = max(TARGETS["whole_pct"] / 100 * wall_plain, TARGETS["whole_s"])
     out["within_targets"] = bool(out["wall_extra_s"] <= allowed and out["gap_added_ms"] <= TARGETS["gap_ms"]
                                  and (out["exit_search_max_s"] or 0) <= TARGETS["exit_search_s"]
@@ -260,7 +313,7 @@ def _table(workloads: dict) -> None:
     rows += [(f"{name} ({extra})", s) for name, w in workloads.items()
              for extra, s in w["summary"].get("also", {}).items()]
     print(f"\n{'workload':24s} {'plain s':>8s} {'tool s':>8s} {'extra':>13s} {'before+':>8s} {'loop+':>6s} "
-          f"{'after+':>7s} {'gap+ ms':>8s} {'exit s':>7s} {'budget':>7s} {'pause ms':>9s}  verdict")
+          f"{'after+':>7s} {'own':>12s} {'gap+ ms':>8s} {'exit s':>7s} {'budget':>7s} {'pause ms':>9s}  verdict")
     for name, s in rows:
         pause = "-"
         if s["copy_pause_max_s"] is not None:  # the longest pause of the program; "!" over the 20 ms limit
@@ -270,10 +323,17 @@ def _table(workloads: dict) -> None:
         share = f"{s['search_budget_share_max']:.0%}" if s["search_budget_share_max"] is not None else "-"
         print(f"{name:24s} {s['wall_plain_s']:8.2f} {s['wall_tool_s']:8.2f} "
               f"{s['wall_extra_s']:+6.2f}/{s['wall_extra_pct']:+5.1f}% {_part(s, 'before'):>8s} "
-              f"{_part(s, 'loop'):>6s} {_part(s, 'after'):>7s} {s['gap_added_ms']:+8.1f} {exit_s:>7s} "
+              f"{_part(s, 'loop'):>6s} {_part(s, 'after'):>7s} {_own(s):>12s} {s['gap_added_ms']:+8.1f} {exit_s:>7s} "
               f"{share:>7s} {pause:>9s}  {','.join(s['verdicts'])}{'' if s['within_targets'] else '  MISSED'}")
         for why in s.get("declined", [])[:2]:
             print(f"{'':24s} a search not made: {why}")
+
+
+def _own(summary: dict) -> str:
+    """The tool's own seconds (the medians of its parts, summed) and their share of the plain run."""
+    if not summary.get("own_s"):
+        return "-"
+    return f"{sum(summary['own_s'].values()):.2f}/{summary['own_pct']:.1f}%"
 
 
 def _part(summary: dict, part: str) -> str:

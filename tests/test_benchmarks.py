@@ -175,3 +175,33 @@ def test_corpus_flags_a_pause_over_20_ms_from_the_agents_cost_records(monkeypatc
     assert "27.0!" in out and "MISSED" in out and "a search not made: a copy" in out
     runs[1]["copy_pause_max_s"] = 0.015
     assert corpus._summary(runs)["within_targets"]
+
+
+def test_corpus_splits_the_tools_own_seconds_from_its_report(monkeypatch, tmp_path, capsys):
+    """benchmarks/corpus.py (issue 40, item 7): where the tool's own seconds went in a run, read from
+    its report (the command's start, the agents' cost records, the command's end after the target),
+    so a whole-run cost is split without the plain runs' noise."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import corpus
+
+    cost = {"init_s": 0.01, "sample_s": 0.05, "history_read_s": 0.02, "history_read_max_s": 0.01,
+            "history_reads": 2.0, "exit_search_s": 0.1, "exit_peak_s": 0.004, "first_window_sample_us": 300.0,
+            "interval_at_exit_s": 0.04}
+    report = {"verdict": "clean", "findings": [], "target": {"pid": 1},
+              "recording": {"started_wall": 1000.0, "duration_s": 20.0, "tool_cost": {"before_target_s": 0.13},
+                            "agents": [{"pid": 1, "exit_info": {"cost": cost},
+                                        "root": {"investigations": []}}]}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(report))
+    got = corpus._from_report(str(path), ended=1020.4)
+    # the counts, the longest and the windows' figures are not seconds of work; exit_* are
+    assert got["own_s"] == {"cli_start": 0.13, "agent": 0.184, "cli_end": 0.4}
+    assert corpus._from_report(str(path))["own_s"] is None  # no end time: nothing to split
+    run = {"wall_s": 20.0, "step_time_ms": 10.0, "gap_max_ms": 20.0}
+    runs = [dict(run, mode="plain"), dict(run, mode="tool", exit_search_s=0.1, searches=[], verdict="clean",
+                                          holder=None, copy_pause_max_s=None, own_s=got["own_s"])]
+    summary = corpus._summary(runs)
+    assert round(summary["own_pct"], 3) == round(0.714 / 20.0 * 100, 3)
+    corpus._table({"w": {"summary": summary}})
+    assert "0.71/3.6%" in capsys.readouterr().out
+    assert "in the target 0.18" in corpus._split(runs[1])
