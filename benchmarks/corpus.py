@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                             dst.write(src.read())
             except _Skip:
                 print(f"  {name}: skipped (a library it needs is missing)")
+                results["workloads"].pop(name, None)
                 continue
             except RunFailed as exc:
                 print(f"corpus: {exc}", file=sys.stderr)
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"raw numbers: {args.json}")
     if status:
         return status
-    if args.check and any(not w["summary"]["within_targets"] for w in results["workloads"].values()):
+    if args.check and any(w["summary"] is not None and not w["summary"]["within_targets"]
+                          for w in results["workloads"].values()):
         return 3
     return 0
 
@@ -309,6 +311,8 @@ def _summary(runs: list[dict], mode: str = "tool") -> dict:
 def _table(workloads: dict) -> None:
     if not workloads:
         return
+    # (a workload stopped by a failed run keeps its runs in the JSON, without a summary)
+    workloads = {name: w for name, w in workloads.items() if w["summary"] is not None}
     rows = [(name, w["summary"]) for name, w in workloads.items()]
     rows += [(f"{name} ({extra})", s) for name, w in workloads.items()
              for extra, s in w["summary"].get("also", {}).items()]

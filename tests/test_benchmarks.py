@@ -205,3 +205,17 @@ def test_corpus_splits_the_tools_own_seconds_from_its_report(monkeypatch, tmp_pa
     corpus._table({"w": {"summary": summary}})
     assert "0.71/3.6%" in capsys.readouterr().out
     assert "in the target 0.18" in corpus._split(runs[1])
+
+
+def test_corpus_table_passes_over_a_workload_stopped_by_a_failed_run(monkeypatch, capsys):
+    """A workload whose runs were kept after each run but that a failed run stopped has no summary:
+    the table leaves it out instead of failing on it."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import corpus
+
+    run = {"wall_s": 10.0, "step_time_ms": 10.0, "gap_max_ms": 20.0}
+    runs = [dict(run, mode="plain"), dict(run, mode="tool", exit_search_s=None, searches=[], verdict="clean",
+                                          holder=None, copy_pause_max_s=None)]
+    corpus._table({"stopped": {"runs": runs[:1], "summary": None}, "done": {"summary": corpus._summary(runs)}})
+    out = capsys.readouterr().out
+    assert "done" in out and "stopped" not in out
