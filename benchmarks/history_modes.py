@@ -17,6 +17,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("plain", "events", "stacks")
+SKIP_EXIT = 77
 
 
 def _inside(mode: str) -> None:
@@ -27,9 +28,12 @@ def _inside(mode: str) -> None:
     if mode != "plain":
         import torch
 
+        sys.path.insert(0, ROOT)
+        from gpumemdoctor._agent import history  # (the agent's ring: its smallest size and skipped entries)
+
+        entries = history.capacity(history.MIN_EVENTS, True)
         torch.cuda.memory._record_memory_history(enabled="all", context=None if mode == "events" else "state",
-                                                 stacks="python", max_entries=5734,
-                                                 skip_actions=["free_completed", "snapshot"])
+                                                 stacks="python", max_entries=entries, skip_actions=history.SKIPPED)
     runpy.run_path(script, run_name="__main__")
 
 
@@ -56,9 +60,13 @@ def main(argv: list[str] | None = None) -> int:
             times = os.path.join(args.out, f"{mode}-{r}.txt")
             proc = subprocess.run([sys.executable, __file__, "--inside", mode, "--out", args.out], capture_output=True,
                                   text=True, env={**os.environ, "CORPUS_STEP_TIMES": times}, timeout=300)
-            if "skip" in proc.stdout + proc.stderr and proc.returncode != 0:
+            if proc.returncode == SKIP_EXIT:  # (corpus/_common.py: a library it needs is missing)
                 print(f"history_modes: skipped: {proc.stderr.strip()[-200:]}")
                 return 0
+            if proc.returncode != 0:
+                print(f"history_modes: the {mode} run failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}",
+                      file=sys.stderr)
+                return 1
             figures = [line for line in proc.stdout.splitlines() if line.startswith(("STEP_TIME_MS", "STEP_GAP_MAX_MS"))]
             print(mode, r, " ".join(figures), flush=True)
     for mode in MODES:

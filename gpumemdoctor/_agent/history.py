@@ -333,14 +333,13 @@ class History:
             line = bulk.run(self._whole, row[0])  # (the device's torch index)
             spent = time.perf_counter() - started
             _count(self.agent.cost, spent, 1)
-            if line:
-                agent.channel.write_line(f'{line[:-1]},"elapsed_s":{spent!r}}}')
+            _record(agent.channel, line, spent)
             return
         taken = bulk.run(self._take, row[0])
         spent = time.perf_counter() - started
         _count(self.agent.cost, spent, 1)
         if type(taken) is str:  # (the error's record)
-            agent.channel.write_line(f'{taken[:-1]},"elapsed_s":{spent!r}}}')
+            _record(agent.channel, taken, spent)
             return
         taken[reading.TAKEN_S] = spent
         self.taken = taken
@@ -355,8 +354,7 @@ class History:
         line = self.bulk.run(self._walk, True)
         spent = time.perf_counter() - started
         _count(self.agent.cost, spent)
-        if line:
-            self.agent.channel.write_line(f'{line[:-1]},"elapsed_s":{taken_s + spent!r}}}')
+        _record(self.agent.channel, line, taken_s + spent)
 
     def snapshot(self, torch) -> dict:
         """The allocator's snapshot with the events only (saved_by.py's reading too)."""
@@ -379,6 +377,13 @@ class History:
 def capacity(events: int, skips: bool) -> int:
     """The ring's entries that hold `events` allocations and frees."""
     return int(events * ENTRIES_PER_EVENT[1 if skips else 0])
+
+
+def _record(channel, line: str, elapsed: float) -> None:
+    """A reading's `peak_history` line (none where its events held no allocation), with the time the
+    program paused for it in all."""
+    if line:
+        channel.write_line(f'{line[:-1]},"elapsed_s":{elapsed!r}}}')
 
 
 def _count(cost: dict, spent: float, reads: int = 0) -> None:
