@@ -40,7 +40,8 @@ CORPUS = os.path.join(REPO_ROOT, "corpus")
 sys.path.insert(0, HERE)
 from overhead import RunFailed, _base_env, _cuda_info, _shell  # noqa: E402
 
-FIGURE = re.compile(r"^(STEPS|STEP_TIME_MS|STEP_GAP_MAX_MS|LOOP_FIRST_EPOCH_S|LOOP_LAST_EPOCH_S)\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
+FIGURE = re.compile(r"^(STEPS|STEP_TIME_MS|STEP_GAP_MAX_MS|LOOP_FIRST_EPOCH_S|LOOP_LAST_EPOCH_S|EXIT_EPOCH_S)"
+                    r"\s+([0-9.eE+-]+)\s*$", re.MULTILINE)
 SKIP_EXIT = 77
 # pause_ms: the longest pause the tool's searches add to the program (issue 31: forked.MAX_PAUSE_S),
 # from the agents' own cost records (the work before the fork included); flagged in the table.
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  {name:24s} {mode:5s} #{pair + 1}: wall {run['wall_s']:6.2f} s{_split(run)}, step "
                               f"{run['step_time_ms']:8.3f} ms, longest gap {run['gap_max_ms']:8.1f} ms"
                               + (f", exit search {run['exit_search_s']} s, searches {run['searches']}, "
+                                 f"longest pause {_ms(run['copy_pause_max_s'])} ({run['pause_of']}), "
                                  f"verdict {run['verdict']}" if mode != "plain" else ""), flush=True)
                         if args.json:  # after each run, so a call cut short keeps every run it made
                             results["workloads"][name] = {"runs": runs, "summary": None}
@@ -189,6 +191,8 @@ def _run(name, mode, cmd, env, cwd, timeout, report) -> dict | None:
         first, last = float(figures["LOOP_FIRST_EPOCH_S"]), float(figures["LOOP_LAST_EPOCH_S"])
         run.update(before_s=round(first - launched, 4), loop_s=round(last - first, 4),
                    after_s=round(ended - last, 4))
+        if "EXIT_EPOCH_S" in figures:  # of the after: from the program's exit (its atexit) to the end
+            run["exit_s"] = round(ended - float(figures["EXIT_EPOCH_S"]), 4)
     if report:
         run.update(_from_report(report, ended))
     return run
@@ -198,7 +202,8 @@ def _split(run: dict) -> str:
     """A run's wall time in its parts, and the tool's own seconds where it ran under the tool."""
     out = ""
     if "loop_s" in run:
-        out += f" (before {run['before_s']:.2f}, loop {run['loop_s']:.2f}, after {run['after_s']:.2f})"
+        out += f" (before {run['before_s']:.2f}, loop {run['loop_s']:.2f}, after {run['after_s']:.2f}"
+        out += f" of which from the exit {run['exit_s']:.2f})" if "exit_s" in run else ")"
     own = run.get("own_s")
     if own:
         out += (f", the tool's own {sum(own.values()):.2f} s (cli start {own['cli_start']:.2f}, in the target "
@@ -239,12 +244,21 @@ def _own_seconds(report: dict, ended: float | None) -> dict | None:
             "cli_end": round(max(0.0, cli_end), 4)}
 
 
+# The pauses of the program that an agent times (each its longest): a search's (capture and fork;
+# before issue 31 the fork alone), the search at a pause's height (its whole call on the main thread),
+# a peak's reading and its probe of the program's names (the GIL held, or on the main thread), a
+# reading of the allocation events at a new high of the allocated peak, and the step that names the
+# modules.
+PAUSES = ("search_pause_max_s", "phase_pause_s", "peak_capture_max_s", "peak_probe_max_s", "history_read_max_s",
+          "forward_modules_s")
+
+
 def _from_report(path: str, ended: float | None = None) -> dict:
     """The searches, their budgets, the copies' pauses, the exit costs, the tool's own seconds and
     the verdict."""
     with open(path, encoding="utf-8") as f:
         report = json.load(f)
-    searches, pauses, exit_costs, declined = [], [], {}, []
+    searches, pauses, exit_costs, declined, pause_of = [], [], {}, [], None
     for agent in report["recording"]["agents"]:
         for s in agent["root"]["investigations"]:
             searches.append({"pid": agent["pid"], "when": s["when"], "forked": bool(s.get("forked")),
@@ -253,14 +267,12 @@ def _from_report(path: str, ended: float | None = None) -> dict:
                              "gave_up": s["gave_up"], "phases": s.get("phases")})
         declined += [d["why"] for d in agent["root"].get("declined", [])]
         cost = (agent.get("exit_info") or {}).get("cost") or {}
-        # The longest pause of this process: a search's (capture and fork; before issue 31 the fork
-        # alone), the search at a pause's height (its whole call on the main thread), a peak's reading
-        # and its probe of the program's names (the GIL held, or on the main thread), a reading of the
-        # allocation events at a new high of the allocated peak, and the one that names the modules.
-        mine = [cost[k] for k in ("search_pause_max_s", "phase_pause_s", "peak_capture_max_s", "peak_probe_max_s",
-                                  "history_read_max_s", "forward_modules_s") if cost.get(k) is not None]
+        mine = {k: cost[k] for k in PAUSES if cost.get(k) is not None}
         if mine:
-            pauses.append(max(mine))
+            pauses.append(max(mine.values()))
+            longest = max(mine, key=mine.get)
+            if not pause_of or mine[longest] > pause_of[1]:
+                pause_of = (longest, mine[longest])
         if agent["pid"] == report["target"]["pid"] or not exit_costs:
             exit_costs = {k: v for k, v in cost.items() if k.startswith("exit_")}
     exit_search = [s["elapsed_s"] for s in searches if s["when"] == "exit"]
@@ -270,7 +282,8 @@ def _from_report(path: str, ended: float | None = None) -> dict:
         holder = leak["suspects"][0]["holders"][0]["pattern"]
     return {"verdict": report["verdict"], "holder": holder, "searches": searches,
             "exit_search_s": max(exit_search) if exit_search else None,
-            "copy_pause_max_s": max(pauses) if pauses else None, "exit_costs": exit_costs,
+            "copy_pause_max_s": max(pauses) if pauses else None, "pause_of": pause_of and pause_of[0],
+            "exit_costs": exit_costs,
             "declined": declined, "own_s": _own_seconds(report, ended)}
 
 
@@ -293,7 +306,7 @@ def _summary(runs: list[dict], mode: str = "tool") -> dict:
                                    default=None),
            "verdicts": sorted({r["verdict"] for r in tool}), "holders": sorted({str(r["holder"]) for r in tool}),
            "declined": sorted({why for r in tool for why in r.get("declined", [])})}
-    for part in ("before_s", "loop_s", "after_s"):
+    for part in ("before_s", "loop_s", "after_s", "exit_s"):
         if all(part in r for r in runs):
             out[f"{part[:-2]}_extra_s"] = med(r[part] for r in tool) - med(r[part] for r in plain)
     own = [r["own_s"] for r in tool if r.get("own_s")]
@@ -331,6 +344,10 @@ def _table(workloads: dict) -> None:
               f"{share:>7s} {pause:>9s}  {','.join(s['verdicts'])}{'' if s['within_targets'] else '  MISSED'}")
         for why in s.get("declined", [])[:2]:
             print(f"{'':24s} a search not made: {why}")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f} ms"
 
 
 def _own(summary: dict) -> str:

@@ -12,10 +12,17 @@ so the benchmark can split a process's wall time into before the loop, the loop 
     LOOP_FIRST_EPOCH_S <time.time() at the first step's end>
     LOOP_LAST_EPOCH_S <time.time() at the last step's end>
 
+and, when the interpreter exits (an atexit hook, which runs before any registered earlier, the
+tool's included), the wall-clock time then, to split what comes after the loop into the program's
+own end and its exit:
+
+    EXIT_EPOCH_S <time.time() at the interpreter's exit>
+
 The longest gap is what a pause of the tool would show as (a frozen training loop). With
 CORPUS_STEP_TIMES=PATH, every step's time (milliseconds, after warm-up) is also written to PATH, one
 per line, to see where in the loop a cost falls.
 """
+import atexit
 import importlib
 import os
 import statistics
@@ -85,6 +92,11 @@ class StepClock:
                 f.writelines(f"{gap * 1000:.3f}\n" for gap in gaps)
         print(f"LOOP_FIRST_EPOCH_S {self.epochs[0]:.4f}")
         print(f"LOOP_LAST_EPOCH_S {self.epochs[-1]:.4f}", flush=True)
+        atexit.register(_exit_mark)
+
+
+def _exit_mark():
+    print(f"EXIT_EPOCH_S {time.time():.4f}", flush=True)
 
 
 def lightning_fit(torch, pl, dev, module, steps, val_batches, classes, callbacks=()):

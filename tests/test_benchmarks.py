@@ -3,6 +3,7 @@ and on inside the measured program, and the comparison of the blocks' times."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -165,6 +166,7 @@ def test_corpus_flags_a_pause_over_20_ms_from_the_agents_cost_records(monkeypatc
     path.write_text(json.dumps(report(0.012, 0.027)))
     got = corpus._from_report(str(path))
     assert got["copy_pause_max_s"] == 0.027 and got["declined"] == ["a copy ... the limit is 20 ms"]
+    assert got["pause_of"] == "phase_pause_s"  # which of the agent's pauses was the longest
     run = {"wall_s": 10.0, "step_time_ms": 10.0, "gap_max_ms": 20.0, "before_s": 1, "loop_s": 8, "after_s": 1}
     runs = [dict(run, mode="plain"), dict(run, mode="tool", exit_search_s=None, searches=[], verdict="clean",
                                           holder=None, **{k: got[k] for k in ("copy_pause_max_s", "declined")})]
@@ -205,6 +207,21 @@ def test_corpus_splits_the_tools_own_seconds_from_its_report(monkeypatch, tmp_pa
     corpus._table({"w": {"summary": summary}})
     assert "0.71/3.6%" in capsys.readouterr().out
     assert "in the target 0.18" in corpus._split(runs[1])
+    split = dict(runs[1], before_s=12.0, loop_s=6.0, after_s=2.0, exit_s=1.4)
+    assert "after 2.00 of which from the exit 1.40)" in corpus._split(split)
+
+
+def test_corpus_reads_the_workloads_exit_time(monkeypatch, tmp_path):
+    """The workloads print the wall-clock time of their interpreter's exit (corpus/_common.py, an
+    atexit hook): the run's after-the-loop part is split at it."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import corpus
+
+    script = tmp_path / "w.py"
+    script.write_text("import sys\nsys.path.insert(0, %r)\nfrom _common import StepClock\nc = StepClock()\n"
+                      "for _ in range(8):\n    c.tick()\nc.report()\n" % str(BENCHMARKS.parent / "corpus"))
+    run = corpus._run("w", "plain", [sys.executable, str(script)], dict(os.environ), str(tmp_path), 60, None)
+    assert 0 <= run["exit_s"] <= run["after_s"] < 60
 
 
 def test_corpus_table_passes_over_a_workload_stopped_by_a_failed_run(monkeypatch, capsys):

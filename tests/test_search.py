@@ -303,6 +303,53 @@ def test_user_frames_drop_torch_and_find_the_thread_entry():
     assert thread_entry(frames[:3]) is None
 
 
+def test_blocks_that_share_a_stack_group_together_each_with_its_own_holder():
+    """_groups reads a stack's frames once for all the blocks allocated there (an exit search's
+    hundreds of optimizer-state blocks share a few stacks): the same groups as one by one."""
+    frames = (("/x/site-packages/torch/optim/adamw.py", 90, "step"), ("/home/u/train.py", 41, "step"),
+              ("/home/u/train.py", 60, "worker"), ("/usr/lib/python3.12/threading.py", 1010, "run"),
+              ("/usr/lib/python3.12/threading.py", 1073, "_bootstrap_inner"))
+    blocks = [{"device": 0, "address": 100 * i, "size": 64, "frames": list(frames), "new": True} for i in range(1, 5)]
+    blocks.append({"device": 0, "address": 900, "size": 32, "frames": list(frames[1:]), "new": True})
+
+    class Placed:
+        placed = {i: [f"__main__.state[{i}]"] for i in range(4)}
+        why = {4: "no-python-object"}
+        dead: dict = {}
+
+    groups = search._groups(blocks, Placed, {("/home/u/train.py", "worker"): ["loader"]})
+    assert len(groups) == 1  # the program's frames are the same: one group
+    g = groups[0]
+    assert g["count"] == 5 and g["bytes"] == 4 * 64 + 32 and g["thread"] == ["loader"]
+    assert g["frames"][0] == ["/home/u/train.py", 41, "step"]
+    assert [(h["pattern"], h["count"]) for h in g["holders"]] == [("__main__.state[*]", 4)]
+    assert g["unheld_bytes"] == 32
+
+
+def test_a_relative_file_name_is_not_kept_as_library_or_not(tmp_path, monkeypatch):
+    from gpumemdoctor._agent import blocks
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.chdir(site)
+    assert blocks.is_library_file("mod.py") and blocks.is_library_file(str(site / "mod.py"))
+    monkeypatch.chdir(tmp_path)
+    assert not blocks.is_library_file("mod.py")  # the working folder moved: asked again
+    assert "mod.py" not in blocks._LIBRARY_FILES and str(site / "mod.py") in blocks._LIBRARY_FILES
+    assert blocks._absolute("/a/b.py") == "/a/b.py" and blocks._absolute("/a/./b.py") == "/a/b.py"
+    assert blocks._absolute("/a//b.py") == "/a/b.py" and blocks._absolute("/a/c/../b.py") == "/a/b.py"
+
+
+def test_a_pattern_generalises_indexes_and_line_numbers_only():
+    assert edges.pattern("__main__.opt.state[3]['exp_avg'] -> layers['12'][-1]") == \
+        "__main__.opt.state[*]['exp_avg'] -> layers[*][*]"
+    assert edges.pattern("a frame at train.py:41 -> x[':7']") == "a frame at train.py -> x['']"  # (after "at ")
+    far = "a frame at train.py:41 -> " + "y" * 60 + ".ratio:3"
+    assert edges.pattern(far) == "a frame at train.py -> " + "y" * 60 + ".ratio:3"
+    assert edges.pattern("m.out.grad_fn.next_functions[0]") == "m.out.grad_fn (autograd graph)"
+    assert edges.pattern("d[''] d['-'] d[-] d[1:2]") == "d[''] d['-'] d[-] d[1:2]"
+
+
 def test_spans_find_addresses_inside_a_block_only():
     spans = Spans([(1000, 100, "a"), (2000, 10, "b")])
     assert spans.find(1000) == "a" and spans.find(1099) == "a" and spans.find(1100) is None

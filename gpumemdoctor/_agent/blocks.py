@@ -21,13 +21,26 @@ _LIBRARY_DIRS = tuple({os.path.abspath(p) for p in (sysconfig.get_paths().get("s
                                                     sysconfig.get_paths().get("platlib")) if p})
 
 
+# is_library_file's answers for absolute file names (a relative one depends on the working
+# folder): an exit search asks it for every frame of every block's stack, tens of thousands of
+# times for a few hundred distinct files.
+_LIBRARY_FILES: dict = {}
+MAX_CACHED_FILES = 4096
+
+
 def is_library_file(filename: str) -> bool:
     """The standard library, installed packages, or gpumemdoctor itself: not the user's code."""
+    known = _LIBRARY_FILES.get(filename)
+    if known is not None:
+        return known
     if not filename or filename.startswith("<"):
         return True
     path = os.path.abspath(filename)
-    return (path.startswith(PACKAGE_DIR) or "site-packages" in path or "dist-packages" in path
-            or any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS))
+    answer = (path.startswith(PACKAGE_DIR) or "site-packages" in path or "dist-packages" in path
+              or any(path.startswith(d + os.sep) for d in _LIBRARY_DIRS))
+    if filename.startswith(os.sep) and len(_LIBRARY_FILES) < MAX_CACHED_FILES:
+        _LIBRARY_FILES[filename] = answer
+    return answer
 
 
 class Spans:
@@ -210,10 +223,17 @@ def user_frames(frames: list) -> list:
     program = _program_dir()
     out: list = []
     for library, run in itertools.groupby(kept, key=lambda f: is_library_file(f[0]) and not (
-            program and os.path.abspath(f[0]).startswith(program))):
+            program and _absolute(f[0]).startswith(program))):
         run = list(run)
         out.extend(run[-1:] if library else run)  # a library run: its outermost frame
     return out
+
+
+def _absolute(filename: str) -> str:
+    """os.path.abspath, without its work for a name that is absolute and normal already."""
+    if filename.startswith(os.sep) and os.sep + "." not in filename and os.sep * 2 not in filename:
+        return filename
+    return os.path.abspath(filename)
 
 
 def _program_dir() -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import functools
 import os
+import re
 import types
 
 _LRU = type(functools.lru_cache(maxsize=1)(lambda: None))
@@ -250,27 +251,18 @@ def pattern(text: str) -> str:
     holds the graph."""
     if ".grad_fn" in text:
         text = text[:text.index(".grad_fn")] + ".grad_fn (autograd graph)"
-    out, i = [], 0
-    while i < len(text):
-        c = text[i]
-        if c == "[" and i + 1 < len(text) and (text[i + 1].isdigit() or text[i + 1] in "-'"):
-            j = text.find("]", i)
-            inside = text[i + 1:j] if j > 0 else ""
-            if inside.startswith("'") and inside.endswith("'") and len(inside) > 2:
-                inside = inside[1:-1]  # a submodule's name in a Sequential or ModuleList: '3'
-            if inside.lstrip("-").isdigit():
-                out.append("[*]")
-                i = j + 1
-                continue
-        if c == ":" and i + 1 < len(text) and text[i + 1].isdigit() and "at " in text[max(0, i - 60):i]:
-            j = i + 1
-            while j < len(text) and text[j].isdigit():
-                j += 1
-            i = j
-            continue
-        out.append(c)
-        i += 1
-    return "".join(out)
+
+    def general(m) -> str:
+        if m.group().startswith("["):
+            return "[*]"
+        at = m.start()
+        return "" if "at " in text[max(0, at - 60):at] else m.group()  # a line number: ":41" after "at "
+
+    return _GENERAL.sub(general, text)
+
+
+# An index ([3], [-1], a submodule's ['3']) or a colon and digits (a line number if "at " comes shortly before).
+_GENERAL = re.compile(r"\[(?:'-*[0-9]+'|-*[0-9]+)\]|:[0-9]+")
 
 
 def holder_kind(labels: list[str]) -> str:

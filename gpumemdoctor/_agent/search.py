@@ -317,16 +317,21 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, roots:
 def _groups(blocks: list, finder: Finder, thread_names: dict) -> list:
     """The blocks grouped by device, new or not, and allocating stack; holders by path pattern."""
     groups: dict = {}
+    stacks: dict = {}  # a stack -> (the program's frames in it, the thread it ran): many blocks share one
     for i, b in enumerate(blocks):
         frames = b["frames"]
-        key = (b["device"], b["new"], tuple(user_frames(frames)[:MAX_FRAMES]))
+        stack = tuple(frames)
+        known = stacks.get(stack)
+        if known is None:
+            known = stacks[stack] = tuple(user_frames(frames)[:MAX_FRAMES]), thread_entry(frames)
+        mine, entry = known
+        key = (b["device"], b["new"], mine)
         g = groups.setdefault(key, {"device": b["device"], "new": b["new"], "bytes": 0, "count": 0,
                                     "frames": [list(f) for f in key[2]], "thread": None,
                                     "holders": {}, "unheld_bytes": 0, "unheld_count": 0,
                                     "unheld_sizes": collections.Counter(), "unheld_why": {}})
         g["bytes"] += b["size"]
         g["count"] += 1
-        entry = thread_entry(frames)
         if entry is not None:
             g["thread"] = thread_names.get(entry) or [f"a thread running {entry[1]}()"]
         labels = finder.placed.get(i)
