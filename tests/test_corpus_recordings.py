@@ -220,3 +220,19 @@ def test_the_trainers_evaluation_is_a_concatenation_grown_batch_after_batch_with
                               "(the line the loop was on)")
     (c,) = [c for c in diagnosis.peak_compositions if c.pid == recording.target_pid]
     assert c.part("gathered").bytes >= 0.9 * c.allocated_bytes
+
+
+def test_an_optimizer_named_at_the_allocated_peak_holds_that_moments_figure_not_another_readings():
+    """timm's ResNet-50 with AdamW: the split at PyTorch's allocated peak came inside backward() of
+    the second step, with 7.82 MiB of gradients and AdamW's 195 MiB of state. The optimizer is named
+    from the nearest reading that read it, made before the first step had made the state (3 KiB) and
+    after a whole backward() (97.5 MiB of gradients): the one optimizer holds all of each part, so it
+    is given the part's figure."""
+    _, recording = load(RECORDINGS / "timm_resnet50_ema.json")
+    (c,) = [c for c in diagnose(recording).peak_compositions if c.pid == recording.target_pid]
+    assert c.notes[0].startswith("split at PyTorch's allocated peak")
+    for category in ("parameters", "gradients", "optimizer-state"):
+        part = c.part(category)
+        (holder,) = part.holders
+        assert holder["name"].startswith("AdamW") and holder["bytes"] == part.bytes, (category, part)
+    assert c.part("gradients").bytes < c.part("parameters").bytes < c.part("optimizer-state").bytes

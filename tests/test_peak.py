@@ -816,3 +816,36 @@ def test_a_sample_that_saw_a_fast_evaluations_graphs_does_not_hide_their_split()
     (note,) = [n for n in c.notes if n.startswith("what kept the gathered tensors")]
     assert "after the peak, in the same step" in note
     assert "evaluate() at fast_eval_without_no_grad.py:28 local total carrying an autograd graph" in note
+
+
+def test_the_optimizers_named_at_the_allocated_peak_get_its_figure_or_say_whose_figures_they_are():
+    """The split at the allocated peak knows each part's bytes, not its optimizers: they are named from
+    the nearest reading that read them. One optimizer holds all of a part; several keep that reading's
+    figures, with a note where those differ from the part's by more than a tenth."""
+    from gpumemdoctor.diagnosis.findings import PeakPart
+
+    class Split:
+        t = 5.0
+
+        def __init__(self, parts):
+            self.parts = {p.category: p for p in parts}
+            self.notes = []
+
+        def part(self, category):
+            return self.parts.get(category)
+
+    def agent(rows):
+        return type("A", (), {"root": {"peaks": [{"device": 0, "t": 1.0, "optimizers": [["Old", 1, 1, 1]]},
+                                                 {"device": 0, "t": 4.5, "optimizers": rows}]}})()
+
+    one = Split([PeakPart("gradients", 8 * MiB, "", []), PeakPart("optimizer-state", 200 * MiB, "", [])])
+    peak._optimizers_named(one, agent([["AdamW", 100 * MiB, 100 * MiB, 3 * 1024]]), 0)
+    assert one.part("gradients").holders == [{"name": "AdamW's parameters' .grad", "bytes": 8 * MiB, "line": None}]
+    assert one.part("optimizer-state").holders[0]["bytes"] == 200 * MiB and one.notes == []
+
+    two = Split([PeakPart("optimizer-state", 200 * MiB, "", []), PeakPart("parameters", 100 * MiB, "", [])])
+    peak._optimizers_named(two, agent([["SGD", 60 * MiB, 0, 20 * MiB], ["Adam", 40 * MiB, 0, 80 * MiB]]), 0)
+    assert [(h["name"], h["bytes"]) for h in two.part("optimizer-state").holders] == \
+        [("Adam.state", 80 * MiB), ("SGD.state", 20 * MiB)]
+    assert two.notes == ["optimizer state: the optimizers' figures as the reading at 4.5 s found them "
+                         "(100 MiB then)"]  # the parameters' 100 MiB agree: no note

@@ -130,15 +130,25 @@ def _or_allocated_peak(agent, torch_index: int, b: Breakdown, where: str, compos
 def _optimizers_named(c: PeakComposition, agent, torch_index: int) -> None:
     """The optimizers that hold the parameters, gradients and state of the split at the allocated
     peak (the events know the storages, not whose they are): as the capture nearest to it that read
-    them says."""
+    them says. Their figures are the capture's, read at another moment (the gradients of a whole
+    step against a peak inside backward(), the state before the first step): one optimizer holds
+    all of the part, so it gets the part's figure; several keep the capture's, said to be its own
+    where they differ from the part's."""
     read = [cap for cap in agent.root.get("peaks", []) if cap["device"] == torch_index and cap["optimizers"]]
     if not read:
         return
     nearest = min(read, key=lambda cap: abs(cap["t"] - c.t))
     for category, _, column, label in OPTIMIZER_PARTS:
         part = c.part(category)
-        if part is not None and not part.holders:
-            part.holders = _optimizer_holders(nearest, column, label)
+        if part is None or part.holders:
+            continue
+        holders = _optimizer_holders(nearest, column, label)
+        if len(holders) == 1:
+            holders[0]["bytes"] = part.bytes
+        elif holders and abs(sum(h["bytes"] for h in holders) - part.bytes) > max(part.bytes // 10, 1 << 20):
+            c.notes.append(f"{category.replace('-', ' ')}: the optimizers' figures as the reading at "
+                           f"{nearest['t']:.1f} s found them ({fb(sum(h['bytes'] for h in holders))} then)")
+        part.holders = holders
 
 
 def _told_more(replayed: PeakComposition, composition: PeakComposition) -> bool:
