@@ -1,4 +1,5 @@
-"""What the two benchmark workloads share: their command line, and timing the steady loop."""
+"""What the two benchmark workloads share: their command line, and timing the steady loop; and the
+opening of the benchmarks that measure the agent inside their own process (`cuda_torch_here`)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +12,19 @@ from _switch import PARTS
 DEFAULT_WARMUP = 50
 AB_WARMUP = 300  # --ab: past the agent's every-step samples (100) and its start-up window of stacks (50)
 AB_SETTLE = 20  # --ab: untimed steps after each switch
+
+
+def cuda_torch_here(name: str):
+    """torch with a CUDA GPU in this process, or None after printing why `name` is skipped."""
+    try:
+        import torch
+    except ImportError:
+        print(f"{name}: skipped: torch is not installed")
+        return None
+    if not torch.cuda.is_available():
+        print(f"{name}: skipped: no CUDA GPU for torch here; nothing to measure")
+        return None
+    return torch
 
 
 def phase(name: str) -> None:

@@ -21,6 +21,8 @@ import sys
 import tempfile
 import time
 
+from _loop import cuda_torch_here
+
 
 def per_call_us(fn, calls: int, repeats: int = 5) -> float:
     """Median over repeats of the mean time of one call, in microseconds."""
@@ -37,13 +39,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--interval", type=float, default=0.02, help="the agent's sampling interval")
     args = parser.parse_args()
-    try:
-        import torch
-    except ImportError:
-        print("agent_cost: torch is not installed; nothing measured")
-        return 0
-    if not torch.cuda.is_available():
-        print("agent_cost: no CUDA device; nothing measured")
+    torch = cuda_torch_here("agent_cost")
+    if torch is None:
         return 0
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from gpumemdoctor._agent.core import Agent

@@ -258,7 +258,7 @@ def _from_report(path: str, ended: float | None = None) -> dict:
     the verdict."""
     with open(path, encoding="utf-8") as f:
         report = json.load(f)
-    searches, pauses, exit_costs, declined, pause_of = [], [], {}, [], None
+    searches, pauses, exit_costs, declined = [], [], {}, []  # pauses: (seconds, which cost) per process
     for agent in report["recording"]["agents"]:
         for s in agent["root"]["investigations"]:
             searches.append({"pid": agent["pid"], "when": s["when"], "forked": bool(s.get("forked")),
@@ -267,12 +267,7 @@ def _from_report(path: str, ended: float | None = None) -> dict:
                              "gave_up": s["gave_up"], "phases": s.get("phases")})
         declined += [d["why"] for d in agent["root"].get("declined", [])]
         cost = (agent.get("exit_info") or {}).get("cost") or {}
-        mine = {k: cost[k] for k in PAUSES if cost.get(k) is not None}
-        if mine:
-            pauses.append(max(mine.values()))
-            longest = max(mine, key=mine.get)
-            if not pause_of or mine[longest] > pause_of[1]:
-                pause_of = (longest, mine[longest])
+        pauses += [(cost[k], k) for k in PAUSES if cost.get(k) is not None]
         if agent["pid"] == report["target"]["pid"] or not exit_costs:
             exit_costs = {k: v for k, v in cost.items() if k.startswith("exit_")}
     exit_search = [s["elapsed_s"] for s in searches if s["when"] == "exit"]
@@ -282,7 +277,7 @@ def _from_report(path: str, ended: float | None = None) -> dict:
         holder = leak["suspects"][0]["holders"][0]["pattern"]
     return {"verdict": report["verdict"], "holder": holder, "searches": searches,
             "exit_search_s": max(exit_search) if exit_search else None,
-            "copy_pause_max_s": max(pauses) if pauses else None, "pause_of": pause_of and pause_of[0],
+            "copy_pause_max_s": max(pauses)[0] if pauses else None, "pause_of": max(pauses)[1] if pauses else None,
             "exit_costs": exit_costs,
             "declined": declined, "own_s": _own_seconds(report, ended)}
 

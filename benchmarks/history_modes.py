@@ -15,6 +15,8 @@ import statistics
 import subprocess
 import sys
 
+from _loop import cuda_torch_here
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("plain", "events", "stacks")
 SKIP_EXIT = 77
@@ -46,13 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.inside:
         _inside(args.inside)
         return 0
-    try:
-        import torch
-    except ImportError:
-        print("history_modes: skipped: torch is not installed")
-        return 0
-    if not torch.cuda.is_available():
-        print("history_modes: skipped: no CUDA GPU for torch here; nothing to measure")
+    if cuda_torch_here("history_modes") is None:
         return 0
     os.makedirs(args.out, exist_ok=True)
     for r in range(1, args.rounds + 1):

@@ -14,15 +14,12 @@ import statistics
 import sys
 import time
 
+from _loop import cuda_torch_here
+
 
 def main() -> int:
-    try:
-        import torch
-    except ImportError:
-        print("ring_cost: skipped: torch is not installed")
-        return 0
-    if not torch.cuda.is_available():
-        print("ring_cost: skipped: no CUDA GPU for torch here; nothing to measure")
+    torch = cuda_torch_here("ring_cost")
+    if torch is None:
         return 0
     from gpumemdoctor._agent import replay
     from gpumemdoctor._agent.reading import events_only, py_incref

@@ -22,8 +22,8 @@ _LIBRARY_DIRS = tuple({os.path.abspath(p) for p in (sysconfig.get_paths().get("s
 
 
 # is_library_file's answers for absolute file names (a relative one depends on the working
-# folder): an exit search asks it for every frame of every block's stack, tens of thousands of
-# times for a few hundred distinct files.
+# folder): asked for every frame of the stacks a search groups and of the frames a peak's probe
+# looks at, thousands of times for a few hundred distinct files.
 _LIBRARY_FILES: dict = {}
 MAX_CACHED_FILES = 4096
 
@@ -223,17 +223,10 @@ def user_frames(frames: list) -> list:
     program = _program_dir()
     out: list = []
     for library, run in itertools.groupby(kept, key=lambda f: is_library_file(f[0]) and not (
-            program and _absolute(f[0]).startswith(program))):
+            program and os.path.abspath(f[0]).startswith(program))):
         run = list(run)
         out.extend(run[-1:] if library else run)  # a library run: its outermost frame
     return out
-
-
-def _absolute(filename: str) -> str:
-    """os.path.abspath, without its work for a name that is absolute and normal already."""
-    if filename.startswith(os.sep) and os.sep + "." not in filename and os.sep * 2 not in filename:
-        return filename
-    return os.path.abspath(filename)
 
 
 def _program_dir() -> str | None:
