@@ -236,3 +236,19 @@ def test_corpus_table_passes_over_a_workload_stopped_by_a_failed_run(monkeypatch
     corpus._table({"stopped": {"runs": runs[:1], "summary": None}, "done": {"summary": corpus._summary(runs)}})
     out = capsys.readouterr().out
     assert "done" in out and "stopped" not in out
+
+
+def test_the_exit_search_benchmark_says_why_it_skips_without_a_gpu(tmp_path):
+    import subprocess
+
+    pytest.importorskip("torch")
+    script = tmp_path / "work.py"
+    script.write_text("print('ran')\n")
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "exit_search.py"), str(script)], capture_output=True,
+                          text=True, timeout=120)
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is here: the benchmark measures instead")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "exit_search: skipped: no CUDA GPU for torch here; nothing to measure"

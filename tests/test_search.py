@@ -338,6 +338,59 @@ def test_a_relative_file_name_is_not_kept_as_library_or_not(tmp_path, monkeypatc
     assert "mod.py" not in blocks._LIBRARY_FILES and str(site / "mod.py") in blocks._LIBRARY_FILES
 
 
+def _render_step_by_step(labels: list[str]) -> str:
+    """render() as it was written before its shortcut for paths with no autograd hop."""
+    text, hops = "", 0
+    for i, label in enumerate(labels):
+        if label.startswith(".next_functions["):
+            hops += 1
+            continue
+        if hops:
+            text += f" ({hops} autograd node{'s' if hops != 1 else ''} down)"
+            hops = 0
+        if i == 1 and label.startswith("[") and labels[0] and not labels[0].startswith("thread "):
+            label = "." + label[2:-2] if label.startswith("['") else label
+        text += label
+    return text.replace(" ->  -> ", " -> ")
+
+
+def test_a_path_renders_the_same_with_or_without_autograd_hops():
+    import random
+
+    pieces = ["__main__", "", "thread 7 (MainThread)", "['model']", "[3]", "['-1']", ".weight", ".grad",
+              ".grad_fn", ".next_functions[0]", " -> ", " -> suspended generator g() at a.py:3 local x",
+              "['.next_functions[']", "{key}", " (torch.Foo)", "[':7']"]
+    rng = random.Random(5)
+    for _ in range(20_000):
+        labels = [rng.choice(pieces) for _ in range(rng.randrange(0, 7))]
+        assert edges.render(labels) == _render_step_by_step(labels), labels
+    assert edges.render(["__main__", "['model']", ".w"]) == "__main__.model.w"
+    assert edges.render(["thread 7", "['model']"]) == "thread 7['model']"
+
+
+def test_the_labels_of_a_search_share_their_steps_without_holding_the_objects():
+    class Box:
+        pass
+
+    root = Box()
+    root.items = {"a": Box(), "b": Box()}
+    memo: dict = {}
+    first = edges.labels([root, root.__dict__, root.items, root.items["a"]], ["__main__", "['root']"], memo)
+    second = edges.labels([root, root.__dict__, root.items, root.items["b"]], ["__main__", "['root']"], memo)
+    assert first == edges.labels([root, root.__dict__, root.items, root.items["a"]], ["__main__", "['root']"])
+    assert (first[2:], second[2:]) == ([".items", "['a']"], [".items", "['b']"])
+    assert len(memo) == 3  # root -> its __dict__ (naming .items) is read once for both paths
+    assert all(type(k) is int for key in memo for k in key)  # ids, never the objects
+    assert not any(r is memo for r in gc.get_referrers(root.items["a"]))
+
+
+def test_a_dicts_key_is_not_a_named_reference_but_its_value_is():
+    key, value = object(), object()
+    d = {key: value}
+    assert edges.named(d, value) and not edges.named(d, key)
+    assert edges.named([key], key)
+
+
 def test_a_pattern_generalises_indexes_and_line_numbers_only():
     assert edges.pattern("__main__.opt.state[3]['exp_avg'] -> layers['12'][-1]") == \
         "__main__.opt.state[*]['exp_avg'] -> layers[*][*]"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
+import operator
 import os
 import re
 import types
@@ -94,17 +96,26 @@ def short_type(t) -> str:
     return f"{module}.{t.__qualname__}" if module and module != "builtins" else t.__qualname__
 
 
-def labels(chain: list, root: list[str]) -> list[str]:
+def labels(chain: list, root: list[str], memo: dict | None = None) -> list[str]:
     """The labels of a path [root object, ..., tensor] after the root's own labels: one per
     reference, with the steps that only plumbing takes (an object's __dict__, a closure's cell)
-    folded into the step that names them."""
+    folded into the step that names them. `memo` keeps each step's label, keyed by its objects'
+    ids, for the next paths of the same search: the paths to a model's parameters share all but
+    their last few steps. It holds no reference to the program's objects (a climb would find it)."""
     out = list(root)
     i = 0
     foreign = None
     while i < len(chain) - 1:
         parent, child = chain[i], chain[i + 1]
         after = chain[i + 2] if i + 2 < len(chain) else None
-        label, used = edge(parent, child, after)
+        if memo is None:
+            label, used = edge(parent, child, after)
+        else:
+            key = (id(parent), id(child), id(after))
+            named_as = memo.get(key)
+            if named_as is None:
+                named_as = memo[key] = edge(parent, child, after)
+            label, used = named_as
         if label is None:  # an object written in C that names nothing: say whose it is, once
             package = short_type(type(parent)).split(".")[0]
             label = "" if foreign == package else f" ({short_type(type(parent))})"
@@ -120,7 +131,7 @@ def named(parent, child) -> bool:
     """Whether the reference parent -> child is one a user would name the path by: not a dict's
     key (a parameter is its module's before it is a key of its optimizer's state)."""
     if issubclass(type(parent), dict):
-        return any(v is child for v in dict.values(parent))
+        return any(map(operator.is_, dict.values(parent), itertools.repeat(child)))
     return True
 
 
@@ -230,6 +241,10 @@ def _attribute(attrs: dict, value) -> tuple:
 def render(labels: list[str]) -> str:
     """A path of labels as one readable line: `__main__.errors[3].__traceback__ -> work() local buf`.
     Hops through an autograd graph are counted, not spelled out."""
+    if ".next_functions[" not in "".join(labels):  # no graph: the labels as they are
+        if len(labels) > 1 and labels[1].startswith("['") and labels[0] and not labels[0].startswith("thread "):
+            labels = [labels[0], "." + labels[1][2:-2], *labels[2:]]
+        return "".join(labels).replace(" ->  -> ", " -> ")
     text = ""
     hops = 0
     for i, label in enumerate(labels):

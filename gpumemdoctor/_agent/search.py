@@ -63,6 +63,7 @@ class Finder:
         self.stopped: str | None = None
         self.scan_s = 0.0  # what one heap scan (gc.get_referrers) is expected to cost
         self.mine: set = set()  # ids of the search's own containers that hold the program's objects
+        self.named: dict = {}  # a step's label, for the paths that share it (edges.labels)
 
     def run(self) -> None:
         mark = time.monotonic()
@@ -136,7 +137,7 @@ class Finder:
             chain = chains.pop(target, None)
             if not chain:
                 continue
-            path = edges.labels(chain, labels[id(chain[0])])
+            path = edges.labels(chain, labels[id(chain[0])], self.named)
             if target in heads:
                 head_labels[target] = path
             if target in holders and self._open(target, holders):
@@ -167,7 +168,7 @@ class Finder:
                 chain = climb.chains.get(id(s))
                 if chain is not None:
                     root = root_labels[id(chain[0])]
-                    self._place(id(s), holders, edges.labels(chain, root))
+                    self._place(id(s), holders, edges.labels(chain, root, self.named))
                     self._claim(chain, root, anchors, holders)
                 elif id(s) in climb.dead:
                     for key, _ in holders[id(s)]:
@@ -223,7 +224,7 @@ class Finder:
             subs = heap.paths(sweep.levels, sweep.found, anchors, edges.named)
             sweep.levels.clear()
             for target, sub in subs.items():
-                self._place(target, holders, edges.labels(chain[:j] + sub, root))
+                self._place(target, holders, edges.labels(chain[:j] + sub, root, self.named))
                 want.discard(target)
 
     def _open(self, anchor: int, holders: dict) -> bool:
@@ -326,10 +327,12 @@ def _groups(blocks: list, finder: Finder, thread_names: dict) -> list:
             known = stacks[stack] = tuple(user_frames(frames)[:MAX_FRAMES]), thread_entry(frames)
         mine, entry = known
         key = (b["device"], b["new"], mine)
-        g = groups.setdefault(key, {"device": b["device"], "new": b["new"], "bytes": 0, "count": 0,
-                                    "frames": [list(f) for f in key[2]], "thread": None,
-                                    "holders": {}, "unheld_bytes": 0, "unheld_count": 0,
-                                    "unheld_sizes": collections.Counter(), "unheld_why": {}})
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = {"device": b["device"], "new": b["new"], "bytes": 0, "count": 0,
+                               "frames": [list(f) for f in key[2]], "thread": None,
+                               "holders": {}, "unheld_bytes": 0, "unheld_count": 0,
+                               "unheld_sizes": collections.Counter(), "unheld_why": {}}
         g["bytes"] += b["size"]
         g["count"] += 1
         if entry is not None:
@@ -346,9 +349,10 @@ def _groups(blocks: list, finder: Finder, thread_names: dict) -> list:
             continue
         text = edges.render(labels)
         pattern = edges.pattern(text)
-        h = g["holders"].setdefault(pattern, {"path": text, "pattern": pattern,
-                                              "kind": edges.holder_kind(labels), "count": 0, "bytes": 0,
-                                              "sizes": collections.Counter()})
+        h = g["holders"].get(pattern)
+        if h is None:  # the first path of a pattern stands for the others
+            h = g["holders"][pattern] = {"path": text, "pattern": pattern, "kind": edges.holder_kind(labels),
+                                         "count": 0, "bytes": 0, "sizes": collections.Counter()}
         h["count"] += 1
         h["bytes"] += b["size"]
         h["sizes"][b["size"]] += 1

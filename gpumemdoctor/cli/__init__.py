@@ -36,7 +36,28 @@ from ._stdio import StandardStream  # noqa: E402
 _debug = False
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+# Each subcommand's module, imported only when that subcommand runs (or the help lists it): a
+# `run` does not wait for `compare`'s or `watch`'s imports before its target starts.
+SUBCOMMANDS = {"run": "run:run_command", "report": "report:report_command", "compare": "compare:compare_command",
+               "ps": "ps:ps_command", "watch": "watch:watch_command"}
+
+
+class _LazyGroup(click.Group):
+    """click's group, its subcommands loaded on first use (click's documented lazy-loading pattern)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str):
+        if name not in self.commands and name in SUBCOMMANDS:
+            import importlib
+
+            module, attr = SUBCOMMANDS[name].split(":")
+            self.add_command(getattr(importlib.import_module(f"{__name__}.{module}"), attr), name)
+        return self.commands.get(name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpumemdoctor")
 @click.option("--debug", is_flag=True, help="Show tracebacks of the tool's own errors.")
 def cli(debug: bool) -> None:
@@ -55,21 +76,6 @@ def cli(debug: bool) -> None:
     _debug = debug
 
 
-def _register() -> None:
-    from .compare import compare_command
-    from .ps import ps_command
-    from .watch import watch_command
-    from .report import report_command
-    from .run import run_command
-
-    cli.add_command(run_command)
-    cli.add_command(report_command)
-    cli.add_command(compare_command)
-    cli.add_command(ps_command)
-    cli.add_command(watch_command)
-
-
-_register()
 if signal.getsignal(signal.SIGINT) is _aborted_while_starting:
     signal.signal(signal.SIGINT, _SIGINT_BEFORE)  # from here on main() catches it
 
@@ -123,6 +129,6 @@ def main(argv: list[str] | None = None) -> None:
 
 def _subcommand(args: list[str]) -> str:
     for arg in args:
-        if arg in cli.commands:
+        if arg in SUBCOMMANDS:
             return arg + " "
     return ""
