@@ -105,13 +105,14 @@ def labels(chain: list, root: list[str], memo: dict | None = None) -> list[str]:
     out = list(root)
     i = 0
     foreign = None
+    ids = [*map(id, chain), id(None)] if memo is not None else None
     while i < len(chain) - 1:
         parent, child = chain[i], chain[i + 1]
         after = chain[i + 2] if i + 2 < len(chain) else None
         if memo is None:
             label, used = edge(parent, child, after)
         else:
-            key = (id(parent), id(child), id(after))
+            key = (ids[i], ids[i + 1], ids[min(i + 2, len(chain))])
             named_as = memo.get(key)
             if named_as is None:
                 named_as = memo[key] = edge(parent, child, after)

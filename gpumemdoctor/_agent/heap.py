@@ -166,12 +166,23 @@ def paths(levels: list[list], found: dict, objects: dict, acceptable=None) -> di
                 parent_of[key] = chosen
                 up.setdefault(id(chosen), chosen)
     out = {}
+    known: dict = {}  # id -> [root, ..., that object]: each object's path is made once, for all below it
     for key in found:
-        chain = [objects[key]]
-        while id(chain[-1]) in parent_of:
-            chain.append(parent_of[id(chain[-1])])
+        below = []
+        obj, i = objects[key], key
+        while i not in known:
+            below.append(obj)
+            obj = parent_of.get(i)
+            if obj is None:
+                chain = []
+                break
+            i = id(obj)
+        else:
+            chain = known[i]
+        for obj in reversed(below):
+            chain = [*chain, obj]
+            known[id(obj)] = chain
         if len(chain) == found[key] + 1:
-            chain.reverse()
             out[key] = chain
     return out
 
