@@ -238,17 +238,15 @@ def test_corpus_table_passes_over_a_workload_stopped_by_a_failed_run(monkeypatch
     assert "done" in out and "stopped" not in out
 
 
-def test_the_exit_search_benchmark_says_why_it_skips_without_a_gpu(tmp_path):
+@pytest.mark.parametrize("name, args", [("exit_search", ["work.py"]), ("exit_release", ["--pairs", "1"])])
+def test_an_in_process_gpu_benchmark_says_why_it_skips_without_a_gpu(tmp_path, name, args):
     import subprocess
 
-    pytest.importorskip("torch")
-    script = tmp_path / "work.py"
-    script.write_text("print('ran')\n")
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "exit_search.py"), str(script)], capture_output=True,
-                          text=True, timeout=120)
-    import torch
-
+    torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is here: the benchmark measures instead")
+    (tmp_path / "work.py").write_text("print('ran')\n")
+    done = subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py"), *args], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "exit_search: skipped: no CUDA GPU for torch here; nothing to measure"
+    assert done.stdout.strip() == f"{name}: skipped: no CUDA GPU for torch here; nothing to measure"
