@@ -108,12 +108,25 @@ runpy.run_module("gpumemdoctor", run_name="__main__", alter_sys=True)
 """
 
 
-@pytest.mark.parametrize("module", ["click", "gpumemdoctor.cli.run"])
+@pytest.mark.parametrize("module", ["click", "gpumemdoctor.cli._stdio"])
 def test_ctrl_c_while_the_modules_load_is_the_aborted_line(tmp_path, module):
     result = subprocess.run([sys.executable, "-c", INTERRUPTED_IMPORT.format(module=module)], cwd=tmp_path,
                             stdin=subprocess.DEVNULL, capture_output=True, text=True, env=cli_env(), timeout=60)
     assert result.returncode == 130, result.stderr
     assert result.stderr == "gpumemdoctor: error: aborted\n"
+
+
+def test_ctrl_c_while_a_subcommand_loads_is_the_aborted_line_of_a_running_command(tmp_path):
+    """A subcommand's module loads when it runs, inside main(): a Ctrl-C then ends it as one that comes
+    while the command runs (click starts a new line first, after the terminal's ^C)."""
+    code = INTERRUPTED_IMPORT.format(module="gpumemdoctor.cli.report")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, env=cli_env(), timeout=60)
+    assert result.returncode == 130, result.stderr
+    assert result.stderr == "\ngpumemdoctor: error: aborted\n"
+    assert "gpumemdoctor.cli.report" not in subprocess.run(
+        [sys.executable, "-c", "import sys, gpumemdoctor.cli; print(sorted(sys.modules))"], cwd=tmp_path,
+        capture_output=True, text=True, env=cli_env(), timeout=60).stdout
 
 
 def test_a_sigint_the_caller_ignores_stays_ignored(tmp_path):
