@@ -338,22 +338,6 @@ def test_a_relative_file_name_is_not_kept_as_library_or_not(tmp_path, monkeypatc
     assert "mod.py" not in blocks._LIBRARY_FILES and str(site / "mod.py") in blocks._LIBRARY_FILES
 
 
-def _render_step_by_step(labels: list[str]) -> str:
-    """render() as it was written before its shortcut for paths with no autograd hop."""
-    text, hops = "", 0
-    for i, label in enumerate(labels):
-        if label.startswith(".next_functions["):
-            hops += 1
-            continue
-        if hops:
-            text += f" ({hops} autograd node{'s' if hops != 1 else ''} down)"
-            hops = 0
-        if i == 1 and label.startswith("[") and labels[0] and not labels[0].startswith("thread "):
-            label = "." + label[2:-2] if label.startswith("['") else label
-        text += label
-    return text.replace(" ->  -> ", " -> ")
-
-
 def test_a_path_renders_the_same_with_or_without_autograd_hops():
     import random
 
@@ -363,7 +347,7 @@ def test_a_path_renders_the_same_with_or_without_autograd_hops():
     rng = random.Random(5)
     for _ in range(20_000):
         labels = [rng.choice(pieces) for _ in range(rng.randrange(0, 7))]
-        assert edges.render(labels) == _render_step_by_step(labels), labels
+        assert edges.render(labels) == edges._render_hops(labels), labels
     assert edges.render(["__main__", "['model']", ".w"]) == "__main__.model.w"
     assert edges.render(["thread 7", "['model']"]) == "thread 7['model']"
 

@@ -246,6 +246,11 @@ def render(labels: list[str]) -> str:
         if len(labels) > 1 and labels[1].startswith("['") and labels[0] and not labels[0].startswith("thread "):
             labels = [labels[0], "." + labels[1][2:-2], *labels[2:]]
         return "".join(labels).replace(" ->  -> ", " -> ")
+    return _render_hops(labels)
+
+
+def _render_hops(labels: list[str]) -> str:
+    """render(), label by label: any path, its autograd hops counted."""
     text = ""
     hops = 0
     for i, label in enumerate(labels):
