@@ -198,14 +198,21 @@ def test_corpus_splits_the_tools_own_seconds_from_its_report(monkeypatch, tmp_pa
     got = corpus._from_report(str(path), ended=1020.4)
     # the counts, the longest and the windows' figures are not seconds of work; exit_* are
     assert got["own_s"] == {"cli_start": 0.13, "agent": 0.184, "cli_end": 0.4}
+    # what is always waited for: the start and the end, the agent's start and its work at exit
+    assert got["serial_s"] == round(0.13 + 0.4 + 0.01 + 0.1 + 0.004, 4)
     assert corpus._from_report(str(path))["own_s"] is None  # no end time: nothing to split
+    assert corpus._from_report(str(path))["serial_s"] is None
     run = {"wall_s": 20.0, "step_time_ms": 10.0, "gap_max_ms": 20.0}
-    runs = [dict(run, mode="plain"), dict(run, mode="tool", exit_search_s=0.1, searches=[], verdict="clean",
-                                          holder=None, copy_pause_max_s=None, own_s=got["own_s"])]
+    runs = [dict(run, mode="plain", before_s=12.0, loop_s=6.0, after_s=2.0),
+            dict(run, mode="tool", exit_search_s=0.1, searches=[], verdict="clean", holder=None, before_s=12.0, loop_s=5.95,
+                 after_s=2.25, copy_pause_max_s=None, own_s=got["own_s"], serial_s=got["serial_s"])]
     summary = corpus._summary(runs)
     assert round(summary["own_pct"], 3) == round(0.714 / 20.0 * 100, 3)
+    assert round(summary["serial_pct"], 3) == round(0.644 / 20.0 * 100, 3)
+    assert round(summary["wall_split_s"], 4) == round(0.13 - 0.05 + 0.25, 4)  # start, loop's and end's moves
     corpus._table({"w": {"summary": summary}})
-    assert "0.71/3.6%" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "0.71/3.6%" in out and "+0.64/3.2%" in out and "+0.33/1.7%" in out
     assert "in the target 0.18" in corpus._split(runs[1])
     split = dict(runs[1], before_s=12.0, loop_s=6.0, after_s=2.0, exit_s=1.4)
     assert "after 2.00 of which from the exit 1.40)" in corpus._split(split)
