@@ -242,8 +242,7 @@ def _own_seconds(report: dict, ended: float | None) -> dict | None:
     agent = 0.0
     for a in recording.get("agents") or []:
         cost = (a.get("exit_info") or {}).get("cost") or {}
-        agent += sum(float(cost.get(k) or 0.0) for k in AGENT_SECONDS)
-        agent += sum(float(v) for k, v in cost.items() if k.startswith("exit_") and k.endswith("_s"))
+        agent += sum(float(cost.get(k) or 0.0) for k in AGENT_SECONDS) + _at_exit(cost)
     cli_end = ended - (recording["started_wall"] + recording["duration_s"])
     return {"cli_start": round(float(tool_cost.get("before_target_s") or 0.0), 4), "agent": round(agent, 4),
             "cli_end": round(max(0.0, cli_end), 4)}
@@ -259,9 +258,13 @@ def _serial_seconds(report: dict, own: dict | None) -> float | None:
     serial = own["cli_start"] + own["cli_end"]
     for a in report["recording"].get("agents") or []:
         cost = (a.get("exit_info") or {}).get("cost") or {}
-        serial += float(cost.get("init_s") or 0.0)
-        serial += sum(float(v) for k, v in cost.items() if k.startswith("exit_") and k.endswith("_s"))
+        serial += float(cost.get("init_s") or 0.0) + _at_exit(cost)
     return round(serial, 4)
+
+
+def _at_exit(cost: dict) -> float:
+    """An agent's seconds at the program's exit: its probes, its search, its release (exit_*_s)."""
+    return sum(float(v) for k, v in cost.items() if k.startswith("exit_") and k.endswith("_s"))
 
 
 # The pauses of the program that an agent times (each its longest): a search's (capture and fork;

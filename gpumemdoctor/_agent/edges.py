@@ -105,21 +105,18 @@ def labels(chain: list, root: list[str], memo: dict | None = None) -> list[str]:
     out = list(root)
     i = 0
     foreign = None
-    ids = [*map(id, chain), id(None)] if memo is not None else None
+    memo = {} if memo is None else memo
+    ids = [*map(id, chain), id(None)]  # the last step's `after` is None
     while i < len(chain) - 1:
-        parent, child = chain[i], chain[i + 1]
-        after = chain[i + 2] if i + 2 < len(chain) else None
-        if memo is None:
-            label, used = edge(parent, child, after)
-        else:
-            key = (ids[i], ids[i + 1], ids[min(i + 2, len(chain))])
-            named_as = memo.get(key)
-            if named_as is None:
-                named_as = memo[key] = edge(parent, child, after)
-            label, used = named_as
+        key = (ids[i], ids[i + 1], ids[i + 2])
+        named_as = memo.get(key)
+        if named_as is None:
+            named_as = memo[key] = edge(chain[i], chain[i + 1], chain[i + 2] if i + 2 < len(chain) else None)
+        label, used = named_as
         if label is None:  # an object written in C that names nothing: say whose it is, once
-            package = short_type(type(parent)).split(".")[0]
-            label = "" if foreign == package else f" ({short_type(type(parent))})"
+            owner = short_type(type(chain[i]))
+            package = owner.split(".")[0]
+            label = "" if foreign == package else f" ({owner})"
             foreign = package
         else:
             foreign = None

@@ -143,12 +143,12 @@ def _optimizers_named(c: PeakComposition, agent, torch_index: int) -> None:
         if part is None or part.holders:
             continue
         holders = _optimizer_holders(nearest, column, label)
-        read = sum(h["bytes"] for h in holders)
+        then = sum(h["bytes"] for h in holders)
         if len(holders) == 1:
             holders[0]["bytes"] = part.bytes
-        elif holders and abs(read - part.bytes) > max(part.bytes // 10, 1 << 20):
+        elif holders and abs(then - part.bytes) > max(part.bytes // 10, 1 << 20):
             c.notes.append(f"{category.replace('-', ' ')}: the optimizers' figures as the reading at "
-                           f"{nearest['t']:.1f} s found them ({fb(read)} then)")
+                           f"{nearest['t']:.1f} s found them ({fb(then)} then)")
         part.holders = holders
 
 
