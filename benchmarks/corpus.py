@@ -16,7 +16,8 @@ tool, plain, tool, ... (--repeats pairs), and compares, median against median:
     command's start and end and every agent cost, an upper bound), the part of them that the
     program always waits for ("serial": the command's start and end, the agent's start and its
     work at exit), and the wall time where the imports' noise is absent ("wall split": the
-    command's start, then the loop's and the end's differences, medians of the runs).
+    command's and the agent's start, then the loop's and the end's differences against the plain
+    run of the same pair; the median of the pairs, and their range under the table).
 Targets (issue 18): whole process at most 5% or 1 s over plain, whichever is larger; at most
 100 ms added to the longest step gap; the exit search at most 1 s; no search over 110% of its
 budget. --also "ARGS" adds a third kind of run to each round, the tool with those options
@@ -211,8 +212,8 @@ def _split(run: dict) -> str:
         out += f" of which from the exit {run['exit_s']:.2f})" if "exit_s" in run else ")"
     own = run.get("own_s")
     if own:
-        out += (f", the tool's own {sum(own.values()):.2f} s (cli start {own['cli_start']:.2f}, in the target "
-                f"{own['agent']:.2f}, cli end {own['cli_end']:.2f})")
+        out += (f", the tool's own {sum(own.values()):.2f} s (cli start {own['cli_start']:.2f}, the agent's start "
+                f"{own.get('agent_start', 0.0):.3f}, in the target {own['agent']:.2f}, cli end {own['cli_end']:.2f})")
     return out
 
 
@@ -222,7 +223,8 @@ def _split(run: dict) -> str:
 # program's time only while it holds the interpreter's lock. (The *_max_s are the longest of each,
 # already in their sums; phase_pause_s is a longest, not a sum; the windows' figures are counts and
 # microseconds a sample.)
-AGENT_SECONDS = ("init_s", "sample_s", "peak_capture_s", "peak_probe_s", "history_read_s", "forward_modules_s",
+AGENT_START = ("bootstrap_s", "init_s")  # the agent's import and start, then its set-up at CUDA's start
+AGENT_SECONDS = ("sample_s", "peak_capture_s", "peak_probe_s", "history_read_s", "forward_modules_s",
                  "search_pause_s", "phase_pause_s")
 
 
@@ -239,13 +241,14 @@ def _own_seconds(report: dict, ended: float | None) -> dict | None:
     tool_cost = recording.get("tool_cost") or {}
     if ended is None or "started_wall" not in recording or "duration_s" not in recording:
         return None
-    agent = 0.0
+    start = agent = 0.0
     for a in recording.get("agents") or []:
         cost = (a.get("exit_info") or {}).get("cost") or {}
+        start += sum(float(cost.get(k) or 0.0) for k in AGENT_START)
         agent += sum(float(cost.get(k) or 0.0) for k in AGENT_SECONDS) + _at_exit(cost)
     cli_end = ended - (recording["started_wall"] + recording["duration_s"])
-    return {"cli_start": round(float(tool_cost.get("before_target_s") or 0.0), 4), "agent": round(agent, 4),
-            "cli_end": round(max(0.0, cli_end), 4)}
+    return {"cli_start": round(float(tool_cost.get("before_target_s") or 0.0), 4), "agent_start": round(start, 4),
+            "agent": round(agent, 4), "cli_end": round(max(0.0, cli_end), 4)}
 
 
 def _serial_seconds(report: dict, own: dict | None) -> float | None:
@@ -255,11 +258,27 @@ def _serial_seconds(report: dict, own: dict | None) -> float | None:
     probes inside the loop) may hide behind a loop that waits on the GPU."""
     if own is None:
         return None
-    serial = own["cli_start"] + own["cli_end"]
+    serial = own["cli_start"] + own["agent_start"] + own["cli_end"]
     for a in report["recording"].get("agents") or []:
-        cost = (a.get("exit_info") or {}).get("cost") or {}
-        serial += float(cost.get("init_s") or 0.0) + _at_exit(cost)
+        serial += _at_exit((a.get("exit_info") or {}).get("cost") or {})
     return round(serial, 4)
+
+
+def _wall_split_pairs(runs: list[dict], mode: str = "tool") -> list[float]:
+    """The wall time the tool added where the imports' noise is absent, one figure a pair: the tool
+    run's start as it timed it (the command's start before the target exists, the agent's import and
+    start in it), then what its loop and its end after the loop moved against the plain run of its
+    pair (interleaved, so the machine's drift is shared). Pairs without the split are left out."""
+    out = []
+    for pair in sorted({r["pair"] for r in runs if "pair" in r}):
+        plain = next((r for r in runs if r.get("pair") == pair and r["mode"] == "plain"), None)
+        tool = next((r for r in runs if r.get("pair") == pair and r["mode"] == mode), None)
+        if plain is None or tool is None or not tool.get("own_s") or not all(
+                k in r for r in (plain, tool) for k in ("loop_s", "after_s")):
+            continue
+        start = tool["own_s"]["cli_start"] + tool["own_s"].get("agent_start", 0.0)
+        out.append(round(start + tool["loop_s"] - plain["loop_s"] + tool["after_s"] - plain["after_s"], 4))
+    return out
 
 
 def _at_exit(cost: dict) -> float:
@@ -273,7 +292,7 @@ def _at_exit(cost: dict) -> float:
 # reading of the allocation events at a new high of the allocated peak, and the step that names the
 # modules.
 PAUSES = ("search_pause_max_s", "phase_pause_s", "peak_capture_max_s", "peak_probe_max_s", "history_read_max_s",
-          "forward_modules_s")
+          "forward_modules_s", "step_pause_max_s")
 
 
 def _from_report(path: str, ended: float | None = None) -> dict:
@@ -302,6 +321,7 @@ def _from_report(path: str, ended: float | None = None) -> dict:
     return {"verdict": report["verdict"], "holder": holder, "searches": searches,
             "exit_search_s": max(exit_search) if exit_search else None,
             "copy_pause_max_s": max(pauses)[0] if pauses else None, "pause_of": max(pauses)[1] if pauses else None,
+            "pauses": {k: round(v, 6) for v, k in sorted(pauses)},  # (each one's longest over the processes)
             "exit_costs": exit_costs,
             "declined": declined, "own_s": own, "serial_s": _serial_seconds(report, own)}
 
@@ -332,10 +352,10 @@ def _summary(runs: list[dict], mode: str = "tool") -> dict:
     if own:
         out["own_s"] = {k: med(o[k] for o in own) for k in own[0]}
         out["own_pct"] = sum(out["own_s"].values()) / wall_plain * 100
-        # From the wall time where the imports' noise is absent: the command's start (before the
-        # target exists), then what the loop and the end after it moved against the plain runs.
-        if "loop_extra_s" in out and "after_extra_s" in out:
-            out["wall_split_s"] = out["own_s"]["cli_start"] + out["loop_extra_s"] + out["after_extra_s"]
+        split = _wall_split_pairs(runs, mode)
+        if split:
+            out["wall_split_pairs_s"] = split
+            out["wall_split_s"] = med(split)
             out["wall_split_pct"] = out["wall_split_s"] / wall_plain * 100
     serial = [r["serial_s"] for r in tool if r.get("serial_s") is not None]
     if serial:
@@ -373,6 +393,9 @@ def _table(workloads: dict) -> None:
               f"{_share(s, 'wall_split'):>12s} "
               f"{s['gap_added_ms']:+8.1f} {exit_s:>7s} "
               f"{share:>7s} {pause:>9s}  {','.join(s['verdicts'])}{'' if s['within_targets'] else '  MISSED'}")
+        pairs = s.get("wall_split_pairs_s")
+        if pairs and len(pairs) > 1:
+            print(f"{'':24s} wall split by pair: {min(pairs):+.2f} to {max(pairs):+.2f} s over {len(pairs)} pairs")
         for why in s.get("declined", [])[:2]:
             print(f"{'':24s} a search not made: {why}")
 

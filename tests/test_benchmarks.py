@@ -186,9 +186,9 @@ def test_corpus_splits_the_tools_own_seconds_from_its_report(monkeypatch, tmp_pa
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import corpus
 
-    cost = {"init_s": 0.01, "sample_s": 0.05, "history_read_s": 0.02, "history_read_max_s": 0.01,
-            "history_reads": 2.0, "exit_search_s": 0.1, "exit_peak_s": 0.004, "first_window_sample_us": 300.0,
-            "interval_at_exit_s": 0.04}
+    cost = {"bootstrap_s": 0.015, "init_s": 0.01, "sample_s": 0.05, "history_read_s": 0.02,
+            "history_read_max_s": 0.01, "history_reads": 2.0, "step_pause_max_s": 0.006, "step_pause_max_step": 3,
+            "exit_search_s": 0.1, "exit_peak_s": 0.004, "first_window_sample_us": 300.0, "interval_at_exit_s": 0.04}
     report = {"verdict": "clean", "findings": [], "target": {"pid": 1},
               "recording": {"started_wall": 1000.0, "duration_s": 20.0, "tool_cost": {"before_target_s": 0.13},
                             "agents": [{"pid": 1, "exit_info": {"cost": cost},
@@ -196,24 +196,43 @@ def test_corpus_splits_the_tools_own_seconds_from_its_report(monkeypatch, tmp_pa
     path = tmp_path / "r.json"
     path.write_text(json.dumps(report))
     got = corpus._from_report(str(path), ended=1020.4)
-    # the counts, the longest and the windows' figures are not seconds of work; exit_* are
-    assert got["own_s"] == {"cli_start": 0.13, "agent": 0.184, "cli_end": 0.4}
+    # the counts, the longest and the windows' figures are not seconds of work; exit_* are; the
+    # agent's import and start (bootstrap_s) and its set-up at CUDA's start (init_s) apart
+    assert got["own_s"] == {"cli_start": 0.13, "agent_start": 0.025, "agent": 0.174, "cli_end": 0.4}
     # what is always waited for: the start and the end, the agent's start and its work at exit
-    assert got["serial_s"] == round(0.13 + 0.4 + 0.01 + 0.1 + 0.004, 4)
+    assert got["serial_s"] == round(0.13 + 0.4 + 0.015 + 0.01 + 0.1 + 0.004, 4)
+    # the longest pause: the whole of a step's end (step_pause_max_s) beside each part's longest
+    assert (got["copy_pause_max_s"], got["pause_of"]) == (0.01, "history_read_max_s")
+    assert got["pauses"] == {"history_read_max_s": 0.01, "step_pause_max_s": 0.006}
+    cost["step_pause_max_s"] = 0.012
+    path.write_text(json.dumps(report))
+    assert corpus._from_report(str(path), ended=1020.4)["pause_of"] == "step_pause_max_s"
     assert corpus._from_report(str(path))["own_s"] is None  # no end time: nothing to split
     assert corpus._from_report(str(path))["serial_s"] is None
     run = {"wall_s": 20.0, "step_time_ms": 10.0, "gap_max_ms": 20.0}
     runs = [dict(run, mode="plain", before_s=12.0, loop_s=6.0, after_s=2.0),
             dict(run, mode="tool", exit_search_s=0.1, searches=[], verdict="clean", holder=None, before_s=12.0, loop_s=5.95,
                  after_s=2.25, copy_pause_max_s=None, own_s=got["own_s"], serial_s=got["serial_s"])]
+    for r in runs:
+        r["pair"] = 0
     summary = corpus._summary(runs)
-    assert round(summary["own_pct"], 3) == round(0.714 / 20.0 * 100, 3)
-    assert round(summary["serial_pct"], 3) == round(0.644 / 20.0 * 100, 3)
-    assert round(summary["wall_split_s"], 4) == round(0.13 - 0.05 + 0.25, 4)  # start, loop's and end's moves
+    assert round(summary["own_pct"], 3) == round(0.729 / 20.0 * 100, 3)
+    assert round(summary["serial_pct"], 3) == round(0.659 / 20.0 * 100, 3)
+    # the command's and the agent's start, then the loop's and the end's moves in the pair
+    assert round(summary["wall_split_s"], 4) == round(0.13 + 0.025 - 0.05 + 0.25, 4)
     corpus._table({"w": {"summary": summary}})
     out = capsys.readouterr().out
-    assert "0.71/3.6%" in out and "+0.64/3.2%" in out and "+0.33/1.7%" in out
-    assert "in the target 0.18" in corpus._split(runs[1])
+    assert "0.73/3.6%" in out and "+0.66/3.3%" in out and "+0.35/1.8%" in out
+    assert "wall split by pair" not in out  # (one pair: no range)
+    assert "the agent's start 0.025, in the target 0.17" in corpus._split(runs[1])
+    # each pair against its own plain run, not median against median: the plain runs drift
+    second = [dict(runs[0], pair=1, loop_s=7.0, after_s=3.0), dict(runs[1], pair=1, loop_s=7.05, after_s=3.05)]
+    third = [dict(runs[0], pair=2, loop_s=5.0), dict(runs[1], pair=2, loop_s=5.3)]
+    summary = corpus._summary(runs + second + third)
+    assert summary["wall_split_pairs_s"] == [0.355, 0.255, 0.705]
+    assert summary["wall_split_s"] == 0.355
+    corpus._table({"w": {"summary": summary}})
+    assert "wall split by pair: +0.26 to +0.70 s over 3 pairs" in capsys.readouterr().out
     split = dict(runs[1], before_s=12.0, loop_s=6.0, after_s=2.0, exit_s=1.4)
     assert "after 2.00 of which from the exit 1.40)" in corpus._split(split)
 

@@ -14,7 +14,8 @@ GiB = 1 << 30
 
 def _history():
     sampler = SimpleNamespace(rows=[[0, 0, 0, 0, 0, 0, 0, 0]], live=[True], events=[None])
-    agent = SimpleNamespace(sampler=sampler, run_dir="x", trace=SimpleNamespace(mode="auto", on=False), steps=0)
+    agent = SimpleNamespace(sampler=sampler, run_dir="x", trace=SimpleNamespace(mode="auto", on=False), steps=0,
+                            forward_watch=SimpleNamespace(state=0))
     h = H.History(agent)
     h.best, h.seen, h.events = [0], [None], [0]
     h.on = True
@@ -155,7 +156,7 @@ def _reading_agent(pad: int = 0):
                             trace=SimpleNamespace(mode="auto", on=False),
                             channel=SimpleNamespace(write_line=lines.append),
                             peak_watch=SimpleNamespace(optimizer_figures=lambda *a: None),
-                            forward_watch=SimpleNamespace(arm=lambda i: None))
+                            forward_watch=SimpleNamespace(arm=lambda i: None, state=0))
     h = H.History(agent)
     h.prepare(1)
     h.on = True
@@ -205,6 +206,29 @@ def test_a_reading_at_a_steps_sample_walks_at_the_next_steps_and_leaves_the_coll
     assert record["elapsed_s"] >= record["taken_s"] > 0
     assert agent.cost["history_read_max_s"] <= record["elapsed_s"]
     assert h.bulk.short == 0 and h.bulk.ready()
+
+
+def test_the_step_that_reads_the_modules_step_makes_no_reading_nor_walk_of_its_own():
+    """At the step whose end reads the step recorded with module hooks (saved_by.py), a new high's
+    reading, and a walk put off to that step, wait for the next step: the program pauses for one
+    part a step (a GPT-2 run paused 16.9 ms where a walk and that reading fell on one step)."""
+    from gpumemdoctor._agent.saved_by import DONE, RECORDING
+
+    h, agent, lines = _reading_agent()
+    agent.forward_watch.state = RECORDING
+    h.check("step")  # a high to read, but this step's end reads the modules' step
+    assert h.taken is None and h.readings == 0 and lines == []
+    agent.forward_watch.state = DONE
+    h.check("step")  # the next step: the reading, its walk put off
+    assert h.taken is not None and h.walk_at == 6 and lines == []
+    agent.steps = 6
+    agent.forward_watch.state = RECORDING  # (as if the modules' step ended here)
+    h.check("step")
+    assert h.taken is not None and lines == []  # the walk waits another step
+    agent.forward_watch.state = DONE
+    agent.steps = 7
+    h.check("step")
+    assert h.taken is None and len(lines) == 1
 
 
 def test_a_walk_put_off_is_made_at_exit_and_a_reading_outside_a_steps_sample_is_whole():

@@ -9,6 +9,7 @@ entry point is guarded: a failure disables the agent, never the program.
 from __future__ import annotations
 
 import os
+import time
 
 from . import forked, threads
 from .core import Agent
@@ -18,8 +19,9 @@ from ..contract import ENV_RUN_DIR, interval_from_env
 _agent: Agent | None = None  # this process's agent
 
 
-def start() -> None:
-    """Start the agent in this process if the environment asks for it; twice is harmless."""
+def start(started: float | None = None) -> None:
+    """Start the agent in this process if the environment asks for it; twice is harmless.
+    `started`: time.perf_counter() before the bootstrap imported the agent (its start's cost)."""
     global _agent
     if _agent is not None and _agent.pid == os.getpid():
         return
@@ -29,6 +31,8 @@ def start() -> None:
     try:
         agent = Agent(run_dir, interval_from_env(os.environ))
         _begin(agent)
+        if started is not None:
+            agent.cost["bootstrap_s"] = time.perf_counter() - started
         _agent = agent
     except Exception:
         _agent = None

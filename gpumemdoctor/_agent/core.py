@@ -67,7 +67,7 @@ class Agent:
         self.cuda_seen = False
         self.finished = False
         self.collections: Collections | None = None
-        self.cost = {"init_s": 0.0, "sample_s": 0.0}
+        self.cost = {"init_s": 0.0, "sample_s": 0.0, "step_pause_max_s": 0.0, "step_pause_max_step": 0}
         self.sampler = Sampler(self, interval_s)
         self.timer = SamplingThread(self)
         self.growth_watch = GrowthWatch(self)
@@ -230,6 +230,7 @@ class Agent:
             self.on_step(False)
 
     def on_step(self, explicit: bool) -> None:
+        started = time.perf_counter()
         try:
             if explicit and not self.explicit_steps:
                 self.explicit_steps = True
@@ -256,6 +257,11 @@ class Agent:
                 trace.stop(on_program_thread=True)
         except Exception:
             pass
+        # The program's pause at this step's end, all of the agent's work in it together: its longest.
+        spent = time.perf_counter() - started
+        if spent > self.cost["step_pause_max_s"]:
+            self.cost["step_pause_max_s"] = spent
+            self.cost["step_pause_max_step"] = self.steps
 
     # -- the end of the run ----------------------------------------------------
     def at_exit(self) -> None:

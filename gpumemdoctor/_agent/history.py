@@ -39,6 +39,7 @@ from array import array
 from . import main_thread, reading, replay
 from .neutral import Bulk, quiet_gc
 from .peak import new_high
+from .saved_by import RECORDING
 from ..contract import ENV_SNAPSHOT
 
 TRANSIENT_BYTES = 64 << 20  # a high that came and went since the last sample: this far above allocated now
@@ -211,6 +212,11 @@ class History:
         sampler = self.agent.sampler
         if by == "step":
             self.count_events(sampler)  # (each step's, also while a walk waits: the ring's size)
+            if self.agent.forward_watch.state == RECORDING:
+                # This step's end reads the step recorded with module hooks (saved_by.py): a walk put
+                # off, a retry or a new high waits for the next step, one part a step. (A walk holds its
+                # events already; a high stays in the ring, which holds two steps' events.)
+                return 0.0
         if self.taken is not None:
             # A walk put off is made at a later step's sample (one part a step), before any reading.
             if by == "step" and on_main and self.agent.steps >= self.walk_at:

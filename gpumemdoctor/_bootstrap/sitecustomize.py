@@ -12,6 +12,9 @@ def _gpumemdoctor_bootstrap():
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         if os.environ.get("GPUMEMDOCTOR_RUN_DIR"):
+            import time
+
+            started = time.perf_counter()  # the agent's import and start: its cost in the program's start
             try:
                 from gpumemdoctor import _agent
             except ImportError:
@@ -24,7 +27,7 @@ def _gpumemdoctor_bootstrap():
                     from gpumemdoctor import _agent
                 finally:
                     sys.path.remove(package_parent)
-            _agent.start()
+            _agent.start(started)
     except Exception:
         pass  # never break the program being measured
 
