@@ -177,3 +177,50 @@ def test_the_recorded_step_keeps_no_model_alive_after_it():
     del model
     gc.collect()
     assert gone() is None and watch.roots == [None] * S.MAX_ROOTS and watch.state == S.DONE
+
+
+def _busy_watch(events_then, events_now, ring_events):
+    """A watch recording device 0's step, whose allocator's ring holds `ring_events` events."""
+    sampler = SimpleNamespace(rows=[[0, 0, 0, 0, 0, 0, 0, 0]], events=[events_then])
+    history = SimpleNamespace(bulk=None, holds=lambda n: n <= ring_events)
+    watch = S.ForwardWatch(SimpleNamespace(torch=torch, steps=3, history=history, sampler=sampler))
+    watch.events0 = watch._events()
+    sampler.events[0] = events_now
+    watch.state = S.RECORDING
+    removed = []
+    watch.handles = [SimpleNamespace(remove=lambda: removed.append(1)), None]
+    return watch, removed
+
+
+def test_a_busy_step_end_reads_the_recorded_step_at_the_next_one_where_the_ring_still_holds_it():
+    """A step's end whose sample already paused the program (a new high's probe: 3.6 ms on GPT-2)
+    reads the recorded step at the next step's end, the hooks off at once: GPT-2's step ends paused
+    11.0-11.3 ms where both fell together. Only where the ring holds another step like it."""
+    watch, removed = _busy_watch(1000, 3400, 10_000)  # 2,400 events a step: 6,000 fit in 10,000
+    watch.at_step(0.004)
+    assert watch.state == S.READ_NEXT and removed == [1] and watch.handles == [None, None]
+    watch.at_step(0.004)  # the next step's end reads it, busy or not
+    assert watch.state == S.DONE and removed == [1]
+    watch, removed = _busy_watch(1000, 3400, 5_000)  # 6,000 would not fit: read now
+    watch.at_step(0.004)
+    assert watch.state == S.DONE and removed == [1]
+    watch, removed = _busy_watch(1000, 3400, 10_000)
+    watch.at_step(0.002)  # not busy: read now
+    assert watch.state == S.DONE
+    watch, removed = _busy_watch(None, None, 10_000)  # no count of the events: read now
+    watch.at_step(0.004)
+    assert watch.state == S.DONE
+
+
+def test_a_ring_that_no_longer_holds_the_recorded_steps_start_gives_an_error_not_a_short_count():
+    import json
+
+    trace = [_e("alloc", 0xB, 1000, 120), _e("free_requested", 0xB, 1000, 130)]
+    history = SimpleNamespace(snapshot=lambda torch: {"device_traces": [trace]},
+                              marks=SimpleNamespace(ordered=lambda times, kinds, since: None))
+    watch = S.ForwardWatch(SimpleNamespace(torch=torch, steps=3, history=history))
+    watch.since_us = 100  # the recording began before the ring's first event
+    record = json.loads(watch._read(0))
+    assert record["error"] == "the allocator's ring no longer held the recorded step's start"
+    watch.since_us = 150  # (the ring reaches back past it: read as usual; here no backward() was marked)
+    assert json.loads(watch._read(0))["error"] == "no backward() in the recorded step"

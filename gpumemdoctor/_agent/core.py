@@ -246,7 +246,7 @@ class Agent:
             watch = self.growth_watch
             trace = self.trace
             if self.forward_watch.state:
-                self.forward_watch.at_step()
+                self.forward_watch.at_step(time.perf_counter() - started)
             if watch.copies:
                 with quiet_gc():
                     watch.poll_copies()

@@ -39,7 +39,7 @@ from array import array
 from . import main_thread, reading, replay
 from .neutral import Bulk, quiet_gc
 from .peak import new_high
-from .saved_by import RECORDING
+from .saved_by import AT_STEP_END
 from ..contract import ENV_SNAPSHOT
 
 TRANSIENT_BYTES = 64 << 20  # a high that came and went since the last sample: this far above allocated now
@@ -212,10 +212,9 @@ class History:
         sampler = self.agent.sampler
         if by == "step":
             self.count_events(sampler)  # (each step's, also while a walk waits: the ring's size)
-            if self.agent.forward_watch.state == RECORDING:
-                # This step's end reads the step recorded with module hooks (saved_by.py): a walk put
-                # off, a retry or a new high waits for the next step, one part a step. (A walk holds its
-                # events already; a high stays in the ring, which holds two steps' events.)
+            if self.agent.forward_watch.state in AT_STEP_END:
+                # This step's end reads the module-hooked step (saved_by.py): a walk put off, a retry or a
+                # new high waits a step, one part a step (the ring holds two steps' events).
                 return 0.0
         if self.taken is not None:
             # A walk put off is made at a later step's sample (one part a step), before any reading.
@@ -304,8 +303,7 @@ class History:
         return 0
 
     def at_exit(self) -> None:
-        """The exit's reading, if the counter rose past the last one (the last steps' peak); a walk
-        put off is made first."""
+        """The exit's reading if the counter rose past the last one (the last steps' peak), after a walk put off."""
         if self.taken is not None:
             with quiet_gc():
                 self.finish()
@@ -362,6 +360,9 @@ class History:
         _count(self.agent.cost, spent)
         _record(self.agent.channel, line, taken_s + spent)
 
+    def holds(self, events: int) -> bool:  # whether the ring, sized as it is now, holds these events
+        return capacity(events, self.skips) <= self.capacity
+
     def snapshot(self, torch) -> dict:
         """The allocator's snapshot with the events only (saved_by.py's reading too)."""
         return reading.events_only(torch, self.incref)
@@ -370,8 +371,7 @@ class History:
         return reading.take(self.agent, self, index)
 
     def _walk(self, put_off: bool) -> str:
-        taken = self.taken
-        self.taken = None  # (the list goes inside the Bulk run)
+        taken, self.taken = self.taken, None  # (the list goes inside the Bulk run)
         return reading.walk(self.agent, self, taken, put_off)
 
     def _whole(self, index: int) -> str:
