@@ -224,3 +224,10 @@ def test_a_ring_that_no_longer_holds_the_recorded_steps_start_gives_an_error_not
     assert record["error"] == "the allocator's ring no longer held the recorded step's start"
     watch.since_us = 150  # (the ring reaches back past it: read as usual; here no backward() was marked)
     assert json.loads(watch._read(0))["error"] == "no backward() in the recorded step"
+    # each record says the step whose end read it, and the report's parser keeps it (older ones lack it)
+    from gpumemdoctor.recording.records import FORWARD_MODULES
+
+    assert (record["step"], record["read_step"]) == (0, 3)
+    assert FORWARD_MODULES(record, "forward_modules")["read_step"] == 3
+    del record["read_step"]
+    assert "read_step" not in FORWARD_MODULES(record, "forward_modules")

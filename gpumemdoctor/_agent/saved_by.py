@@ -219,6 +219,12 @@ class ForwardWatch:
             depth += 1
 
     # -- the reading ---------------------------------------------------------------------
+    def _head(self, index: int) -> str:
+        """A record's first fields: the recorded step, and the step whose end read it (the next one
+        where that step's end was busy)."""
+        return (f'{{"type":"forward_modules","t":{time.monotonic()!r},"step":{self.step},'
+                f'"read_step":{self.agent.steps},"device":{index},')
+
     def _read(self, index: int) -> str:
         """The recorded step's events, its activations by module, as one JSON line (inside Bulk)."""
         agent = self.agent
@@ -230,8 +236,7 @@ class ForwardWatch:
             trace = traces[index] if index < len(traces) else []
             if trace and trace[0]["time_us"] > self.since_us:
                 del snapshot, traces, trace
-                return (f'{{"type":"forward_modules","t":{time.monotonic()!r},"step":{self.step},"device":{index},'
-                        f'"error":"the allocator\'s ring no longer held the recorded step\'s start"}}')
+                return self._head(index) + '"error":"the allocator\'s ring no longer held the recorded step\'s start"}'
             times: list = []
             kinds: list = []
             history.marks.ordered(times, kinds, self.since_us)
@@ -239,8 +244,7 @@ class ForwardWatch:
             del snapshot, traces, trace, times, kinds
             snapshot_s = time.perf_counter() - started
             if found is None:
-                return (f'{{"type":"forward_modules","t":{time.monotonic()!r},"step":{self.step},"device":{index},'
-                        f'"error":"no backward() in the recorded step"}}')
+                return self._head(index) + '"error":"no backward() in the recorded step"}'
             names: dict = {}
             for root in self.roots:
                 if root is not None:
@@ -267,13 +271,12 @@ class ForwardWatch:
             line = "null" if where[0] is None and where[3] is None else (
                 f'{{"file":{encode_basestring(where[0] or where[3])},"line":{where[1] or where[4]},'
                 f'"function":{encode_basestring(where[2] or where[5] or "")}}}')
-            return (f'{{"type":"forward_modules","t":{time.monotonic()!r},"step":{self.step},"device":{index},'
+            return (self._head(index) +
                     f'"activations":{found["total"]},"outside_modules":{found["outside"]},"rest":{rest},'
                     f'"forwards":{self.n},"full":{"true" if self.full else "false"},"line":{line},'
                     f'"modules":[{modules}],"snapshot_s":{snapshot_s!r}}}')
         except Exception as exc:
-            return (f'{{"type":"forward_modules","t":{time.monotonic()!r},"step":{self.step},"device":{index},'
-                    f'"error":{encode_basestring(f"{type(exc).__name__}: {exc}"[:200])}}}')
+            return self._head(index) + f'"error":{encode_basestring(f"{type(exc).__name__}: {exc}"[:200])}}}'
 
 
 def attribute(trace: list, since_us: int, times: list, kinds: list, m_times, m_ids, m_kinds, n: int) -> dict | None:

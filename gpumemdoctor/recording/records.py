@@ -212,8 +212,10 @@ PEAK_HISTORY = Shape({"n": INT, "t": NUM, "step": may(opt(INT)), "device": INT, 
                       "taken_s": may(NUM), "put_off": may(BOOL), "walked_step": may(INT), "elapsed_s": may(NUM)})
 # What saved one step's activations (_agent/saved_by.py): the modules whose forward made them, by
 # folded name, largest first, the rest's bytes, what no module made, and the line that called the
-# outermost forward. Recordings from before it have none.
-FORWARD_MODULES = Shape({"t": NUM, "step": INT, "device": INT, "error": may(STR), "activations": may(SIZE),
+# outermost forward; `read_step`, the step whose end read it. Recordings from before it have none, and
+# those before 2026-11-28 no `read_step`.
+FORWARD_MODULES = Shape({"t": NUM, "step": INT, "read_step": may(INT), "device": INT, "error": may(STR),
+                         "activations": may(SIZE),
                          "outside_modules": may(SIZE), "rest": may(SIZE), "forwards": may(INT), "full": may(BOOL),
                          "line": may(opt(Shape({"file": STR, "line": INT, "function": STR}))),
                          "modules": may(list_of(Shape({"name": STR, "bytes": SIZE, "blocks": INT}))),
