@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                    help='a further tool run in each round, with these options (e.g. "--trace off")')
     p.add_argument("--samples", type=int, help="CORPUS_SAMPLES for the big-heap workloads")
     p.add_argument("--json", metavar="PATH")
-    p.add_argument("--keep", metavar="DIR", help="keep the last tool run's report of each workload here")
+    p.add_argument("--keep", metavar="DIR", help="keep each tool run's report here (NAME-MODE-PAIR.json), "
+                   "and the last of each workload as NAME.json")
     p.add_argument("--step-times", metavar="DIR",
                    help="write each run's step times here (WORKLOAD-MODE-ROUND.txt, milliseconds per line)")
     p.add_argument("--timeout", type=float, default=600.0)
@@ -133,11 +134,11 @@ def main(argv: list[str] | None = None) -> int:
                         if args.json:  # after each run, so a call cut short keeps every run it made
                             results["workloads"][name] = {"runs": runs, "summary": None}
                             _write(args.json, results)
+                        if args.keep and mode != "plain" and os.path.exists(report):
+                            label = re.sub(r"[^A-Za-z0-9]+", "_", mode).strip("_")
+                            _copy(report, os.path.join(args.keep, f"{name}-{label}-{pair + 1}.json"))
                     if args.keep and os.path.exists(report):
-                        os.makedirs(args.keep, exist_ok=True)
-                        with open(report, encoding="utf-8") as src, \
-                                open(os.path.join(args.keep, f"{name}.json"), "w", encoding="utf-8") as dst:
-                            dst.write(src.read())
+                        _copy(report, os.path.join(args.keep, f"{name}.json"))
             except _Skip:
                 print(f"  {name}: skipped (a library it needs is missing)")
                 results["workloads"].pop(name, None)
@@ -226,6 +227,12 @@ def _split(run: dict) -> str:
 AGENT_START = ("bootstrap_s", "init_s")  # the agent's import and start, then its set-up at CUDA's start
 AGENT_SECONDS = ("sample_s", "peak_capture_s", "peak_probe_s", "history_read_s", "forward_modules_s",
                  "search_pause_s", "phase_pause_s")
+
+
+def _copy(src: str, dst: str) -> None:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    with open(src, encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as g:
+        g.write(f.read())
 
 
 def _own_seconds(report: dict, ended: float | None) -> dict | None:
