@@ -5,7 +5,9 @@ private pools, NCCL, CUDA's module loading); the blocks freed but held for strea
 apart into finished and unfinished work (streams.py, a `pending` record); the allocator snapshot
 (--snapshot);
 a holder search over all live memory (after growth or with --trace on, or when
-LIVE_SEARCH_MIN_BYTES of tensors are alive); `gc` (what gc.collect() freed, looked at first:
+LIVE_SEARCH_MIN_BYTES of tensors are alive; its first sweep, first_sweep.py, places every block on a
+reachable tensor in most programs, all but cuBLAS's workspaces, which are confirmed after the last
+reading: `_confirm`); `gc` (what gc.collect() freed, looked at first:
 garbage.py; not collected when that search found no memory only garbage could hold, or when no
 tensor is allocated and no other GPU library was imported); `sync` (work
 finished on side streams); `empty_cache` (the cache given back); then, after the last reading, the
@@ -171,39 +173,82 @@ def _exit_probes(agent, torch, parts: dict) -> None:
             took("snapshot")
         # One search at exit covers every live block, those new since the baseline (a
         # leak's) and the rest (what a program that grew nothing still holds).
-        searched = None
+        searched = budget = None
         if agent.growth_watch.suspected or agent.trace.mode == "on":
-            searched = agent.growth_watch.search("exit")
+            searched = agent.growth_watch.search("exit", hold=True)
         elif agent.channel.fd is not None and any((row[1] or 0) >= LIVE_SEARCH_MIN_BYTES for row in end):
-            searched = agent.growth_watch.search("exit", budget="live")
+            budget = "live"
+            searched = agent.growth_watch.search("exit", budget=budget, hold=True)
         took("search")
+        # Blocks the search took for cuBLAS's workspaces (first_sweep.py): confirmed below.
+        guessed = searched.get("workspaces") if searched else None
+        if searched and not guessed:
+            agent.growth_watch.write_exit_search(searched)
         if searched and searched.get("complete"):
             skip_gc = "the exit search found no CUDA memory that only garbage could hold"
+        elif guessed:
+            skip_gc = ("the exit search found no CUDA memory that only garbage could hold: it placed every "
+                       "block on a reachable tensor but cuBLAS's workspaces")
         elif all(row[1] == 0 for row in end) and not any(name in sys.modules for name in KNOWN):
             skip_gc = "no tensor was allocated at exit and no other GPU library was imported"
         else:
             skip_gc = None
-        _probe(agent, torch, end, took, skip_gc)
+        held = _probe(agent, torch, end, took, skip_gc, hold=bool(guessed))
         parts["cublas_workspaces"] = parts_of.cublas_workspaces(torch, stats, touched)
         took("cublas")
+        if guessed:
+            _confirm(agent, searched, held, parts["cublas_workspaces"], budget)
+            took("confirm")
     finally:
         if collecting:
             gc.enable()
 
 
-def _probe(agent, torch, end: list, took, skip_gc: str | None = None) -> None:
+def _confirm(agent, searched: dict, held: dict | None, cleared: list | None, budget: str | None) -> None:
+    """Whether the blocks the exit search took for cuBLAS's workspaces were exactly those: clearing
+    the workspaces (after the last reading) gave back, on each device, the bytes of the blocks it
+    took. Every workspace is a block no tensor holds, so they are among those blocks, and the same
+    total leaves room for nothing else. Then the search's record and the `gc` probe it let be
+    skipped are written. Else the full search is made now (its blocks are those of the skipped
+    collection less the cleared workspaces) and written instead: where it places every block, or
+    finds it held by no Python object, the skip is proven all the same; where not, no `gc` probe is
+    written (what garbage held is not known) and an error says why."""
+    given = {index: n for index, n in cleared or []}
+    if all(given.get(device) == n for device, n, _count in searched["workspaces"]):
+        agent.growth_watch.write_exit_search(searched)
+        if held is not None:
+            agent.channel.write(held)
+        return
+    full = agent.growth_watch.search("exit", budget=budget, first=False)
+    if full is not None and full.get("complete") and held is not None:
+        agent.channel.write(held)
+        return
+    took = ", ".join(f"{n} bytes in {count} blocks on device {device}" for device, n, count in searched["workspaces"])
+    agent.channel.write({"type": "error", "where": "exit probes", "message": (
+        f"the exit search took {took} for cuBLAS's workspaces, but clearing them gave back "
+        f"{cleared if cleared is not None else 'nothing that could be read'}, and the full search then "
+        "left blocks it could not place: the exit's collection was skipped unproven, and what garbage held "
+        "is not known")})
+
+
+def _probe(agent, torch, end: list, took, skip_gc: str | None = None, hold: bool = False) -> dict | None:
     """Re-measure after each thing that can give memory back, to say what held it. The collection
     is skipped (`skip_gc` says why) when no garbage can hold CUDA memory: the exit search placed
     every block on a reachable object or found it held by no Python object, or no tensor was
     allocated at all and no other GPU library (CuPy's arrays in a cycle) was imported. A full
     collection of a big heap (0.6 s at a million objects on an H100 machine, 0.38 s at the end of
-    a Lightning run that had freed everything) would only delay the end for nothing."""
+    a Lightning run that had freed everything) would only delay the end for nothing. With `hold`,
+    a skipped collection's record is returned, not written (exit._confirm writes it)."""
     write = agent.channel.write
     read = agent.sampler.read_devices
     touched = program_devices(end)  # never allocate on a device the program left alone
+    held = None
     if skip_gc:
-        write({"type": "p", "phase": "gc", "t": time.monotonic(), "collected": None, "d": read(),
-               "skipped": skip_gc})
+        held = {"type": "p", "phase": "gc", "t": time.monotonic(), "collected": None, "d": read(),
+                "skipped": skip_gc}
+        if not hold:
+            write(held)
+            held = None
     else:
         collected = _collect_garbage(agent, torch)
         write({"type": "p", "phase": "gc", "t": time.monotonic(), "collected": collected, "d": read()})
@@ -215,6 +260,7 @@ def _probe(agent, torch, end: list, took, skip_gc: str | None = None) -> None:
     torch.cuda.empty_cache()
     write({"type": "p", "phase": "empty_cache", "t": time.monotonic(), "d": read()})
     took("release")
+    return held
 
 
 def program_devices(end: list) -> list[int]:

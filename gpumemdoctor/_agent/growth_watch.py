@@ -160,11 +160,15 @@ class GrowthWatch:
                              "blocks": len(self.baseline["blocks"]),
                              "elapsed_s": round(time.monotonic() - started, 4)})
 
-    def search(self, when: str, budget: str | None = None, started: float | None = None) -> dict | None:
+    def search(self, when: str, budget: str | None = None, started: float | None = None,
+               hold: bool = False, first: bool = True) -> dict | None:
         """Group what was allocated since the baseline and is still alive (at exit and at an
         out-of-memory error: all that is alive, each group marked new or not), and find its
         holders: in a copy of the process during the run, in the process at exit. `started`: when
-        the program's pause for it began (perf_counter), if before this call (phase_watch)."""
+        the program's pause for it began (perf_counter), if before this call (phase_watch). At exit
+        the search tries its first sweep (search.investigate's `first`) unless told not to; with
+        `hold`, its record is left to the caller to write (`write_exit_search`), once what it took
+        for cuBLAS's workspaces is confirmed."""
         if started is None:
             started = time.perf_counter()
         agent = self.agent
@@ -187,16 +191,22 @@ class GrowthWatch:
         gc.disable()  # the search allocates: a collection now would free the program's garbage
         try:
             result = investigate(agent.torch, self.tensor_kind(), baseline, budget_s, Roots(own),
-                                 agent.threads.names(), all_live=True)
+                                 agent.threads.names(), all_live=True, first=first)
         except Exception as exc:
             agent.channel.write({"type": "error", "where": f"investigation ({when})", "message": repr(exc)[:500]})
             return None
         finally:
             if collecting:
                 gc.enable()
-        agent.channel.write({"type": "investigation", "when": when, "t": time.monotonic(), "step": agent.steps,
-                             "trace": agent.trace.on or agent.trace.was_on, **result})
+        result["t"] = time.monotonic()
+        if not hold:
+            self.write_exit_search(result)
         return result
+
+    def write_exit_search(self, result: dict) -> None:
+        agent = self.agent
+        agent.channel.write({"type": "investigation", "when": "exit", "step": agent.steps,
+                             "trace": agent.trace.on or agent.trace.was_on, **result})
 
     def _search_in_copy(self, when: str, baseline: dict, budget_s: float, started: float) -> None:
         """A search during the run, in a copy of the process (forked.py). The program pauses for the

@@ -72,7 +72,7 @@ class Sweep:
         self._hits(level, 0)
         self.levels.append(level)
         self.reached += len(level)
-        while level and len(self.found) < len(self.targets):
+        while level and not self._done():
             if len(self.levels) > self.max_depth:
                 self.stopped = "depth"
                 return
@@ -99,9 +99,13 @@ class Sweep:
                 self._hits(new, len(self.levels) - 1)
                 nxt += new
                 self.reached += len(new)
-                if len(self.found) == len(self.targets) or self.stopped:
+                if self._done() or self.stopped:
                     return
             level = nxt
+
+    def _done(self) -> bool:
+        """Whether the sweep has what it came for: every target."""
+        return len(self.found) >= len(self.targets)
 
     def _referents(self, chunk: list):
         """What the objects refer to, but a dict's keys: a tensor that is a key (of an optimizer's

@@ -18,7 +18,7 @@ import gc
 import time
 import types
 
-from . import edges, graphs, heap
+from . import edges, first_sweep, graphs, heap
 from .anchors import find_anchors
 from .blocks import (Spans, TensorKind, cuda_tensors, live_blocks, take_baseline, tensor_field,  # noqa: F401
                      thread_entry, user_frames)
@@ -40,7 +40,9 @@ GRAPH_SHARE = 0.5  # of the budget left after the tensors are reached, for readi
 CLAIM_SHARE = 0.2  # of the budget left, for each short sweep beside a placed anchor
 # Why a block has no path: nothing in Python refers to it; something does, but nothing reachable
 # from the program's modules or frames holds that (C code or a dead cycle); the budget ran out.
-WHY = ("no-python-object", "unreachable", "not-reached")
+# At exit, "cublas-workspace": a block of a workspace's size that no tensor the first sweep reached
+# covers (first_sweep.py), confirmed or not by the exit (exit.py).
+WHY = ("no-python-object", "unreachable", "not-reached", "cublas-workspace")
 
 
 class Finder:
@@ -108,6 +110,42 @@ class Finder:
         self.phases["climb_s"] = time.monotonic() - mark
         for key in self.placed:
             self.why.pop(key, None)
+
+    def run_first(self, blocks: list, sizes: frozenset) -> dict | None:
+        """The exit's first sweep (first_sweep.py): where it places every block but some of a
+        cuBLAS workspace's size, those are marked so and {device: [bytes, count]} of them is
+        returned ({} where it placed every block). None, and nothing placed, where the full search
+        must be made (`run`)."""
+        mark = time.monotonic()
+        roots = self.roots
+        start, labels = roots.sweep_start()
+        sweep = first_sweep.TensorSweep(self.torch, self.spans, roots.closed() | self.skip_ids | self.mine, _allow,
+                                        lambda cls: _user_class(cls, roots.user_modules),
+                                        self.budget.share(first_sweep.SHARE))
+        sweep.run(start)
+        del start
+        self.phases["first_sweep_s"] = time.monotonic() - mark
+        self.phases["first_swept"] = sweep.reached
+        if sweep.open and sweep.stopped is not None:
+            return None
+        workspaces = first_sweep.open_workspaces(sweep.open, blocks, sizes)
+        if workspaces is None:
+            return None
+        chains = heap.paths(sweep.levels, sweep.found, sweep.anchors, edges.named)
+        sweep.levels.clear()
+        placed: dict = {}
+        for target, _depth in sorted(sweep.found.items(), key=lambda kv: kv[1]):
+            chain = chains.pop(target, None)
+            if not chain:
+                return None  # a path not recovered: the full search names it
+            path = edges.labels(chain, labels[id(chain[0])], self.named)
+            for key, suffix in sweep.holders[target]:
+                placed.setdefault(key, path + suffix)
+        self.placed.update(placed)
+        self.why = dict.fromkeys(sweep.open, "cublas-workspace")
+        self.heap_objects, self.tensors = sweep.reached, sweep.tensors
+        self.phases["sweep_s"] = time.monotonic() - mark
+        return workspaces
 
     def _anchors(self) -> tuple[dict, dict, list]:
         """The anchors (anchors.py); the heads and their list are the search's own containers."""
@@ -266,10 +304,13 @@ def _user_class(cls, user_modules: set) -> bool:
 # -- a search -------------------------------------------------------------------
 
 def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, roots: Roots, thread_names: dict,
-                all_live: bool = False, skip_ids: set | None = None, blocks: list | None = None) -> dict:
+                all_live: bool = False, skip_ids: set | None = None, blocks: list | None = None,
+                first: bool = False) -> dict:
     """Group the live memory allocated since the baseline (with `all_live`, all of the live memory,
     each group marked new or not) by allocating stack, and find who holds it. `baseline` is what
-    `take_baseline` returned; `blocks` replaces the allocator's view (tests)."""
+    `take_baseline` returned; `blocks` replaces the allocator's view (tests). `first` (at exit):
+    try the first sweep (Finder.run_first) before the full search; the result's "workspaces" then
+    lists [device, bytes, count] of the blocks it took for cuBLAS's, for the exit to confirm."""
     started = time.monotonic()
     budget = heap.Budget(budget_s, started)
     source = "allocator"
@@ -290,8 +331,14 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, roots:
     if not all_live:
         blocks = [b for b in blocks if b["new"]]
     spans = Spans((b["address"], b["size"], i) for i, b in enumerate(blocks))
-    finder = Finder(torch, spans, budget, roots, {id(baseline), id(blocks)} | set(skip_ids or ()))
-    finder.run()
+    skip = {id(baseline), id(blocks)} | set(skip_ids or ())
+    finder = Finder(torch, spans, budget, roots, skip)
+    workspaces = finder.run_first(blocks, first_sweep.workspace_sizes()) if first and blocks else None
+    if workspaces is None:
+        tried = finder.phases
+        finder = Finder(torch, spans, budget, roots, skip)
+        finder.phases.update(tried)
+        finder.run()
     groups = _groups(blocks, finder, thread_names)
     fresh = [b for b in blocks if b["new"]]
     unreached = sum(1 for why in finder.why.values() if why == "not-reached")
@@ -312,7 +359,9 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, roots:
             "gave_up": gave_up, "elapsed_s": round(time.monotonic() - started, 3), "snapshot_s": snapshot_s,
             "budget_s": budget_s, "tensors": finder.tensors, "graph_nodes": finder.graph_nodes,
             "graph_grads": finder.graph_grads, "complete": complete,
-            "phases": {k: round(v, 4) if type(v) is float else v for k, v in finder.phases.items()}}
+            "phases": {k: round(v, 4) if type(v) is float else v for k, v in finder.phases.items()},
+            **({"workspaces": [[d, n, c] for d, (n, c) in sorted(workspaces.items(), key=lambda kv: str(kv[0]))]}
+               if workspaces else {})}
 
 
 def _groups(blocks: list, finder: Finder, thread_names: dict) -> list:

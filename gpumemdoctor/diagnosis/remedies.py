@@ -123,6 +123,11 @@ UNHELD: dict[str, str] = {
                         "(PyTorch's own buffers such as a cuBLAS workspace per stream, 32 MiB on an H100; an "
                         "extension; a custom autograd Function's C++ state){at}. With --trace on, their "
                         "allocating line shows where they came from.",
+    "cublas-workspace": "These are PyTorch's cuBLAS workspaces, one per stream and thread that ran a matrix "
+                        "product (32 MiB each on an H100 or H200, and a 1 MiB cuBLASLt one): no tensor holds "
+                        "them, and clearing the workspaces at exit gave back exactly their bytes. They are not "
+                        "the program's; torch._C._cuda_clearCublasWorkspaces() frees them, and the next matrix "
+                        "product makes them again{at}.",
     "live": "No Python object holds it. PyTorch keeps some memory of its own among the allocated blocks: a "
             "cuBLAS workspace per stream and thread that ran a matmul (32 MiB each on an H100 or H200; "
             "torch._C._cuda_clearCublasWorkspaces() frees them). Otherwise C/C++ code holds it{at}.",

@@ -23,6 +23,7 @@ WHY_TEXT = {
     "no-python-object": "that no Python object holds",
     "unreachable": "held by an object that nothing the program reaches refers to",
     "not-reached": "that the search did not reach within its budget",
+    "cublas-workspace": "that cuBLAS keeps as its workspaces",
 }
 
 

@@ -22,8 +22,9 @@ HOLDER_KINDS = ("global", "attribute", "frame-local", "kept-exception", "hook", 
                 "autograd-graph", "cycle", "generator", "cache", "foreign")
 # Why a group's blocks have no holder: no Python object refers to them; something does, but
 # nothing the program's modules or frames reach holds that (C code, a dead cycle); the search's
-# budget ran out before it reached them.
-UNHELD_WHY = ("no-python-object", "unreachable", "not-reached")
+# budget ran out before it reached them; (at exit) the first sweep took them for cuBLAS's workspaces,
+# which clearing the workspaces confirmed.
+UNHELD_WHY = ("no-python-object", "unreachable", "not-reached", "cublas-workspace")
 
 
 # The sizes of one device at one moment, as a row: torch index, allocated, active, reserved,
@@ -71,8 +72,10 @@ _NUMBERS = dict_of(STR, NUM)
 GROUP = Shape({"device": opt(INT), "new": opt(BOOL), "bytes": INT, "count": INT, "frames": list_of(frame),
                "thread": opt(list_of(STR)), "holders": list_of(HOLDER), "unheld_bytes": INT,
                "unheld_count": opt(INT), "unheld_sizes": _SIZES, "unheld_why": opt(list_of(_WHY))})
-# "visited": the objects the garbage collector tracked when the search began (its heap); "forked":
-# made in a copy of the process; "phases": seconds (and counts) of its parts.
+# "visited": the objects the garbage collector tracked when the search began (its heap), or, where
+# the exit's first sweep placed the blocks, the objects that sweep reached; "forked": made in a copy
+# of the process; "phases": seconds (and counts) of its parts; "workspaces": [torch index, bytes,
+# blocks] the exit's first sweep took for cuBLAS's workspaces, confirmed at exit.
 INVESTIGATION = Shape({"when": one_of("growth", "exit", "oom", "phase"), "t": NUM, "step": opt(INT), "trace": BOOL,
                        "source": one_of("allocator", "tensors"), "all_live": opt(BOOL),
                        "candidate_bytes": INT,
@@ -80,7 +83,8 @@ INVESTIGATION = Shape({"when": one_of("growth", "exit", "oom", "phase"), "t": NU
                        "gave_up": opt(STR), "elapsed_s": NUM, "snapshot_s": opt(NUM),
                        "budget_s": opt(NUM), "tensors": opt(INT), "graph_nodes": opt(INT),
                        "graph_grads": opt(INT), "complete": opt(BOOL),
-                       "forked": opt(BOOL), "phases": opt(_NUMBERS)})
+                       "forked": opt(BOOL), "phases": opt(_NUMBERS),
+                       "workspaces": may(list_of(row(opt(INT), INT, INT)))})
 SUSPICION = Shape({"t": NUM, "step": opt(INT), "device": INT, "by": STR, "grown_bytes": INT, "rate": NUM})
 BASELINE = Shape({"t": NUM, "step": opt(INT), "why": STR, "blocks": INT, "elapsed_s": NUM})
 GARBAGE_TENSOR = Shape({"holder": STR, "cycle": STR, "frames": list_of(frame), "bytes": INT, "count": INT})
