@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -60,7 +61,9 @@ def run(blocks: list, first: bool) -> dict:
 
 
 @pytest.fixture()
-def model():
+def model(monkeypatch):
+    # Among a test session's modules the sweep may reach more objects than a program's exit does.
+    monkeypatch.setattr(first_sweep, "MAX_OBJECTS", 10 ** 7)
     global MODEL
     MODEL = [Layer(64 + i) for i in range(6)]
     yield MODEL
@@ -136,6 +139,17 @@ def test_a_sweep_cut_short_with_blocks_open_makes_the_full_search(model, monkeyp
     result = run(blocks, first=True)
     assert "anchors_s" in result["phases"] and result["complete"] is True
     assert {h["pattern"] for g in result["groups"] for h in g["holders"]} >= {f"{__name__}.MODEL[*].weight"}
+
+
+def test_a_sweep_cut_short_with_only_workspace_sized_blocks_open_takes_them_for_workspaces(model, monkeypatch):
+    blocks = blocks_of_model() + no_tensors(WORKSPACE)
+    covered_at = run(blocks_of_model(), first=True)["visited"]  # the objects it takes to cover the model
+    everything = run(blocks, first=True)["phases"]["first_swept"]  # a block it never covers: all it reaches
+    assert everything > covered_at + 20
+    monkeypatch.setattr(first_sweep, "MAX_OBJECTS", (covered_at + everything) // 2)
+    result = run(blocks, first=True)
+    assert result["phases"]["first_swept"] < everything  # cut short
+    assert result["workspaces"] == [[0, WORKSPACE, 1]] and "anchors_s" not in result["phases"]
 
 
 @pytest.mark.parametrize("env, sizes", [
@@ -257,3 +271,45 @@ def test_the_report_reads_and_words_blocks_taken_for_workspaces(model):
     assert any("cuBLAS keeps as its workspaces" in s["summary"] for s in live), [s["summary"] for s in live]
     text = remedies.unheld_remedy([["cublas-workspace", WORKSPACE, 1, None]], live=True)
     assert "cuBLAS workspaces" in text and "exactly their bytes" in text
+
+
+# -- on the GPU: recordings of two corpus workloads (tests/fixtures/first_sweep, see its README) ----
+
+RECORDED = Path(__file__).parent / "fixtures" / "first_sweep"
+
+
+def recorded(name: str) -> tuple[dict, dict, dict]:
+    report = json.loads((RECORDED / f"{name}.json").read_text())
+    (agent,) = [a for a in report["recording"]["agents"] if a["root"]["investigations"]]
+    (exit_search,) = [i for i in agent["root"]["investigations"] if i["when"] == "exit"]
+    return report, agent, exit_search
+
+
+@pytest.mark.parametrize("name", ["timm_resnet50_ema", "hf_gpt2_kept_outputs"])
+def test_on_the_gpu_the_first_sweep_placed_every_block_and_the_exit_confirmed_the_workspaces(name):
+    report, agent, found = recorded(name)
+    assert "first_sweep_s" in found["phases"] and "anchors_s" not in found["phases"]  # no pass over the heap
+    assert found["visited"] == found["phases"]["first_swept"]
+    # Two 32 MiB workspaces (the main thread's and autograd's) and cuBLASLt's 1 MiB, exactly what
+    # clearing them gave back at exit; the collection the search let be skipped was written after.
+    assert found["workspaces"] == [[0, 2 * WORKSPACE + MIB, 3]]
+    assert agent["exit_info"]["parts"]["cublas_workspaces"] == [[0, 2 * WORKSPACE + MIB]]
+    assert agent["errors"] == [] and agent["probes"]["gc"]["collected"] is None
+    assert report["breakdown"][0]["garbage_bytes"] == 0
+
+
+def test_the_recorded_resnet_names_its_workspaces_and_the_same_holders_as_before():
+    report, _, found = recorded("timm_resnet50_ema")
+    assert found["elapsed_s"] < found["budget_s"]
+    (live,) = [f for f in report["findings"] if f["kind"] == "live-at-exit"]
+    summaries = [s["summary"] for s in live["suspects"]]
+    assert summaries[0].startswith("200 MiB in 322 allocations at timm_resnet50_ema.py:33 in <module>(); held by "
+                                   "__main__.optimizer.state[<Parameter>]['exp_avg_sq']")
+    assert summaries[-1] == "32.0 MiB that cuBLAS keeps as its workspaces"
+    assert "clearing the workspaces at exit gave back exactly their bytes" in live["suspects"][-1]["remedy"]
+
+
+def test_the_recorded_gpt2_leak_is_held_where_it_always_was():
+    report, _, _ = recorded("hf_gpt2_kept_outputs")
+    (leak,) = [f for f in report["findings"] if f["kind"] == "leak"]
+    assert leak["suspects"][0]["holders"][0]["pattern"] == "__main__.history[*]['logits']"

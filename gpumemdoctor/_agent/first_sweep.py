@@ -11,8 +11,8 @@ and thread that ran a matrix product (32 MiB each on an H100 or H200, and a 1 Mi
 measured by benchmarks/workspace_blocks.py). Only blocks of a workspace's size (`workspace_sizes`)
 are taken for one, and only on trust: the exit confirms it after its last reading, when clearing
 the workspaces must give back exactly those bytes on each device (exit._confirm; where they do
-not, the full search is made then). Anything else left open, or a sweep cut short with blocks
-open, and the full search is made instead (search.Finder.run).
+not, the full search is made then). Anything else left open (by a sweep that ran out of objects
+to reach, or was cut short at MAX_OBJECTS), and the full search is made instead (search.Finder.run).
 """
 from __future__ import annotations
 

@@ -126,8 +126,8 @@ class Finder:
         del start
         self.phases["first_sweep_s"] = time.monotonic() - mark
         self.phases["first_swept"] = sweep.reached
-        if sweep.open and sweep.stopped is not None:
-            return None
+        # Left open: blocks of a workspace's size only, whether the sweep ran out of objects to reach
+        # or was cut short (the exit confirms them either way), or the full search decides.
         workspaces = first_sweep.open_workspaces(sweep.open, blocks, sizes)
         if workspaces is None:
             return None
