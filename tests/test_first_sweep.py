@@ -313,3 +313,52 @@ def test_the_recorded_gpt2_leak_is_held_where_it_always_was():
     report, _, _ = recorded("hf_gpt2_kept_outputs")
     (leak,) = [f for f in report["findings"] if f["kind"] == "leak"]
     assert leak["suspects"][0]["holders"][0]["pattern"] == "__main__.history[*]['logits']"
+
+
+def test_a_probe_that_fails_after_the_search_leaves_no_unconfirmed_workspaces(monkeypatch):
+    """The search's record waits for the confirmation: where the probes fail before it, the full
+    search is made and written instead, and no `gc` probe."""
+    calls = []
+
+    class Watch:
+        suspected, baseline = True, None
+
+        def __init__(self, agent):
+            self.agent = agent
+
+        def search(self, when, budget=None, started=None, hold=False, first=True):
+            calls.append((when, hold, first))
+            result = dict(GUESS) if first else {"complete": True, "groups": []}
+            if not hold:
+                self.write_exit_search(result)
+            return result
+
+        def write_exit_search(self, result):
+            self.agent.channel.write({"type": "investigation", **result})
+
+        def wait_for_copies(self):
+            pass
+
+    class Sampler:
+        stats_fn = None
+
+        def read_devices(self):
+            return [[0, 10, 10, 20, 10, 30]]
+
+    agent = Agent()
+    agent.growth_watch, agent.sampler, agent.cost = Watch(agent), Sampler(), {}
+    agent.peak_watch = agent.history = type("X", (), {"at_exit": lambda self: None})()
+    agent.trace = type("Trace", (), {"mode": "auto"})()
+    agent.run_dir = None
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("a probe failed")
+
+    monkeypatch.setattr(agent_exit.streams, "settle", lambda *a: None)
+    monkeypatch.setattr(agent_exit.parts_of, "measure_at_end", lambda *a: {})
+    monkeypatch.setattr(agent_exit, "_probe", boom)
+    with pytest.raises(RuntimeError):
+        agent_exit._exit_probes(agent, torch, {})
+    assert calls == [("exit", True, True), ("exit", False, False)]
+    assert [r["type"] for r in agent.channel.records] == ["p", "investigation"]  # `end`, then the full search's
+    assert "workspaces" not in agent.channel.records[1]

@@ -193,12 +193,15 @@ def _exit_probes(agent, torch, parts: dict) -> None:
             skip_gc = "no tensor was allocated at exit and no other GPU library was imported"
         else:
             skip_gc = None
-        held = _probe(agent, torch, end, took, skip_gc, hold=bool(guessed))
-        parts["cublas_workspaces"] = parts_of.cublas_workspaces(torch, stats, touched)
-        took("cublas")
-        if guessed:
-            _confirm(agent, searched, held, parts["cublas_workspaces"], budget)
-            took("confirm")
+        held = None
+        try:
+            held = _probe(agent, torch, end, took, skip_gc, hold=bool(guessed))
+            parts["cublas_workspaces"] = parts_of.cublas_workspaces(torch, stats, touched)
+            took("cublas")
+        finally:
+            if guessed:  # also after a probe that failed: then nothing confirms them
+                _confirm(agent, searched, held, parts.get("cublas_workspaces"), budget)
+                took("confirm")
     finally:
         if collecting:
             gc.enable()
@@ -220,8 +223,9 @@ def _confirm(agent, searched: dict, held: dict | None, cleared: list | None, bud
             agent.channel.write(held)
         return
     full = agent.growth_watch.search("exit", budget=budget, first=False)
-    if full is not None and full.get("complete") and held is not None:
-        agent.channel.write(held)
+    if full is not None and full.get("complete"):
+        if held is not None:
+            agent.channel.write(held)
         return
     took = ", ".join(f"{n} bytes in {count} blocks on device {device}" for device, n, count in searched["workspaces"])
     agent.channel.write({"type": "error", "where": "exit probes", "message": (

@@ -3,8 +3,8 @@ reaches for a tensor whose memory lies in a block, and stops as soon as every bl
 
 At a program's end its blocks are mostly its model, its optimizer's state and its data, all a few
 references from its modules: the sweep finds a tensor for every block after a few thousand objects
-(ResNet-50 with an EMA copy, 1,287 blocks, 3,954 objects), where the full search first passes over
-every object the garbage collector tracks (hundreds of thousands, half of its time).
+(timm's ResNet-50 with an EMA copy on an H100: 1,129 blocks, 7,803 objects, 20-35 ms), where the
+full search first passes over every object the garbage collector tracks (378,000 there, 48-64 ms).
 
 What no tensor holds stays open: on a GPU that is PyTorch's cuBLAS workspaces, one block per stream
 and thread that ran a matrix product (32 MiB each on an H100 or H200, and a 1 MiB cuBLASLt one;
