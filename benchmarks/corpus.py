@@ -34,6 +34,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -231,8 +232,7 @@ AGENT_SECONDS = ("sample_s", "peak_capture_s", "peak_probe_s", "history_read_s",
 
 def _copy(src: str, dst: str) -> None:
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    with open(src, encoding="utf-8") as f, open(dst, "w", encoding="utf-8") as g:
-        g.write(f.read())
+    shutil.copyfile(src, dst)
 
 
 def _own_seconds(report: dict, ended: float | None) -> dict | None:

@@ -20,10 +20,7 @@ def find_anchors(torch, spans: Spans) -> tuple[dict, dict, list, tuple[int, int,
     up to its graph, the graph's first node)]; the objects in the heap, the tensors among them, and
     the tensors whose .grad carries an autograd graph)."""
     tensor_types = _subclasses(torch.Tensor)
-    array_types: set = set()
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and type(getattr(cupy, "ndarray", None)) is type:
-        array_types = _subclasses(cupy.ndarray)
+    array_types = foreign_array_types()
     wanted = tensor_types | array_types
     objs = gc.get_objects()
     heap_objects = len(objs)
@@ -72,15 +69,31 @@ def find_anchors(torch, spans: Spans) -> tuple[dict, dict, list, tuple[int, int,
                     heads.append((t, [".grad", ".grad_fn"], grad_fn))
                     graph_grads += 1
         for a in arrays:
-            try:
-                pointer = a.__cuda_array_interface__["data"][0]
-            except Exception:
-                continue
-            key = spans.find(pointer)
-            if key is not None:
-                add(a, key, [f" ({edges.short_type(type(a))} sharing its memory)"])
+            found_in = array_block(a, spans)
+            if found_in is not None:
+                add(a, *found_in)
     del tensors, arrays
     return anchors, holders, heads, (heap_objects, tensor_count, graph_grads)
+
+
+def foreign_array_types() -> set:
+    """Another GPU library's array types whose memory may lie in PyTorch's blocks (CuPy's), where
+    that library is imported."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and type(getattr(cupy, "ndarray", None)) is type:
+        return _subclasses(cupy.ndarray)
+    return set()
+
+
+def array_block(a, spans: Spans) -> tuple | None:
+    """(block key, suffix labels) of an array of another library that shares a block's memory (by
+    __cuda_array_interface__), or None."""
+    try:
+        pointer = a.__cuda_array_interface__["data"][0]
+    except Exception:
+        return None
+    key = spans.find(pointer)
+    return None if key is None else (key, [f" ({edges.short_type(type(a))} sharing its memory)"])
 
 
 class _Nothing:

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 
-from . import edges, heap
-from .anchors import _Nothing, _subclasses
-from .blocks import Spans, storage_span, tensor_field
+from . import heap
+from .anchors import _Nothing, _subclasses, array_block, foreign_array_types
+from .blocks import Spans, tensor_field
 
 MAX_OBJECTS = 20_000  # objects the first sweep reaches before it leaves the rest to the full search
 SHARE = 0.3  # of the search's budget
@@ -63,11 +62,7 @@ class TensorSweep(heap.Sweep):
         super().__init__(set(), seen, allow, allow_object, budget, max_objects=MAX_OBJECTS)
         self.spans = spans
         self.tensor_types = _subclasses(torch.Tensor)
-        self.array_types: set = set()
-        cupy = sys.modules.get("cupy")
-        if cupy is not None and type(getattr(cupy, "ndarray", None)) is type:
-            self.array_types = _subclasses(cupy.ndarray)
-        self.wanted = self.tensor_types | self.array_types
+        self.wanted = self.tensor_types | foreign_array_types()
         self.open = set(range(len(spans)))  # the blocks no anchor covers yet
         self.anchors: dict = {}
         self.holders: dict = {}
@@ -88,7 +83,9 @@ class TensorSweep(heap.Sweep):
                 self.tensors += 1
                 self._tensor(obj, depth)
             else:
-                self._array(obj, depth)
+                found_in = array_block(obj, self.spans)
+                if found_in is not None:
+                    self._cover(obj, *found_in, depth)
 
     def _cover(self, obj, key, suffix: list, depth: int) -> None:
         if key is None or key not in self.open:
@@ -99,7 +96,7 @@ class TensorSweep(heap.Sweep):
         self.found.setdefault(id(obj), depth)
 
     def _tensor(self, t, depth: int) -> None:
-        self._cover(t, self._block(t), [], depth)
+        self._cover(t, self.spans.of_tensor(t), [], depth)
         try:
             if not tensor_field(t, "requires_grad") or tensor_field(t, "grad_fn") is not None:
                 return
@@ -107,18 +104,7 @@ class TensorSweep(heap.Sweep):
         except Exception:
             return
         if g is not None:
-            self._cover(t, self._block(g), [".grad"], depth)
-
-    def _array(self, a, depth: int) -> None:
-        try:
-            pointer = a.__cuda_array_interface__["data"][0]
-        except Exception:
-            return
-        self._cover(a, self.spans.find(pointer), [f" ({edges.short_type(type(a))} sharing its memory)"], depth)
-
-    def _block(self, tensor):
-        span = storage_span(tensor)
-        return self.spans.find(span[0]) if span is not None else None
+            self._cover(t, self.spans.of_tensor(g), [".grad"], depth)
 
 
 def open_workspaces(open_keys, blocks: list, sizes: frozenset) -> dict | None:

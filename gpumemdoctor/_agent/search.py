@@ -131,14 +131,10 @@ class Finder:
         workspaces = first_sweep.open_workspaces(sweep.open, blocks, sizes)
         if workspaces is None:
             return None
-        chains = heap.paths(sweep.levels, sweep.found, sweep.anchors, edges.named)
-        sweep.levels.clear()
         placed: dict = {}
-        for target, _depth in sorted(sweep.found.items(), key=lambda kv: kv[1]):
-            chain = chains.pop(target, None)
-            if not chain:
+        for target, path in self._named_paths(sweep, sweep.anchors, labels):
+            if path is None:
                 return None  # a path not recovered: the full search names it
-            path = edges.labels(chain, labels[id(chain[0])], self.named)
             for key, suffix in sweep.holders[target]:
                 placed.setdefault(key, path + suffix)
         self.placed.update(placed)
@@ -168,19 +164,24 @@ class Finder:
         sweep.run(start)
         del start
         self.phases["swept"] = sweep.reached
-        chains = heap.paths(sweep.levels, sweep.found, {**heads, **anchors}, edges.named)
-        sweep.levels.clear()
         head_labels = {}
-        for target, depth in sorted(sweep.found.items(), key=lambda kv: kv[1]):
-            chain = chains.pop(target, None)
-            if not chain:
+        for target, path in self._named_paths(sweep, {**heads, **anchors}, labels):
+            if path is None:
                 continue
-            path = edges.labels(chain, labels[id(chain[0])], self.named)
             if target in heads:
                 head_labels[target] = path
             if target in holders and self._open(target, holders):
                 self._place(target, holders, path)
         return head_labels
+
+    def _named_paths(self, sweep: heap.Sweep, objects: dict, labels: dict):
+        """(id, its path's labels, or None where no path was recovered) of what the sweep found,
+        nearest first."""
+        chains = heap.paths(sweep.levels, sweep.found, objects, edges.named)
+        sweep.levels.clear()
+        for target, _depth in sorted(sweep.found.items(), key=lambda kv: kv[1]):
+            chain = chains.pop(target, None)
+            yield target, edges.labels(chain, labels[id(chain[0])], self.named) if chain else None
 
     def _climb(self, anchors: dict, holders: dict) -> None:
         sizes = self.spans.sizes()
@@ -331,13 +332,9 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, roots:
     if not all_live:
         blocks = [b for b in blocks if b["new"]]
     spans = Spans((b["address"], b["size"], i) for i, b in enumerate(blocks))
-    skip = {id(baseline), id(blocks)} | set(skip_ids or ())
-    finder = Finder(torch, spans, budget, roots, skip)
+    finder = Finder(torch, spans, budget, roots, {id(baseline), id(blocks)} | set(skip_ids or ()))
     workspaces = finder.run_first(blocks, first_sweep.workspace_sizes()) if first and blocks else None
-    if workspaces is None:
-        tried = finder.phases
-        finder = Finder(torch, spans, budget, roots, skip)
-        finder.phases.update(tried)
+    if workspaces is None:  # (a first sweep that decided nothing placed nothing)
         finder.run()
     groups = _groups(blocks, finder, thread_names)
     fresh = [b for b in blocks if b["new"]]
