@@ -10,7 +10,7 @@ import sys
 
 from gpumemdoctor.recording import records
 from gpumemdoctor._agent import events
-from gpumemdoctor._agent.neutral import NO_ROOM, Neutral, quiet_gc
+from gpumemdoctor._agent.neutral import NO_ROOM, Neutral, _trade, quiet_gc
 
 
 class Payload:
@@ -190,6 +190,62 @@ def test_a_reading_leaves_the_count_and_the_dict_free_list_as_it_found_them():
             del keep
             assert (after - before, free) == (0, on_free_list), (on_free_list, read)
     assert neutral.short == 0 and len(neutral.reserve) <= neutral.lend
+
+
+def _stats_and_tuples(holder):
+    """A reading that also makes 30 tuples of 17 and frees them (as a first capture may): they stay
+    on their own free list, which a full collection left empty, so the count rises by 30."""
+    for i in range(30):
+        holder[i] = tuple(range(17))
+    for i in range(30):
+        holder[i] = None
+    return _reserved(0)
+
+
+def test_tuples_a_reading_leaves_on_their_free_list_cost_their_own_ballast_only():
+    """The count a reading leaves above where it began may be tuples or lists, not dicts: the dicts
+    taken back are only those the dict free list holds, and the ballast pays for the tuples and one
+    dict made anew (it once took back as many dicts again, all made anew, and spent twice the
+    ballast: a fresh test process ran out of it at the agent's first capture and left the count
+    one higher after every reading from then on)."""
+    neutral = Neutral()
+    gc.disable()
+    try:
+        gc.collect()  # empties the free lists: the tuples are made anew, and no dict is on its list
+        keep = [{} for _ in range(80)]
+        holder = [None] * 30
+        gc.get_count()
+        before = gc.get_count()[0]
+        ballast = len(neutral.ballast)
+        assert neutral.read(_stats_and_tuples, holder) == 1 << 20
+        after = gc.get_count()[0]
+        free = _free_dicts()
+    finally:
+        gc.enable()
+    del keep
+    assert (after - before, free) == (0, 0)
+    assert ballast - len(neutral.ballast) == 30 + 1 and neutral.short == 0
+    assert len(neutral.reserve) == neutral.lend + 1  # the dict made anew: traded for ballast later
+
+
+def test_a_dict_of_the_reserve_turns_into_ballast_only_where_the_dict_free_list_is_full():
+    reserve, ballast = [{} for _ in range(4)], []
+    gc.disable()
+    try:
+        for full in (True, False):
+            keep = [{} for _ in range(200)]  # the free list's dicts taken, the rest made anew: it is empty
+            if full:
+                keep.clear()  # 80 of them back on the free list, the rest destroyed
+            gc.get_count()
+            before = gc.get_count()[0]
+            _trade(reserve, ballast, gc.get_count)
+            after = gc.get_count()[0]
+            free = _free_dicts()
+            assert after == before
+            assert (len(reserve), len(ballast), free) == ((3, 1, 80) if full else (3, 1, 0)), full
+            del keep
+    finally:
+        gc.enable()
 
 
 class _Node:

@@ -132,10 +132,15 @@ def _libraries(first_pools: list[dict]) -> dict:
 
 
 def _collector(agent) -> dict | None:
-    """The garbage collector as the program left it, and how often the samples found it off."""
+    """The garbage collector as the program left it, how often the samples found it off, and how the
+    agent's own readings stayed neutral to it (neutral.py): the readings after which the count could
+    not be put back (no ballast left), and the ballast left."""
     try:
+        neutral, bulk = agent.sampler.neutral, agent.history.bulk
+        short = (neutral.short if neutral is not None else 0) + (bulk.short if bulk is not None else 0)
         return {"enabled_at_exit": gc.isenabled(), "threshold": gc.get_threshold()[0],
-                "off_samples": agent.sampler.collector_off, "samples": agent.sampler.samples}
+                "off_samples": agent.sampler.collector_off, "samples": agent.sampler.samples,
+                "count_left_higher": short, "ballast": None if neutral is None else len(neutral.ballast)}
     except Exception:
         return None
 

@@ -129,8 +129,10 @@ PARTS = Shape({"cublas_workspaces": _PER_DEVICE, "private_pools": _PER_DEVICE, "
                "module_loading": opt(STR), "process_groups": may(EXIT_GROUPS)})
 # The garbage collector's state: enabled when the process ended, its first threshold, and the
 # samples that found it disabled (gc.disable() in effect). Recordings from before it have none.
+# Since 2026-11-28: the agent's readings after which it could not put the collector's count back
+# (none left neutral.py's ballast to), and the ballast left (null before CUDA started).
 COLLECTOR = Shape({"enabled_at_exit": opt(BOOL), "threshold": opt(INT), "off_samples": opt(INT),
-                   "samples": opt(INT)})
+                   "samples": opt(INT), "count_left_higher": may(INT), "ballast": may(opt(INT))})
 # Other GPU libraries (_agent/libraries.py): one imported, and when; a preallocating library's pool on
 # a device, from its own statistics; the live arrays of other libraries by type, [type, count, bytes].
 LIBRARY = Shape({"t": NUM, "name": STR})

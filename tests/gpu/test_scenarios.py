@@ -429,6 +429,8 @@ def test_the_agent_does_not_change_when_the_program_collects_its_garbage(tmp_pat
     assert collections_tool == collections_plain, (plain.stdout, tool.stdout)
     report = json.loads((tmp_path / "r.json").read_text())
     agent = next(a for a in report["recording"]["agents"] if a["pid"] == report["target"]["pid"])
+    collector = agent["exit_info"]["collector"]
+    assert collector["count_left_higher"] == 0 and collector["ballast"] > 0, collector
     # Sampled throughout the loop (about 1.2 s): how often depends on what a sample costs, which the
     # sampler holds to 1% of the program's time (with eight such tests at once on one H100 a sample
     # cost enough to lengthen the interval past 100 ms: 7 samples).
