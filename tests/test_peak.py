@@ -849,3 +849,39 @@ def test_the_optimizers_named_at_the_allocated_peak_get_its_figure_or_say_whose_
         [("Adam.state", 80 * MiB), ("SGD.state", 20 * MiB)]
     assert two.notes == ["optimizer state: the optimizers' figures as the reading at 4.5 s found them "
                          "(100 MiB then)"]  # the parameters' 100 MiB agree: no note
+
+
+def test_a_capture_s_line_is_written_after_its_reading(agent_and_clock, tmp_path):
+    """A write to the run's file lets the program's threads run, and what they make meanwhile would
+    count as the reading's: Neutral would spend its ballast on the program's objects and leave its
+    count lower (seen on an H200: a capture on the agent's thread counted 39). The capture's line
+    (a string: nothing the collector counts) is written once the reading is over. (A record that
+    `write` makes of dicts, as the trace window's at a step, stays inside its reading, where its
+    dicts are put back: on the program's thread only the agent's, which makes none, can run.)"""
+    agent, clock = agent_and_clock
+    neutral, channel = agent.sampler.neutral, agent.channel
+    inside, written_inside = [False], []
+    read, write_line = neutral.read, channel.write_line
+
+    def reading(fn, arg, room=False):
+        inside[0] = True
+        try:
+            return read(fn, arg, room)
+        finally:
+            inside[0] = False
+
+    def writing_line(text):
+        written_inside.extend([text[:20]] if inside[0] else [])
+        return write_line(text)
+
+    neutral.read, channel.write_line = reading, writing_line
+    for step in range(12):
+        clock.now += 0.05
+        agent.torch.set((step + 1) * 256 * MiB, (step + 1) * 256 * MiB)
+        agent.on_step(explicit=True)
+        if step % 3 == 0:
+            clock.now += 0.05
+            agent.torch.set((step + 2) * 256 * MiB, (step + 2) * 256 * MiB)
+            agent.sampler.sample("time")  # as the agent's own thread samples
+    assert len(captures(tmp_path, agent)) >= 6
+    assert written_inside == []
