@@ -205,8 +205,10 @@ def test_the_samples_count_a_disabled_collector_and_the_exit_record_keeps_it(age
     assert agent.sampler.collector_off == 3
     exit_probes.finish(agent)
     (done,) = [r for r in records(tmp_path, agent) if r["type"] == "exit"]
+    ballast = done["collector"].pop("ballast")
     assert done["collector"] == {"enabled_at_exit": was, "threshold": gc.get_threshold()[0], "off_samples": 3,
-                                 "samples": 4, "count_left_higher": 0, "ballast": len(agent.sampler.neutral.ballast)}
+                                 "samples": 4, "count_left_higher": 0}
+    assert ballast > 0
     rec = read_agent_file(str(tmp_path / f"agent-{agent.pid}.jsonl"), 0.0)
     assert rec.exit_info["collector"]["off_samples"] == 3
 

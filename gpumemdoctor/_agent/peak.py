@@ -133,11 +133,10 @@ class PeakWatch:
             self.best[i] = total
             started = time.perf_counter()
             thread_started = time.thread_time()
-            line = sampler.neutral.read(self._capture, i, by != "step")
-            if line is NO_ROOM:
+            if (line := sampler.neutral.read(self._capture, i, by != "step")) is NO_ROOM:
                 self.best[i] = best
                 return 0.0
-            self.agent.channel.write_line(line)  # after the reading: a write lets the program's thread run
+            self.agent.channel.write_line(line)
             cost = self.agent.cost
             spent = time.perf_counter() - started
             cost["peak_capture_s"] = cost.get("peak_capture_s", 0.0) + spent
@@ -171,9 +170,7 @@ class PeakWatch:
                 sampler.lock.release()
 
     def _capture(self, i: int) -> str:
-        """One capture's line, written once the reading is over: a write to the file lets other threads
-        run, and what the program makes meanwhile would count as the reading's (seen on an H200: 39
-        objects of a training loop taken for a capture's, and as much of Neutral's ballast spent)."""
+        """One capture's line, written after its reading: a write lets the program run (its objects would count)."""
         agent = self.agent
         sampler = agent.sampler
         row = sampler.rows[i]
