@@ -228,6 +228,44 @@ def test_tuples_a_reading_leaves_on_their_free_list_cost_their_own_ballast_only(
     assert len(neutral.reserve) == neutral.lend + 1  # the dict made anew: traded for ballast later
 
 
+def _capture_like(holder):
+    """A peak capture's shape: the stats' 39 dicts and 15 more alive at once, and three 5-tuples."""
+    stats = _nested_stats(0)
+    for i in range(15):
+        holder[i] = {}
+    for i in range(15, 18):
+        holder[i] = tuple(range(5))
+    for i in range(18):
+        holder[i] = None
+    return stats["reserved_bytes"]["all"]["current"]
+
+
+def test_captures_in_a_loop_that_keeps_its_dicts_never_run_out_of_ballast():
+    """oom_accumulation.py on an H200: each capture needed 54 dicts at once, the loop took every dict
+    back from the free list before the next, and the 48 lent were not enough: six dicts made anew
+    and three tuples each time, the reserve grew by as many and the ballast ran out after five
+    captures; from then on each capture left the collector's count higher. Now the whole reserve
+    is lent (what a reading needed stays in it) and the ballast holds what 32 captures spend."""
+    neutral = Neutral()
+    holder, kept, spent, left_higher = [None] * 18, [], [], 0
+    gc.disable()
+    try:
+        gc.collect()
+        for _ in range(32):  # peak.py's MAX_CAPTURES
+            kept.append([{} for _ in range(100)])  # the program takes every dict the free list holds
+            kept.append([tuple(range(5)) for _ in range(10)])  # and the 5-tuples
+            gc.get_count()
+            before, ballast = gc.get_count()[0], len(neutral.ballast)
+            assert neutral.read(_capture_like, holder) == 1 << 20
+            left_higher += gc.get_count()[0] != before
+            spent.append(ballast - len(neutral.ballast))
+    finally:
+        gc.enable()
+    assert left_higher == 0 and neutral.short == 0
+    assert max(spent[1:]) <= 3 + 1  # the tuples, and one dict made anew where the list ran out
+    assert len(neutral.ballast) > neutral.lend
+
+
 def test_a_dict_of_the_reserve_turns_into_ballast_only_where_the_dict_free_list_is_full():
     reserve, ballast = [{} for _ in range(4)], []
     gc.disable()

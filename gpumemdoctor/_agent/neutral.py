@@ -29,6 +29,11 @@ class _Ballast:
 
 
 LEND_DICTS = 48  # lent to the dict free list around a reading: PyTorch's nested stats are 39
+MAX_LEND = 80  # what the dict free list holds at most (CPython 3.11-3.13): more lent would be destroyed
+# Made at CUDA's start with the reserve: what puts the count back after readings that leave objects on
+# other free lists (a capture's few tuples, up to peak.py's 32 captures) or alive (the optimizers'
+# weak references). 48 ran out on an H200 after five captures of a loop that keeps its dicts.
+BALLAST = 1024
 
 
 class Neutral:
@@ -47,15 +52,15 @@ class Neutral:
     or a list made anew where that list was empty, as a first capture does) is paid for with
     ballast; the dicts taken back are then only those the dict free list holds, which may leave
     it short of what it held before by as many (tests/test_events.py). Ballast is made again
-    from reserve dicts above `lend` while the dict free list is full (`_trade`). Run it with
+    from reserve dicts above MAX_LEND while the dict free list is full (`_trade`). Run it with
     automatic collection held off, or with room below the threshold (`room=True`):
     a collection in the middle would make the count meaningless.
     """
 
-    def __init__(self, lend: int = LEND_DICTS):
+    def __init__(self, lend: int = LEND_DICTS, ballast: int = BALLAST):
         self.lend = lend
         self.reserve = [{} for _ in range(lend)]
-        self.ballast = [_Ballast() for _ in range(lend)]
+        self.ballast = [_Ballast() for _ in range(ballast)]
         self.t3 = (0, 0, 0)
         self.short = 0  # readings whose count could not be put back (no ballast left)
         self.collected = 0  # readings inside which a collection ran
@@ -72,9 +77,9 @@ class Neutral:
                 return NO_ROOM
         reserve = self.reserve
         ballast = self.ballast
-        lent = len(reserve)
-        if lent > self.lend:
-            lent = self.lend
+        lent = len(reserve)  # all of it: a reading that needed more dicts than were lent left them here
+        if lent > MAX_LEND:
+            lent = MAX_LEND
         lift = lent - c0  # the count never goes below zero: a freed dict it missed would go unseen
         while lift > 0:
             ballast.append(_Ballast())
@@ -108,7 +113,7 @@ class Neutral:
                     reserve.append({})
                     n -= 1
             c = get()[0]
-            if len(reserve) > self.lend and c > 0:  # (at zero a destroyed dict would not lower the count)
+            if len(reserve) > MAX_LEND and c > 0:  # (at zero a destroyed dict would not lower the count)
                 _trade(reserve, ballast, get)
             if not collected:  # after a collection the count starts again from zero: nothing to put back
                 c = _put_back(ballast, c, c0)
