@@ -9,9 +9,22 @@ must not move the count), written at the process's exit to $NEUTRAL_LOG_DIR/neut
 Columns: the reading's function, on the main thread (1/0), the count at its start (c0), after the
 lift (c1), dicts the full free list destroyed, objects the reading made (created), dicts lent, the
 ballast before it put the count back, the reserve after, the count at the end (== c0 when put
-back) and the ballast after. Bulk's rows: lent/destroyed 0, reserve = its kept objects. What it
+back) and the ballast after. `neutral_log.py --count DIR` prints count_left_higher and the
+ballast of every agent in the reports under DIR (GPUMEMDOCTOR_FIXTURE_DIR of tests/gpu). Bulk's rows: lent/destroyed 0, reserve = its kept objects. What it
 found: benchmarks/results/2026-11-28-h200-neutral-ballast.txt. Never installed with the package."""
-import re, sys
+import glob, json, os, sys
+
+if sys.argv[1:2] == ["--count"]:  # neutral_log.py --count DIR: each agent's figures in DIR's reports
+    for f in sorted(glob.glob(os.path.join(sys.argv[2], "**", "*.json"), recursive=True)):
+        try:
+            agents = json.load(open(f))["recording"]["agents"]
+        except Exception:
+            continue
+        for a in agents:
+            c = (a.get("exit_info") or {}).get("collector") or {}
+            if c.get("count_left_higher") is not None:
+                print(f, a["pid"], "count_left_higher", c["count_left_higher"], "ballast", c.get("ballast"))
+    sys.exit(0)
 p = sys.argv[1]
 s = open(p).read()
 s = s.replace("import gc\n", """import gc
