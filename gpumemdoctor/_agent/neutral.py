@@ -101,17 +101,14 @@ class Neutral:
                 self.collected += 1
                 created = 0
             n = lent - destroyed + created
-            if created:  # only what the dict free list holds: the new objects may be tuples or lists, on theirs
-                c = get()[0]
-                while n > 0:
-                    reserve.append({})
-                    n -= 1
-                    if get()[0] != c:  # made anew: kept (the ballast puts the count back), and no more taken
-                        break
-            else:
-                while n > 0:
-                    reserve.append({})
-                    n -= 1
+            c = get()[0]
+            while n > 0:
+                reserve.append({})
+                n -= 1
+                # Where the count rose, only what the dict free list holds: the new objects may be tuples
+                # or lists, on theirs. A dict made anew is kept (the ballast puts the count back).
+                if created and get()[0] != c:
+                    break
             c = get()[0]
             if len(reserve) > MAX_LEND and c > 0:  # (at zero a destroyed dict would not lower the count)
                 _trade(reserve, ballast, get)
