@@ -20,9 +20,20 @@ own end and its exit:
 
 The longest gap is what a pause of the tool would show as (a frozen training loop). With
 CORPUS_STEP_TIMES=PATH, every step's time (milliseconds, after warm-up) is also written to PATH, one
-per line, to see where in the loop a cost falls.
+per line, to see where in the loop a cost falls. The longest gap's end is printed as a monotonic time
+(the clock of the agent's records), to find what happened then:
+
+    STEP_GAP_MAX_AT_MONO_S <time.monotonic() at the end of the longest gap>
+
+With CORPUS_STALL_DUMP_S=SECONDS, a gap longer than that dumps every thread's Python stack to
+standard error every SECONDS while it lasts (faulthandler's watchdog, a C thread that needs no GIL): what the
+program and the tool's threads were doing in a stall. With CORPUS_GC_LOG=PATH, each garbage collection
+of the loop longer than 10 ms is timed (a gc callback) and written to PATH at the end, with the
+number of modules and of objects the collector tracks then, and the modules' names.
 """
 import atexit
+import faulthandler
+import gc
 import importlib
 import os
 import statistics
@@ -71,10 +82,26 @@ class StepClock:
 
     def __init__(self):
         self.ends = []
+        self.monos = []
         self.epochs = []
+        self.stall_dump_s = float(os.environ.get("CORPUS_STALL_DUMP_S") or 0)
+        self.gc_log = os.environ.get("CORPUS_GC_LOG")
+        self.collections = []
+        if self.gc_log:
+            gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase, info):
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif time.perf_counter() - self._gc_started > 0.01:
+            self.collections.append((len(self.ends), info["generation"], time.perf_counter() - self._gc_started,
+                                     info["collected"]))
 
     def tick(self):
         self.ends.append(time.perf_counter())
+        self.monos.append(time.monotonic())
+        if self.stall_dump_s and len(self.ends) > WARMUP_STEPS:
+            faulthandler.dump_traceback_later(self.stall_dump_s, repeat=True)
         if len(self.epochs) < 2:
             self.epochs.append(time.time())
         else:
@@ -87,6 +114,16 @@ class StepClock:
         print(f"STEPS {len(gaps)}")
         print(f"STEP_TIME_MS {statistics.median(gaps) * 1000:.3f}")
         print(f"STEP_GAP_MAX_MS {max(gaps) * 1000:.3f}")
+        longest = gaps.index(max(gaps))
+        print(f"STEP_GAP_MAX_AT_MONO_S {self.monos[WARMUP_STEPS + 1 + longest]:.4f}")
+        if self.stall_dump_s:
+            faulthandler.cancel_dump_traceback_later()
+        if self.gc_log:
+            with open(self.gc_log, "w", encoding="utf-8") as f:
+                f.write(f"modules {len(sys.modules)} tracked {len(gc.get_objects())} count {gc.get_count()}\n")
+                f.writelines(f"collection at step {n}: generation {g}, {s * 1000:.1f} ms, {c} collected\n"
+                             for n, g, s, c in self.collections)
+                f.writelines(f"module {m}\n" for m in sorted(sys.modules))
         if os.environ.get("CORPUS_STEP_TIMES"):
             with open(os.environ["CORPUS_STEP_TIMES"], "w", encoding="utf-8") as f:
                 f.writelines(f"{gap * 1000:.3f}\n" for gap in gaps)
