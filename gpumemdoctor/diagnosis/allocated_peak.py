@@ -12,7 +12,7 @@ import os
 
 from . import probed
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
-from .remedies import FINDINGS
+from .remedies import FINDINGS, LIBRARY_LOOPS
 from ..contract import HISTORY_COUNTER_SLACK as COUNTER_SLACK, reaches_counter
 from ..units import format_bytes as fb
 
@@ -184,13 +184,7 @@ def _graph_after(agent, torch_index: int, c: PeakComposition, made: list) -> Non
             return
 
 
-# The remedies of library loops that gather outputs on the GPU (_agent/history.py's LIBRARY_LOOPS), in
-# the library's own terms.
-_TRAINER = ("The Trainer gathers every batch's predictions on the GPU, concatenated to the ones before, until the "
-            "evaluation ends: set TrainingArguments(eval_accumulation_steps=N) to move them to the CPU every N "
-            "steps, and pass Trainer(preprocess_logits_for_metrics=...) to keep only what compute_metrics needs "
-            "(logits.argmax(-1) instead of the vocabulary's logits).")
-LOOP_REMEDIES = {"transformers.Trainer.evaluation_loop": _TRAINER, "transformers.Trainer.prediction_loop": _TRAINER}
+LOOP_REMEDIES = LIBRARY_LOOPS  # (remedies.py: the library loops' own switches)
 
 
 def _grown(readings: list, best: dict) -> list[int]:

@@ -37,9 +37,15 @@ class Finding:
     device: int | None = None  # NVML index
     suspects: list[dict] = field(default_factory=list)  # where, who holds it, which thread (suspects.py)
     host: str | None = None  # the host of the process (pid), from the recording
+    # What it claims, each with its evidence and its words (claims.Claim.to_json): a cause, a remedy,
+    # "would have fit", what was not seen. Reports made before claims were kept have none.
+    claims: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not out["claims"]:  # written only where made: an older report reads back as it was
+            del out["claims"]
+        return out
 
 
 @dataclass

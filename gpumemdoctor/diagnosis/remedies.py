@@ -251,6 +251,29 @@ OUT_OF_MEMORY: dict[str, str] = {
                        "them), or choose another GPU.",
     "full": "Use less memory per step: a smaller batch, activation checkpointing, mixed precision, or free what is "
             "no longer needed before this line.",
+    # "full", where the failing step was asked for more than any step before it (judgement._larger_step)
+    "full-larger-step": "This step needed more than any before it: cap or bucket the sequence length (truncate, "
+                        "sort batches by length, or a token budget per batch instead of a fixed batch size), or "
+                        "split the longest batches; gradient checkpointing (model.gradient_checkpointing_enable() "
+                        "in transformers, torch.utils.checkpoint) keeps fewer activations, and torch.autocast("
+                        "'cuda', dtype=torch.bfloat16) halves most of them.",
+}
+
+
+# The library loops that gather a model's outputs on the GPU (_agent/reading.py's LIBRARY_LOOPS: the
+# main thread's stack at a reading), each with its own switches, in the library's own terms.
+_TRAINER = ("The Trainer gathers every batch's predictions on the GPU, concatenated to the ones before, until the "
+            "evaluation ends: set TrainingArguments(eval_accumulation_steps=N) to move them to the CPU every N "
+            "steps, and pass Trainer(preprocess_logits_for_metrics=...) to keep only what compute_metrics needs "
+            "(logits.argmax(-1) instead of the vocabulary's logits).")
+LIBRARY_LOOPS: dict[str, str] = {
+    "transformers.Trainer.evaluation_loop": _TRAINER,
+    "transformers.Trainer.prediction_loop": _TRAINER,
+    "lightning.validation": (
+        "Lightning's validation loop ran while the memory was gathered: what validation_step returns, or keeps "
+        "in a list on the module (validation_step_outputs), or a callback's on_validation_batch_end keeps, stays "
+        "on the GPU until the epoch ends: keep .detach().cpu() copies or numbers, or update a torchmetrics metric "
+        "per batch, and clear the list in on_validation_epoch_end."),
 }
 
 
