@@ -55,6 +55,32 @@ def _pools_from_snapshot(torch, indexes: list[int]) -> list[list[int]] | None:
     return [[index, size] for index, size in totals.items()]
 
 
+def graph_pools(torch, indexes: list[int]) -> list[list[int]] | None:
+    """[[torch index, pools, reserved bytes, allocated bytes]]: the private pools of CUDA graphs (and
+    torch.cuda.MemPool) on each device, from an allocator snapshot's segments, taken only where the
+    program captured a CUDA graph; [] where it did not. The graphs' memory: what each pool reserved for
+    its graph's replays, allocated (the static outputs) or not. None where it could not be read."""
+    if not _captured_a_graph(torch):
+        return []
+    try:
+        found: dict = {}
+        for segment in snapshot(torch).get("segments", []):
+            pool = segment.get("segment_pool_id")
+            if pool is None or tuple(pool) == DEFAULT_POOL or segment.get("device") not in indexes:
+                continue
+            row = found.setdefault((segment["device"], tuple(pool)), [0, 0])
+            row[0] += int(segment.get("total_size") or 0)
+            row[1] += int(segment.get("allocated_size") or 0)
+        out = []
+        for index in indexes:
+            rows = [v for (i, _), v in found.items() if i == index]
+            if rows:
+                out.append([index, len(rows), sum(r[0] for r in rows), sum(r[1] for r in rows)])
+        return out
+    except Exception:
+        return None
+
+
 def cublas_workspaces(torch, stats, indexes: list[int]) -> list[list[int]] | None:
     """[[torch index, bytes]]: what `torch._C._cuda_clearCublasWorkspaces()` gives back to the cache
     on each device: the cuBLAS and cuBLASLt workspaces, one per stream and thread that ran a matmul
@@ -118,4 +144,4 @@ def measure_at_end(torch, stats, indexes: list[int]) -> dict:
         groups = None
     return {"private_pools": private_pools(torch, stats, indexes), "dist_backend": dist_backend(),
             "module_loading": os.environ.get("CUDA_MODULE_LOADING"), "process_groups": groups,
-            "memory_fraction": memory_fraction(torch, indexes)}
+            "memory_fraction": memory_fraction(torch, indexes), "graph_pools": graph_pools(torch, indexes)}

@@ -9,6 +9,7 @@ from . import phases, probed, suspects
 from .findings import Breakdown
 from .phases import Pause
 from .accumulations import accumulations as accumulations_in
+from .remedies import LIBRARY_LOOPS
 from .stacks import at, user_line
 from ..growth import MIN_POINTS
 from ..recording.recording import AgentRecording, TorchSample
@@ -73,6 +74,9 @@ class Evidence:
     limit_source: str | None = None
     # PyTorch's allocated peak counter at the last sample before the first out-of-memory error's step
     peak_before_error: int | None = None
+    # The readings of the allocator's events made inside a library loop (remedies.LIBRARY_LOOPS): t,
+    # loop, loop_called_at
+    loop_readings: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         """What the report keeps of it: the facts, not the suspects (those are on the findings)."""
@@ -139,6 +143,9 @@ def gather(agent: AgentRecording, torch_index: int, nvml_index: int | None, wher
     return Evidence(
         pid=agent.pid, device=nvml_index, torch_index=torch_index, where=where, samples=samples, by=by,
         peak_before_error=_peak_before(agent, torch_index, ooms[0]) if ooms else None,
+        loop_readings=[{"t": r["t"], "loop": r["loop"], "loop_called_at": r.get("loop_called_at")}
+                       for r in agent.root.get("peak_histories", [])
+                       if r.get("device") == torch_index and r.get("loop") in LIBRARY_LOOPS],
         pauses=pauses,
         phase_accumulations=phase_held, phase_search=phase_meta,
         enough_samples=samples >= MIN_POINTS and unseen < near and watched_after >= MIN_WATCHED_AFTER,

@@ -71,7 +71,7 @@ from .evidence import (SIGNIFICANT_BYTES, Evidence, Judged, at_line, brief, oom_
 from .probed import suspect as probed_suspect, summary as probed_summary
 from . import claims, fit, streams, words
 from .claims import Claim
-from .remedies import FINDINGS, OUT_OF_MEMORY
+from .remedies import FINDINGS, LIBRARY_LOOPS, OUT_OF_MEMORY
 from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
 from ..units import format_bytes as fb
 
@@ -399,6 +399,7 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
     suspects = [probed_suspect(x, phase=True) if x.get("probed") else accumulation_suspect(x, phase=True)
                 for x in e.phase_accumulations[:MAX_SUSPECTS]]
     held = ""
+    said: list[Claim] = []
     if e.phase_accumulations and e.phase_accumulations[0].get("probed"):
         a, search = e.phase_accumulations[0], e.phase_search or {}
         why = search.get("declined") or "no search was made at a pause's height"
@@ -407,8 +408,19 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
     elif e.phase_accumulations:
         a = e.phase_accumulations[0]
         held = f" At its height {alike_text(a)} were held by {a['pattern']}."
-    elif (e.phase_search or {}).get("declined"):  # the tool's pause limit: no holder, and why
-        held = f" No holder was looked for at its height: {e.phase_search['declined']}."
+    loop = _loop_in(e, bound)
+    remedy = suspects[0]["remedy"] if suspects else None
+    if loop is not None:  # a library's loop gathered it: its own switches
+        said.append(loop)
+        held += f" {words.sentence(words.say(loop))}."
+        remedy = remedy if suspects and suspects[0].get("holders") else LIBRARY_LOOPS[loop.evidence["loop"]]
+    if not suspects:
+        why = (e.phase_search or {}).get("declined") or "no search was made at a pause's height"
+        unseen = claims.not_seen("what held it", why)
+        said.append(unseen)
+        if loop is None:
+            held += f" {words.sentence(words.say(unseen))}."
+            remedy = FINDINGS["phase-unsearched"]
     return Judged(
         kind="avoidable-peak", bytes=top.rise,
         summary=f"In {e.where}, memory rose during {len(bound)} pause{'s' if len(bound) > 1 else ''} in the "
@@ -417,7 +429,16 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
                 f"each pause's end: not a leak, but what made the peak.{held}",
         evidence={"decided_by": "phases", "pauses": [p.to_json() for p in bound],
                   "highest_bytes": top.height, "root_cause": e.phase_search},
-        remedy=suspects[0]["remedy"] if suspects else FINDINGS["phase-unsearched"], suspects=suspects)
+        remedy=remedy, suspects=suspects, claims=said)
+
+
+def _loop_in(e: Evidence, pauses: list) -> Claim | None:
+    """A library loop (remedies.LIBRARY_LOOPS) that a reading found the program in during one of
+    these pauses: the library's own switches govern what it gathered."""
+    for r in e.loop_readings:
+        if any(p.since_s <= r["t"] <= (p.until_s if p.until_s is not None else p.t1 + 1.0) for p in pauses):
+            return claims.make("library-loop", loop=r["loop"], called_at=r.get("loop_called_at"), t=r["t"])
+    return None
 
 
 def _context(e: Evidence) -> Judged | None:

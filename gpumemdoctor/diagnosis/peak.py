@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 
-from . import allocated_peak, cache_filled, probed
+from . import allocated_peak, cache_filled, claims, fit, probed, words
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS
 from ..units import MAX_SIZE_BYTES
@@ -46,7 +46,10 @@ EARLIER_S = 1.0  # a probe made this long before a capture without one still tel
 HOW = {
     "context": "the CUDA context, read at the process's first allocation",
     "outside-pytorch": "NVML's figure for the process less the context and PyTorch's reserved memory",
-    "fragmentation": "free memory inside the allocator's split segments (inactive_split_bytes)",
+    "fragmentation": "free memory inside the allocator's split segments (inactive_split_bytes), CUDA graphs' "
+                     "private pools left out",
+    "graph-pools": "free memory inside CUDA graphs' private pools, reserved for their replays: the graphs' own "
+                   "(their pools as measured at exit)",
     "cache": "reserved by PyTorch, neither allocated nor split: free for its next allocations",
     "parameters": "the parameters of the optimizers that stepped and of modules the program's names hold",
     "gradients": "the .grad of those parameters",
@@ -206,8 +209,21 @@ def _outside_allocated(split: _Split, agent, capture: dict, peak_total: int, con
     split.add("outside-pytorch", max(0, outside), how=HOW["outside-pytorch"] + _libraries(agent))
     free = split.reserved - split.allocated
     fragmented = min(capture["inactive_split"] or 0, free)
-    split.add("fragmentation", fragmented)
-    split.add("cache", free - fragmented)
+    # CUDA graphs' private pools: their free memory is the graphs', kept for their replays, not free pieces
+    # of the program's segments (taken from the split memory first: a pool's segments hold its outputs).
+    pools = min(graph_pool_free(agent, capture["device"]), free)
+    from_split = min(pools, fragmented)
+    split.add("graph-pools", pools)
+    split.add("fragmentation", fragmented - from_split)
+    split.add("cache", free - fragmented - (pools - from_split))
+
+
+def graph_pool_free(agent, torch_index: int) -> int:
+    """The free memory inside CUDA graphs' private pools on this device, as measured at exit
+    (_agent/parts.graph_pools); 0 where none was captured or measured."""
+    parts = (getattr(agent, "exit_info", None) or {}).get("parts") or {}
+    return sum(reserved - allocated for index, _, reserved, allocated in parts.get("graph_pools") or []
+               if index == torch_index)
 
 
 # The optimizers' parts: category, the capture's key, its column in a capture's `optimizers` rows, the
@@ -349,11 +365,15 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
 
     split = c.bytes_of("fragmentation")
     if split >= max(MIN_FINDING_BYTES, FRAGMENTED_SHARE * c.total_bytes):
-        out.append(Finding(kind="fragmented-peak", bytes=split, pid=c.pid, device=c.device,
-                           summary=f"{moment}, {fb(split)} was free memory split inside the allocator's "
-                                   "segments, too small in pieces to serve larger requests",
-                           evidence={**evidence, "inactive_split_bytes": split, "reserved_bytes": c.reserved_bytes},
-                           remedy=FINDINGS["fragmented-peak"]))
+        pools = c.bytes_of("graph-pools")
+        said = claims.make("fragmented-peak", split_bytes=split, graph_pool_free_bytes=pools,
+                           inactive_split_bytes=capture["inactive_split"])
+        if said is not None:
+            out.append(Finding(kind="fragmented-peak", bytes=split, pid=c.pid, device=c.device,
+                               summary=f"{moment}, {words.say(said)}",
+                               evidence={**evidence, "inactive_split_bytes": split, "reserved_bytes": c.reserved_bytes,
+                                         "graph_pool_free_bytes": pools},
+                               remedy=FINDINGS["fragmented-peak"], claims=[said.to_json()]))
     temporaries = c.part("temporaries")
     # One tensor of a running function's own: a container's many (`x[*]`) are an accumulation, which
     # the leak and pause rows judge, not a temporary to free sooner.
@@ -382,7 +402,10 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
             and graphs.bytes >= max(MIN_FINDING_BYTES, GRAPHS_SHARE * c.allocated_bytes)):
         top = graphs.holders[0] if graphs.holders else None
         held = f" by {top['name']}" + (f" ({top['line']})" if top and top["line"] else "") if top else ""
+        kept = claims.make("graphs-kept", holder=top["name"] if top else "the program's names",
+                           holder_kind="autograd-graph", bytes=graphs.bytes, running_step=False)
         out.append(Finding(kind="avoidable-peak", bytes=graphs.bytes, pid=c.pid, device=c.device,
+                           claims=[kept.to_json()] if kept else [],
                            summary=f"{moment}, autograd graphs held{held} kept {fb(graphs.bytes)} of saved "
                                    "tensors, " + ("during a pause in the steps (an evaluation, a validation, the "
                                                   "work after the last step)" if c.in_pause
@@ -402,19 +425,27 @@ def _graphs_from_search(agent, torch_index: int, capture: dict) -> tuple[int, li
         if search["when"] not in ("phase", "oom") or search["step"] != capture["step"] or search["t"] > capture["t"]:
             continue
         held: dict = {}
+        oom = _oom_of(agent, search) if search["when"] == "oom" else None
         for group in search["groups"]:
             if group.get("device") not in (None, torch_index):
                 continue
             frame = group["frames"][0] if group["frames"] else None
             line = f"{frame[0].rsplit('/', 1)[-1]}:{frame[1]}" if frame else None
             for h in group["holders"]:
-                if h["kind"] == "autograd-graph":
+                # (at an error in a step's forward, its locals' graphs are the step's activations: not kept)
+                if h["kind"] == "autograd-graph" and not (oom is not None and fit.running_step(oom, h)):
                     entry = held.setdefault(h["path"], {"name": h["path"], "bytes": 0, "line": line})
                     entry["bytes"] += h["bytes"]
         total = sum(h["bytes"] for h in held.values())
         if total > best[0]:
             best = (total, sorted(held.values(), key=lambda h: -h["bytes"])[:4], search)
     return best
+
+
+def _oom_of(agent, search: dict) -> dict | None:
+    """The out-of-memory record an `oom` search was made for: the first error (only it is searched)."""
+    ooms = agent.root.get("ooms", [])
+    return ooms[0] if ooms else None
 
 
 def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None, probe: dict | None = None,

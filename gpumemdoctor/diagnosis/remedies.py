@@ -146,10 +146,10 @@ FINDINGS: dict[str, str] = {
                        ".item() or .detach(), and del what you no longer need.",
     "live-at-exit-unsearched": "Nothing to do if the program still needs it; otherwise del the references to it "
                                "and call torch.cuda.empty_cache() to give the memory back to the device.",
-    "phase-unsearched": "No search was made at its height, so what held it is not known: what an evaluation "
-                        "gathers, or the autograd graphs it builds, lives until it ends. Evaluate under "
-                        "torch.no_grad() (model.eval() does not stop autograd), keep numbers (loss.item()) or "
-                        "CPU copies of what you gather, or reduce as you go.",
+    "phase-unsearched": "What held it is not known (no search at its height): what a pause gathers lives until it "
+                        "ends. Keep numbers (loss.item()) or CPU copies (.detach().cpu()) of what it gathers, or "
+                        "reduce as you go (a running metric); run gpumemdoctor with --max-pause 0.1 or more to let "
+                        "a search name the holder.",
     "garbage-cycle": "Break the cycle (weakref for back-references, clear the container, avoid keeping "
                      "exceptions or frames, no lambdas or bound methods of an object stored on itself), or call "
                      "gc.collect() after freeing large structures.",
@@ -178,6 +178,9 @@ FINDINGS: dict[str, str] = {
                       "(del, or reassign), compute in place (x.mul_(), out=), process it in chunks, or avoid the "
                       "copy (torch.cat of growing lists, .contiguous(), .float() of a half-precision tensor each "
                       "make a whole new tensor).",
+    "gathered-at-peak": "Tensors gathered with no backward() after them and let go of together made the peak: "
+                        "keep numbers (.item()) or CPU copies (.detach().cpu()) of what you gather, reduce as you go "
+                        "(a running metric), or let go of each as soon as it is used.",
     "concatenation-at-peak": "A concatenation's result was made while all its pieces were still held: write the "
                              "pieces into one tensor made beforehand (torch.empty, then out[i:j] = piece, or "
                              "torch.cat(..., out=)), or drop each piece as soon as it is copied.",

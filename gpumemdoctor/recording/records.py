@@ -129,10 +129,13 @@ _PER_DEVICE = opt(list_of(pair(INT, SIZE)))  # [torch index, bytes]
 # torch.distributed.
 EXIT_GROUPS = opt(Shape({"groups": INT, "nccl_bytes": opt(SIZE)}))
 # "memory_fraction": [[torch index, fraction, limit bytes]], the per-process memory fraction in force at exit
-# (torch.cuda.set_per_process_memory_fraction; 1.0 where none was set); absent from recordings before it.
+# (torch.cuda.set_per_process_memory_fraction; 1.0 where none was set); "graph_pools": [[torch index, pools,
+# reserved, allocated]], CUDA graphs' private pools (_agent/parts.graph_pools); both absent from recordings
+# before issue 56.
 PARTS = Shape({"cublas_workspaces": _PER_DEVICE, "private_pools": _PER_DEVICE, "dist_backend": opt(STR),
                "module_loading": opt(STR), "process_groups": may(EXIT_GROUPS),
-               "memory_fraction": may(opt(list_of(row(INT, NUM, SIZE))))})
+               "memory_fraction": may(opt(list_of(row(INT, NUM, SIZE)))),
+               "graph_pools": may(opt(list_of(row(INT, INT, SIZE, SIZE))))})
 # The garbage collector's state: enabled when the process ended, its first threshold, and the
 # samples that found it disabled (gc.disable() in effect). Recordings from before it have none.
 # Since 2026-11-28: the agent's readings after which it could not put the collector's count back
