@@ -263,7 +263,9 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
         if grown:
             evidence["grown_bytes"] = grown
         made = [claims.make("concatenation", bytes=joined["bytes"], pieces=joined["pieces"],
-                            pieces_bytes=joined["pieces_bytes"], held=joined.get("held"))]
+                            # (the pieces are gathered blocks of the peak: allocated at its moment, by the events)
+                            pieces_bytes=joined["pieces_bytes"], pieces_live_at_peak=True,
+                            result_held_at_reading=joined.get("held"))]
         if loop:
             made.append(claims.make("library-loop", loop=loop, called_at=evidence.get("loop_called_at"),
                                     t=inside["t"]))

@@ -97,7 +97,7 @@ def _autograd_seen(e: dict) -> str | None:
 
 
 def _concatenation(e: dict) -> str | None:
-    if e["pieces"] < 2 or not e["held"]:
+    if e["pieces"] < 2 or not e["pieces_live_at_peak"]:
         return "not a concatenation of pieces still held"
     if abs(e["pieces_bytes"] - e["bytes"]) > max(SLACK_BYTES, e["bytes"] // 10):
         return "the pieces are not as large as the result together"
@@ -141,8 +141,10 @@ def _at_shutdown(e: dict) -> str | None:
 def _structure(e: dict) -> str | None:
     if e["count"] < e["min_count"]:
         return "fewer alike tensors than the rule needs"
-    if e["one_a_step"] and not e["same_line"]:
-        return "one a step, but not allocated at one line"
+    if not e["same_line"]:
+        return "not allocated at one line"
+    if not (e["one_a_step"] or e.get("rose_after_first_third")):
+        return "neither one a step nor made through the run"
     return None
 
 
@@ -203,7 +205,7 @@ CLAIMS: dict[str, Kind] = {
     "gathered": Kind(("bytes", "blocks", "phase"),
                      "PyTorch's allocation events walked back to its allocated peak: tensors made outside backward() "
                      "and freed together after it", _always),
-    "concatenation": Kind(("bytes", "pieces", "pieces_bytes", "held"),
+    "concatenation": Kind(("bytes", "pieces", "pieces_bytes", "pieces_live_at_peak"),
                           "the allocation events: one tensor as large as the tensors made before it, made while they "
                           "were all still allocated", _concatenation),
     "library-loop": Kind(("loop",), "the main thread's stack at a reading: inside a library loop whose own switch "
@@ -222,7 +224,8 @@ CLAIMS: dict[str, Kind] = {
                                 "(threading._shutdown) and ran its exit hooks", _at_shutdown),
     "decided-by-structure": Kind(("pattern", "count", "min_count", "same_line", "one_a_step"),
                                  "the exit search: alike tensors held by one holder pattern, allocated at one line, "
-                                 "as many as the steps (one more at each)", _structure),
+                                 "as many as the steps (one more at each), or, without steps, most of them made "
+                                 "after the first third of the samples", _structure),
     "time-to-full": Kind(("rate_bytes_per_s", "free_bytes", "limit_bytes"),
                          "the growth's rate per second and the free memory at the last sample, under the limit in "
                          "force", _time_to_full),

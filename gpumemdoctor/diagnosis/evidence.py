@@ -74,6 +74,10 @@ class Evidence:
     limit_source: str | None = None
     # PyTorch's allocated peak counter at the last sample before the first out-of-memory error's step
     peak_before_error: int | None = None
+    steps: int = 0  # the steps the program marked (optimizer steps, gpumemdoctor.step())
+    allocated_values: list[int] = field(default_factory=list)  # the series' allocated readings, in order
+    shutdown: dict | None = None  # when the exit probes ran (the exit record's `shutdown`): before its joins
+    graph_pools: list | None = None  # CUDA graphs' private pools at exit: [pools, reserved, allocated]
     # The readings of the allocator's events made inside a library loop (remedies.LIBRARY_LOOPS): t,
     # loop, loop_called_at
     loop_readings: list[dict] = field(default_factory=list)
@@ -143,6 +147,9 @@ def gather(agent: AgentRecording, torch_index: int, nvml_index: int | None, wher
     return Evidence(
         pid=agent.pid, device=nvml_index, torch_index=torch_index, where=where, samples=samples, by=by,
         peak_before_error=_peak_before(agent, torch_index, ooms[0]) if ooms else None,
+        steps=agent.steps or 0, allocated_values=values, shutdown=(agent.exit_info or {}).get("shutdown"),
+        graph_pools=next((row[1:] for row in ((agent.exit_info or {}).get("parts") or {}).get("graph_pools") or []
+                          if row[0] == torch_index), None),
         loop_readings=[{"t": r["t"], "loop": r["loop"], "loop_called_at": r.get("loop_called_at")}
                        for r in agent.root.get("peak_histories", [])
                        if r.get("device") == torch_index and r.get("loop") in LIBRARY_LOOPS],

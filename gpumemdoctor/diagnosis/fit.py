@@ -40,6 +40,7 @@ from .remedies import FIT, OUT_OF_MEMORY
 
 MIN_PART_BYTES = 64 << 20  # a part smaller than this is not offered as the fix
 IN_A_STEP = ("backward", "optimizer step")
+MODULE_FILE = "/".join(("torch", "nn", "modules", "module.py"))  # nn.Module._call_impl's file, in a stack
 _LOCAL = re.compile(r"^thread '[^']*': (?P<fn>[^\s(]+)\(\) at (?P<file>\S+) local ")
 
 
@@ -55,7 +56,9 @@ def headroom(oom: dict) -> int:
 
 def running_step(oom: dict, holder: dict) -> bool:
     """Whether an autograd graph's holder is the running computation's own activations: backward() was
-    running, or grad mode was on and the holder is a local of a function on the error's own stack."""
+    running, or grad mode was on and the holder is a local of a function running inside the outermost
+    module call on the error's stack (a model's forward: `hidden_states`); not a local of the program's
+    own function that called it (an evaluation's list of outputs keeps graphs after each batch)."""
     if oom.get("inside") == "backward":
         return True
     if not oom.get("grad_enabled", True):
@@ -63,8 +66,12 @@ def running_step(oom: dict, holder: dict) -> bool:
     found = _LOCAL.match(holder.get("path") or holder.get("pattern") or "")
     if found is None:
         return False
-    on_stack = {(fn, os.path.basename(file)) for file, _, fn in oom.get("stack") or []}
-    return (found["fn"], os.path.basename(found["file"].split(":")[0])) in on_stack
+    stack = oom.get("stack") or []  # innermost first
+    calls = [i for i, (file, _, fn) in enumerate(stack) if fn == "_call_impl" and file.endswith(MODULE_FILE)]
+    if not calls:
+        return False
+    inside = {(fn, os.path.basename(file)) for file, _, fn in stack[:calls[-1]]}
+    return (found["fn"], os.path.basename(found["file"].split(":")[0])) in inside
 
 
 def parts(oom: dict, accumulations: list[dict], pid: int) -> list[dict]:

@@ -158,17 +158,88 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
     found, said, remedy = [], "", ""
     if e.holders is not None:
         found, evidence["root_cause"], said, remedy = e.holders.leak(released is not None)
-    return Judged(kind="leak", bytes=g["retained_bytes"] if released is None else g["grown_bytes"],
+    made: list[Claim] = []
+    if released is not None:
+        made.append(claims.make("released-after-the-loop", how=released.get("how"), t=released.get("t"),
+                                after_t=released.get("after_t")))
+    size = g["retained_bytes"] if released is None else g["grown_bytes"]
+    more, size = _held_claims(e, size)
+    made += more
+    structure = _structural(e)  # said too where growth decided: the same claims, whichever decided
+    if structure is not None:
+        made.append(structure[1])
+    said += "".join(f" {words.sentence(words.say(c))}" for c in more)
+    return Judged(kind="leak", bytes=size,
                   summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and {held}.{said}",
-                  evidence=evidence, remedy=remedy, suspects=found)
+                  evidence=evidence, remedy=remedy, suspects=found, claims=[c for c in made if c is not None])
+
+
+def _held_claims(e: Evidence, size: int) -> tuple[list[Claim], int]:
+    """What a finding of memory held at the end also says, and its size with it: that the exit probes
+    read it before the interpreter's shutdown let go of it (its threads joined), and the CUDA graphs'
+    private pools, whose free memory is the graphs' too (allocated memory counts only their outputs)."""
+    out: list[Claim] = []
+    s = e.shutdown or {}
+    if s.get("before_shutdown") and s.get("threads_joined"):
+        out.append(claims.make("held-until-shutdown", before_shutdown=True, threads_joined=s["threads_joined"]))
+    if e.graph_pools:
+        pools, reserved, allocated = e.graph_pools
+        made = claims.make("graph-pools", pool_bytes=reserved, graphs=pools, pool_allocated_bytes=allocated)
+        if made is not None:
+            out.append(made)
+            size += max(0, reserved - allocated)
+    return [c for c in out if c is not None], size
+
+
+STRUCTURE_STEP_SLACK = 0.1  # of the steps: an accumulation of about one tensor a step
+RISE_SHARE = 0.5  # of an accumulation's bytes, come after the first third of the samples
+
+
+def _structural(e: Evidence) -> tuple[dict, Claim] | None:
+    """An accumulation that is a leak by its structure, whatever the samples' slope: alike tensors held
+    by one holder pattern, allocated at one line (with stacks), at least SIGNIFICANT_BYTES, and either
+    one more at each step (as many as the steps, within STRUCTURE_STEP_SLACK) or, without steps, most of
+    it made after the run's first third of samples (not a dataset loaded at the start). None where none
+    is."""
+    for a in e.accumulations:
+        if a["bytes"] < SIGNIFICANT_BYTES or a.get("where") is None:
+            continue
+        one_a_step = (e.by == "step" and e.steps >= 8
+                      and abs(a["count"] - e.steps) <= max(2, STRUCTURE_STEP_SLACK * e.steps))
+        values = e.allocated_values
+        third = len(values) // 3
+        rose = (e.by == "time" and third >= 1
+                and max(values[:third]) + RISE_SHARE * a["bytes"] <= max(values[-third:]))
+        if not (one_a_step or rose):
+            continue
+        made = claims.make("decided-by-structure", pattern=a["pattern"], count=a["count"], min_count=8,
+                           same_line=True, one_a_step=one_a_step, rose_after_first_third=rose)
+        if made is not None:
+            return a, made
+    return None
 
 
 def _leak_by_structure(e: Evidence) -> Judged | None:
-    return _leak_at_exit(
+    found = _leak_at_exit(
         e, e.accumulations, "structure", "accumulations", accumulation_suspect,
         lambda total, a: f"{fb(total)} of tensors in {e.where} had piled up: {alike_text(a)} "
                          f"held by {a['pattern']}. {too_short(e)} so this accumulation, which is how "
                          f"a leak looks, decided.")
+    if found is not None:
+        return found
+    structure = _structural(e)  # the samples were enough, and their slope did not decide: the structure does
+    if structure is None:
+        return None
+    a, made = structure
+    more, size = _held_claims(e, a["bytes"])
+    suspects = [accumulation_suspect(x) for x in e.accumulations[:MAX_SUSPECTS]]
+    said = "".join(f" {words.sentence(words.say(c))}" for c in more)
+    return Judged(kind="leak", bytes=size,
+                  summary=f"{fb(a['bytes'])} of tensors in {e.where} had piled up: {words.say(made)}, held "
+                          f"at the end. However the samples fell, that is how a leak looks: it grows with the run.{said}",
+                  evidence={"decided_by": "structure", "accumulations": [brief(x) for x in e.accumulations],
+                            "root_cause": e.exit_search, **samples_of(e)},
+                  remedy=suspects[0]["remedy"], suspects=suspects, claims=[made, *more])
 
 
 def _leak_unheld(e: Evidence) -> Judged | None:
@@ -377,8 +448,9 @@ def _live_at_exit(e: Evidence) -> Judged:
     else:
         why = (f"{too_short(e)} and nothing else pointed to a leak, so this is taken as")
     found, root_cause, remedy = e.holders.live() if e.holders is not None else ([], e.exit_search, "")
+    more, _ = _held_claims(e, e.live_bytes)
     return Judged(
-        kind="live-at-exit", bytes=e.live_bytes,
+        kind="live-at-exit", bytes=e.live_bytes, claims=more,
         summary=f"{fb(e.live_bytes)} of tensors in {e.where} were still referenced when the program "
                 f"ended. {why} what the program still holds (a model, data, or a reference it forgot "
                 f"to drop), and nvidia-smi counts it until the process exits.",

@@ -93,7 +93,9 @@ SAY = {
                                   + (f" (the {fb(e['graph_pool_free_bytes'])} free inside CUDA graphs' private pools "
                                      "left out: that is the graphs' memory)" if e["graph_pool_free_bytes"] else "")),
     "graph-pools": lambda e: (f"{e['graphs']} CUDA graph{'s' if e['graphs'] != 1 else ''} held "
-                              f"{fb(e['pool_bytes'])} in their private memory pools, reserved for their replays"),
+                              f"{fb(e['pool_bytes'])} in their private memory pools, reserved for their replays "
+                              f"({fb(e['pool_allocated_bytes'])} of it their outputs): the graphs' memory, counted "
+                              "with them"),
     "released-after-the-loop": lambda e: (f"it was let go of {e['t'] - e['after_t']:.1f} s after the loop's last "
                                           f"step ({e['how']})"),
     "held-until-shutdown": lambda e: ("it was still held when the program ended: the exit probes read it before the "
@@ -104,7 +106,9 @@ SAY = {
                                          else "")),
     "decided-by-structure": lambda e: (f"{e['count']} alike tensors held by {e['pattern']}"
                                        + (", allocated at one line" if e["same_line"] else "")
-                                       + (", one more at each step" if e["one_a_step"] else "")),
+                                       + (", one more at each step" if e["one_a_step"] else "")
+                                       + (", most of them made after the run's first third" if
+                                          e.get("rose_after_first_third") else "")),
     "time-to-full": lambda e: (f"at {fb(e['rate_bytes_per_s'])}/s the {fb(e['free_bytes'])} left"
                                + _headroom(e) + " would be gone in "
                                f"{e['free_bytes'] / e['rate_bytes_per_s']:.0f} s"),
