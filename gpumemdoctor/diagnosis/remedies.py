@@ -52,17 +52,14 @@ REMEDIES: dict[tuple[str, str], tuple[str, str]] = {
     ("global", "phase"): (
         "{name} gathers every batch's tensors on the GPU until the evaluation ends{at}; then they are let "
         "go of.",
-        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak; "
-        "under torch.no_grad() they keep no autograd graph either."),
+        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak."),
     ("attribute", "phase"): (
         "The attribute {attr} of {owner} gathers every batch's tensors on the GPU until the evaluation "
         "ends{at}, as Lightning's validation_step_outputs does.",
-        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak; "
-        "under torch.no_grad() they keep no autograd graph either."),
+        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak."),
     ("frame-local", "phase"): (
         "{path} gathers every batch's tensors on the GPU until its function returns{at}.",
-        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak; "
-        "under torch.no_grad() they keep no autograd graph either."),
+        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak."),
     ("kept-exception", "*"): (
         "A stored exception keeps its traceback, and the traceback keeps every local of the failing "
         "frames: {path}{at}.",
