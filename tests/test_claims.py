@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpumemdoctor.diagnosis import claims, judgement, report_file
+from gpumemdoctor.diagnosis import claims, out_of_memory, report_file
 from gpumemdoctor.diagnosis.diagnose import diagnose_job
-from gpumemdoctor.diagnosis.words import say
+from gpumemdoctor.diagnosis.words import as_json, say
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GIB, MIB = 1 << 30, 1 << 20
@@ -164,7 +164,7 @@ def test_the_check_fails_where_a_rule_claims_more_than_was_seen(monkeypatch):
         c["evidence"]["request_bytes"] = 1 * MIB
     assert any("is not the error's" in p for p in traced(tampered, rec))
     # And the old rule, put back, makes the claim the checks refuse.
-    monkeypatch.setattr(judgement, "_cause_and_claim",
+    monkeypatch.setattr(out_of_memory, "cause_and_claim",
                         lambda e, o: ("fragmentation", claims.Claim("fragmented", {**e_of(o), "headroom_bytes":
                                                                                    o["device_free_bytes"]})))
     d = diagnose_job([report_file.parse(copy.deepcopy(report))[0]])
@@ -181,7 +181,7 @@ def test_a_claim_without_its_evidence_is_not_made_and_what_was_not_seen_is_said(
     assert claims.make("graphs-kept", holder="forward() local hidden_states", holder_kind="autograd-graph",
                        bytes=GIB, running_step=True) is None  # the running step's activations are not kept graphs
     unseen = claims.not_seen("whether autograd kept them", "no probe found a graph")
-    assert claims.check(unseen.to_json()) is None
+    assert claims.check(as_json(unseen)) is None
     assert say(unseen) == "whether autograd kept them was not seen: no probe found a graph"
 
 

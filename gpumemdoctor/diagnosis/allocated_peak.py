@@ -283,7 +283,7 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
                         summary=f"{moment}, {joined_words}{held_by}{said}",
                         evidence={**evidence, "joined": joined},
                         remedy=LOOP_REMEDIES.get(loop) or FINDINGS["concatenation-at-peak"],
-                        claims=[m.to_json() for m in made])]
+                        claims=[words.as_json(m) for m in made])]
     if p["blocks"] < MIN_GATHERED_BLOCKS:
         return []
     made = [claims.make("gathered", bytes=gathered.bytes, blocks=p["blocks"], phase=r["phase"])]
@@ -301,4 +301,4 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
                             f"no backward() after them, and were let go of together after it{how}",
                     evidence={**evidence, "autograd": autograd},
                     remedy=FINDINGS["graphs-at-peak"] if graphs is not None else FINDINGS["gathered-at-peak"],
-                    claims=[m.to_json() for m in made])]
+                    claims=[words.as_json(m) for m in made])]

@@ -6,8 +6,8 @@ library's switch. Each of them is a `Claim` here: a name from CLAIMS and the evi
 figures read from the recording. A rule makes a claim only where its evidence is in the recording
 (`make` refuses a claim whose evidence is missing or does not bear it out); where the evidence is
 missing, the finding says what was not seen (`not_seen`) instead of guessing. The claims go into the
-finding's JSON beside its sentences (`Finding.claims`), and words.py is the one place that turns them
-into words.
+finding's JSON beside its sentences (`Finding.claims`, as words.as_json writes them), and words.py is
+the one place that turns them into words.
 
 `check` reads a claim as the report keeps it and says where its evidence does not bear it out; tests
 walk every recording with it (tests/test_claims.py), and docs/verdicts.md lists the claims and their
@@ -28,11 +28,6 @@ class Claim:
 
     name: str
     evidence: dict
-
-    def to_json(self) -> dict:
-        from .words import say  # words.py imports this module for the claims' names
-
-        return {"claim": self.name, "evidence": self.evidence, "says": say(self)}
 
 
 @dataclass(frozen=True)

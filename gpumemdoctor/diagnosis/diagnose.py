@@ -9,7 +9,7 @@ parts across processes and ranks.
 from __future__ import annotations
 
 from . import (breakdown, child_processes, ends, evidence, holders, judgement, job, libraries, limits,
-               machine_faults, non_torch, peak, ranks, retention, streams, suspects)
+               machine_faults, non_torch, peak, ranks, retention, streams, suspects, words)
 from .accumulations import accumulations
 from .evidence import readings
 from .headroom import add_time_to_full
@@ -151,7 +151,7 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     result.evidence.append({**e.to_json(), "non_torch": after_warmup.to_json() if after_warmup is not None else None})
     result.findings.extend(Finding(kind=j.kind, bytes=j.bytes, pid=agent.pid, device=nvml_index, summary=j.summary,
                                    evidence=j.evidence, remedy=j.remedy, suspects=j.suspects,
-                                   claims=[c.to_json() for c in j.claims])
+                                   claims=[words.as_json(c) for c in j.claims])
                            for j in judgement.judge(e))
     _outside_pytorch(agent, torch_index, nvml_index, where, b, xs, outside_ys, after_warmup, series, by, result)
     result.findings.extend(libraries.pool_findings(agent, torch_index, nvml_index, where, pooled))

@@ -9,7 +9,7 @@ second; a growth measured per step has one only where the run's seconds per step
 """
 from __future__ import annotations
 
-from . import claims, limits
+from . import claims, limits, words
 from ..growth import seconds_to_full
 from .findings import Diagnosis, Finding, Growth
 from ..recording.recording import Recording
@@ -41,7 +41,7 @@ def add_time_to_full(recording: Recording, result: Diagnosis) -> None:
         said = claims.make("time-to-full", rate_bytes_per_s=growth.rate_bytes_per_s, free_bytes=free_bytes,
                            limit_bytes=limit, limit_source=source)
         if said is not None:
-            f.claims.append(said.to_json())
+            f.claims.append(words.as_json(said))
 
 
 def _torch_index(recording: Recording, f: Finding) -> tuple:

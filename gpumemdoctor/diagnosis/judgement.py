@@ -58,28 +58,30 @@ lets go of at its end, reaching its height again at the next, is row 13: part of
 the peak, never a leak. Something filled once (a dataset, a ring) adds at most one
 step: not a staircase.
 
-An out-of-memory error's cause (row 5): `request-too-large` (the request alone is
-more than the device, or than the memory the program may use), `fragmentation`
-(the allocator's free pieces add up to the request but none is big enough),
-`other-processes` (other processes hold what would have served it), else `full`
-(the program's own memory filled the device).
+An out-of-memory error's cause (row 5; out_of_memory.py words it and what would have made it fit):
+`request-too-large` (the request alone is more than the limit in force: the device, or the memory
+fraction the program may use), `fragmentation` (the allocator's free pieces alone add up to the
+request but none is big enough), `accumulation` (row 1's), `other-processes` (other processes hold
+what would have served it, and the limit in force had room), else `full` (the program's own memory
+filled the device, or the limit). Every claim a row makes rests on its evidence (claims.py); where a
+row could not see what it would say, it says so (`not-seen`). Rows 2 and 3 also say what held memory
+until the end (held.py: read before the interpreter's shutdown, CUDA graphs' pools).
 """
 from __future__ import annotations
 
-from .evidence import (SIGNIFICANT_BYTES, Evidence, Judged, at_line, brief, oom_brief, released_words, samples_of,
+from .evidence import (SIGNIFICANT_BYTES, Evidence, Judged, at_line, brief, released_words, samples_of,
                        too_short)
 from .probed import suspect as probed_suspect, summary as probed_summary
-from . import claims, fit, streams, words
+from . import claims, streams, words
 from .claims import Claim
-from .remedies import FINDINGS, LIBRARY_LOOPS, OUT_OF_MEMORY
+from .held import held_claims as _held_claims, structural as _structural
+from .out_of_memory import OOM_ACCUMULATION_SHARE, cause as _oom_cause, finding as _out_of_memory
+from .remedies import FINDINGS, LIBRARY_LOOPS
 from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
 from ..units import format_bytes as fb
 
 MIB = 1 << 20
 MIN_LEAK_BYTES = 16 * MIB
-OOM_ACCUMULATION_SHARE = 0.5  # of the allocated memory at the error, held by one accumulation
-OTHER_PROCESSES_SHARE = 0.25  # of the device, held by other processes, to blame them
-OOM_CAUSES = ("accumulation", "request-too-large", "fragmentation", "other-processes", "full")
 # Row 2b, a staircase: pauses that each left at least STAIR_MIN_BYTES behind, at least MIN_STAIRS of
 # them, still held at exit, an accumulation at exit holding at least STAIR_HELD_SHARE of the steps.
 STAIR_MIN_BYTES = 16 * MIB
@@ -174,51 +176,6 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
                   evidence=evidence, remedy=remedy, suspects=found, claims=[c for c in made if c is not None])
 
 
-def _held_claims(e: Evidence, size: int) -> tuple[list[Claim], int]:
-    """What a finding of memory held at the end also says, and its size with it: that the exit probes
-    read it before the interpreter's shutdown let go of it (its threads joined), and the CUDA graphs'
-    private pools, whose free memory is the graphs' too (allocated memory counts only their outputs)."""
-    out: list[Claim] = []
-    s = e.shutdown or {}
-    if s.get("before_shutdown") and s.get("threads_joined"):
-        out.append(claims.make("held-until-shutdown", before_shutdown=True, threads_joined=s["threads_joined"]))
-    if e.graph_pools:
-        pools, reserved, allocated = e.graph_pools
-        made = claims.make("graph-pools", pool_bytes=reserved, graphs=pools, pool_allocated_bytes=allocated)
-        if made is not None:
-            out.append(made)
-            size += max(0, reserved - allocated)
-    return [c for c in out if c is not None], size
-
-
-STRUCTURE_STEP_SLACK = 0.1  # of the steps: an accumulation of about one tensor a step
-RISE_SHARE = 0.5  # of an accumulation's bytes, come after the first third of the samples
-
-
-def _structural(e: Evidence) -> tuple[dict, Claim] | None:
-    """An accumulation that is a leak by its structure, whatever the samples' slope: alike tensors held
-    by one holder pattern, allocated at one line (with stacks), at least SIGNIFICANT_BYTES, and either
-    one more at each step (as many as the steps, within STRUCTURE_STEP_SLACK) or, without steps, most of
-    it made after the run's first third of samples (not a dataset loaded at the start). None where none
-    is."""
-    for a in e.accumulations:
-        if a["bytes"] < SIGNIFICANT_BYTES or a.get("where") is None:
-            continue
-        one_a_step = (e.by == "step" and e.steps >= 8
-                      and abs(a["count"] - e.steps) <= max(2, STRUCTURE_STEP_SLACK * e.steps))
-        values = e.allocated_values
-        third = len(values) // 3
-        rose = (e.by == "time" and third >= 1
-                and max(values[:third]) + RISE_SHARE * a["bytes"] <= max(values[-third:]))
-        if not (one_a_step or rose):
-            continue
-        made = claims.make("decided-by-structure", pattern=a["pattern"], count=a["count"], min_count=8,
-                           same_line=True, one_a_step=one_a_step, rose_after_first_third=rose)
-        if made is not None:
-            return a, made
-    return None
-
-
 def _leak_by_structure(e: Evidence) -> Judged | None:
     found = _leak_at_exit(
         e, e.accumulations, "structure", "accumulations", accumulation_suspect,
@@ -292,117 +249,6 @@ def _leak_by_phases(e: Evidence) -> Judged | None:
 
 
 # -- out of memory, garbage, what is still held -------------------------------------------
-
-def _oom_cause(e: Evidence, oom: dict) -> str:
-    """The first that applies: the request cannot fit at all; the allocator's free pieces would
-    have served it had they been one piece (the pieces alone add up to the request, none is as
-    large); an accumulation filled the memory; other processes hold it (and the limit in force had
-    room for it); the program's own memory is simply too much."""
-    return _cause_and_claim(e, oom)[0]
-
-
-def _cause_and_claim(e: Evidence, oom: dict) -> tuple[str, Claim | None]:
-    """The cause (OOM_CAUSES) and the claim that names it with its evidence."""
-    request, limit = oom["request_bytes"], oom["limit_bytes"]
-    source = e.limit_source
-    if request > limit:
-        return "request-too-large", claims.make("request-too-large", request_bytes=request, limit_bytes=limit,
-                                                limit_source=source)
-    room = fit.headroom(oom)
-    fragmented = claims.make("fragmented", request_bytes=request, free_in_segments_bytes=oom["free_in_segments_bytes"],
-                             largest_free_block_bytes=oom["largest_free_block_bytes"], headroom_bytes=room,
-                             limit_bytes=limit, limit_source=source)
-    if fragmented is not None:
-        return "fragmentation", fragmented
-    allocated = oom["allocated_bytes"] or 0
-    if e.oom_accumulations and e.oom_accumulations[0]["bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
-        a = e.oom_accumulations[0]
-        return "accumulation", claims.make("accumulation-filled", pattern=a["pattern"], bytes=a["bytes"],
-                                           allocated_bytes=allocated, share=OOM_ACCUMULATION_SHARE)
-    if e.growth and e.growth["grown_bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
-        # the memory the run was seen to pile up filled the GPU
-        return "accumulation", claims.make("accumulation-filled", pattern="the growth seen over the run",
-                                           bytes=e.growth["grown_bytes"], allocated_bytes=allocated,
-                                           share=OOM_ACCUMULATION_SHARE)
-    others = sum(used or 0 for pid, used in oom["processes"] if pid != e.pid)
-    under_limit = limit - (oom["reserved_bytes"] or 0) >= request  # the limit in force had room for it
-    if others >= OTHER_PROCESSES_SHARE * limit and request <= others + oom["device_free_bytes"] and under_limit:
-        return "other-processes", claims.make("other-processes", others_bytes=others, limit_bytes=limit,
-                                              share=OTHER_PROCESSES_SHARE)
-    return "full", claims.make("own-memory-full", allocated_bytes=oom["allocated_bytes"], request_bytes=request,
-                               headroom_bytes=room, limit_bytes=limit, limit_source=source)
-
-
-def _out_of_memory(e: Evidence, oom: dict, cause: str) -> Judged:
-    request, limit = oom["request_bytes"], oom["limit_bytes"]
-    allocated, reserved = oom["allocated_bytes"], oom["reserved_bytes"]
-    unallocated = None if allocated is None or reserved is None else reserved - allocated
-    others = [[pid, used] for pid, used in oom["processes"] if pid != e.pid]
-    under = f" ({words.limit_words(limit, e.limit_source)} in force)" if e.limit_source == "memory-fraction" else ""
-    figures = (f"Tried to allocate {fb(request)} with {fb(oom['device_free_bytes'])} free of the device and "
-               f"{fb(fit.headroom(oom))} of room under the limit of {fb(limit)}{under}; "
-               f"PyTorch had {fb(allocated)} allocated and {fb(unallocated)} reserved but unallocated "
-               f"(largest free piece {fb(oom['largest_free_block_bytes'])})")
-    if others:
-        figures += f"; {len(others)} other process{'es' if len(others) > 1 else ''} held " \
-                   f"{fb(sum(u or 0 for _, u in others))}"
-    if e.uncaught is not None and "OutOfMemoryError" in e.uncaught["exc_type"]:
-        caught = " The program ended with this error."
-    elif e.exited_normally and e.uncaught is None:
-        caught = " The program caught the error and went on."
-    else:
-        caught = ""
-    cause_claim = _cause_and_claim(e, oom)[1]
-    said = [cause_claim] if cause_claim is not None else []
-    why = words.say(cause_claim) if cause_claim is not None else "the figures at the error do not say why"
-    suspects = e.oom_suspects if cause in ("full", "accumulation") else []
-    fits = fit.what_fits(oom, e.oom_accumulations, e.pid, e.limit_source)  # what would have made it fit
-    fit_claim = fits.pop("claim") if fits else None
-    said += [fit_claim] if fit_claim is not None else []
-    larger = _larger_step(e, oom) if cause == "full" else []
-    said += larger
-    ends = "".join(f" {words.sentence(words.say(c))}" for c in larger)
-    if fit_claim is not None:
-        ends += f" {words.sentence(words.say(fit_claim))}"
-    if fits and fits["fits"] and cause == "full":
-        remedy = fits["remedy"]
-    elif cause == "full" and any(c.name == "larger-step" for c in larger):
-        remedy = OUT_OF_MEMORY["full-larger-step"]
-    else:
-        remedy = OUT_OF_MEMORY[cause]
-    return Judged(
-        kind="out-of-memory", bytes=request,
-        summary=f"{e.where} ran out of GPU memory at {at_line(oom)}: {why}.{caught}{ends}",
-        evidence={"decided_by": "out-of-memory", "cause": cause, "figures": figures, "errors": len(e.ooms),
-                  "first": oom_brief(oom), "root_cause": e.oom_search, "what_would_fit": fits,
-                  "limit_bytes": limit, "limit_source": e.limit_source},
-        remedy=remedy, suspects=suspects, claims=said)
-
-
-def _larger_step(e: Evidence, oom: dict) -> list[Claim]:
-    """Where the failing step was asked for more than any step before it: its allocated memory at the
-    error and the request, against the earlier steps' allocated peak (PyTorch's counter at the last
-    step's sample before it), and the inputs of the outermost module call at the error. What the
-    steps before were given is not recorded: that is said, not guessed."""
-    out: list[Claim] = []
-    if fit.between_steps(oom):  # an evaluation between the steps: no step was running
-        return out
-    before = e.peak_before_error
-    need = (oom["allocated_bytes"] or 0) + oom["request_bytes"]
-    larger = claims.make("larger-step", step=oom.get("step"), needed_bytes=need, earlier_peak_bytes=before,
-                         steps_before=oom.get("step"))
-    if larger is None:
-        return out
-    out.append(larger)
-    inputs = oom.get("inputs")
-    if inputs:
-        out.append(claims.make("inputs-at-error", inputs=inputs))
-    else:
-        out.append(claims.not_seen("the failing step's input", "no module's forward was running at the error"
-                                   if inputs is not None else "this recording does not have it (made before the "
-                                   "agent read a step's input at the error)"))
-    return [c for c in out if c is not None]
-
 
 def _garbage(e: Evidence) -> Judged | None:
     at_exit = e.garbage_bytes or 0

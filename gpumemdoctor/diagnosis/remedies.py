@@ -213,6 +213,13 @@ FINDINGS: dict[str, str] = {
                               "(pin_memory=True makes the copy fast). Do not call torch.cuda.* (set_device, empty "
                               "tensors on cuda) in worker_init_fn.",
     "library-memory": "Nothing to do if {label} needs it; otherwise {switch}.",
+    # an out-of-memory error of cause "full" whose step was asked for more than any before it
+    # (out_of_memory._larger_step)
+    "oom-larger-step": "This step needed more than any before it: cap or bucket the sequence length (truncate, "
+                        "sort batches by length, or a token budget per batch instead of a fixed batch size), or "
+                        "split the longest batches; gradient checkpointing (model.gradient_checkpointing_enable() "
+                        "in transformers, torch.utils.checkpoint) keeps fewer activations, and torch.autocast("
+                        "'cuda', dtype=torch.bfloat16) halves most of them.",
 }
 
 # What the memory outside PyTorch's remedy gains where its evidence says more (non_torch.finding):
@@ -251,12 +258,6 @@ OUT_OF_MEMORY: dict[str, str] = {
                        "them), or choose another GPU.",
     "full": "Use less memory per step: a smaller batch, activation checkpointing, mixed precision, or free what is "
             "no longer needed before this line.",
-    # "full", where the failing step was asked for more than any step before it (judgement._larger_step)
-    "full-larger-step": "This step needed more than any before it: cap or bucket the sequence length (truncate, "
-                        "sort batches by length, or a token budget per batch instead of a fixed batch size), or "
-                        "split the longest batches; gradient checkpointing (model.gradient_checkpointing_enable() "
-                        "in transformers, torch.utils.checkpoint) keeps fewer activations, and torch.autocast("
-                        "'cuda', dtype=torch.bfloat16) halves most of them.",
 }
 
 

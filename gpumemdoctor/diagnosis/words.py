@@ -34,6 +34,11 @@ def _headroom(e: dict) -> str:
             if e.get("limit_source") == "memory-fraction" else "")
 
 
+def as_json(claim: Claim) -> dict:
+    """A claim as the report keeps it: its name, its evidence and its words."""
+    return {"claim": claim.name, "evidence": claim.evidence, "says": say(claim)}
+
+
 def say(claim: Claim) -> str:
     """The claim's sentence (no capital, no full stop: it is part of a finding's sentences)."""
     e = claim.evidence
