@@ -330,14 +330,14 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
     remedy = suspects[0]["remedy"] if suspects else None
     if loop is not None:  # a library's loop gathered it: its own switches
         said.append(loop)
-        held += f" {words.sentence(words.say(loop))}."
+        held += f" {words.sentence(words.say(loop))}"
         remedy = remedy if suspects and suspects[0].get("holders") else LIBRARY_LOOPS[loop.evidence["loop"]]
     if not suspects:
         why = (e.phase_search or {}).get("declined") or "no search was made at a pause's height"
         unseen = claims.not_seen("what held it", why)
         said.append(unseen)
         if loop is None:
-            held += f" {words.sentence(words.say(unseen))}."
+            held += f" {words.sentence(words.say(unseen))}"
             remedy = FINDINGS["phase-unsearched"]
     return Judged(
         kind="avoidable-peak", bytes=top.rise,

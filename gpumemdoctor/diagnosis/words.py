@@ -47,6 +47,7 @@ def say(claim: Claim) -> str:
 
 def sentence(text: str) -> str:
     """A claim's words as a sentence of their own: a capital, a full stop."""
+    text = text.rstrip(".")  # (a reason quoted at its end may bring its own)
     return text[:1].upper() + text[1:] + "."
 
 
