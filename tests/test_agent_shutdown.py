@@ -59,3 +59,42 @@ def test_the_exit_probes_come_before_the_shutdown_joins_the_executors_workers():
 def test_a_thread_still_at_work_leaves_the_probes_to_the_atexit_hook():
     (after,) = run("busy")
     assert after == "atexit 3 False"  # the stand-in's at_exit was not called at the shutdown's start
+
+
+def test_a_thread_local_tensor_is_named_through_the_thread_local():
+    """A worker's attribute of a threading.local is reached by gc through the local's dict of each
+    thread's own dict; the path names the local, then the attribute (leak_thread_local_executors)."""
+    import gc
+    import threading
+
+    from gpumemdoctor._agent.edges import labels
+
+    class Scratch:
+        pass
+
+    state = threading.local()
+    ready, done = threading.Event(), threading.Event()
+    kept = []
+
+    def work():
+        state.scratch = Scratch()
+        kept.append(state.scratch)
+        ready.set()
+        done.wait(5)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    ready.wait(5)
+    try:
+        scratch = kept.pop()
+        chain = [state]
+        while chain[-1] is not scratch:  # down gc's referents to the worker's scratch
+            nxt = next(r for r in gc.get_referents(chain[-1])
+                       if r is scratch or (type(r) is dict and (scratch in r.values() or
+                                                               any(type(v) is dict and scratch in v.values()
+                                                                   for v in r.values()))))
+            chain.append(nxt)
+        assert "".join(labels(chain, ["worker_state"])) == "worker_state (a thread's own)['scratch']"
+    finally:
+        done.set()
+        worker.join()
