@@ -12,9 +12,10 @@ so the benchmark can split a process's wall time into before the loop, the loop 
     LOOP_FIRST_EPOCH_S <time.time() at the first step's end>
     LOOP_LAST_EPOCH_S <time.time() at the last step's end>
 
-and, when the interpreter exits (an atexit hook, which runs before any registered earlier, the
-tool's included), the wall-clock time then, to split what comes after the loop into the program's
-own end and its exit:
+and, when the interpreter exits (an atexit hook, which runs before any registered earlier; the
+tool's exit probes run before atexit's hooks, at the start of the interpreter's shutdown, since
+issue 56), the wall-clock time then, to split what comes after the loop into the program's own end
+and its exit:
 
     EXIT_EPOCH_S <time.time() at the interpreter's exit>
 

@@ -203,10 +203,10 @@ def test_a_search_declined_at_an_evaluation_s_height_is_said_where_its_holder_wo
     d = diagnose(recording)
     peak = next(f for f in d.findings if f.kind == "avoidable-peak")
     assert not peak.suspects
-    assert peak.summary.endswith(f"No holder was looked for at its height: {why}.")
+    assert peak.summary.endswith(f"What held it was not seen: {why}.")
     assert peak.evidence["root_cause"] == {"searched": False, "declined": why,
                                            "why_not": f"the search at the pause's height was not made: {why}"}
-    assert peak.remedy.startswith("No search was made at its height")
+    assert peak.remedy.startswith("What held it is not known (no search at its height)") and "no_grad" not in peak.remedy
     _, back = parse(json.loads(json.dumps(build(recording, d))))
     assert next(f for f in back.findings if f.kind == "avoidable-peak").summary == peak.summary
 

@@ -101,7 +101,8 @@ def test_exit_record_carries_the_parts_and_the_probes_stay_as_they_were(agent_an
     found = records(tmp_path, agent)
     (done,) = [r for r in found if r["type"] == "exit"]
     assert done["parts"] == {"private_pools": [[0, 16 * MiB]], "dist_backend": None, "module_loading": "LAZY",
-                             "cublas_workspaces": [[0, 32 * MiB]], "process_groups": None}
+                             "cublas_workspaces": [[0, 32 * MiB]], "process_groups": None,
+                             "memory_fraction": None, "graph_pools": []}
     probes = {r["phase"]: r["d"][0] for r in found if r["type"] == "p"}
     # every probe read the workspaces as allocated: they are cleared only after the last reading
     assert [probes[p][1] for p in ("end", "gc", "sync", "empty_cache")] == [40 * MiB] * 4

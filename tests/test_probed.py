@@ -94,7 +94,7 @@ def test_of_a_capture_s_two_probes_the_one_that_found_the_most_names_the_holder(
 def test_a_probe_out_of_the_pause_names_nothing_there():
     recording, why = evaluation_without_a_copy([probe(1, 1.3, kept=[("global data", GiB, None, 1, 0)])])
     peak = next(f for f in diagnose(recording).findings if f.kind == "avoidable-peak")
-    assert not peak.suspects and peak.summary.endswith(f"No holder was looked for at its height: {why}.")
+    assert not peak.suspects and peak.summary.endswith(f"What held it was not seen: {why}.")
 
 
 def test_a_local_that_grew_between_two_probes_holds_a_growth_nobody_searched():

@@ -58,7 +58,7 @@ def test_blocks_without_a_holder_get_the_remedy_of_their_reason():
 
 def test_every_out_of_memory_cause_has_its_remedy_in_the_table():
     """The judgement's row 5 names a cause; its remedy is this table's, one sentence or two."""
-    from gpumemdoctor.diagnosis.judgement import OOM_CAUSES
+    from gpumemdoctor.diagnosis.out_of_memory import OOM_CAUSES
 
     assert set(remedies.OUT_OF_MEMORY) == set(OOM_CAUSES)
     assert all(text.endswith(".") and "{" not in text for text in remedies.OUT_OF_MEMORY.values())

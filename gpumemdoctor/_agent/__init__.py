@@ -67,6 +67,7 @@ def _begin(agent: Agent) -> None:
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(after_in_child=_after_fork_in_child)
     threads.install_hook(_current)
+    threads.install_shutdown_hook(_current)
     install_hard_exit(_current)
     agent.begin()
 

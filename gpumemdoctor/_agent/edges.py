@@ -9,6 +9,7 @@ import itertools
 import operator
 import os
 import re
+import threading
 import types
 
 _LRU = type(functools.lru_cache(maxsize=1)(lambda: None))
@@ -16,6 +17,9 @@ _GENERATORS = {types.GeneratorType: ("gi_frame", "generator"),
                types.CoroutineType: ("cr_frame", "coroutine"),
                types.AsyncGeneratorType: ("ag_frame", "async generator")}
 _ATOMIC_KEYS = (str, int, float, bool, type(None))
+# threading.local (the C `_thread._local`): gc reaches each thread's own dict of it through one dict of
+# them all, which no attribute names (its __dict__ is the reading thread's own).
+_THREAD_LOCAL = type(threading.local())
 
 
 def key_label(key) -> str:
@@ -137,6 +141,8 @@ def edge(parent, child, after) -> tuple:
     """(label of the reference parent -> child, how many steps it takes: 1, or 2 where it names
     `after` through a plumbing object such as an instance's __dict__). None: no name known."""
     t = type(parent)
+    if issubclass(t, _THREAD_LOCAL) and type(child) is dict and type(after) is dict:
+        return " (a thread's own)", 2  # the threads' dicts, then one thread's: its attributes follow
     if issubclass(t, dict):
         for k, v in _items(parent):
             if v is child:

@@ -86,7 +86,9 @@ def hard_exit(agent, status) -> None:
 
 
 def finish(agent) -> None:
-    """The exit probes, once, in the process that started the agent; then the exit record."""
+    """The exit probes, once, in the process that started the agent; then the exit record. Called at
+    the start of the interpreter's shutdown (threads.install_shutdown_hook), before it joins the
+    program's threads, or else from the agent's atexit hook; the record's `shutdown` says which."""
     if agent.pid != os.getpid() or agent.finished:
         return
     agent.finished = True
@@ -112,6 +114,7 @@ def finish(agent) -> None:
                          "uncaught": died_of, "samples": sampler.samples, "samples_skipped": sampler.samples_skipped,
                          "collections": agent.collections.summary() if agent.collections is not None else None,
                          "out_of_memory": agent.oom.records, "collector": collector, **_libraries(sampler.first_pools),
+                         "shutdown": getattr(agent, "shutdown", None),
                          "cost": {k: round(v, 6) for k, v in {**agent.cost, **sampler.cost.windows(),
                                                               "interval_at_exit_s": sampler.interval_s}.items()}})
     if agent.server is not None:

@@ -6,6 +6,7 @@ process is also searched for holders (watch.py); MAX_OOM_RECORDS are recorded in
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -42,6 +43,8 @@ class OomObserver:
                         processes = []
                 record = out_of_memory(agent.torch, device, request, limit, device_free, processes)
                 record["step"] = agent.steps
+                record["inputs"] = module_inputs(agent.torch, sys._getframe())
+                record["memory_fraction"] = _fraction(agent.torch, device)
                 record.update(_state_of_the_step(agent, device))
                 agent.channel.write(record)
                 if self.records == 1:
@@ -66,6 +69,60 @@ def _state_of_the_step(agent, device: int) -> dict:
     except Exception:
         pass
     return out
+
+
+def _fraction(torch, device: int) -> float | None:
+    """The per-process memory fraction in force (1.0 where none was set); None where PyTorch cannot say."""
+    try:
+        return float(torch.cuda.get_per_process_memory_fraction(device))
+    except Exception:
+        return None
+
+
+MAX_INPUTS = 8  # tensors named of the outermost module call's arguments
+
+
+def module_inputs(torch, frame) -> list[list]:
+    """[[name, shape, dtype]]: the tensors passed to the outermost module call on this thread's stack
+    (nn.Module._call_impl's args and kwargs: `input_ids`, `args[0]`), or, on a thread that runs no module
+    (backward()'s workers), the main thread's. What this step was asked to do, against the steps before.
+    [] where none can be read."""
+    try:
+        return _module_inputs(torch, frame)
+    except Exception:
+        return []
+
+
+def _module_inputs(torch, frame) -> list[list]:
+    outermost = None
+    for f in _frames(frame):
+        if f.f_code.co_name == "_call_impl" and f.f_code.co_filename.endswith(MODULE_FILE):
+            outermost = f
+    if outermost is None:
+        main = sys._current_frames().get(threading.main_thread().ident)
+        for f in _frames(main):
+            if f.f_code.co_name == "_call_impl" and f.f_code.co_filename.endswith(MODULE_FILE):
+                outermost = f
+    if outermost is None:
+        return []
+    found = []
+    named = [(f"args[{i}]", a) for i, a in enumerate(outermost.f_locals.get("args") or ())]
+    named += list((outermost.f_locals.get("kwargs") or {}).items())
+    for name, value in named:
+        if isinstance(value, torch.Tensor) and len(found) < MAX_INPUTS:
+            found.append([str(name), [int(n) for n in value.shape], str(value.dtype).removeprefix("torch.")])
+    return found
+
+
+MODULE_FILE = os.path.join("torch", "nn", "modules", "module.py")
+
+
+def _frames(frame):
+    depth = 0
+    while frame is not None and depth < 300:
+        yield frame
+        frame = frame.f_back
+        depth += 1
 
 
 def free_blocks(torch, device: int) -> tuple[int | None, int | None]:

@@ -1,7 +1,7 @@
 """What the exit probes measure of the parts that PyTorch's totals do not name: cuBLAS workspaces and
 CUDA graphs' private pools (both inside PyTorch's reserved memory), whether NCCL is in use and what
 its communicators hold (process_groups.exit_memory), and CUDA's module loading (both about the
-memory outside it).
+memory outside it); and the per-process memory fraction in force, the limit of the process's memory.
 
 Exit only, each part guarded on its own: a failure leaves its figure null, never the program.
 Nothing is imported that the program did not import.
@@ -55,6 +55,32 @@ def _pools_from_snapshot(torch, indexes: list[int]) -> list[list[int]] | None:
     return [[index, size] for index, size in totals.items()]
 
 
+def graph_pools(torch, indexes: list[int]) -> list[list[int]] | None:
+    """[[torch index, pools, reserved bytes, allocated bytes]]: the private pools of CUDA graphs (and
+    torch.cuda.MemPool) on each device, from an allocator snapshot's segments, taken only where the
+    program captured a CUDA graph; [] where it did not. The graphs' memory: what each pool reserved for
+    its graph's replays, allocated (the static outputs) or not. None where it could not be read."""
+    if not _captured_a_graph(torch):
+        return []
+    try:
+        found: dict = {}
+        for segment in snapshot(torch).get("segments", []):
+            pool = segment.get("segment_pool_id")
+            if pool is None or tuple(pool) == DEFAULT_POOL or segment.get("device") not in indexes:
+                continue
+            row = found.setdefault((segment["device"], tuple(pool)), [0, 0])
+            row[0] += int(segment.get("total_size") or 0)
+            row[1] += int(segment.get("allocated_size") or 0)
+        out = []
+        for index in indexes:
+            rows = [v for (i, _), v in found.items() if i == index]
+            if rows:
+                out.append([index, len(rows), sum(r[0] for r in rows), sum(r[1] for r in rows)])
+        return out
+    except Exception:
+        return None
+
+
 def cublas_workspaces(torch, stats, indexes: list[int]) -> list[list[int]] | None:
     """[[torch index, bytes]]: what `torch._C._cuda_clearCublasWorkspaces()` gives back to the cache
     on each device: the cuBLAS and cuBLASLt workspaces, one per stream and thread that ran a matmul
@@ -91,6 +117,25 @@ def dist_backend() -> str | None:
         return None
 
 
+def memory_fraction(torch, indexes: list[int]) -> list[list] | None:
+    """[[torch index, fraction, bytes]]: the per-process memory fraction in force on each device
+    (torch.cuda.set_per_process_memory_fraction; 1.0 where none was set), and the bytes it allows
+    of the device's total: the limit every "would fit" and headroom figure is held to. None where
+    this PyTorch cannot say (no get_per_process_memory_fraction)."""
+    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if get is None:
+        return None
+    try:
+        out = []
+        for index in indexes:
+            fraction = float(get(index))
+            total = int(torch.cuda.get_device_properties(index).total_memory)
+            out.append([index, fraction, int(fraction * total)])
+        return out
+    except Exception:
+        return None
+
+
 def measure_at_end(torch, stats, indexes: list[int]) -> dict:
     """The parts read as the program left its memory (right after the `end` reading)."""
     try:
@@ -98,4 +143,5 @@ def measure_at_end(torch, stats, indexes: list[int]) -> dict:
     except Exception:
         groups = None
     return {"private_pools": private_pools(torch, stats, indexes), "dist_backend": dist_backend(),
-            "module_loading": os.environ.get("CUDA_MODULE_LOADING"), "process_groups": groups}
+            "module_loading": os.environ.get("CUDA_MODULE_LOADING"), "process_groups": groups,
+            "memory_fraction": memory_fraction(torch, indexes), "graph_pools": graph_pools(torch, indexes)}

@@ -32,8 +32,12 @@ INDEX, SNAPSHOT, TRACE, COUNTER, ALLOCATED, RESERVED, STORAGES, SIZES, TIMES, KI
 # Library loops that gather a model's outputs on the GPU, whose own switches say how not to:
 # (file's ending, function) -> the name a reading records (diagnosis/allocated_peak.py has the remedy).
 LIBRARY_LOOPS = {(os.path.join("transformers", "trainer.py"), "evaluation_loop"): "transformers.Trainer.evaluation_loop",
-                 (os.path.join("transformers", "trainer.py"), "prediction_loop"): "transformers.Trainer.prediction_loop"}
-LOOP_MODULE = "transformers.trainer"  # the module of LIBRARY_LOOPS' loops
+                 (os.path.join("transformers", "trainer.py"), "prediction_loop"): "transformers.Trainer.prediction_loop",
+                 # Lightning's validation (lightning.pytorch and pytorch_lightning): _EvaluationLoop.run
+                 (os.path.join("loops", "evaluation_loop.py"), "run"): "lightning.validation"}
+# The modules of LIBRARY_LOOPS' loops: a reading walks the main thread's frames only where one is imported.
+LOOP_MODULES = ("transformers.trainer", "lightning.pytorch.loops.evaluation_loop",
+                "pytorch_lightning.loops.evaluation_loop")
 
 
 def take(agent, history, index: int):
@@ -59,7 +63,7 @@ def take(agent, history, index: int):
         kinds: list = []
         history.marks.ordered(times, kinds, trace[0]["time_us"] if trace else 0)
         loop = called = None
-        if LOOP_MODULE in sys.modules:  # (a walk of the frames makes their frame objects: only where one may be)
+        if any(m in sys.modules for m in LOOP_MODULES):  # (walking the frames makes frame objects)
             loop, called, frame = loop_of(sys._getframe(1))
             del frame
         now_us = time.time_ns() // 1000

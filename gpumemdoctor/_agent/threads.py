@@ -1,7 +1,11 @@
-"""The program's threads and forks: each thread's start and end, and the agent in a forked child.
+"""The program's threads and forks: each thread's start and end, the interpreter's shutdown, and the
+agent in a forked child.
 
 Each thread's entry point names the stacks that ran in it (for the holder search), and a
 thread that changed GPU memory while it ran is recorded with the figures before and after.
+The exit probes are made at the start of the interpreter's shutdown (`install_shutdown_hook`),
+before it joins the program's threads and runs its exit hooks: what those let go of (an executor's
+workers and their thread-local tensors, joined by concurrent.futures at exit) was held until the end.
 A forked child cannot use CUDA: it lets go of its parent's record file and socket, and gets
 an agent of its own that records that it exists (the package's `_after_fork_in_child`).
 """
@@ -120,3 +124,60 @@ def leave_parent(parent) -> None:
         os.close(parent.channel.fd)
     if parent.server is not None:
         parent.server.forget()  # the socket is the parent's: the child neither serves nor removes it
+
+
+WORKER = os.path.join("concurrent", "futures", "thread.py")  # where an executor's idle worker waits
+
+
+def install_shutdown_hook(current) -> None:
+    """Make the exit probes when the main thread's program has ended and before the interpreter's
+    shutdown lets anything go: Py_Finalize calls `threading._shutdown`, looked up on the module then,
+    which runs threading's exit hooks (concurrent.futures' joins every executor's workers, whose
+    thread-local tensors go with them) and joins the non-daemon threads; atexit's hooks, the agent's
+    own among them, run only after it. Where a non-daemon thread is still at work (not an executor's
+    worker waiting for work), the program has not ended: the probes wait for the agent's atexit hook,
+    as before. `current()` is the process's agent; the shutdown itself is unchanged."""
+    original = getattr(threading, "_shutdown", None)
+    if original is None or getattr(original, "_gpumemdoctor", False):
+        return
+
+    def _shutdown():
+        agent = current()
+        if agent is not None and agent.pid == os.getpid() and agent.devices and not agent.finished:
+            try:
+                busy, idle = threads_at_shutdown()
+                agent.shutdown = {"before_shutdown": not busy, "threads_joined": len(idle) if not busy else 0,
+                                  "waiting": (busy or idle)[:8]}
+                if not busy:
+                    agent.at_exit()
+            except BaseException:
+                pass
+        return original()
+
+    _shutdown._gpumemdoctor = True
+    _shutdown.__name__, _shutdown.__qualname__, _shutdown.__doc__ = (original.__name__, original.__qualname__,
+                                                                     original.__doc__)
+    threading._shutdown = _shutdown
+
+
+def threads_at_shutdown() -> tuple[list[str], list[str]]:
+    """The non-daemon threads the shutdown will join (the main thread and the agent's aside): those
+    still at work, and the executors' workers waiting for work (their innermost frame concurrent.futures'
+    `_worker`, blocked on its queue), by name."""
+    frames = sys._current_frames()
+    workers = getattr(sys.modules.get("concurrent.futures.thread"), "_threads_queues", None) or {}
+    busy, idle = [], []
+    main = threading.main_thread()
+    for t in threading.enumerate():
+        if t is main or t.daemon or t.name.startswith("gpumemdoctor-"):
+            continue
+        frame = frames.get(t.ident)
+        waiting = (frame is not None and frame.f_code.co_name == "_worker"
+                   and frame.f_code.co_filename.endswith(WORKER))
+        try:
+            waiting = waiting and t in workers
+        except TypeError:
+            waiting = False
+        (idle if waiting else busy).append(t.name)
+    del frames
+    return busy, idle

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 
-from . import probed
+from . import claims, probed, words
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
-from .remedies import FINDINGS
+from .remedies import FINDINGS, LIBRARY_LOOPS
 from ..contract import HISTORY_COUNTER_SLACK as COUNTER_SLACK, reaches_counter
 from ..units import format_bytes as fb
 
@@ -112,7 +112,29 @@ def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | N
         total_bytes=sum(p.bytes for p in ordered), allocated_bytes=allocated, reserved_bytes=reserved, parts=ordered,
         allocated_peak_bytes=r["counter"], in_pause=False, where=None, notes=notes)
     readings = [x for x in agent.root.get("peak_histories", []) if x["device"] == torch_index and "error" not in x]
-    return composition, findings(composition, r, where, readings)
+    return composition, findings(composition, r, where, readings, autograd_at(agent, torch_index, step, t))
+
+
+AUTOGRAD_WITHIN_S = 1.0  # a probe or search this near the peak, in the same step, tells its graphs
+
+
+def autograd_at(agent, torch_index: int, step: int | None, t: float) -> str | None:
+    """What showed autograd at work near the peak (the same step, within AUTOGRAD_WITHIN_S): a probe
+    of the program's names that found a name carrying an autograd graph, or a holder search that found
+    memory held through one; None where nothing did (then no claim about autograd is made)."""
+    for capture, probe in probed.probes_of(agent, torch_index):
+        if capture["step"] == step and abs(capture["t"] - t) <= AUTOGRAD_WITHIN_S:
+            graph = probed.longest_graph(probed.holders(probe))
+            if graph is not None:
+                return f"the probe of the program's names found {graph['path']} carrying {probed.graph_words(graph)}"
+    for search in agent.root.get("investigations", []):
+        if search["step"] != step or abs(search["t"] - t) > AUTOGRAD_WITHIN_S:
+            continue
+        for group in search["groups"]:
+            graph = next((h for h in group["holders"] if h["kind"] == "autograd-graph"), None)
+            if graph is not None and group.get("device") in (None, torch_index):
+                return f"the holder search at {search['t']:.1f} s found memory held through {graph['path']}"
+    return None
 
 
 def saved_by(agent, torch_index: int) -> tuple[list[dict], str] | None:
@@ -184,13 +206,7 @@ def _graph_after(agent, torch_index: int, c: PeakComposition, made: list) -> Non
             return
 
 
-# The remedies of library loops that gather outputs on the GPU (_agent/history.py's LIBRARY_LOOPS), in
-# the library's own terms.
-_TRAINER = ("The Trainer gathers every batch's predictions on the GPU, concatenated to the ones before, until the "
-            "evaluation ends: set TrainingArguments(eval_accumulation_steps=N) to move them to the CPU every N "
-            "steps, and pass Trainer(preprocess_logits_for_metrics=...) to keep only what compute_metrics needs "
-            "(logits.argmax(-1) instead of the vocabulary's logits).")
-LOOP_REMEDIES = {"transformers.Trainer.evaluation_loop": _TRAINER, "transformers.Trainer.prediction_loop": _TRAINER}
+LOOP_REMEDIES = LIBRARY_LOOPS  # (remedies.py: the library loops' own switches)
 
 
 def _grown(readings: list, best: dict) -> list[int]:
@@ -200,10 +216,11 @@ def _grown(readings: list, best: dict) -> list[int]:
     return sizes if len(sizes) >= 2 and all(a < b for a, b in zip(sizes, sizes[1:])) else []
 
 
-def findings(c: PeakComposition, r: dict, where: str, readings: list = ()) -> list[Finding]:
+def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autograd: str | None = None) -> list[Finding]:
     """Tensors gathered at the peak with no backward() after them: a concatenation made while its
     pieces were held (`joined`), or an evaluation's graphs or outputs (the avoidable peak an
-    evaluation without no_grad makes)."""
+    evaluation without no_grad makes, said so only where `autograd` says what showed autograd at work:
+    autograd_at)."""
     gathered = c.part("gathered")
     if gathered is None or r["phase"] != "outside":
         return []
@@ -245,18 +262,43 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = ()) -> li
                 evidence["loop_holder"] = holder
         if grown:
             evidence["grown_bytes"] = grown
+        made = [claims.make("concatenation", bytes=joined["bytes"], pieces=joined["pieces"],
+                            # (the pieces are gathered blocks of the peak: allocated at its moment, by the events)
+                            pieces_bytes=joined["pieces_bytes"], pieces_live_at_peak=True,
+                            result_held_at_reading=joined.get("held"))]
+        if loop:
+            made.append(claims.make("library-loop", loop=loop, called_at=evidence.get("loop_called_at"),
+                                    t=inside["t"]))
+        # The probe's names before the peak, where one name held as much as the pieces: who held them.
+        pieces = next((h for h in gathered.holders
+                       if abs(h["bytes"] - joined["pieces_bytes"]) <= max(1 << 20, joined["pieces_bytes"] // 10)), None)
+        held_by = ""
+        if pieces is not None:
+            held_by = f"; the pieces were held by {pieces['name']}" + (f" ({pieces['line']})" if pieces["line"] else "")
+            evidence["pieces_holder"] = pieces["name"]
+        made = [m for m in made if m is not None]
+        joined_words = words.say(made[0]) if made and made[0].name == "concatenation" else (
+            f"a tensor of {fb(joined['bytes'])} was made while {joined['pieces']} tensors made before it were held")
         return [Finding(kind="temporary-peak", bytes=joined["bytes"], pid=c.pid, device=c.device,
-                        summary=f"{moment}, a tensor of {fb(joined['bytes'])} was made while the "
-                                f"{joined['pieces']} tensors made before it, as large together "
-                                f"({fb(joined['pieces_bytes'])}), were still held: a concatenation (torch.cat, "
-                                f"torch.stack) of them, the pieces and the whole allocated at once{said}",
+                        summary=f"{moment}, {joined_words}{held_by}{said}",
                         evidence={**evidence, "joined": joined},
-                        remedy=LOOP_REMEDIES.get(loop) or FINDINGS["concatenation-at-peak"])]
+                        remedy=LOOP_REMEDIES.get(loop) or FINDINGS["concatenation-at-peak"],
+                        claims=[words.as_json(m) for m in made])]
     if p["blocks"] < MIN_GATHERED_BLOCKS:
         return []
+    made = [claims.make("gathered", bytes=gathered.bytes, blocks=p["blocks"], phase=r["phase"])]
+    graphs = claims.make("without-no-grad", autograd=autograd)
+    if graphs is not None:
+        made.append(graphs)
+        how = f", {words.say(graphs)}, until its result is dropped (outputs kept in a list do the same)"
+    else:
+        made.append(claims.not_seen("whether autograd kept them", "no probe or holder search near the peak found "
+                                    "an autograd graph holding memory, and the allocator's events do not say"))
+        how = f". {words.sentence(words.say(made[-1]))[:-1]}"
+    made = [m for m in made if m is not None]
     return [Finding(kind="avoidable-peak", bytes=gathered.bytes, pid=c.pid, device=c.device,
                     summary=f"{moment}, {fb(gathered.bytes)} in {p['blocks']} tensors had been gathered{span} with "
-                            "no backward() after them, and were let go of together after it, as an evaluation "
-                            "without torch.no_grad() does: it keeps each batch's autograd graph, and what its "
-                            "forward saved, until its result is dropped (outputs kept in a list do the same)",
-                    evidence=evidence, remedy=FINDINGS["graphs-at-peak"])]
+                            f"no backward() after them, and were let go of together after it{how}",
+                    evidence={**evidence, "autograd": autograd},
+                    remedy=FINDINGS["graphs-at-peak"] if graphs is not None else FINDINGS["gathered-at-peak"],
+                    claims=[words.as_json(m) for m in made])]

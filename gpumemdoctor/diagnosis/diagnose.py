@@ -8,8 +8,8 @@ parts across processes and ranks.
 """
 from __future__ import annotations
 
-from . import (breakdown, child_processes, ends, evidence, holders, judgement, job, libraries, machine_faults,
-               non_torch, peak, ranks, retention, streams, suspects)
+from . import (breakdown, child_processes, ends, evidence, holders, judgement, job, libraries, limits,
+               machine_faults, non_torch, peak, ranks, retention, streams, suspects, words)
 from .accumulations import accumulations
 from .evidence import readings
 from .headroom import add_time_to_full
@@ -65,7 +65,8 @@ def _diagnose_recording(recording: Recording) -> Diagnosis:
         if ended.get(agent.pid) is not None:
             result.notes.append(ends.note(agent, ended[agent.pid]))
         for torch_index in _torch_devices(agent):
-            _diagnose_torch_device(agent, torch_index, result, rank_of.get(agent.pid), ended.get(agent.pid))
+            _diagnose_torch_device(agent, torch_index, result, rank_of.get(agent.pid), ended.get(agent.pid),
+                                   _total_of(recording, agent, torch_index))
     torch_pids = {b.pid for b in result.breakdowns}
     for (pid, device), points in sorted(recording.nvml.items()):
         if pid not in torch_pids and any(used for _, used in points):
@@ -102,8 +103,15 @@ def _torch_devices(agent: AgentRecording) -> list[int]:
     return sorted(seen)
 
 
+def _total_of(recording: Recording, agent: AgentRecording, torch_index: int) -> int | None:
+    """The NVML total of the GPU a torch index is (a MIG slice's own), or None where not read."""
+    device = agent.device(torch_index)
+    index = device.nvml_index if device else None
+    return next((d.get("total_bytes") for d in recording.devices if d.get("index") == index), None)
+
+
 def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diagnosis,
-                           dist: Dist | None = None, ended: dict | None = None) -> None:
+                           dist: Dist | None = None, ended: dict | None = None, total: int | None = None) -> None:
     """One process on one GPU, in order: the breakdown at exit, the evidence (growth of the live
     tensors, what the searches found, what the exit probes read), the judgement's findings with their
     suspects, memory outside PyTorch, other libraries' pools, and what made the peak."""
@@ -137,11 +145,13 @@ def _diagnose_torch_device(agent: AgentRecording, torch_index: int, result: Diag
     evidence.exit_state(e, b, probes, end, context, agent.cuda_t)
     e.pending, e.holders = streams.evidence(pending), holders.Holders(agent, torch_index)
     e.ended, e.collector = ended, (agent.exit_info or {}).get("collector")
+    e.limit_bytes, e.limit_source = limits.in_force(agent, torch_index, total)
     if ended is not None:
         e.last_allocated_bytes, e.last_t = end.allocated_bytes, during[-1][0].t if during else None
     result.evidence.append({**e.to_json(), "non_torch": after_warmup.to_json() if after_warmup is not None else None})
     result.findings.extend(Finding(kind=j.kind, bytes=j.bytes, pid=agent.pid, device=nvml_index, summary=j.summary,
-                                   evidence=j.evidence, remedy=j.remedy, suspects=j.suspects)
+                                   evidence=j.evidence, remedy=j.remedy, suspects=j.suspects,
+                                   claims=[words.as_json(c) for c in j.claims])
                            for j in judgement.judge(e))
     _outside_pytorch(agent, torch_index, nvml_index, where, b, xs, outside_ys, after_warmup, series, by, result)
     result.findings.extend(libraries.pool_findings(agent, torch_index, nvml_index, where, pooled))

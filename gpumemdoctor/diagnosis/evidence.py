@@ -9,6 +9,7 @@ from . import phases, probed, suspects
 from .findings import Breakdown
 from .phases import Pause
 from .accumulations import accumulations as accumulations_in
+from .remedies import LIBRARY_LOOPS
 from .stacks import at, user_line
 from ..growth import MIN_POINTS
 from ..recording.recording import AgentRecording, TorchSample
@@ -67,6 +68,19 @@ class Evidence:
     last_allocated_bytes: int | None = None  # at its last reading (the end, or the last sample)
     last_t: float | None = None
     collector: dict | None = None  # the garbage collector's state (exit record): disabled, off samples
+    # The limit in force on the process's memory on this GPU (limits.py): its bytes, and "device" or
+    # "memory-fraction"; None where neither was read.
+    limit_bytes: int | None = None
+    limit_source: str | None = None
+    # PyTorch's allocated peak counter at the last sample before the first out-of-memory error's step
+    peak_before_error: int | None = None
+    steps: int = 0  # the steps the program marked (optimizer steps, gpumemdoctor.step())
+    allocated_values: list[int] = field(default_factory=list)  # the series' allocated readings, in order
+    shutdown: dict | None = None  # when the exit probes ran (the exit record's `shutdown`): before its joins
+    graph_pools: list | None = None  # CUDA graphs' private pools at exit: [pools, reserved, allocated]
+    # The readings of the allocator's events made inside a library loop (remedies.LIBRARY_LOOPS): t,
+    # loop, loop_called_at
+    loop_readings: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         """What the report keeps of it: the facts, not the suspects (those are on the findings)."""
@@ -129,17 +143,38 @@ def gather(agent: AgentRecording, torch_index: int, nvml_index: int | None, wher
         found, meta = probed.phase_holders(agent, torch_index, max(p.rise for p in pauses))
         if meta is not None:
             phase_held, phase_meta["probed"] = found, meta
+    ooms = [o for o in agent.root["ooms"] if o["device"] == torch_index]
     return Evidence(
         pid=agent.pid, device=nvml_index, torch_index=torch_index, where=where, samples=samples, by=by,
+        peak_before_error=_peak_before(agent, torch_index, ooms[0]) if ooms else None,
+        steps=agent.steps or 0, allocated_values=values, shutdown=(agent.exit_info or {}).get("shutdown"),
+        graph_pools=next((row[1:] for row in ((agent.exit_info or {}).get("parts") or {}).get("graph_pools") or []
+                          if row[0] == torch_index), None),
+        loop_readings=[{"t": r["t"], "loop": r["loop"], "loop_called_at": r.get("loop_called_at")}
+                       for r in agent.root.get("peak_histories", [])
+                       if r.get("device") == torch_index and r.get("loop") in LIBRARY_LOOPS],
         pauses=pauses,
         phase_accumulations=phase_held, phase_search=phase_meta,
         enough_samples=samples >= MIN_POINTS and unseen < near and watched_after >= MIN_WATCHED_AFTER,
         unseen_bytes=unseen, watched_after=watched_after, growth=growth,
         live_bytes=b.live_tensor_bytes if b.exit_probes else None, garbage_bytes=b.garbage_bytes,
         accumulations=held, unheld=unheld, exit_search=exit_meta, collections=collections,
-        ooms=[o for o in agent.root["ooms"] if o["device"] == torch_index],
+        ooms=ooms,
         oom_accumulations=oom_held, oom_suspects=oom_suspects, oom_search=oom_meta,
         uncaught=info.get("uncaught"), exited_normally=agent.exited_normally)
+
+
+def _peak_before(agent: AgentRecording, torch_index: int, oom: dict) -> int | None:
+    """PyTorch's allocated peak counter at the last sample of an earlier step than the error's: what
+    the steps before it reached at most. None in a program without steps before the error."""
+    step = oom.get("step")
+    if not step:
+        return None
+    # (a step's end sample: the timer's during the failing step would count some of it)
+    seen = [r.allocated_peak_bytes for s, r in readings(agent.samples, torch_index)
+            if s.t < oom["t"] and s.by == "step" and s.step is not None and s.step <= step
+            and r.allocated_peak_bytes is not None]
+    return max(seen) if seen else None
 
 
 def _biggest_collection(freeing: list[dict], torch_index: int) -> dict | None:
@@ -175,6 +210,7 @@ class Judged:
     evidence: dict
     remedy: str
     suspects: list[dict] = field(default_factory=list)
+    claims: list = field(default_factory=list)  # claims.Claim: what it says, with the evidence of each
 
 
 # -- words ---------------------------------------------------------------------------

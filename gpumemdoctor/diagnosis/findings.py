@@ -37,9 +37,15 @@ class Finding:
     device: int | None = None  # NVML index
     suspects: list[dict] = field(default_factory=list)  # where, who holds it, which thread (suspects.py)
     host: str | None = None  # the host of the process (pid), from the recording
+    # What it claims, each with its evidence and its words (claims.Claim.to_json): a cause, a remedy,
+    # "would have fit", what was not seen. Reports made before claims were kept have none.
+    claims: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        if not out["claims"]:  # written only where made: an older report reads back as it was
+            del out["claims"]
+        return out
 
 
 @dataclass
@@ -142,10 +148,10 @@ class Job:
 
 # The parts of a peak, in the order they are drawn (peak.py says how each is recognised).
 PEAK_CATEGORIES = ("parameters", "gradients", "optimizer-state", "activations", "gathered", "graphs-kept",
-                   "temporaries", "kept-tensors", "unclassified", "fragmentation", "cache", "outside-pytorch",
-                   "context")
+                   "temporaries", "kept-tensors", "unclassified", "graph-pools", "fragmentation", "cache",
+                   "outside-pytorch", "context")
 # Categories added after baselines first kept a peak's parts: absent from those baselines, read as 0.
-LATER_PEAK_CATEGORIES = ("activations", "gathered")
+LATER_PEAK_CATEGORIES = ("activations", "gathered", "graph-pools")
 
 
 @dataclass

@@ -2,12 +2,14 @@
 
 The free memory is the whole GPU's (NVML's: its total less what every process on it used), as the
 supervisor read it (`Recording.device_memory`) at the end of the run: the last reading at or before
-the process's last sample, while what had grown was still held. The rate is the growth's per
+the process's last sample, while what had grown was still held; under a per-process memory fraction
+(limits.py), no more than what the fraction allows less what PyTorch had reserved then. The rate is the growth's per
 second; a growth measured per step has one only where the run's seconds per step were measured
 (`retention.growth_of`), and where there is none nothing is said. Pure.
 """
 from __future__ import annotations
 
+from . import claims, limits, words
 from ..growth import seconds_to_full
 from .findings import Diagnosis, Finding, Growth
 from ..recording.recording import Recording
@@ -27,11 +29,44 @@ def add_time_to_full(recording: Recording, result: Diagnosis) -> None:
         if free is None:
             continue
         t, free_bytes = free
+        limit, source = _limit(recording, f)
+        if source == limits.FRACTION and limit is not None:
+            free_bytes = min(free_bytes, max(0, limit - _reserved_at_last(recording, f)))
         seconds = seconds_to_full(growth.rate_bytes_per_s, free_bytes)
         if seconds is None:
             continue
         f.evidence.update({"rate_bytes_per_s": growth.rate_bytes_per_s, "free_bytes": free_bytes,
-                           "free_t": t, "time_to_full_s": round(seconds, 3)})
+                           "free_t": t, "time_to_full_s": round(seconds, 3), "limit_bytes": limit,
+                           "limit_source": source})
+        said = claims.make("time-to-full", rate_bytes_per_s=growth.rate_bytes_per_s, free_bytes=free_bytes,
+                           limit_bytes=limit, limit_source=source)
+        if said is not None:
+            f.claims.append(words.as_json(said))
+
+
+def _torch_index(recording: Recording, f: Finding) -> tuple:
+    agent = recording.agent(f.pid)
+    if agent is None:
+        return None, None
+    device = next((d for d in agent.devices if d.nvml_index == f.device), None)
+    return agent, device.index if device is not None else None
+
+
+def _limit(recording: Recording, f: Finding) -> tuple[int | None, str | None]:
+    """The limit in force on the finding's process on its GPU (limits.in_force)."""
+    agent, index = _torch_index(recording, f)
+    total = next((d.get("total_bytes") for d in recording.devices if d.get("index") == f.device), None)
+    if agent is None or index is None:
+        return total, limits.DEVICE if total else None
+    return limits.in_force(agent, index, total)
+
+
+def _reserved_at_last(recording: Recording, f: Finding) -> int:
+    agent, index = _torch_index(recording, f)
+    if agent is None or index is None or not agent.samples:
+        return 0
+    r = agent.samples[-1].reading(index)
+    return (r.reserved_bytes or 0) if r is not None else 0
 
 
 def _growth_of(f: Finding, growth: list[Growth]) -> Growth | None:

@@ -58,27 +58,30 @@ lets go of at its end, reaching its height again at the next, is row 13: part of
 the peak, never a leak. Something filled once (a dataset, a ring) adds at most one
 step: not a staircase.
 
-An out-of-memory error's cause (row 5): `request-too-large` (the request alone is
-more than the device, or than the memory the program may use), `fragmentation`
-(the allocator's free pieces add up to the request but none is big enough),
-`other-processes` (other processes hold what would have served it), else `full`
-(the program's own memory filled the device).
+An out-of-memory error's cause (row 5; out_of_memory.py words it and what would have made it fit):
+`request-too-large` (the request alone is more than the limit in force: the device, or the memory
+fraction the program may use), `fragmentation` (the allocator's free pieces alone add up to the
+request but none is big enough), `accumulation` (row 1's), `other-processes` (other processes hold
+what would have served it, and the limit in force had room), else `full` (the program's own memory
+filled the device, or the limit). Every claim a row makes rests on its evidence (claims.py); where a
+row could not see what it would say, it says so (`not-seen`). Rows 2 and 3 also say what held memory
+until the end (held.py: read before the interpreter's shutdown, CUDA graphs' pools).
 """
 from __future__ import annotations
 
-from .evidence import (SIGNIFICANT_BYTES, Evidence, Judged, at_line, brief, oom_brief, released_words, samples_of,
+from .evidence import (SIGNIFICANT_BYTES, Evidence, Judged, at_line, brief, released_words, samples_of,
                        too_short)
 from .probed import suspect as probed_suspect, summary as probed_summary
-from . import fit, streams
-from .remedies import FINDINGS, OUT_OF_MEMORY
+from . import claims, streams, words
+from .claims import Claim
+from .held import held_claims as _held_claims, structural as _structural
+from .out_of_memory import OOM_ACCUMULATION_SHARE, cause as _oom_cause, finding as _out_of_memory
+from .remedies import FINDINGS, LIBRARY_LOOPS
 from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
 from ..units import format_bytes as fb
 
 MIB = 1 << 20
 MIN_LEAK_BYTES = 16 * MIB
-OOM_ACCUMULATION_SHARE = 0.5  # of the allocated memory at the error, held by one accumulation
-OTHER_PROCESSES_SHARE = 0.25  # of the device, held by other processes, to blame them
-OOM_CAUSES = ("accumulation", "request-too-large", "fragmentation", "other-processes", "full")
 # Row 2b, a staircase: pauses that each left at least STAIR_MIN_BYTES behind, at least MIN_STAIRS of
 # them, still held at exit, an accumulation at exit holding at least STAIR_HELD_SHARE of the steps.
 STAIR_MIN_BYTES = 16 * MIB
@@ -157,17 +160,43 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
     found, said, remedy = [], "", ""
     if e.holders is not None:
         found, evidence["root_cause"], said, remedy = e.holders.leak(released is not None)
-    return Judged(kind="leak", bytes=g["retained_bytes"] if released is None else g["grown_bytes"],
+    made: list[Claim] = []
+    if released is not None:
+        made.append(claims.make("released-after-the-loop", how=released.get("how"), t=released.get("t"),
+                                after_t=released.get("after_t")))
+    size = g["retained_bytes"] if released is None else g["grown_bytes"]
+    more, size = _held_claims(e, size)
+    made += more
+    structure = _structural(e)  # said too where growth decided: the same claims, whichever decided
+    if structure is not None:
+        made.append(structure[1])
+    said += "".join(f" {words.sentence(words.say(c))}" for c in more)
+    return Judged(kind="leak", bytes=size,
                   summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and {held}.{said}",
-                  evidence=evidence, remedy=remedy, suspects=found)
+                  evidence=evidence, remedy=remedy, suspects=found, claims=[c for c in made if c is not None])
 
 
 def _leak_by_structure(e: Evidence) -> Judged | None:
-    return _leak_at_exit(
+    found = _leak_at_exit(
         e, e.accumulations, "structure", "accumulations", accumulation_suspect,
         lambda total, a: f"{fb(total)} of tensors in {e.where} had piled up: {alike_text(a)} "
                          f"held by {a['pattern']}. {too_short(e)} so this accumulation, which is how "
                          f"a leak looks, decided.")
+    if found is not None:
+        return found
+    structure = _structural(e)  # the samples were enough, and their slope did not decide: the structure does
+    if structure is None:
+        return None
+    a, made = structure
+    more, size = _held_claims(e, a["bytes"])
+    suspects = [accumulation_suspect(x) for x in e.accumulations[:MAX_SUSPECTS]]
+    said = "".join(f" {words.sentence(words.say(c))}" for c in more)
+    return Judged(kind="leak", bytes=size,
+                  summary=f"{fb(a['bytes'])} of tensors in {e.where} had piled up: {words.say(made)}, held "
+                          f"at the end. However the samples fell, that is how a leak looks: it grows with the run.{said}",
+                  evidence={"decided_by": "structure", "accumulations": [brief(x) for x in e.accumulations],
+                            "root_cause": e.exit_search, **samples_of(e)},
+                  remedy=suspects[0]["remedy"], suspects=suspects, claims=[made, *more])
 
 
 def _leak_unheld(e: Evidence) -> Judged | None:
@@ -221,65 +250,6 @@ def _leak_by_phases(e: Evidence) -> Judged | None:
 
 # -- out of memory, garbage, what is still held -------------------------------------------
 
-def _oom_cause(e: Evidence, oom: dict) -> str:
-    """The first that applies: the request cannot fit at all; the allocator's free pieces would
-    have served it had they been one piece; an accumulation filled the memory; other processes
-    hold it; the program's own memory is simply too much."""
-    if oom["request_bytes"] > oom["limit_bytes"]:
-        return "request-too-large"
-    largest = oom["largest_free_block_bytes"]
-    free_in_segments = oom["free_in_segments_bytes"]
-    if largest is not None and free_in_segments is not None and \
-            largest < oom["request_bytes"] <= free_in_segments + oom["device_free_bytes"]:
-        return "fragmentation"
-    allocated = oom["allocated_bytes"] or 0
-    if e.oom_accumulations and e.oom_accumulations[0]["bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
-        return "accumulation"
-    if e.growth and e.growth["grown_bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
-        return "accumulation"  # the memory the run was seen to pile up filled the GPU
-    others = sum(used or 0 for pid, used in oom["processes"] if pid != e.pid)
-    if others >= OTHER_PROCESSES_SHARE * oom["limit_bytes"] and oom["request_bytes"] <= others + oom["device_free_bytes"]:
-        return "other-processes"
-    return "full"
-
-
-def _out_of_memory(e: Evidence, oom: dict, cause: str) -> Judged:
-    request, limit = oom["request_bytes"], oom["limit_bytes"]
-    allocated, reserved = oom["allocated_bytes"], oom["reserved_bytes"]
-    unallocated = None if allocated is None or reserved is None else reserved - allocated
-    others = [[pid, used] for pid, used in oom["processes"] if pid != e.pid]
-    figures = (f"Tried to allocate {fb(request)} with {fb(oom['device_free_bytes'])} free of {fb(limit)}; "
-               f"PyTorch had {fb(allocated)} allocated and {fb(unallocated)} reserved but unallocated "
-               f"(largest free piece {fb(oom['largest_free_block_bytes'])})")
-    if others:
-        figures += f"; {len(others)} other process{'es' if len(others) > 1 else ''} held " \
-                   f"{fb(sum(u or 0 for _, u in others))}"
-    if e.uncaught is not None and "OutOfMemoryError" in e.uncaught["exc_type"]:
-        caught = " The program ended with this error."
-    elif e.exited_normally and e.uncaught is None:
-        caught = " The program caught the error and went on."
-    else:
-        caught = ""
-    why = {
-        "accumulation": "an accumulation of tensors had filled the GPU (see the leak finding)",
-        "request-too-large": f"the request alone is larger than the {fb(limit)} the process may use",
-        "fragmentation": (f"PyTorch held {fb(oom['free_in_segments_bytes'])} free inside its segments, "
-                          f"enough for the request, but in pieces of at most "
-                          f"{fb(oom['largest_free_block_bytes'])}: the cache is fragmented"),
-        "other-processes": f"other processes held {fb(sum(u or 0 for _, u in others))} of the GPU",
-        "full": "the program's own tensors and cache filled the GPU",
-    }[cause]
-    suspects = e.oom_suspects if cause in ("full", "accumulation") else []
-    fits = fit.what_fits(oom, e.oom_accumulations, e.pid)  # what would have made it fit
-    remedy = fits["remedy"] if fits and fits["fits"] and cause == "full" else OUT_OF_MEMORY[cause]
-    return Judged(
-        kind="out-of-memory", bytes=request,
-        summary=f"{e.where} ran out of GPU memory at {at_line(oom)}: {why}.{caught}{fit.words(fits) if fits else ''}",
-        evidence={"decided_by": "out-of-memory", "cause": cause, "figures": figures, "errors": len(e.ooms),
-                  "first": oom_brief(oom), "root_cause": e.oom_search, "what_would_fit": fits},
-        remedy=remedy, suspects=suspects)
-
-
 def _garbage(e: Evidence) -> Judged | None:
     at_exit = e.garbage_bytes or 0
     during = (e.collections or {}).get("max_freed_bytes") or 0
@@ -324,8 +294,9 @@ def _live_at_exit(e: Evidence) -> Judged:
     else:
         why = (f"{too_short(e)} and nothing else pointed to a leak, so this is taken as")
     found, root_cause, remedy = e.holders.live() if e.holders is not None else ([], e.exit_search, "")
+    more, _ = _held_claims(e, e.live_bytes)
     return Judged(
-        kind="live-at-exit", bytes=e.live_bytes,
+        kind="live-at-exit", bytes=e.live_bytes, claims=more,
         summary=f"{fb(e.live_bytes)} of tensors in {e.where} were still referenced when the program "
                 f"ended. {why} what the program still holds (a model, data, or a reference it forgot "
                 f"to drop), and nvidia-smi counts it until the process exits.",
@@ -346,6 +317,7 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
     suspects = [probed_suspect(x, phase=True) if x.get("probed") else accumulation_suspect(x, phase=True)
                 for x in e.phase_accumulations[:MAX_SUSPECTS]]
     held = ""
+    said: list[Claim] = []
     if e.phase_accumulations and e.phase_accumulations[0].get("probed"):
         a, search = e.phase_accumulations[0], e.phase_search or {}
         why = search.get("declined") or "no search was made at a pause's height"
@@ -354,8 +326,19 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
     elif e.phase_accumulations:
         a = e.phase_accumulations[0]
         held = f" At its height {alike_text(a)} were held by {a['pattern']}."
-    elif (e.phase_search or {}).get("declined"):  # the tool's pause limit: no holder, and why
-        held = f" No holder was looked for at its height: {e.phase_search['declined']}."
+    loop = _loop_in(e, bound)
+    remedy = suspects[0]["remedy"] if suspects else None
+    if loop is not None:  # a library's loop gathered it: its own switches
+        said.append(loop)
+        held += f" {words.sentence(words.say(loop))}"
+        remedy = remedy if suspects and suspects[0].get("holders") else LIBRARY_LOOPS[loop.evidence["loop"]]
+    if not suspects:
+        why = (e.phase_search or {}).get("declined") or "no search was made at a pause's height"
+        unseen = claims.not_seen("what held it", why)
+        said.append(unseen)
+        if loop is None:
+            held += f" {words.sentence(words.say(unseen))}"
+            remedy = FINDINGS["phase-unsearched"]
     return Judged(
         kind="avoidable-peak", bytes=top.rise,
         summary=f"In {e.where}, memory rose during {len(bound)} pause{'s' if len(bound) > 1 else ''} in the "
@@ -364,7 +347,16 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
                 f"each pause's end: not a leak, but what made the peak.{held}",
         evidence={"decided_by": "phases", "pauses": [p.to_json() for p in bound],
                   "highest_bytes": top.height, "root_cause": e.phase_search},
-        remedy=suspects[0]["remedy"] if suspects else FINDINGS["phase-unsearched"], suspects=suspects)
+        remedy=remedy, suspects=suspects, claims=said)
+
+
+def _loop_in(e: Evidence, pauses: list) -> Claim | None:
+    """A library loop (remedies.LIBRARY_LOOPS) that a reading found the program in during one of
+    these pauses: the library's own switches govern what it gathered."""
+    for r in e.loop_readings:
+        if any(p.since_s <= r["t"] <= (p.until_s if p.until_s is not None else p.t1 + 1.0) for p in pauses):
+            return claims.make("library-loop", loop=r["loop"], called_at=r.get("loop_called_at"), t=r["t"])
+    return None
 
 
 def _context(e: Evidence) -> Judged | None:

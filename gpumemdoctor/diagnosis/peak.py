@@ -24,17 +24,12 @@ from __future__ import annotations
 
 import functools
 
-from . import allocated_peak, cache_filled, probed
+from . import allocated_peak, cache_filled, fit, probed
+from .peak_warnings import findings
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
-from .remedies import FINDINGS
 from ..units import MAX_SIZE_BYTES
 from ..units import format_bytes as fb
 
-MIN_FINDING_BYTES = 256 << 20
-FRAGMENTED_SHARE = 0.10  # of the peak: free memory in split segments
-TEMPORARY_SHARE = 0.25  # of the allocated memory: one running function's local
-STATE_SHARE = 0.25  # of the peak: gradients and optimizer state held through an evaluation
-GRAPHS_SHARE = 0.20  # of the allocated memory: graphs kept by the program's names in a pause
 MIN_HOLDER_BYTES = 64 << 10  # a holder smaller than this is not named (a scalar loss, a step count)
 PROBE_PARTS = ("parameters", "temporaries", "kept-tensors")
 BUSIER_BYTES = 256 << 20  # a capture with this much more memory in use than NVML's highest
@@ -46,7 +41,10 @@ EARLIER_S = 1.0  # a probe made this long before a capture without one still tel
 HOW = {
     "context": "the CUDA context, read at the process's first allocation",
     "outside-pytorch": "NVML's figure for the process less the context and PyTorch's reserved memory",
-    "fragmentation": "free memory inside the allocator's split segments (inactive_split_bytes)",
+    "fragmentation": "free memory inside the allocator's split segments (inactive_split_bytes), CUDA graphs' "
+                     "private pools left out",
+    "graph-pools": "free memory inside CUDA graphs' private pools, reserved for their replays: the graphs' own "
+                   "(their pools as measured at exit)",
     "cache": "reserved by PyTorch, neither allocated nor split: free for its next allocations",
     "parameters": "the parameters of the optimizers that stepped and of modules the program's names hold",
     "gradients": "the .grad of those parameters",
@@ -206,8 +204,21 @@ def _outside_allocated(split: _Split, agent, capture: dict, peak_total: int, con
     split.add("outside-pytorch", max(0, outside), how=HOW["outside-pytorch"] + _libraries(agent))
     free = split.reserved - split.allocated
     fragmented = min(capture["inactive_split"] or 0, free)
-    split.add("fragmentation", fragmented)
-    split.add("cache", free - fragmented)
+    # CUDA graphs' private pools: their free memory is the graphs', kept for their replays, not free pieces
+    # of the program's segments (taken from the split memory first: a pool's segments hold its outputs).
+    pools = min(graph_pool_free(agent, capture["device"]), free)
+    from_split = min(pools, fragmented)
+    split.add("graph-pools", pools)
+    split.add("fragmentation", fragmented - from_split)
+    split.add("cache", free - fragmented - (pools - from_split))
+
+
+def graph_pool_free(agent, torch_index: int) -> int:
+    """The free memory inside CUDA graphs' private pools on this device, as measured at exit
+    (_agent/parts.graph_pools); 0 where none was captured or measured."""
+    parts = (getattr(agent, "exit_info", None) or {}).get("parts") or {}
+    return sum(reserved - allocated for index, _, reserved, allocated in parts.get("graph_pools") or []
+               if index == torch_index)
 
 
 # The optimizers' parts: category, the capture's key, its column in a capture's `optimizers` rows, the
@@ -340,59 +351,6 @@ def _risen(busiest: dict, highest: dict) -> str:
             f"{fb(counter - seen)} above this reading's at a moment between the two")
 
 
-def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
-    """The peaks that could be lower; each a warning, never a verdict."""
-    out: list[Finding] = []
-    busiest = ", the reading with the most memory in use" if c.highest else ""
-    moment = f"At the peak of {where} ({fb(c.total_bytes)}{f', step {c.step}' if c.step else ''}{busiest})"
-    evidence = {"decided_by": "peak", "peak_t": c.t, "peak_step": c.step, "peak_bytes": c.total_bytes}
-
-    split = c.bytes_of("fragmentation")
-    if split >= max(MIN_FINDING_BYTES, FRAGMENTED_SHARE * c.total_bytes):
-        out.append(Finding(kind="fragmented-peak", bytes=split, pid=c.pid, device=c.device,
-                           summary=f"{moment}, {fb(split)} was free memory split inside the allocator's "
-                                   "segments, too small in pieces to serve larger requests",
-                           evidence={**evidence, "inactive_split_bytes": split, "reserved_bytes": c.reserved_bytes},
-                           remedy=FINDINGS["fragmented-peak"]))
-    temporaries = c.part("temporaries")
-    # One tensor of a running function's own: a container's many (`x[*]`) are an accumulation, which
-    # the leak and pause rows judge, not a temporary to free sooner.
-    # Nor an attribute (`forward() local self.mask`): an object's state, which outlives the call.
-    single = [h for h in (temporaries.holders if temporaries else [])
-              if "[*]" not in h["name"] and "." not in h["name"].split(" local ", 1)[-1]]
-    if single:
-        top = single[0]
-        if top["bytes"] >= max(MIN_FINDING_BYTES, TEMPORARY_SHARE * c.allocated_bytes):
-            at = f" ({top['line']})" if top["line"] else ""
-            out.append(Finding(kind="temporary-peak", bytes=top["bytes"], pid=c.pid, device=c.device,
-                               summary=f"{moment}, {top['name']}{at} held {fb(top['bytes'])} of its own",
-                               evidence={**evidence, "holder": top["name"], "line": top["line"]},
-                               remedy=FINDINGS["temporary-peak"]))
-    state = c.bytes_of("gradients") + c.bytes_of("optimizer-state")
-    if c.in_pause and state >= max(MIN_FINDING_BYTES, STATE_SHARE * c.total_bytes):
-        out.append(Finding(kind="state-at-evaluation", bytes=state, pid=c.pid, device=c.device,
-                           summary=f"{moment}, during a pause in the steps (an evaluation, a validation), gradients "
-                                   f"({fb(c.bytes_of('gradients'))}) and optimizer state "
-                                   f"({fb(c.bytes_of('optimizer-state'))}) were held",
-                           evidence={**evidence, "gradients_bytes": c.bytes_of("gradients"),
-                                     "optimizer_state_bytes": c.bytes_of("optimizer-state")},
-                           remedy=FINDINGS["state-at-evaluation"]))
-    graphs = c.part("graphs-kept")
-    if (graphs and (c.in_pause or not c.step)
-            and graphs.bytes >= max(MIN_FINDING_BYTES, GRAPHS_SHARE * c.allocated_bytes)):
-        top = graphs.holders[0] if graphs.holders else None
-        held = f" by {top['name']}" + (f" ({top['line']})" if top and top["line"] else "") if top else ""
-        out.append(Finding(kind="avoidable-peak", bytes=graphs.bytes, pid=c.pid, device=c.device,
-                           summary=f"{moment}, autograd graphs held{held} kept {fb(graphs.bytes)} of saved "
-                                   "tensors, " + ("during a pause in the steps (an evaluation, a validation, the "
-                                                  "work after the last step)" if c.in_pause
-                                                  else "in a program that marks no steps"),
-                           evidence={**evidence, "holder": top["name"] if top else None,
-                                     "line": top["line"] if top else None},
-                           remedy=FINDINGS["graphs-at-peak"]))
-    return out
-
-
 def _graphs_from_search(agent, torch_index: int, capture: dict) -> tuple[int, list, dict | None]:
     """What a holder search made in the capture's pause (same step count; a search at an
     evaluation's height or at an out-of-memory error) found held through autograd graphs on this
@@ -402,19 +360,27 @@ def _graphs_from_search(agent, torch_index: int, capture: dict) -> tuple[int, li
         if search["when"] not in ("phase", "oom") or search["step"] != capture["step"] or search["t"] > capture["t"]:
             continue
         held: dict = {}
+        oom = _oom_of(agent, search) if search["when"] == "oom" else None
         for group in search["groups"]:
             if group.get("device") not in (None, torch_index):
                 continue
             frame = group["frames"][0] if group["frames"] else None
             line = f"{frame[0].rsplit('/', 1)[-1]}:{frame[1]}" if frame else None
             for h in group["holders"]:
-                if h["kind"] == "autograd-graph":
+                # (at an error in a step's forward, its locals' graphs are the step's activations: not kept)
+                if h["kind"] == "autograd-graph" and not (oom is not None and fit.running_step(oom, h)):
                     entry = held.setdefault(h["path"], {"name": h["path"], "bytes": 0, "line": line})
                     entry["bytes"] += h["bytes"]
         total = sum(h["bytes"] for h in held.values())
         if total > best[0]:
             best = (total, sorted(held.values(), key=lambda h: -h["bytes"])[:4], search)
     return best
+
+
+def _oom_of(agent, search: dict) -> dict | None:
+    """The out-of-memory record an `oom` search was made for: the first error (only it is searched)."""
+    ooms = agent.root.get("ooms", [])
+    return ooms[0] if ooms else None
 
 
 def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None, probe: dict | None = None,

@@ -52,17 +52,14 @@ REMEDIES: dict[tuple[str, str], tuple[str, str]] = {
     ("global", "phase"): (
         "{name} gathers every batch's tensors on the GPU until the evaluation ends{at}; then they are let "
         "go of.",
-        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak; "
-        "under torch.no_grad() they keep no autograd graph either."),
+        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak."),
     ("attribute", "phase"): (
         "The attribute {attr} of {owner} gathers every batch's tensors on the GPU until the evaluation "
         "ends{at}, as Lightning's validation_step_outputs does.",
-        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak; "
-        "under torch.no_grad() they keep no autograd graph either."),
+        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak."),
     ("frame-local", "phase"): (
         "{path} gathers every batch's tensors on the GPU until its function returns{at}.",
-        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak; "
-        "under torch.no_grad() they keep no autograd graph either."),
+        "Gather CPU copies (.cpu()) or numbers, or reduce as you go (a running metric), to lower the peak."),
     ("kept-exception", "*"): (
         "A stored exception keeps its traceback, and the traceback keeps every local of the failing "
         "frames: {path}{at}.",
@@ -146,10 +143,10 @@ FINDINGS: dict[str, str] = {
                        ".item() or .detach(), and del what you no longer need.",
     "live-at-exit-unsearched": "Nothing to do if the program still needs it; otherwise del the references to it "
                                "and call torch.cuda.empty_cache() to give the memory back to the device.",
-    "phase-unsearched": "No search was made at its height, so what held it is not known: what an evaluation "
-                        "gathers, or the autograd graphs it builds, lives until it ends. Evaluate under "
-                        "torch.no_grad() (model.eval() does not stop autograd), keep numbers (loss.item()) or "
-                        "CPU copies of what you gather, or reduce as you go.",
+    "phase-unsearched": "What held it is not known (no search at its height): what a pause gathers lives until it "
+                        "ends. Keep numbers (loss.item()) or CPU copies (.detach().cpu()) of what it gathers, or "
+                        "reduce as you go (a running metric); run gpumemdoctor with --max-pause 0.1 or more to let "
+                        "a search name the holder.",
     "garbage-cycle": "Break the cycle (weakref for back-references, clear the container, avoid keeping "
                      "exceptions or frames, no lambdas or bound methods of an object stored on itself), or call "
                      "gc.collect() after freeing large structures.",
@@ -178,6 +175,9 @@ FINDINGS: dict[str, str] = {
                       "(del, or reassign), compute in place (x.mul_(), out=), process it in chunks, or avoid the "
                       "copy (torch.cat of growing lists, .contiguous(), .float() of a half-precision tensor each "
                       "make a whole new tensor).",
+    "gathered-at-peak": "Tensors gathered with no backward() after them and let go of together made the peak: "
+                        "keep numbers (.item()) or CPU copies (.detach().cpu()) of what you gather, reduce as you go "
+                        "(a running metric), or let go of each as soon as it is used.",
     "concatenation-at-peak": "A concatenation's result was made while all its pieces were still held: write the "
                              "pieces into one tensor made beforehand (torch.empty, then out[i:j] = piece, or "
                              "torch.cat(..., out=)), or drop each piece as soon as it is copied.",
@@ -213,6 +213,13 @@ FINDINGS: dict[str, str] = {
                               "(pin_memory=True makes the copy fast). Do not call torch.cuda.* (set_device, empty "
                               "tensors on cuda) in worker_init_fn.",
     "library-memory": "Nothing to do if {label} needs it; otherwise {switch}.",
+    # an out-of-memory error of cause "full" whose step was asked for more than any before it
+    # (out_of_memory._larger_step)
+    "oom-larger-step": "This step needed more than any before it: cap or bucket the sequence length (truncate, "
+                        "sort batches by length, or a token budget per batch instead of a fixed batch size), or "
+                        "split the longest batches; gradient checkpointing (model.gradient_checkpointing_enable() "
+                        "in transformers, torch.utils.checkpoint) keeps fewer activations, and torch.autocast("
+                        "'cuda', dtype=torch.bfloat16) halves most of them.",
 }
 
 # What the memory outside PyTorch's remedy gains where its evidence says more (non_torch.finding):
@@ -251,6 +258,23 @@ OUT_OF_MEMORY: dict[str, str] = {
                        "them), or choose another GPU.",
     "full": "Use less memory per step: a smaller batch, activation checkpointing, mixed precision, or free what is "
             "no longer needed before this line.",
+}
+
+
+# The library loops that gather a model's outputs on the GPU (_agent/reading.py's LIBRARY_LOOPS: the
+# main thread's stack at a reading), each with its own switches, in the library's own terms.
+_TRAINER = ("The Trainer gathers every batch's predictions on the GPU, concatenated to the ones before, until the "
+            "evaluation ends: set TrainingArguments(eval_accumulation_steps=N) to move them to the CPU every N "
+            "steps, and pass Trainer(preprocess_logits_for_metrics=...) to keep only what compute_metrics needs "
+            "(logits.argmax(-1) instead of the vocabulary's logits).")
+LIBRARY_LOOPS: dict[str, str] = {
+    "transformers.Trainer.evaluation_loop": _TRAINER,
+    "transformers.Trainer.prediction_loop": _TRAINER,
+    "lightning.validation": (
+        "Lightning's validation loop ran while the memory was gathered: what validation_step returns, or keeps "
+        "in a list on the module (validation_step_outputs), or a callback's on_validation_batch_end keeps, stays "
+        "on the GPU until the epoch ends: keep .detach().cpu() copies or numbers, or update a torchmetrics metric "
+        "per batch, and clear the list in on_validation_epoch_end."),
 }
 
 

@@ -139,9 +139,11 @@ FINDING_EVIDENCE = Shape({
                                                          rest=ANY)))}, rest=ANY))),
     "garbage": may(opt(Shape({"objects_freed": may(opt(INT)), "types": may(null_as([], list_of(pair(STR, INT))))},
                              rest=ANY)))}, rest=ANY)
+# A claim and its evidence (claims.py): its name and words are checked, its evidence is data.
+CLAIM = Shape({"claim": STR, "evidence": need_dict, "says": STR})
 FINDING = Shape({"kind": one_of(*FINDING_KINDS), "bytes": SIZE, "summary": STR, "evidence": FINDING_EVIDENCE,
                  "remedy": STR, "pid": opt(INT), "device": opt(INT), "suspects": absent(records.SUSPECTS, []),
-                 "host": opt(STR)}).into(Finding)
+                 "host": opt(STR), "claims": absent(list_of(CLAIM), [])}).into(Finding)
 # The parts after non_torch_bytes are absent from reports made before they were measured.
 BREAKDOWN = Shape({
     "pid": INT, "device": opt(INT), "torch_index": opt(INT), "exit_probes": absent(BOOL, False), "host": opt(STR),

@@ -101,14 +101,17 @@ COLLECTION = Shape({"t": NUM, "step": opt(INT), "generation": INT, "collected": 
 # PyTorch's allocator could not serve a request (its out-of-memory observer); since issue 40 also what
 # the optimizers that had stepped held then ([class, parameters, gradients, state]), whether the main
 # thread was inside backward() or an optimizer's step, the failing thread's grad mode, and whether the
-# steps had paused.
+# steps had paused. Since issue 56 the tensors passed to the outermost module's forward on the stack
+# at the error ([name, shape, dtype]: `input_ids`, or `args[0]`), where one was running, and the
+# per-process memory fraction in force then (1.0 where none was set).
 OOM = Shape({"t": NUM, "step": opt(INT), "device": INT, "request_bytes": INT, "limit_bytes": INT,
              "device_free_bytes": INT, "allocated_bytes": opt(INT), "reserved_bytes": opt(INT),
              "active_bytes": opt(INT), "largest_free_block_bytes": opt(INT),
              "free_in_segments_bytes": opt(INT), "processes": list_of(pair(INT, opt(INT))),
              "thread": STR, "stack": list_of(frame),
              "optimizers": may(list_of(row(STR, SIZE, SIZE, SIZE))), "inside": may(opt(STR)),
-             "grad_enabled": may(BOOL), "paused": may(BOOL)})
+             "grad_enabled": may(BOOL), "paused": may(BOOL),
+             "inputs": may(list_of(row(STR, list_of(INT), STR))), "memory_fraction": may(opt(NUM))})
 # Where a process started CUDA, and what kind of process it is.
 CUDA_ORIGIN = Shape({"thread": opt(STR), "stack": opt(list_of(frame)),
                      "dataloader_worker": opt(Shape({"id": INT, "num_workers": INT})),
@@ -125,8 +128,14 @@ _PER_DEVICE = opt(list_of(pair(INT, SIZE)))  # [torch index, bytes]
 # they hold (NCCL-tracked GPU memory, null where PyTorch or NCCL cannot say); null without
 # torch.distributed.
 EXIT_GROUPS = opt(Shape({"groups": INT, "nccl_bytes": opt(SIZE)}))
+# "memory_fraction": [[torch index, fraction, limit bytes]], the per-process memory fraction in force at exit
+# (torch.cuda.set_per_process_memory_fraction; 1.0 where none was set); "graph_pools": [[torch index, pools,
+# reserved, allocated]], CUDA graphs' private pools (_agent/parts.graph_pools); both absent from recordings
+# before issue 56.
 PARTS = Shape({"cublas_workspaces": _PER_DEVICE, "private_pools": _PER_DEVICE, "dist_backend": opt(STR),
-               "module_loading": opt(STR), "process_groups": may(EXIT_GROUPS)})
+               "module_loading": opt(STR), "process_groups": may(EXIT_GROUPS),
+               "memory_fraction": may(opt(list_of(row(INT, NUM, SIZE)))),
+               "graph_pools": may(opt(list_of(row(INT, INT, SIZE, SIZE))))})
 # The garbage collector's state: enabled when the process ended, its first threshold, and the
 # samples that found it disabled (gc.disable() in effect). Recordings from before it have none.
 # Since 2026-11-28: the agent's readings after which it could not put the collector's count back
@@ -138,11 +147,17 @@ COLLECTOR = Shape({"enabled_at_exit": opt(BOOL), "threshold": opt(INT), "off_sam
 LIBRARY = Shape({"t": NUM, "name": STR})
 LIBRARY_POOL = Shape({"name": STR, "device": INT, "bytes": INT, "field": STR, "in_use_bytes": opt(INT)})
 # What the agent wrote as the process ended.
+# When the exit probes ran (_agent/threads.py): at the start of the interpreter's shutdown, before it
+# joined the threads it names (executors' idle workers), or, where a non-daemon thread was still at
+# work (`waiting` names it), from the agent's atexit hook after the joins. Absent from recordings
+# before it, and null where the shutdown's hook did not run.
+SHUTDOWN = Shape({"before_shutdown": BOOL, "threads_joined": INT, "waiting": list_of(STR)})
 EXIT_INFO = Shape({"uncaught": opt(UNCAUGHT), "samples": opt(INT), "samples_skipped": opt(INT),
                    "collections": opt(COLLECTIONS_SUMMARY), "out_of_memory": opt(INT),
                    "cost": opt(_NUMBERS), "parts": opt(PARTS), "collector": may(opt(COLLECTOR)),
                    "libraries": may(opt(list_of(LIBRARY_POOL))),
-                   "foreign_arrays": may(opt(list_of(row(STR, INT, INT))))})
+                   "foreign_arrays": may(opt(list_of(row(STR, INT, INT)))),
+                   "shutdown": may(opt(SHUTDOWN))})
 SUSPECT = Shape({"kind": one_of(*SUSPECT_KINDS), "bytes": INT, "count": opt(INT),
                  "where": opt(frame), "stack": list_of(frame), "thread": opt(list_of(STR)),
                  "holders": list_of(HOLDER), "unheld_bytes": opt(INT), "summary": STR, "remedy": STR})

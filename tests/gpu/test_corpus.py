@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pytest
 
+from pathlib import Path
+
 from tests.expect import corpus, expectations, root_cause
 from tests.gpu.runs import check_suspect, run_scenario
 
@@ -32,3 +34,20 @@ def test_workload_gets_its_verdict_and_its_holder(path, tmp_path):
     for agent in report["recording"]["agents"]:
         for search in agent["root"]["investigations"]:
             assert search["budget_s"] is not None, search
+
+
+def test_the_trainers_evaluation_inside_train_gets_the_trainers_switches(tmp_path):
+    """Issue 56: a Trainer that evaluates each epoch inside trainer.train() with compute_metrics and no
+    eval_accumulation_steps fills the cache with logits concatenated batch after batch: the finding
+    names the Trainer's loop and its switches, never torch.no_grad() (the Trainer evaluates under it)."""
+    from tests.test_claims import problems
+
+    path = Path(__file__).resolve().parents[2] / "corpus" / "hf_trainer_train_eval_logits.py"
+    report = run_scenario(path, tmp_path, subdir="corpus", timeout=600)
+    assert report["_returncode"] == 0, report["_stderr"]
+    found = [f for f in report["findings"] if "library-loop" in {c["claim"] for c in f.get("claims") or []}]
+    assert found, report["findings"]
+    assert "eval_accumulation_steps" in found[0]["remedy"] and "preprocess_logits_for_metrics" in found[0]["remedy"]
+    text = " ".join(f["summary"] + " " + f["remedy"] for f in report["findings"])
+    assert "no_grad" not in text, text
+    assert not [p for f in report["findings"] for p in problems(f)]

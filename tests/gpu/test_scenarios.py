@@ -526,3 +526,106 @@ def test_peak_parts_add_up_and_come_near_the_nvml_peak(name, reports):
     highest = max(used for _, used in series["points"] if used)
     # Captured at new highs of 2% or more (10% after the first eight): near the supervisor's own peak.
     assert composition["total_bytes"] >= 0.85 * highest, (composition["total_bytes"], highest)
+
+
+# -- issue 56: every sentence backed by what was seen ---------------------------------------------------
+
+def claim_names(finding: dict) -> set:
+    return {c["claim"] for c in finding.get("claims") or []}
+
+
+def check_claims(report: dict) -> None:
+    """Every claim of every finding rests on its evidence (tests/test_claims.py's checks)."""
+    from tests.test_claims import problems
+
+    found = [f"{f['kind']}: {p}" for f in report["findings"] for p in problems(f)]
+    assert not found, found
+
+
+ISSUE_56 = ["leak_thread_local_executors", "oom_memory_fraction_long_batch", "oom_fragmentation_under_fraction",
+            "peak_single_cat", "leak_metric_state_short_loop", "leak_cuda_graph_pools"]
+
+
+@pytest.mark.parametrize("name", ISSUE_56)
+def test_the_new_shapes_claim_only_what_was_seen(name, reports):
+    report = reports(ROOT / "scenarios" / f"{name}.py")
+    check_claims(report)
+    text = " ".join(f["summary"] + " " + f["remedy"] for f in report["findings"])
+    assert "no_grad" not in text, text  # nothing in these ran an evaluation without no_grad
+
+
+def test_thread_local_buffers_freed_by_the_shutdown_are_a_leak_held_until_the_end(reports):
+    report = reports(ROOT / "scenarios" / "leak_thread_local_executors.py")
+    leak = next(f for f in report["findings"] if f["kind"] == "leak")
+    assert leak["bytes"] >= 0.9 * 120 * 64 * MIB, leak
+    assert "held-until-shutdown" in claim_names(leak), leak["claims"]
+    agent = next(a for a in report["recording"]["agents"] if a["pid"] == report["target"]["pid"])
+    assert agent["exit_info"]["shutdown"]["before_shutdown"] is True
+    assert agent["exit_info"]["shutdown"]["threads_joined"] == 120
+
+
+def _oom(report: dict) -> dict:
+    return next(f for f in report["findings"] if f["kind"] == "out-of-memory")
+
+
+def test_an_error_under_a_memory_fraction_is_held_to_its_limit(reports):
+    for name, cap in (("oom_memory_fraction_long_batch", 20 * 1024 * MIB), ("oom_fragmentation_under_fraction",
+                                                                            6 * 1024 * MIB)):
+        report = reports(ROOT / "scenarios" / f"{name}.py")
+        oom = _oom(report)
+        assert oom["evidence"]["limit_source"] == "memory-fraction", oom["evidence"]
+        assert abs(oom["evidence"]["limit_bytes"] - cap) <= 64 * MIB, oom["evidence"]
+        fits = oom["evidence"]["what_would_fit"]
+        if fits:
+            assert fits["free_then_bytes"] <= oom["evidence"]["limit_bytes"], fits
+        assert "its memory fraction allows" in oom["summary"], oom["summary"]
+
+
+def test_one_long_batch_is_the_step_asked_for_more_with_its_input_and_its_remedies(reports):
+    report = reports(ROOT / "scenarios" / "oom_memory_fraction_long_batch.py")
+    oom = _oom(report)
+    assert oom["evidence"]["cause"] == "full" and "fragmented" not in oom["summary"], oom["summary"]
+    names = claim_names(oom)
+    assert {"own-memory-full", "larger-step", "inputs-at-error"} <= names, oom["claims"]
+    inputs = next(c for c in oom["claims"] if c["claim"] == "inputs-at-error")["evidence"]["inputs"]
+    assert any(shape == [24, 4096] for _, shape, _ in inputs), inputs
+    for switch in ("sequence length", "gradient checkpointing", "bfloat16"):
+        assert switch in oom["remedy"], oom["remedy"]
+    assert "graphs kept" not in oom["summary"] and "autograd graphs kept" not in oom["summary"]
+
+
+def test_one_cat_of_64_chunks_names_the_concatenation_and_its_pieces(reports):
+    report = reports(ROOT / "scenarios" / "peak_single_cat.py")
+    found = next(f for f in report["findings"] if f["kind"] == "temporary-peak")
+    assert "concatenation" in claim_names(found), found["claims"]
+    assert found["evidence"]["joined"]["pieces"] >= 64, found["evidence"]["joined"]
+    assert "torch.cat" in found["remedy"] and "no_grad" not in found["remedy"]
+
+
+def test_a_metric_state_in_a_short_loop_is_a_leak_by_its_structure(reports):
+    report = reports(ROOT / "scenarios" / "leak_metric_state_short_loop.py")
+    leak = next(f for f in report["findings"] if f["kind"] == "leak")
+    assert "decided-by-structure" in claim_names(leak), leak["claims"]
+    assert leak["suspects"][0]["holders"][0]["pattern"].startswith("__main__.auroc"), leak["suspects"][0]
+
+
+def test_cuda_graphs_pools_are_the_graphs_memory(reports):
+    report = reports(ROOT / "scenarios" / "leak_cuda_graph_pools.py")
+    leak = next(f for f in report["findings"] if f["kind"] == "leak")
+    pools = next(c for c in leak["claims"] if c["claim"] == "graph-pools")["evidence"]
+    assert pools["graphs"] == 40 and pools["pool_bytes"] >= 1024 * MIB, pools
+    assert leak["bytes"] >= pools["pool_bytes"] - pools["pool_allocated_bytes"], (leak["bytes"], pools)
+    assert not [f for f in report["findings"] if f["kind"] == "fragmented-peak"], report["findings"]
+
+
+@pytest.mark.parametrize("name", ISSUE_56)
+def test_the_same_verdict_and_claims_every_run(name, tmp_path):
+    """Three runs of the same program: the same verdict, the same findings and the same claims."""
+    path = ROOT / "scenarios" / f"{name}.py"
+    seen = []
+    for i in range(3):
+        (tmp_path / str(i)).mkdir()
+        report = run_scenario(path, tmp_path / str(i))
+        seen.append((report["verdict"], sorted((f["kind"], tuple(sorted(claim_names(f))))
+                                               for f in report["findings"] if f["kind"] != "context")))
+    assert seen[0] == seen[1] == seen[2], seen

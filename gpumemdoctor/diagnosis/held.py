@@ -1,0 +1,53 @@
+"""What a finding of memory held at the end says besides its size (judgement rows 2 and 3): that it was
+read before the interpreter's shutdown let go of it, CUDA graphs' private pools counted with their
+graphs, and an accumulation that is a leak by its structure, whatever the samples' slope. Pure."""
+from __future__ import annotations
+
+from . import claims
+from .claims import Claim
+from .evidence import SIGNIFICANT_BYTES, Evidence
+
+
+def held_claims(e: Evidence, size: int) -> tuple[list[Claim], int]:
+    """What a finding of memory held at the end also says, and its size with it: that the exit probes
+    read it before the interpreter's shutdown let go of it (its threads joined), and the CUDA graphs'
+    private pools, whose free memory is the graphs' too (allocated memory counts only their outputs)."""
+    out: list[Claim] = []
+    s = e.shutdown or {}
+    if s.get("before_shutdown") and s.get("threads_joined"):
+        out.append(claims.make("held-until-shutdown", before_shutdown=True, threads_joined=s["threads_joined"]))
+    if e.graph_pools:
+        pools, reserved, allocated = e.graph_pools
+        made = claims.make("graph-pools", pool_bytes=reserved, graphs=pools, pool_allocated_bytes=allocated)
+        if made is not None:
+            out.append(made)
+            size += max(0, reserved - allocated)
+    return [c for c in out if c is not None], size
+
+
+STRUCTURE_STEP_SLACK = 0.1  # of the steps: an accumulation of about one tensor a step
+RISE_SHARE = 0.5  # of an accumulation's bytes, come after the first third of the samples
+
+
+def structural(e: Evidence) -> tuple[dict, Claim] | None:
+    """An accumulation that is a leak by its structure, whatever the samples' slope: alike tensors held
+    by one holder pattern, allocated at one line (with stacks), at least SIGNIFICANT_BYTES, and either
+    one more at each step (as many as the steps, within STRUCTURE_STEP_SLACK) or, without steps, most of
+    it made after the run's first third of samples (not a dataset loaded at the start). None where none
+    is."""
+    for a in e.accumulations:
+        if a["bytes"] < SIGNIFICANT_BYTES or a.get("where") is None:
+            continue
+        one_a_step = (e.by == "step" and e.steps >= 8
+                      and abs(a["count"] - e.steps) <= max(2, STRUCTURE_STEP_SLACK * e.steps))
+        values = e.allocated_values
+        third = len(values) // 3
+        rose = (e.by == "time" and third >= 1
+                and max(values[:third]) + RISE_SHARE * a["bytes"] <= max(values[-third:]))
+        if not (one_a_step or rose):
+            continue
+        made = claims.make("decided-by-structure", pattern=a["pattern"], count=a["count"], min_count=8,
+                           same_line=True, one_a_step=one_a_step, rose_after_first_third=rose)
+        if made is not None:
+            return a, made
+    return None

@@ -1,0 +1,125 @@
+"""An out-of-memory error's finding (judgement row 5): its cause, with the claim that names it, what
+would have made it fit (fit.py), and where the failing step was asked for more than any before it.
+Every figure is held to the limit in force (limits.py). Pure."""
+from __future__ import annotations
+
+from . import claims, fit, words
+from .claims import Claim
+from .evidence import Evidence, Judged, at_line, oom_brief
+from .remedies import FINDINGS, OUT_OF_MEMORY
+from ..units import format_bytes as fb
+
+OOM_ACCUMULATION_SHARE = 0.5  # of the allocated memory at the error, held by one accumulation
+OTHER_PROCESSES_SHARE = 0.25  # of the device, held by other processes, to blame them
+OOM_CAUSES = ("accumulation", "request-too-large", "fragmentation", "other-processes", "full")
+
+
+def cause(e: Evidence, oom: dict) -> str:
+    """The first that applies: the request cannot fit at all; the allocator's free pieces would
+    have served it had they been one piece (the pieces alone add up to the request, none is as
+    large); an accumulation filled the memory; other processes hold it (and the limit in force had
+    room for it); the program's own memory is simply too much."""
+    return cause_and_claim(e, oom)[0]
+
+
+def cause_and_claim(e: Evidence, oom: dict) -> tuple[str, Claim | None]:
+    """The cause (OOM_CAUSES) and the claim that names it with its evidence."""
+    request, limit = oom["request_bytes"], oom["limit_bytes"]
+    source = e.limit_source
+    if request > limit:
+        return "request-too-large", claims.make("request-too-large", request_bytes=request, limit_bytes=limit,
+                                                limit_source=source)
+    room = fit.headroom(oom)
+    fragmented = claims.make("fragmented", request_bytes=request, free_in_segments_bytes=oom["free_in_segments_bytes"],
+                             largest_free_block_bytes=oom["largest_free_block_bytes"], headroom_bytes=room,
+                             limit_bytes=limit, limit_source=source)
+    if fragmented is not None:
+        return "fragmentation", fragmented
+    allocated = oom["allocated_bytes"] or 0
+    if e.oom_accumulations and e.oom_accumulations[0]["bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
+        a = e.oom_accumulations[0]
+        return "accumulation", claims.make("accumulation-filled", pattern=a["pattern"], bytes=a["bytes"],
+                                           allocated_bytes=allocated, share=OOM_ACCUMULATION_SHARE)
+    if e.growth and e.growth["grown_bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
+        # the memory the run was seen to pile up filled the GPU
+        return "accumulation", claims.make("accumulation-filled", pattern="the growth seen over the run",
+                                           bytes=e.growth["grown_bytes"], allocated_bytes=allocated,
+                                           share=OOM_ACCUMULATION_SHARE)
+    others = sum(used or 0 for pid, used in oom["processes"] if pid != e.pid)
+    under_limit = limit - (oom["reserved_bytes"] or 0) >= request  # the limit in force had room for it
+    if others >= OTHER_PROCESSES_SHARE * limit and request <= others + oom["device_free_bytes"] and under_limit:
+        return "other-processes", claims.make("other-processes", others_bytes=others, limit_bytes=limit,
+                                              share=OTHER_PROCESSES_SHARE)
+    return "full", claims.make("own-memory-full", allocated_bytes=oom["allocated_bytes"], request_bytes=request,
+                               headroom_bytes=room, limit_bytes=limit, limit_source=source)
+
+
+def finding(e: Evidence, oom: dict, cause: str) -> Judged:
+    request, limit = oom["request_bytes"], oom["limit_bytes"]
+    allocated, reserved = oom["allocated_bytes"], oom["reserved_bytes"]
+    unallocated = None if allocated is None or reserved is None else reserved - allocated
+    others = [[pid, used] for pid, used in oom["processes"] if pid != e.pid]
+    under = f" ({words.limit_words(limit, e.limit_source)} in force)" if e.limit_source == "memory-fraction" else ""
+    figures = (f"Tried to allocate {fb(request)} with {fb(oom['device_free_bytes'])} free of the device and "
+               f"{fb(fit.headroom(oom))} of room under the limit of {fb(limit)}{under}; "
+               f"PyTorch had {fb(allocated)} allocated and {fb(unallocated)} reserved but unallocated "
+               f"(largest free piece {fb(oom['largest_free_block_bytes'])})")
+    if others:
+        figures += f"; {len(others)} other process{'es' if len(others) > 1 else ''} held " \
+                   f"{fb(sum(u or 0 for _, u in others))}"
+    if e.uncaught is not None and "OutOfMemoryError" in e.uncaught["exc_type"]:
+        caught = " The program ended with this error."
+    elif e.exited_normally and e.uncaught is None:
+        caught = " The program caught the error and went on."
+    else:
+        caught = ""
+    cause_claim = cause_and_claim(e, oom)[1]
+    said = [cause_claim] if cause_claim is not None else []
+    why = words.say(cause_claim) if cause_claim is not None else "the figures at the error do not say why"
+    suspects = e.oom_suspects if cause in ("full", "accumulation") else []
+    fits = fit.what_fits(oom, e.oom_accumulations, e.pid, e.limit_source)  # what would have made it fit
+    fit_claim = fits.pop("claim") if fits else None
+    said += [fit_claim] if fit_claim is not None else []
+    larger = _larger_step(e, oom) if cause == "full" else []
+    said += larger
+    ends = "".join(f" {words.sentence(words.say(c))}" for c in larger)
+    if fit_claim is not None:
+        ends += f" {words.sentence(words.say(fit_claim))}"
+    if fits and fits["fits"] and cause == "full":
+        remedy = fits["remedy"]
+    elif cause == "full" and any(c.name == "larger-step" for c in larger):
+        remedy = FINDINGS["oom-larger-step"]
+    else:
+        remedy = OUT_OF_MEMORY[cause]
+    return Judged(
+        kind="out-of-memory", bytes=request,
+        summary=f"{e.where} ran out of GPU memory at {at_line(oom)}: {why}.{caught}{ends}",
+        evidence={"decided_by": "out-of-memory", "cause": cause, "figures": figures, "errors": len(e.ooms),
+                  "first": oom_brief(oom), "root_cause": e.oom_search, "what_would_fit": fits,
+                  "limit_bytes": limit, "limit_source": e.limit_source},
+        remedy=remedy, suspects=suspects, claims=said)
+
+
+def _larger_step(e: Evidence, oom: dict) -> list[Claim]:
+    """Where the failing step was asked for more than any step before it: its allocated memory at the
+    error and the request, against the earlier steps' allocated peak (PyTorch's counter at the last
+    step's sample before it), and the inputs of the outermost module call at the error. What the
+    steps before were given is not recorded: that is said, not guessed."""
+    out: list[Claim] = []
+    if fit.between_steps(oom):  # an evaluation between the steps: no step was running
+        return out
+    before = e.peak_before_error
+    need = (oom["allocated_bytes"] or 0) + oom["request_bytes"]
+    larger = claims.make("larger-step", step=oom.get("step"), needed_bytes=need, earlier_peak_bytes=before,
+                         steps_before=oom.get("step"))
+    if larger is None:
+        return out
+    out.append(larger)
+    inputs = oom.get("inputs")
+    if inputs:
+        out.append(claims.make("inputs-at-error", inputs=inputs))
+    else:
+        out.append(claims.not_seen("the failing step's input", "no module's forward was running at the error"
+                                   if inputs is not None else "this recording does not have it (made before the "
+                                   "agent read a step's input at the error)"))
+    return [c for c in out if c is not None]
