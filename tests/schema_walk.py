@@ -5,9 +5,8 @@ Test helpers only: the package reads files with the declarations, it never walks
 """
 from __future__ import annotations
 
+import random
 from typing import Any, Callable, Iterator
-
-from hypothesis import strategies as st
 
 from gpumemdoctor.files import schema
 from gpumemdoctor.files.schema import Absent, Also, DictOf, ListOf, NullAs, OneOf, Opt, Row, Shape, Then
@@ -92,56 +91,63 @@ def located(check: Any, value: Any, path: tuple = (), general: tuple = (), name:
 
 
 # -- values made from a declaration ----------------------------------------------------------
+# Made with a random.Random that Hypothesis gives (st.randoms): one strategy for every declaration,
+# rather than a tree of strategies per declaration that Hypothesis would keep for the whole session.
 
-def _ints(least: int, most: int) -> st.SearchStrategy:
-    return st.one_of(st.sampled_from([least, most]), st.integers(least, most))
-
-
-def _floats(least: float, most: float) -> st.SearchStrategy:
-    return st.one_of(st.sampled_from([least, most]), st.floats(least, most, allow_nan=False, allow_infinity=False))
+def _whole(least: int, most: int) -> Callable[[random.Random], int]:
+    return lambda rnd: rnd.choice([least, most, rnd.randint(least, most), rnd.randint(least, min(most, least + 9))])
 
 
-LEAF_VALUES: dict[Callable, st.SearchStrategy] = {
-    schema.need_int: _ints(-schema.MAX_INT, schema.MAX_INT),
-    schema.need_count: _ints(0, schema.MAX_INT),
-    schema.need_pid: _ints(0, schema.MAX_PID),
-    schema.need_exit_code: _ints(0, schema.MAX_EXIT_CODE),
-    schema.need_signal: _ints(1, schema.MAX_SIGNAL),
-    schema.need_num: _floats(-schema.MAX_NUMBER, schema.MAX_NUMBER),
-    schema.need_seconds: _floats(-schema.MAX_SECONDS, schema.MAX_SECONDS),
-    schema.need_duration: _floats(0, schema.MAX_SECONDS),
-    schema.need_wall: _floats(0, schema.MAX_SECONDS),
-    schema.need_size: _ints(0, schema.MAX_BYTES),
-    schema.need_str: st.text(max_size=12),
-    schema.need_bool: st.booleans(),
-    schema.need_dict: st.dictionaries(st.text(max_size=4), st.integers(0, 9), max_size=2),
-    schema.need_int_key: st.integers(0, 10 ** 6).map(str),
-    schema.anything: st.none() | st.integers(0, 9) | st.text(max_size=4),
-    schema.frame: st.tuples(st.text(max_size=8), st.integers(0, 10 ** 5), st.text(max_size=8)).map(list),
+def _number(least: float, most: float) -> Callable[[random.Random], float]:
+    return lambda rnd: rnd.choice([least, most, rnd.uniform(least, most), float(rnd.randint(0, 9))
+                                   if least <= 0 <= most - 9 else least])
+
+
+def _text(rnd: random.Random) -> str:
+    return "".join(rnd.choice("ab_.:/ 0é\n[]") for _ in range(rnd.randint(0, 8)))
+
+
+LEAF_VALUES: dict[Callable, Callable[[random.Random], Any]] = {
+    schema.need_int: _whole(-schema.MAX_INT, schema.MAX_INT),
+    schema.need_count: _whole(0, schema.MAX_INT),
+    schema.need_pid: _whole(0, schema.MAX_PID),
+    schema.need_exit_code: _whole(0, schema.MAX_EXIT_CODE),
+    schema.need_signal: _whole(1, schema.MAX_SIGNAL),
+    schema.need_num: _number(-schema.MAX_NUMBER, schema.MAX_NUMBER),
+    schema.need_seconds: _number(-schema.MAX_SECONDS, schema.MAX_SECONDS),
+    schema.need_duration: _number(0, schema.MAX_SECONDS),
+    schema.need_wall: _number(0, schema.MAX_SECONDS),
+    schema.need_size: _whole(0, schema.MAX_BYTES),
+    schema.need_str: _text,
+    schema.need_bool: lambda rnd: rnd.random() < 0.5,
+    schema.need_dict: lambda rnd: {_text(rnd): rnd.randint(0, 9) for _ in range(rnd.randint(0, 2))},
+    schema.need_int_key: lambda rnd: str(rnd.randint(0, 10 ** 6)),
+    schema.anything: lambda rnd: rnd.choice([None, rnd.randint(0, 9), _text(rnd)]),
+    schema.frame: lambda rnd: [_text(rnd), rnd.randint(0, 10 ** 5), _text(rnd)],
 }
 
 
-def values(check: Any, depth: int = 0) -> st.SearchStrategy:
-    """Values that `check` reads, made from its declaration (lists and objects kept small)."""
+def make(check: Any, rnd: random.Random, depth: int = 0) -> Any:
+    """A value that `check` reads, made from its declaration (lists and objects kept small)."""
     if isinstance(check, Absent):
-        return values(check.check, depth)
+        return make(check.check, rnd, depth)
     if isinstance(check, (Opt, NullAs)):
-        return st.none() | values(check.check, depth)
+        return None if rnd.random() < 0.3 else make(check.check, rnd, depth)
     if isinstance(check, (Then, Also)):
-        return values(check.check, depth)
+        return make(check.check, rnd, depth)
     if isinstance(check, OneOf):
-        return st.sampled_from(check.allowed)
+        return rnd.choice(check.allowed)
+    items = 0 if depth > 6 else rnd.randint(0, 2)
     if isinstance(check, ListOf):
-        return st.lists(values(check.check, depth + 1), max_size=0 if depth > 6 else 2)
+        return [make(check.check, rnd, depth + 1) for _ in range(items)]
     if isinstance(check, Row):
-        return st.tuples(*[values(c, depth + 1) for c in check.checks]).map(list)
+        return [make(c, rnd, depth + 1) for c in check.checks]
     if isinstance(check, DictOf):
-        return st.dictionaries(values(check.key, depth + 1), values(check.value, depth + 1),
-                               max_size=0 if depth > 6 else 2)
+        return {make(check.key, rnd, depth + 1): make(check.value, rnd, depth + 1) for _ in range(items)}
     if isinstance(check, Shape):
-        return st.fixed_dictionaries({k: values(c, depth + 1) for k, c in check.fields.items()})
+        return {key: make(c, rnd, depth + 1) for key, c in check.fields.items()}
     if check in LEAF_VALUES:
-        return LEAF_VALUES[check]
+        return LEAF_VALUES[check](rnd)
     raise LookupError(f"no values declared for {check!r}")
 
 
