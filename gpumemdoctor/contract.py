@@ -9,6 +9,7 @@ the package can be found; a test keeps them equal.)
 """
 from __future__ import annotations
 
+import os
 from typing import Mapping
 
 ENV_RUN_DIR = "GPUMEMDOCTOR_RUN_DIR"  # the run folder: set, the agent starts; unset, it does nothing
@@ -51,6 +52,20 @@ HISTORY_PHASES = ("backward", "optimizer step", "outside")
 # How far below PyTorch's allocated peak counter the events' highest moment may be and still be called
 # its peak without a word (_agent/replay.py; the report says by how much where it is more).
 HISTORY_COUNTER_SLACK = 16 << 20
+
+
+def python_arguments(target_args: list[str]) -> list[str]:
+    """What follows `python` on the target's command line, for its script and arguments (or `-m` and a
+    module): a script whose name begins with a dash after `--`, which ends Python's own options
+    (`python -- -dash.py` runs the file, and its sys.argv[0] is `-dash.py`; without it Python took the
+    name for its options); a script named `-` as `./-`, since Python reads `-` from standard input
+    even after `--`. The report shows the target's command so, the command that ran."""
+    args = list(target_args)
+    if args and args[0] == "-":
+        return [f"{os.curdir}{os.sep}-", *args[1:]]
+    if args and args[0].startswith("-") and args[0] != "-m":
+        return ["--", *args]
+    return args
 
 
 def reaches_counter(peak: int, counter: int | None) -> bool:

@@ -608,7 +608,7 @@ def test_the_combine_step_reads_the_rank_and_keeps_a_process_whose_rank_is_malfo
 def test_a_recovered_run_keeps_its_host(tmp_path):
     from gpumemdoctor.supervise.recovery import RUN_FILE, RUN_SCHEMA, recover
 
-    info = {"schema": RUN_SCHEMA, "t0": 0.0, "started_wall": 1.0e9, "target_args": ["train.py"], "pid": 2 ** 22 + 7,
+    info = {"schema": RUN_SCHEMA, "t0": 0.0, "started_wall": 1.0e9, "target_args": ["train.py"], "pid": 2 ** 22,
             "create_time": None, "poll_interval_s": 0.005, "measure_gpu": False, "host": "node-c"}
     (tmp_path / RUN_FILE).write_text(json.dumps(info))
     assert recover(str(tmp_path)).host == "node-c"

@@ -65,8 +65,10 @@ def make_policy(max_peak: int | None, max_retained: int | None, fail_on: str | N
 
 
 def publish(console, title: str, verdict: str | None, figures: dict, results: list, junit: str | None,
-            html: str | None = None, files: dict[str, str | None] | None = None, target_ran: bool = True) -> None:
-    """Draw the checks, write JUnit XML if asked, and append to GitHub's step summary if set.
+            html: str | None = None, files: dict[str, str | None] | None = None, target_ran: bool = True,
+            notes: list[str] = ()) -> None:
+    """Draw the checks, write JUnit XML if asked, and append to GitHub's step summary if set; `notes`
+    (`compare`'s: two reports of different GPUs or programs) go into both.
 
     `files` are those the command reads and writes (label -> path): the summary is never appended to
     one of them. A JUnit file that cannot be written now is said in one line; after a target ran its
@@ -80,7 +82,7 @@ def publish(console, title: str, verdict: str | None, figures: dict, results: li
     failed = None
     if junit:
         try:  # checked before the work began; failing now, it is said
-            write_text(reporter.junit_xml(results), junit, force=True, what="JUnit XML")
+            write_text(reporter.junit_xml(results, notes=notes), junit, force=True, what="JUnit XML")
         except UsageError as exc:
             if not target_ran:
                 failed = exc
@@ -90,7 +92,7 @@ def publish(console, title: str, verdict: str | None, figures: dict, results: li
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         _append_summary(summary, reporter.markdown_summary(title, verdict, figures, results, html,
-                                                           _run_url(os.environ)), files or {})
+                                                           _run_url(os.environ), notes), files or {})
     if failed is not None:
         raise failed
 

@@ -3,6 +3,7 @@ error."""
 from __future__ import annotations
 
 import math
+import os
 
 import click
 
@@ -46,7 +47,9 @@ class Seconds(click.FloatRange):
 
 class FileName(click.Path):
     """A file's name, as click's Path, but never empty: an unset variable in CI (`--baseline "$BASELINE"`)
-    gives one, which was taken for no file at all, or for a file of that name."""
+    gives one, which was taken for no file at all, or for a file of that name. Nor, where a folder is no
+    answer, a name written as a folder's (`x.json/`), which click's Path lets through when no such
+    folder exists, and which was then written as the file `x.json` (files.outputs.names_folder)."""
 
     def __init__(self, file_okay: bool = True, dir_okay: bool = False):
         super().__init__(file_okay=file_okay, dir_okay=dir_okay)
@@ -54,4 +57,9 @@ class FileName(click.Path):
     def convert(self, value, param, ctx):
         if value == "":
             self.fail("an empty file name (is a variable unset?): give the file's name", param, ctx)
+        from ..files.outputs import folder_ending
+
+        ending = folder_ending(value) if isinstance(value, str) and not self.dir_okay else None
+        if ending is not None and not os.path.isdir(value):  # (a folder that is there: click's Path says so)
+            self.fail(f"{value!r} names a directory (it ends in {ending}): give a file name", param, ctx)
         return super().convert(value, param, ctx)

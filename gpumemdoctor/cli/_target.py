@@ -102,9 +102,11 @@ def _findable(top: str) -> bool:
     return top in sys.builtin_module_names or importlib.machinery.PathFinder.find_spec(top, _search_path()) is not None
 
 
-def _missing_submodule(module: str) -> str | None:
-    """Why the target's Python would not find `module`'s submodule (`json.nope`), or None where it
-    would, or where that cannot be known without running the target's code.
+def _missing_module(module: str) -> str | None:
+    """Why the target's Python would not find `module`'s submodule (`json.nope`), or a package's
+    `__main__` (`-m json`, `-m emptydir`: a folder without __init__.py is a namespace package, which
+    python finds and cannot run), or None where it would, or where that cannot be known without running
+    the target's code.
 
     The packages are looked into, not imported: finding a submodule with importlib imports its parent
     packages, and a package's __init__.py is the target's own code (it may start CUDA in gpumemdoctor's
@@ -121,16 +123,20 @@ def _missing_submodule(module: str) -> str | None:
         if spec is None:
             return None if i == 0 else (f"no module named {name!r}: the package {'.'.join(parts[:i])} has no "
                                         f"module {part!r} (check the name)")
-        if i == len(parts) - 1:
-            return None
         if spec.origin is None:  # a namespace package: its folders of that name, wherever its parent has one
             locations = [os.path.join(p, part) for p in locations if os.path.isdir(os.path.join(p, part))]
-            continue
-        if _may_add_modules(spec.origin):
+        elif _may_add_modules(spec.origin):
             return None
-        if spec.submodule_search_locations is None:
+        elif spec.submodule_search_locations is None:
+            if i == len(parts) - 1:
+                return None  # a module: what python -m runs
             return f"no module named {'.'.join(parts[:i + 2])!r}: {name} is a module, not a package (check the name)"
-        locations = list(spec.submodule_search_locations)
+        else:
+            locations = list(spec.submodule_search_locations)
+        if i == len(parts) - 1 and importlib.machinery.PathFinder.find_spec("__main__", locations) is None:
+            # python -m runs a package's __main__ (a folder without __init__.py is a namespace package)
+            return (f"no module named {name}.__main__; {name!r} is a package and cannot be directly executed, as "
+                    f"python says: give one of its modules (-m {name}.MODULE), or give it a __main__.py")
     return None
 
 
@@ -157,7 +163,7 @@ def check_target(target: list[str]) -> str:
             raise UsageError(f"{module!r} is not a module name")
         if not _findable(top):
             raise UsageError(f"no module named {top!r} (looked in the current folder and sys.path)")
-        missing = _missing_submodule(module)
+        missing = _missing_module(module)
         if missing is not None:
             raise UsageError(missing)
         return module.replace(".", "-")

@@ -43,7 +43,10 @@ def compare_command(old: str, new: str, max_peak: int | None, max_retained: int 
     reporter.render_comparison(console, old_diagnosis.verdict, new_diagnosis.verdict, old_figures,
                                new_figures, old_ranks, ci_checks.rank_figures(new_recording, new_diagnosis),
                                ci_checks.peak_growth(old_parts, new_parts), old_parts, new_parts)
+    notes = reporter.comparison_notes(old_recording, new_recording)
+    for note in notes:
+        console.print(f"note: {note}")
     publish(console, f"{old} -> {new}", new_diagnosis.verdict, new_figures, results, junit,
             files={f"the report {old}": old, f"the report {new}": new, f"the JUnit XML {junit}": junit},
-            target_ran=False)
+            target_ran=False, notes=notes)
     return 0 if all(r.passed for r in results) else EXIT_CHECK_FAILED

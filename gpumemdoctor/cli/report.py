@@ -33,8 +33,11 @@ def report_command(paths: tuple[str, ...], width: int | None, html: str | None, 
     from ..reporters.console import make_console
     from ..files.outputs import check_distinct, check_writable
 
-    if (not paths) == (run_dir is None):
-        raise UsageError("give a report file, or --from-run-dir DIR (not both)")
+    if not paths and run_dir is None:
+        raise UsageError("neither a report file nor --from-run-dir was given: give a report file, or --from-run-dir "
+                         "DIR for the run folder that a killed run left behind")
+    if paths and run_dir is not None:
+        raise UsageError("give a report file or --from-run-dir DIR, not both")
     path = paths[0] if len(paths) == 1 else None
     if output is not None and run_dir is None:
         raise UsageError("-o goes with --from-run-dir: a saved report is already a file")
@@ -67,8 +70,8 @@ def report_command(paths: tuple[str, ...], width: int | None, html: str | None, 
         from ..files.outputs import write_text
 
         text = html_reporter.render(recording, diagnosis, path or output)
-        write_text(text, html, force, what="HTML page")
-        _said_written(html, text)
+        if write_text(text, html, force, what="HTML page"):  # (not where its reader stopped early)
+            _said_written(html, text)
         return 0
     from ..reporters import terminal
 
@@ -145,8 +148,8 @@ def _job(paths: tuple[str, ...], width: int | None, html: str | None, force: boo
         from ..reporters import html as html_reporter
 
         text = html_reporter.render_job(recordings, diagnosis, list(paths))
-        write_text(text, html, force, what="HTML page")
-        _said_written(html, text)
+        if write_text(text, html, force, what="HTML page"):  # (not where its reader stopped early)
+            _said_written(html, text)
         return 0
     from ..reporters import terminal
 

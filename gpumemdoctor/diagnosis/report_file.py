@@ -12,10 +12,10 @@ from .findings import (FINDING_KINDS, PEAK_CATEGORIES, VERDICTS, Breakdown, Diag
 from ..errors import BadReportError
 from ..files.inputs import read_json
 from ..files.outputs import write_text
-from ..files.schema import (ANY, BOOL, INT, NUM, SIZE, STR, Shape, absent, check_sizes, dict_of, list_of,
-                            may, need_dict, null_as, one_of, opt, pair)
+from ..files.schema import (ANY, BOOL, COUNT, DURATION, INT, NUM, PID, SECONDS, SIZE, STR, Shape, absent,
+                            also, check_sizes, dict_of, list_of, may, need_dict, null_as, one_of, opt, pair)
 from ..recording import records
-from ..recording.recording import Recording
+from ..recording.recording import DEVICE, TARGET_FIELDS, VERSIONS, Recording
 
 SCHEMA = "gpumemdoctor.report/1"
 MAX_REPORT_BYTES = 512 << 20
@@ -121,7 +121,7 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
             raise BadReportError(f"rank breakdown {row.breakdown} is not one of the "
                                  f"{len(report['breakdowns'])} breakdowns")
     recording = Recording.from_json(obj.get("recording"))
-    return recording, Diagnosis(**{k: v for k, v in report.items() if k != "recording"})
+    return recording, Diagnosis(**{k: v for k, v in report.items() if k not in COPIES})
 
 
 # -- the report's declared shapes -----------------------------------------------------------
@@ -129,24 +129,25 @@ def parse(obj: Any) -> tuple[Recording, Diagnosis]:
 
 VERDICT = opt(one_of(*VERDICTS))
 # A finding's evidence is data; the fields that the reporters draw are checked, the rest kept.
+ROOT_CAUSE = Shape({"searched": may(opt(BOOL)), "elapsed_s": may(DURATION), "step": may(opt(INT)),
+                    "when": may(opt(STR)), "why_not": may(opt(STR)), "declined": may(opt(STR)),
+                    "gave_up": may(opt(STR)),
+                    "probed": may(opt(Shape({"t": SECONDS, "step": opt(INT), "elapsed_s": DURATION}, rest=ANY)))},
+                   rest=ANY)
 FINDING_EVIDENCE = Shape({
-    "decided_by": may(opt(STR)), "curve": may(null_as([], list_of(pair(NUM, SIZE)))),
-    "rate_bytes_per_s": may(opt(NUM)), "free_bytes": may(opt(SIZE)), "free_t": may(opt(NUM)),
-    "time_to_full_s": may(opt(NUM)),
-    "root_cause": may(opt(Shape({"elapsed_s": may(NUM), "step": may(opt(INT)), "when": may(opt(STR)),
-                                 "why_not": may(opt(STR)), "declined": may(opt(STR)),
-                                 "probed": may(opt(Shape({"t": NUM, "step": opt(INT), "elapsed_s": NUM},
-                                                         rest=ANY)))}, rest=ANY))),
-    "garbage": may(opt(Shape({"objects_freed": may(opt(INT)), "types": may(null_as([], list_of(pair(STR, INT))))},
+    "decided_by": may(opt(STR)), "curve": may(null_as([], list_of(pair(SECONDS, SIZE)))),
+    "rate_bytes_per_s": may(opt(NUM)), "free_bytes": may(opt(SIZE)), "free_t": may(opt(SECONDS)),
+    "time_to_full_s": may(opt(DURATION)), "root_cause": may(opt(ROOT_CAUSE)),
+    "garbage": may(opt(Shape({"objects_freed": may(opt(COUNT)), "types": may(null_as([], list_of(pair(STR, COUNT))))},
                              rest=ANY)))}, rest=ANY)
 # A claim and its evidence (claims.py): its name and words are checked, its evidence is data.
 CLAIM = Shape({"claim": STR, "evidence": need_dict, "says": STR})
 FINDING = Shape({"kind": one_of(*FINDING_KINDS), "bytes": SIZE, "summary": STR, "evidence": FINDING_EVIDENCE,
-                 "remedy": STR, "pid": opt(INT), "device": opt(INT), "suspects": absent(records.SUSPECTS, []),
+                 "remedy": STR, "pid": opt(PID), "device": opt(INT), "suspects": absent(records.SUSPECTS, []),
                  "host": opt(STR), "claims": absent(list_of(CLAIM), [])}).into(Finding)
 # The parts after non_torch_bytes are absent from reports made before they were measured.
 BREAKDOWN = Shape({
-    "pid": INT, "device": opt(INT), "torch_index": opt(INT), "exit_probes": absent(BOOL, False), "host": opt(STR),
+    "pid": PID, "device": opt(INT), "torch_index": opt(INT), "exit_probes": absent(BOOL, False), "host": opt(STR),
     **{k: opt(SIZE) for k in ("nvml_bytes", "context_bytes", "live_tensor_bytes", "garbage_bytes",
                               "pending_stream_bytes", "cache_bytes", "non_torch_bytes", "cublas_workspace_bytes",
                               "private_pool_bytes", "non_torch_warmup_bytes", "non_torch_cupy_bytes",
@@ -154,30 +155,31 @@ BREAKDOWN = Shape({
     "nccl": opt(BOOL), "nccl_env": opt(dict_of(STR, STR)), "context_after_nccl": opt(BOOL),
     "cuda_module_loading": opt(STR),
     "non_torch_libraries": opt(list_of(pair(STR, opt(SIZE))))}).into(Breakdown)
-GROWTH = Shape({"pid": INT, "device": opt(INT), "series": STR, "by": STR, "grown_bytes": SIZE,
+GROWTH = Shape({"pid": PID, "device": opt(INT), "series": STR, "by": STR, "grown_bytes": SIZE,
                 "rate_bytes_per_step": opt(NUM), "rate_bytes_per_s": opt(NUM), "start_step": opt(INT),
-                "start_t": opt(NUM), "host": opt(STR)}).into(Growth)
+                "start_t": opt(SECONDS), "host": opt(STR)}).into(Growth)
 PEAKS = Shape({"nvml_bytes": may(opt(SIZE)), "allocated_bytes": may(opt(SIZE)), "reserved_bytes": may(opt(SIZE)),
-               "nvml_t": may(opt(NUM)), "nvml_host": may(opt(STR))}, rest=ANY)
-# One process and GPU's evidence: its identity and counts are checked; the rest is data.
-_SHAPE_SIZED = Shape({"bytes": may(SIZE), "request_bytes": may(SIZE)}, rest=ANY)
+               "nvml_t": may(opt(SECONDS)), "nvml_host": may(opt(STR))}, rest=ANY)
+# An accumulation, unheld group or out-of-memory error of one process and GPU's evidence: its size is
+# there, as bytes or request_bytes (_sized); an error's moment is marked on the page's timeline.
+SIZED = Shape({"bytes": may(SIZE), "request_bytes": may(SIZE), "t": may(opt(SECONDS))}, rest=ANY)
 
 
-def _sized(value: Any, what: str) -> dict:
-    """An accumulation, unheld group or out-of-memory error: its size is there, as bytes or request_bytes."""
-    item = _SHAPE_SIZED(value, what)
+def _has_bytes(item: dict, what: str) -> None:
     if "bytes" not in item and "request_bytes" not in item:
         raise BadReportError(f"{what}: no bytes")
-    return item
 
 
-EVIDENCE = Shape({"pid": INT, "device": may(opt(INT)), "samples": INT, "accumulations": may(list_of(_sized)),
-                  "unheld": may(list_of(_sized)), "out_of_memory": may(list_of(_sized))}, rest=ANY)
+# One process and GPU's evidence: its identity and counts are checked; the rest is data.
+EVIDENCE = Shape({"pid": PID, "device": may(opt(INT)), "host": may(opt(STR)), "samples": COUNT,
+                  **{k: may(list_of(also(SIZED, _has_bytes))) for k in ("accumulations", "unheld", "out_of_memory")}},
+                 rest=ANY)
 # One rank and GPU (reports without ranks have none: they load as before).
-RANK_ROW = Shape({"host": opt(STR), "pid": INT, "verdict": VERDICT,
+RANK_ROW = Shape({"host": opt(STR), "pid": PID, "verdict": VERDICT,
                   **{k: opt(INT) for k in ("rank", "local_rank", "node_rank", "world_size", "device", "torch_index",
-                                           "breakdown", "peak_reserved_bytes", "peak_allocated_bytes",
-                                           "peak_nvml_bytes")}}).into(RankRow)
+                                           "breakdown")},
+                  **{k: opt(SIZE) for k in ("peak_reserved_bytes", "peak_allocated_bytes", "peak_nvml_bytes")}}
+                 ).into(RankRow)
 JOB = Shape({"ranks": list_of(INT), "world_size": opt(INT), "hosts": list_of(opt(STR)),
              "missing_ranks": list_of(INT), "ranks_with_leak": list_of(INT), "verdict": VERDICT,
              "summary": STR}).into(Job)
@@ -186,12 +188,23 @@ PEAK_HOLDER = Shape({"name": STR, "bytes": SIZE, "line": opt(STR)})
 PEAK_PART = Shape({"category": one_of(*PEAK_CATEGORIES), "bytes": SIZE, "how": STR,
                    "holders": list_of(PEAK_HOLDER)}).into(PeakPart)
 PEAK_COMPOSITION = Shape({
-    "pid": INT, "device": opt(INT), "torch_index": opt(INT), "t": opt(NUM), "step": opt(INT), "total_bytes": SIZE,
-    "allocated_bytes": SIZE, "reserved_bytes": SIZE, "parts": list_of(PEAK_PART), "allocated_peak_bytes": opt(SIZE),
-    "in_pause": BOOL, "where": opt(STR), "notes": list_of(STR), "host": opt(STR),
-    "highest": absent(opt(Shape({"t": opt(NUM), "total_bytes": SIZE, "cache_bytes": SIZE})), None)}).into(PeakComposition)
-# The report's own fields (timeline, target, devices and versions are drawn from the recording).
+    "pid": PID, "device": opt(INT), "torch_index": opt(INT), "t": opt(SECONDS), "step": opt(INT),
+    "total_bytes": SIZE, "allocated_bytes": SIZE, "reserved_bytes": SIZE, "parts": list_of(PEAK_PART),
+    "allocated_peak_bytes": opt(SIZE), "in_pause": BOOL, "where": opt(STR), "notes": list_of(STR), "host": opt(STR),
+    "highest": absent(opt(Shape({"t": opt(SECONDS), "total_bytes": SIZE, "cache_bytes": SIZE})), None)}
+).into(PeakComposition)
+# The copies of the recording's figures that `build` writes for readers of the JSON (docs/json.md):
+# the target with the run's length, the devices, the versions and the timeline. Each is read as
+# strictly as the recording's own.
+REPORT_TARGET = Shape({**TARGET_FIELDS, "duration_s": may(opt(DURATION))}, rest=ANY)
+TIMELINE_ROW = Shape({"pid": PID, "device": opt(INT), "t": SECONDS, "step": opt(INT), "by": STR,
+                      **{k: opt(SIZE) for k in ("nvml_bytes", "reserved_bytes", "active_bytes", "allocated_bytes")}})
+# The report's own fields; "schema" is checked first (parse), and "recording" by the recording's shape.
 REPORT = Shape({"verdict": VERDICT, "findings": list_of(FINDING), "breakdown": list_of(BREAKDOWN),
                 "growth": absent(list_of(GROWTH), []), "peaks": PEAKS, "notes": absent(list_of(STR), []),
                 "evidence": absent(list_of(EVIDENCE), []), "ranks": absent(list_of(RANK_ROW), []),
-                "job": opt(JOB), "peak_compositions": absent(list_of(PEAK_COMPOSITION), [])}, rename={"breakdown": "breakdowns"})
+                "job": opt(JOB), "peak_compositions": absent(list_of(PEAK_COMPOSITION), []),
+                "target": may(REPORT_TARGET), "devices": may(list_of(DEVICE)), "versions": may(VERSIONS),
+                "timeline": may(list_of(TIMELINE_ROW))}, rename={"breakdown": "breakdowns"})
+# The fields of REPORT that are the recording's figures again, not the diagnosis's.
+COPIES = ("target", "devices", "versions", "timeline")

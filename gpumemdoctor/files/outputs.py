@@ -41,6 +41,28 @@ def is_standard_output(path: str) -> bool:
     return (written.st_dev, written.st_ino) == (out.st_dev, out.st_ino)
 
 
+def folder_ending(path: str) -> str | None:
+    """The end of `path` that makes it a folder's name whether or not one is there (`x.json/`, `out/.`,
+    `..`), or None: the kernel takes such a name for a folder, and resolving it gives the file `x.json`."""
+    for sep in (os.sep, os.altsep):
+        if sep and path.endswith(sep):
+            return sep
+    name = os.path.basename(path)
+    return (os.sep + name if name != path else name) if name in (os.curdir, os.pardir) else None
+
+
+def names_folder(path: str) -> bool:
+    """Whether `path` is a folder, or is written as one (folder_ending)."""
+    return os.path.isdir(path) or folder_ending(path) is not None
+
+
+def refuse_folder(path: str, what: str, option: str) -> None:
+    """The one refusal of an output path that names a folder, for every output (-o, --html, --junit, ...)."""
+    if names_folder(path):
+        how = "is a directory" if os.path.isdir(path) else f"names a directory (it ends in {folder_ending(path)})"
+        raise UsageError(f"the {what} path {path} {how}: give a file name with {option}")
+
+
 def _exists_message(path: str, option: str) -> str:
     return f"{path} exists: pass --force to overwrite it, or {option} to choose another name"
 
@@ -50,8 +72,7 @@ def check_writable(path: str, force: bool, what: str = "report") -> None:
     existing file without `force`; a folder that does not exist, is a file, or refuses a new file
     there (a read-only disk, /proc)."""
     option = OPTIONS[what]
-    if os.path.isdir(path):
-        raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
+    refuse_folder(path, what, option)
     real = resolved(path)
     if os.path.exists(real):
         if not force:
@@ -100,12 +121,13 @@ def _probe_open(real: str, what: str, path: str) -> None:
         raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
 
 
-def write_text(text: str, path: str, force: bool, what: str = "report") -> None:
+def write_text(text: str, path: str, force: bool, what: str = "report") -> bool:
     """Write `text` to `path` as the module's rule says; refuse to replace a file unless `force`.
-    A write that fails midway (a full disk) leaves no half file and the old file whole."""
+    A write that fails midway (a full disk) leaves no half file and the old file whole. False where
+    `path` is a pipe whose reader stopped reading (`--html /dev/stdout | head -c 100`): it took what
+    it wanted, which is no error (as for the tool's own standard output, cli/_stdio.py)."""
     option = OPTIONS[what]
-    if os.path.isdir(path):
-        raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
+    refuse_folder(path, what, option)
     real = resolved(path)
     try:
         if os.path.exists(real):
@@ -113,10 +135,8 @@ def write_text(text: str, path: str, force: bool, what: str = "report") -> None:
                 raise UsageError(_exists_message(path, option))
             if stat.S_ISREG(os.stat(real).st_mode):
                 _replace(text, real)
-            else:
-                with open(real, "w", encoding="utf-8") as f:
-                    f.write(text)
-            return
+                return True
+            return _write_in_place(text, real)
         try:
             fd = os.open(real, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
@@ -127,8 +147,20 @@ def write_text(text: str, path: str, force: bool, what: str = "report") -> None:
         except OSError:
             _remove(real)
             raise
+        return True
     except OSError as exc:
         raise UsageError(f"cannot write the {what} to {path}: {exc.strerror or exc}") from None
+
+
+def _write_in_place(text: str, real: str) -> bool:
+    """A file that is no regular file (/dev/stdout, a pipe, a device) written as it is; False where a
+    pipe's reader left before the end (EPIPE: Python ignores SIGPIPE, so the write fails instead)."""
+    try:
+        with open(real, "w", encoding="utf-8") as f:
+            f.write(text)
+    except BrokenPipeError:
+        return False
+    return True
 
 
 def _replace(text: str, real: str) -> None:
@@ -217,8 +249,7 @@ def check_log(path: str, force: bool, is_log: Callable[[str], bool], what: str =
     and an existing regular file that is not such a log (`is_log` of its first line says; an empty
     file is one), unless `force`. True when that file is to be replaced rather than appended to."""
     option = OPTIONS[what]
-    if os.path.isdir(path):
-        raise UsageError(f"the {what} path {path} is a directory: give a file name with {option}")
+    refuse_folder(path, what, option)
     real = resolved(path)
     if not os.path.exists(real):
         check_folder_writable(os.path.dirname(real), what, option, probe=False)

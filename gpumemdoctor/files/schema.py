@@ -4,8 +4,11 @@ A shape names each field of a record with its check: a type and, for numbers, it
 recording, the agents' records, the report, the run file and the baseline are each declared once
 (`Shape(...)`, in the module that owns the record) and read by `Shape.__call__`: a field of the
 wrong type, out of bounds or missing refuses the whole file with one `BadReportError` that names
-the field, never a Python error. A check is any function `(value, what) -> value`; the ones here
-compose (`opt`, `list_of`, `pair`, `dict_of`, `one_of`, `Shape`).
+the field, never a Python error. A check is any function `(value, what) -> value`: the types here
+(`INT`, `PID`, `SECONDS`, `SIZE`, ..., each with the bounds of what a machine can have), and the
+composers (`opt`, `list_of`, `pair`, `row`, `dict_of`, `one_of`, `Shape`; `then` and `also` for what is
+made of a field once read, and a rule across fields), which keep their parts, so that a declaration
+can be walked field by field (tests/schema_walk.py).
 """
 from __future__ import annotations
 
@@ -16,11 +19,20 @@ from ..errors import BadReportError
 from ..units import MAX_SIZE_BYTES as MAX_BYTES
 
 # Bounds on numbers from files, so that nothing absurd reaches the arithmetic and the formatting
-# (10**400 bytes overflowed format_bytes). Every count, PID and step this tool writes fits in 64 bits;
-# no GPU or host holds an exbibyte (MAX_BYTES); times and rates stay far below 1e18 (seconds since
-# 1970 are 1.7e9).
+# (10**400 bytes overflowed format_bytes). Every count and step this tool writes fits in 64 bits; no
+# GPU or host holds an exbibyte (MAX_BYTES); rates and other figures stay far below 1e18.
 MAX_INT = (1 << 63) - 1
 MAX_NUMBER = 1e18
+# A process ID: PIDs are below /proc/sys/kernel/pid_max, which Linux caps at PID_MAX_LIMIT, 2**22 on 64
+# bits (2**22 itself is then no process's: tests use it as such).
+MAX_PID = 1 << 22
+# Seconds: a time in a run (from its start), a duration, or a wall-clock time (seconds since 1970,
+# 1.7e9 now): 10**10 s is 317 years, longer than any run and later than any clock (2286).
+MAX_SECONDS = 1e10
+# An exit status (0 to 255) and the number of the signal that ended a process (its shell status,
+# 128 + N, fits in a byte).
+MAX_EXIT_CODE = 255
+MAX_SIGNAL = 127
 
 Check = Callable[[Any, str], Any]
 
@@ -31,16 +43,45 @@ def _fail(what: str, value: Any, expected: str) -> BadReportError:
 
 # -- the types ------------------------------------------------------------------------------
 
+def _whole(value: Any, least: int, most: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and least <= value <= most
+
+
+def _seconds(value: Any, least: float) -> bool:
+    # The range first: math.isfinite(10**400) raises OverflowError.
+    return (not isinstance(value, bool) and isinstance(value, (int, float)) and least <= value <= MAX_SECONDS
+            and math.isfinite(value))
+
+
 def need_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not -MAX_INT <= value <= MAX_INT:
+    if not _whole(value, -MAX_INT, MAX_INT):
         raise _fail(what, value, "an integer of at most 64 bits")
     return value
 
 
 def need_count(value: Any, what: str) -> int:
-    """A whole number of 0 or more (a count, a rank, a PID)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INT:
+    """A whole number of 0 or more (a count, a rank, a step)."""
+    if not _whole(value, 0, MAX_INT):
         raise _fail(what, value, "a whole number of 0 or more")
+    return value
+
+
+def need_pid(value: Any, what: str) -> int:
+    """A process ID, 0 (a container's first process's parent) to MAX_PID."""
+    if not _whole(value, 0, MAX_PID):
+        raise _fail(what, value, f"a process ID (a whole number, 0 to {MAX_PID})")
+    return value
+
+
+def need_exit_code(value: Any, what: str) -> int:
+    if not _whole(value, 0, MAX_EXIT_CODE):
+        raise _fail(what, value, f"an exit status (0 to {MAX_EXIT_CODE})")
+    return value
+
+
+def need_signal(value: Any, what: str) -> int:
+    if not _whole(value, 1, MAX_SIGNAL):
+        raise _fail(what, value, f"a signal number (1 to {MAX_SIGNAL})")
     return value
 
 
@@ -52,9 +93,30 @@ def need_num(value: Any, what: str) -> float:
     return float(value)
 
 
+def need_seconds(value: Any, what: str) -> float:
+    """A time in seconds (from a run's start: a moment before it is negative), at most MAX_SECONDS either way."""
+    if not _seconds(value, -MAX_SECONDS):
+        raise _fail(what, value, f"a number of seconds (at most {MAX_SECONDS:g} either way)")
+    return float(value)
+
+
+def need_duration(value: Any, what: str) -> float:
+    """How long something took, in seconds: 0 to MAX_SECONDS."""
+    if not _seconds(value, 0):
+        raise _fail(what, value, f"a duration in seconds (0 to {MAX_SECONDS:g})")
+    return float(value)
+
+
+def need_wall(value: Any, what: str) -> float:
+    """A wall-clock time: seconds since 1970, 0 to MAX_SECONDS."""
+    if not _seconds(value, 0):
+        raise _fail(what, value, f"a time in seconds since 1970 (0 to {MAX_SECONDS:g})")
+    return float(value)
+
+
 def need_size(value: Any, what: str) -> int:
     """A size in bytes: an integer from 0 to MAX_BYTES (a negative size is no measurement)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_BYTES:
+    if not _whole(value, 0, MAX_BYTES):
         raise _fail(what, value, "a size in bytes (an integer, 0 or more, at most 2**60)")
     return value
 
@@ -103,58 +165,133 @@ def frame(value: Any, what: str) -> list:
 
 
 # -- composing them -------------------------------------------------------------------------
+# Each composer is a small class that keeps its parts (tests/test_schema.py makes objects from the
+# declarations and damages one field at a time).
 
-def opt(check: Check) -> Check:
+class Opt:
     """The check, or null."""
-    return lambda value, what: None if value is None else check(value, what)
+
+    def __init__(self, check: Check):
+        self.check = check
+
+    def __call__(self, value: Any, what: str) -> Any:
+        return None if value is None else self.check(value, what)
 
 
-def null_as(default: Any, check: Check) -> Check:
+class NullAs:
     """The check, or null read as the default (a fresh copy of a list or dict)."""
-    def read(value: Any, what: str) -> Any:
+
+    def __init__(self, default: Any, check: Check):
+        self.default, self.check = default, check
+
+    def __call__(self, value: Any, what: str) -> Any:
         if value is None:
-            return type(default)(default) if isinstance(default, (list, dict)) else default
-        return check(value, what)
-    return read
+            return type(self.default)(self.default) if isinstance(self.default, (list, dict)) else self.default
+        return self.check(value, what)
 
 
-def list_of(check: Check) -> Check:
-    return lambda value, what: [check(x, what) for x in need_list(value, what)]
+class ListOf:
+    def __init__(self, check: Check):
+        self.check = check
+
+    def __call__(self, value: Any, what: str) -> list:
+        return [self.check(x, what) for x in need_list(value, what)]
 
 
-def pair(first: Check, second: Check) -> Check:
-    def check(value: Any, what: str) -> list:
-        if not isinstance(value, list) or len(value) != 2:
-            raise BadReportError(f"{what}: expected a pair [a, b], found {value!r:.60}")
-        return [first(value[0], what), second(value[1], what)]
-    return check
+class Row:
+    """A list whose items have a check each, in order; `least` of them must be there."""
 
+    def __init__(self, checks: tuple, least: int, pair: bool = False):
+        self.checks, self.least, self.pair = checks, least, pair
 
-def row(*checks: Check, least: int | None = None) -> Check:
-    """A list whose items have a check each, in order; `least` of them must be there (all by default)."""
-    need = len(checks) if least is None else least
-
-    def check(value: Any, what: str) -> list:
-        if not isinstance(value, list) or not need <= len(value) <= len(checks):
-            many = f"{need} to {len(checks)}" if need != len(checks) else str(need)
+    def __call__(self, value: Any, what: str) -> list:
+        if not isinstance(value, list) or not self.least <= len(value) <= len(self.checks):
+            if self.pair:
+                raise BadReportError(f"{what}: expected a pair [a, b], found {value!r:.60}")
+            many = f"{self.least} to {len(self.checks)}" if self.least != len(self.checks) else str(self.least)
             raise BadReportError(f"{what}: expected a list of {many} items, found {value!r:.80}")
-        return [c(v, what) for c, v in zip(checks, value)]
-    return check
+        return [c(v, what) for c, v in zip(self.checks, value)]
 
 
-def dict_of(key: Check, value: Check) -> Check:
+class DictOf:
     """An object whose keys and values each pass their check (keys are always strings in JSON)."""
-    def check(obj: Any, what: str) -> dict:
-        return {key(k, what): value(v, f"{what} {k!r:.20}") for k, v in need_dict(obj, what).items()}
-    return check
+
+    def __init__(self, key: Check, value: Check):
+        self.key, self.value = key, value
+
+    def __call__(self, obj: Any, what: str) -> dict:
+        return {self.key(k, what): self.value(v, f"{what} {k!r:.20}") for k, v in need_dict(obj, what).items()}
 
 
-def one_of(*allowed: Any) -> Check:
-    def check(value: Any, what: str) -> Any:
-        if value not in allowed:
-            raise BadReportError(f"{what}: {value!r:.40} is not one of {', '.join(map(str, allowed))}")
+class OneOf:
+    def __init__(self, allowed: tuple):
+        self.allowed = allowed
+
+    def __call__(self, value: Any, what: str) -> Any:
+        if isinstance(value, (dict, list)) or value not in self.allowed:
+            raise BadReportError(f"{what}: {value!r:.40} is not one of {', '.join(map(str, self.allowed))}")
         return value
-    return check
+
+
+class Then:
+    """The check, then what the program keeps made of its result (`into`: a dataclass; a series as
+    a dict by its key)."""
+
+    def __init__(self, check: Check, make: Callable[[Any], Any]):
+        self.check, self.make = check, make
+
+    def __call__(self, value: Any, what: str) -> Any:
+        return self.make(self.check(value, what))
+
+
+class Also:
+    """The check, then a rule over what it read (`rule(result, what)` raises where it is broken: an
+    out-of-memory error must have its bytes, one way or the other)."""
+
+    def __init__(self, check: Check, rule: Callable[[Any, str], None]):
+        self.check, self.rule = check, rule
+
+    def __call__(self, value: Any, what: str) -> Any:
+        result = self.check(value, what)
+        self.rule(result, what)
+        return result
+
+
+def opt(check: Check) -> Opt:
+    return Opt(check)
+
+
+def null_as(default: Any, check: Check) -> NullAs:
+    return NullAs(default, check)
+
+
+def list_of(check: Check) -> ListOf:
+    return ListOf(check)
+
+
+def pair(first: Check, second: Check) -> Row:
+    return Row((first, second), 2, pair=True)
+
+
+def row(*checks: Check, least: int | None = None) -> Row:
+    """A list whose items have a check each, in order; `least` of them must be there (all by default)."""
+    return Row(checks, len(checks) if least is None else least)
+
+
+def dict_of(key: Check, value: Check) -> DictOf:
+    return DictOf(key, value)
+
+
+def one_of(*allowed: Any) -> OneOf:
+    return OneOf(allowed)
+
+
+def then(check: Check, make: Callable[[Any], Any]) -> Then:
+    return Then(check, make)
+
+
+def also(check: Check, rule: Callable[[Any, str], None]) -> Also:
+    return Also(check, rule)
 
 
 class Absent:
@@ -229,9 +366,9 @@ class Shape:
                 out[name] = check(obj.get(key), f"{what} {key}")
         return out
 
-    def into(self, cls: type) -> Check:
+    def into(self, cls: type) -> Then:
         """A check that parses the object and makes `cls(**fields)` of it."""
-        return lambda value, what: cls(**self(value, what))
+        return Then(self, lambda fields: cls(**fields))
 
 
 def check_sizes(obj: Any, what: str) -> None:
@@ -254,3 +391,5 @@ def check_sizes(obj: Any, what: str) -> None:
 # The shorthands the declarations use.
 INT, COUNT, NUM, SIZE, STR, BOOL, DICT, ANY = (need_int, need_count, need_num, need_size, need_str, need_bool,
                                                need_dict, anything)
+PID, SECONDS, DURATION, WALL, EXIT_CODE, SIGNAL = (need_pid, need_seconds, need_duration, need_wall, need_exit_code,
+                                                   need_signal)

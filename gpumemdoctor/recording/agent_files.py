@@ -29,7 +29,7 @@ from ..system import procs
 from . import records
 from ..errors import BadReportError
 from ..files.inputs import loads_strict
-from ..files.schema import INT, STR, Shape, list_of, need_num, opt
+from ..files.schema import COUNT, INT, PID, STR, Shape, list_of, need_num, opt
 from .recording import PROBE_PHASES, SAMPLE, TORCH_DEVICE, AgentRecording, Dist, TorchSample
 from .series import Series
 
@@ -46,7 +46,7 @@ MAX_LINE_BYTES = 64 << 20  # bounds what a file without newlines can make the su
 
 # The agent's lines that are not root-cause records (those are records.RECORDS), as declared shapes;
 # a sample's line is a recording's SAMPLE with its time made relative to the run's start.
-HELLO = Shape({"pid": INT, "ppid": opt(INT), "forked_from": opt(INT), "python": opt(STR)})
+HELLO = Shape({"pid": PID, "ppid": opt(PID), "forked_from": opt(PID), "python": opt(STR)})
 DEVICES = Shape({"allocator_backend": opt(STR), "devices": list_of(TORCH_DEVICE)})
 
 
@@ -205,7 +205,7 @@ class AgentFile:
                 self.samples.add(sample)
         elif kind == "exit":
             agent.exited_normally = True
-            agent.steps = opt(INT)(rec.get("steps"), "steps")
+            agent.steps = opt(COUNT)(rec.get("steps"), "steps")
             agent.explicit_steps = bool(rec.get("explicit_steps"))
             cupy = rec.get("cupy")
             agent.cupy_pool = cupy if isinstance(cupy, dict) else None

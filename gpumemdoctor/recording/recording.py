@@ -7,14 +7,17 @@ Loading is strict: a file that does not have this shape is refused.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import records
+from ..contract import python_arguments
 from ..errors import BadReportError
 from .records import DeviceReading
-from ..files.schema import (ANY, BOOL, COUNT, DICT, INT, NUM, SIZE, STR, Shape, absent, dict_of, list_of, may, need_dict,
-                            need_int_key, need_str, one_of, opt, pair, row)
+from ..files.schema import (ANY, BOOL, COUNT, DICT, DURATION, EXIT_CODE, INT, PID, SECONDS, SIGNAL, SIZE, STR, WALL,
+                            Shape, absent, dict_of, list_of, may, need_dict, need_int_key, one_of, opt, pair, row,
+                            then)
 
 SCHEMA = "gpumemdoctor.recording/1"
 PROBE_PHASES = ("end", "gc", "sync", "empty_cache")
@@ -202,6 +205,25 @@ class Recording:
     def target_pid(self) -> int | None:
         return self.target.get("pid")
 
+    @property
+    def gpu_models(self) -> list[str]:
+        """The models of the machine's GPUs, as NVML named them (none where NVML was not used)."""
+        return sorted({d["name"] for d in self.devices if d.get("name")})
+
+    @property
+    def program(self) -> str | None:
+        """What the target ran, without its arguments: the script's file name (`train.py`, wherever it
+        was), or `-m` and the module; None where the recording does not say."""
+        argv = self.target.get("argv") or []
+        if argv[:1] == ["-m"]:
+            return f"-m {argv[1]}" if len(argv) > 1 else None
+        return os.path.basename(argv[0]) if argv else None
+
+    @property
+    def command(self) -> str:
+        """The target's command line as it ran: `python train.py --epochs 1` (`python -- -dash.py`)."""
+        return " ".join(["python", *python_arguments(self.target.get("argv") or [])])
+
     def agent(self, pid: int) -> AgentRecording | None:
         for a in self.agents:
             if a.pid == pid:
@@ -242,66 +264,58 @@ class Recording:
 # -- the declared shapes --------------------------------------------------------------------
 # Fields that versions before them did not write are `absent(...)`, with what such a recording meant.
 
-SAMPLE = Shape({"t": NUM, "by": STR, "step": opt(INT), "d": list_of(DeviceReading.from_json),
-                "collected": opt(INT)}, rename={"d": "readings"}).into(TorchSample)
-TORCH_DEVICE = Shape({"index": INT, "uuid": opt(STR), "pci_bus_id": opt(STR), "name": opt(STR),
-                      "nvml_index": opt(INT)}).into(TorchDevice)
+SAMPLE = Shape({"t": SECONDS, "by": STR, "step": opt(INT), "d": list_of(records.DEVICE_READING),
+                "collected": opt(COUNT)}, rename={"d": "readings"}).into(TorchSample)
+TORCH_DEVICE = Shape({"index": COUNT, "uuid": opt(STR), "pci_bus_id": opt(STR), "name": opt(STR),
+                      "nvml_index": opt(COUNT)}).into(TorchDevice)
 DIST = Shape({"rank": opt(COUNT), "local_rank": opt(COUNT), "world_size": opt(COUNT),
               "local_world_size": opt(COUNT), "node_rank": opt(COUNT), "run_id": opt(STR),
               "source": opt(one_of(*DIST_SOURCES))}).into(Dist)
 AGENT = Shape({
-    "pid": INT, "ppid": opt(INT), "argv": absent(list_of(STR), []), "forked_from": opt(INT), "python": opt(STR),
-    "torch_version": opt(STR), "cuda_t": opt(NUM), "allocator_backend": opt(STR),
+    "pid": PID, "ppid": opt(PID), "argv": absent(list_of(STR), []), "forked_from": opt(PID), "python": opt(STR),
+    "torch_version": opt(STR), "cuda_t": opt(SECONDS), "allocator_backend": opt(STR),
     "devices": absent(list_of(TORCH_DEVICE), []), "samples": absent(list_of(SAMPLE), []),
-    "probes": absent(dict_of(one_of(*PROBE_PHASES), SAMPLE), {}), "steps": opt(INT),
+    "probes": absent(dict_of(one_of(*PROBE_PHASES), SAMPLE), {}), "steps": opt(COUNT),
     "explicit_steps": absent(BOOL, False), "exited_normally": absent(BOOL, False),
     "cupy_pool": opt(dict_of(STR, opt(INT))), "errors": absent(list_of(STR), []),
-    "root": absent(records.parse_root, records.empty_root), "cuda_origin": opt(records.CUDA_ORIGIN),
+    "root": absent(records.ROOT, records.empty_root), "cuda_origin": opt(records.CUDA_ORIGIN),
     "exit_info": opt(records.EXIT_INFO), "dist": opt(DIST),
-    "hard_exit": opt(Shape({"t": NUM, "status": opt(INT)}))}).into(AgentRecording)
+    "hard_exit": opt(Shape({"t": SECONDS, "status": opt(INT)}))}).into(AgentRecording)
 PROCESS = Shape({
-    "pid": INT, "ppid": opt(INT), "cmdline": opt(list_of(STR)), "create_time": opt(NUM),
-    "is_target": absent(BOOL, False), "first_seen_t": NUM, "alive_after_exit": absent(BOOL, False),
+    "pid": PID, "ppid": opt(PID), "cmdline": opt(list_of(STR)), "create_time": opt(WALL),
+    "is_target": absent(BOOL, False), "first_seen_t": SECONDS, "alive_after_exit": absent(BOOL, False),
     "used_after_exit_bytes": absent(dict_of(need_int_key, opt(SIZE)), {})}).into(ProcessRecord)
-# The target's own fields (argv, pid, exit_code, signal, cwd, cgroup_oom_kills...): the numbers checked.
-TARGET = Shape({"argv": absent(list_of(STR), []), "pid": may(opt(INT)), "exit_code": may(opt(INT)),
-                "signal": may(opt(INT)), "cgroup_oom_kills": may(opt(INT))}, rest=ANY)
-NVML_SERIES = Shape({"pid": INT, "device": INT, "points": list_of(pair(NUM, opt(SIZE)))})
-
-
-def _nvml(value: Any, what: str) -> dict[tuple[int, int], list[tuple[float, int | None]]]:
-    return {(s["pid"], s["device"]): [(t, used) for t, used in s["points"]]
-            for s in list_of(NVML_SERIES)(value, what)}
-
-
-def _tool_cost(value: Any, what: str) -> dict:
-    """Seconds the supervisor spent, and the bytes it held (`..._bytes`)."""
-    return {need_str(k, what): (opt(SIZE) if k.endswith("_bytes") else opt(NUM))(v, f"{what} {k!r:.40}")
-            for k, v in need_dict(value, what).items()}
-
-
-def _host_point(value: Any, what: str) -> tuple[float, int | None, int | None]:
-    """[t, target_rss_bytes, tree_rss_bytes]"""
-    return tuple(row(NUM, opt(SIZE), opt(SIZE))(value, what))
-
-
-DEVICE_MEMORY = Shape({"device": INT, "points": list_of(row(NUM, opt(SIZE), opt(SIZE)))})
-
-
-def _device_memory(value: Any, what: str) -> dict[int, list[tuple[float, int | None, int | None]]]:
-    """[{device, points: [[t, used_bytes, free_bytes]]}] -> {device: [(t, used, free)]}"""
-    return {s["device"]: [tuple(p) for p in s["points"]] for s in list_of(DEVICE_MEMORY)(value, what)}
-
-
-NVML_FAILURE = Shape({"device": INT, "from_t": NUM, "to_t": opt(NUM), "error": STR,
-                      "failed_calls": absent(INT, 1)})
+# The target's own fields (argv, pid, exit_code, signal, cwd, cgroup_oom_kills...): each that is read
+# checked; the report's copy of them (report_file.py) adds the run's length.
+TARGET_FIELDS = {"argv": absent(list_of(STR), []), "pid": may(opt(PID)), "exit_code": may(opt(EXIT_CODE)),
+                 "signal": may(opt(SIGNAL)), "cgroup_oom_kills": may(opt(COUNT)), "cwd": may(opt(STR))}
+TARGET = Shape(TARGET_FIELDS, rest=ANY)
+# An NVML device of the machine; the fields that are drawn are checked, the rest kept.
+DEVICE = Shape({"index": COUNT, "uuid": may(opt(STR)), "pci_bus_id": may(opt(STR)), "name": may(opt(STR)),
+                "total_bytes": may(opt(SIZE))}, rest=ANY)
+# The versions of the tool, Python, torch, the driver, NVML and CUDA: name -> version.
+VERSIONS = dict_of(STR, opt(STR))
+NVML_SERIES = Shape({"pid": PID, "device": COUNT, "points": list_of(pair(SECONDS, opt(SIZE)))})
+# [{pid, device, points: [[t, used_bytes]]}] -> {(pid, device): [(t, used)]}
+NVML = then(list_of(NVML_SERIES), lambda series: {(s["pid"], s["device"]): [(t, used) for t, used in s["points"]]
+                                                  for s in series})
+# Seconds the supervisor spent, and the bytes it held.
+TOOL_COST = Shape({"supervisor_peak_rss_bytes": may(opt(SIZE))}, rest=opt(SECONDS))
+# [t, target_rss_bytes, tree_rss_bytes]
+HOST_POINT = then(row(SECONDS, opt(SIZE), opt(SIZE)), tuple)
+DEVICE_MEMORY = Shape({"device": COUNT, "points": list_of(row(SECONDS, opt(SIZE), opt(SIZE)))})
+# [{device, points: [[t, used_bytes, free_bytes]]}] -> {device: [(t, used, free)]}
+DEVICE_MEMORIES = then(list_of(DEVICE_MEMORY), lambda series: {s["device"]: [tuple(p) for p in s["points"]]
+                                                               for s in series})
+NVML_FAILURE = Shape({"device": INT, "from_t": SECONDS, "to_t": opt(SECONDS), "error": STR,
+                      "failed_calls": absent(COUNT, 1)})
 # "schema" is checked first (Recording.from_json), to say plainly when a file is no recording.
 RECORDING = Shape({
-    "tool_version": STR, "target": TARGET, "started_wall": NUM, "duration_s": NUM, "poll_interval_s": NUM,
-    "nvml_available": absent(BOOL, False), "versions": absent(DICT, {}),
-    "devices": absent(list_of(Shape({"index": INT, "total_bytes": may(opt(INT))}, rest=ANY)), []),
-    "nvml": absent(_nvml, {}), "processes": absent(list_of(PROCESS), []), "agents": absent(list_of(AGENT), []),
-    "notes": absent(list_of(STR), []), "tool_cost": absent(_tool_cost, {}),
-    "host_rss": absent(list_of(_host_point), []), "nvml_failures": absent(list_of(NVML_FAILURE), []),
+    "tool_version": STR, "target": TARGET, "started_wall": WALL, "duration_s": DURATION, "poll_interval_s": DURATION,
+    "nvml_available": absent(BOOL, False), "versions": absent(VERSIONS, {}),
+    "devices": absent(list_of(DEVICE), []),
+    "nvml": absent(NVML, {}), "processes": absent(list_of(PROCESS), []), "agents": absent(list_of(AGENT), []),
+    "notes": absent(list_of(STR), []), "tool_cost": absent(TOOL_COST, {}),
+    "host_rss": absent(list_of(HOST_POINT), []), "nvml_failures": absent(list_of(NVML_FAILURE), []),
     "downsampling": absent(dict_of(STR, DICT), {}), "host": opt(STR),
-    "device_memory": absent(_device_memory, {})}).into(Recording)
+    "device_memory": absent(DEVICE_MEMORIES, {})}).into(Recording)

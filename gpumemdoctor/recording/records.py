@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..files.schema import (BOOL, INT, NUM, SIZE, STR, Shape, absent, dict_of, frame, list_of, one_of,
-                            may, null_as, opt, pair, row)
+from ..files.schema import (BOOL, COUNT, DURATION, INT, NUM, PID, SECONDS, SIZE, STR, Shape, absent, dict_of, frame,
+                            list_of, one_of, may, null_as, opt, pair, row, then)
 from ..contract import HISTORY_PARTS, HISTORY_PHASES
 
 SUSPECT_KINDS = ("allocation", "garbage", "thread")
@@ -52,73 +52,72 @@ class DeviceReading:
 
     @classmethod
     def from_json(cls, value: Any, what: str = "device reading") -> DeviceReading:
-        return cls(*READING(value, what))
+        return DEVICE_READING(value, what)
 
 
-def _reading(value: Any, what: str) -> list:
-    return READING(value, what)
+DEVICE_READING = then(READING, lambda values: DeviceReading(*values))
 
 
 # -- the records' shapes --------------------------------------------------------------------
 
-_SIZES = opt(list_of(pair(INT, INT)))  # the most common block sizes, [size, count]
-HOLDER = Shape({"path": STR, "pattern": STR, "kind": one_of(*HOLDER_KINDS), "count": INT, "bytes": INT,
+_SIZES = opt(list_of(pair(SIZE, COUNT)))  # the most common block sizes, [size, count]
+HOLDER = Shape({"path": STR, "pattern": STR, "kind": one_of(*HOLDER_KINDS), "count": COUNT, "bytes": SIZE,
                 "sizes": _SIZES})
 # [why, bytes, count, type of the highest object above the holder or null]
-_WHY = row(one_of(*UNHELD_WHY), INT, INT, opt(STR))
+_WHY = row(one_of(*UNHELD_WHY), SIZE, COUNT, opt(STR))
 _NUMBERS = dict_of(STR, NUM)
 # "new": allocated since the baseline; None in recordings from before exit searches covered all
 # live memory, which held new blocks only.
-GROUP = Shape({"device": opt(INT), "new": opt(BOOL), "bytes": INT, "count": INT, "frames": list_of(frame),
-               "thread": opt(list_of(STR)), "holders": list_of(HOLDER), "unheld_bytes": INT,
-               "unheld_count": opt(INT), "unheld_sizes": _SIZES, "unheld_why": opt(list_of(_WHY))})
+GROUP = Shape({"device": opt(INT), "new": opt(BOOL), "bytes": SIZE, "count": COUNT, "frames": list_of(frame),
+               "thread": opt(list_of(STR)), "holders": list_of(HOLDER), "unheld_bytes": SIZE,
+               "unheld_count": opt(COUNT), "unheld_sizes": _SIZES, "unheld_why": opt(list_of(_WHY))})
 # "visited": the objects the garbage collector tracked when the search began (its heap), or, where
 # the exit's first sweep placed the blocks, the objects that sweep reached; "forked": made in a copy
 # of the process; "phases": seconds (and counts) of its parts; "workspaces": [torch index, bytes,
 # blocks] the exit's first sweep took for cuBLAS's workspaces, confirmed at exit.
-INVESTIGATION = Shape({"when": one_of("growth", "exit", "oom", "phase"), "t": NUM, "step": opt(INT), "trace": BOOL,
+INVESTIGATION = Shape({"when": one_of("growth", "exit", "oom", "phase"), "t": SECONDS, "step": opt(INT), "trace": BOOL,
                        "source": one_of("allocator", "tensors"), "all_live": opt(BOOL),
-                       "candidate_bytes": INT,
-                       "candidate_count": INT, "groups": list_of(GROUP), "visited": INT,
-                       "gave_up": opt(STR), "elapsed_s": NUM, "snapshot_s": opt(NUM),
-                       "budget_s": opt(NUM), "tensors": opt(INT), "graph_nodes": opt(INT),
-                       "graph_grads": opt(INT), "complete": opt(BOOL),
+                       "candidate_bytes": SIZE,
+                       "candidate_count": COUNT, "groups": list_of(GROUP), "visited": COUNT,
+                       "gave_up": opt(STR), "elapsed_s": DURATION, "snapshot_s": opt(DURATION),
+                       "budget_s": opt(DURATION), "tensors": opt(COUNT), "graph_nodes": opt(COUNT),
+                       "graph_grads": opt(COUNT), "complete": opt(BOOL),
                        "forked": opt(BOOL), "phases": opt(_NUMBERS),
-                       "workspaces": may(list_of(row(opt(INT), INT, INT)))})
-SUSPICION = Shape({"t": NUM, "step": opt(INT), "device": INT, "by": STR, "grown_bytes": INT, "rate": NUM})
-BASELINE = Shape({"t": NUM, "step": opt(INT), "why": STR, "blocks": INT, "elapsed_s": NUM})
-GARBAGE_TENSOR = Shape({"holder": STR, "cycle": STR, "frames": list_of(frame), "bytes": INT, "count": INT})
-GARBAGE = Shape({"objects": INT, "types": list_of(pair(STR, INT)),
-                 "cuda_tensor_bytes": INT, "cuda_tensors": INT, "tensors": list_of(GARBAGE_TENSOR),
-                 "collected": INT})
+                       "workspaces": may(list_of(row(opt(INT), SIZE, COUNT)))})
+SUSPICION = Shape({"t": SECONDS, "step": opt(INT), "device": INT, "by": STR, "grown_bytes": SIZE, "rate": NUM})
+BASELINE = Shape({"t": SECONDS, "step": opt(INT), "why": STR, "blocks": COUNT, "elapsed_s": DURATION})
+GARBAGE_TENSOR = Shape({"holder": STR, "cycle": STR, "frames": list_of(frame), "bytes": SIZE, "count": COUNT})
+GARBAGE = Shape({"objects": COUNT, "types": list_of(pair(STR, COUNT)),
+                 "cuda_tensor_bytes": SIZE, "cuda_tensors": COUNT, "tensors": list_of(GARBAGE_TENSOR),
+                 "collected": COUNT})
 THREAD = Shape({"name": STR, "entry": opt(pair(STR, STR)),
-                "t0": NUM, "t": NUM, "d0": list_of(_reading), "d1": list_of(_reading)})
+                "t0": SECONDS, "t": SECONDS, "d0": list_of(READING), "d1": list_of(READING)})
 SNAPSHOT = Shape({"path": STR, "trace": BOOL})
 # A collection of Python's garbage collector that freed CUDA memory, while the program ran.
-COLLECTION = Shape({"t": NUM, "step": opt(INT), "generation": INT, "collected": INT,
-                    "freed": list_of(pair(INT, INT)), "thread": STR, "stack": list_of(frame),
-                    "elapsed_s": NUM})
+COLLECTION = Shape({"t": SECONDS, "step": opt(INT), "generation": INT, "collected": COUNT,
+                    "freed": list_of(pair(INT, SIZE)), "thread": STR, "stack": list_of(frame),
+                    "elapsed_s": DURATION})
 # PyTorch's allocator could not serve a request (its out-of-memory observer); since issue 40 also what
 # the optimizers that had stepped held then ([class, parameters, gradients, state]), whether the main
 # thread was inside backward() or an optimizer's step, the failing thread's grad mode, and whether the
 # steps had paused. Since issue 56 the tensors passed to the outermost module's forward on the stack
 # at the error ([name, shape, dtype]: `input_ids`, or `args[0]`), where one was running, and the
 # per-process memory fraction in force then (1.0 where none was set).
-OOM = Shape({"t": NUM, "step": opt(INT), "device": INT, "request_bytes": INT, "limit_bytes": INT,
-             "device_free_bytes": INT, "allocated_bytes": opt(INT), "reserved_bytes": opt(INT),
-             "active_bytes": opt(INT), "largest_free_block_bytes": opt(INT),
-             "free_in_segments_bytes": opt(INT), "processes": list_of(pair(INT, opt(INT))),
+OOM = Shape({"t": SECONDS, "step": opt(INT), "device": INT, "request_bytes": SIZE, "limit_bytes": SIZE,
+             "device_free_bytes": SIZE, "allocated_bytes": opt(SIZE), "reserved_bytes": opt(SIZE),
+             "active_bytes": opt(SIZE), "largest_free_block_bytes": opt(SIZE),
+             "free_in_segments_bytes": opt(SIZE), "processes": list_of(pair(PID, opt(SIZE))),
              "thread": STR, "stack": list_of(frame),
              "optimizers": may(list_of(row(STR, SIZE, SIZE, SIZE))), "inside": may(opt(STR)),
              "grad_enabled": may(BOOL), "paused": may(BOOL),
              "inputs": may(list_of(row(STR, list_of(INT), STR))), "memory_fraction": may(opt(NUM))})
 # Where a process started CUDA, and what kind of process it is.
 CUDA_ORIGIN = Shape({"thread": opt(STR), "stack": opt(list_of(frame)),
-                     "dataloader_worker": opt(Shape({"id": INT, "num_workers": INT})),
+                     "dataloader_worker": opt(Shape({"id": COUNT, "num_workers": COUNT})),
                      "multiprocessing_child": opt(BOOL)})
 UNCAUGHT = Shape({"exc_type": STR, "message": STR, "stack": list_of(frame)})
-COLLECTIONS_SUMMARY = Shape({"measured": INT, "skipped": INT, "freeing": INT, "freed_bytes": INT,
-                             "max_freed_bytes": INT, "cost_s": NUM})
+COLLECTIONS_SUMMARY = Shape({"measured": COUNT, "skipped": COUNT, "freeing": COUNT, "freed_bytes": SIZE,
+                             "max_freed_bytes": SIZE, "cost_s": DURATION})
 # What the exit probes measured of the parts PyTorch's totals do not name (_agent/parts.py), each
 # null where it could not be read: bytes per torch index freed by clearing the cuBLAS workspaces,
 # and reserved in private pools (CUDA graphs); the default process group's backend; the value of
@@ -127,7 +126,7 @@ _PER_DEVICE = opt(list_of(pair(INT, SIZE)))  # [torch index, bytes]
 # "process_groups": torch.distributed's groups alive at exit, and what their NCCL communicators said
 # they hold (NCCL-tracked GPU memory, null where PyTorch or NCCL cannot say); null without
 # torch.distributed.
-EXIT_GROUPS = opt(Shape({"groups": INT, "nccl_bytes": opt(SIZE)}))
+EXIT_GROUPS = opt(Shape({"groups": COUNT, "nccl_bytes": opt(SIZE)}))
 # "memory_fraction": [[torch index, fraction, limit bytes]], the per-process memory fraction in force at exit
 # (torch.cuda.set_per_process_memory_fraction; 1.0 where none was set); "graph_pools": [[torch index, pools,
 # reserved, allocated]], CUDA graphs' private pools (_agent/parts.graph_pools); both absent from recordings
@@ -140,39 +139,39 @@ PARTS = Shape({"cublas_workspaces": _PER_DEVICE, "private_pools": _PER_DEVICE, "
 # samples that found it disabled (gc.disable() in effect). Recordings from before it have none.
 # Since 2026-11-28: the agent's readings after which it could not put the collector's count back
 # (none left neutral.py's ballast to), and the ballast left (null before CUDA started).
-COLLECTOR = Shape({"enabled_at_exit": opt(BOOL), "threshold": opt(INT), "off_samples": opt(INT),
-                   "samples": opt(INT), "count_left_higher": may(INT), "ballast": may(opt(INT))})
+COLLECTOR = Shape({"enabled_at_exit": opt(BOOL), "threshold": opt(INT), "off_samples": opt(COUNT),
+                   "samples": opt(COUNT), "count_left_higher": may(INT), "ballast": may(opt(INT))})
 # Other GPU libraries (_agent/libraries.py): one imported, and when; a preallocating library's pool on
 # a device, from its own statistics; the live arrays of other libraries by type, [type, count, bytes].
-LIBRARY = Shape({"t": NUM, "name": STR})
-LIBRARY_POOL = Shape({"name": STR, "device": INT, "bytes": INT, "field": STR, "in_use_bytes": opt(INT)})
+LIBRARY = Shape({"t": SECONDS, "name": STR})
+LIBRARY_POOL = Shape({"name": STR, "device": INT, "bytes": SIZE, "field": STR, "in_use_bytes": opt(SIZE)})
 # What the agent wrote as the process ended.
 # When the exit probes ran (_agent/threads.py): at the start of the interpreter's shutdown, before it
 # joined the threads it names (executors' idle workers), or, where a non-daemon thread was still at
 # work (`waiting` names it), from the agent's atexit hook after the joins. Absent from recordings
 # before it, and null where the shutdown's hook did not run.
-SHUTDOWN = Shape({"before_shutdown": BOOL, "threads_joined": INT, "waiting": list_of(STR)})
-EXIT_INFO = Shape({"uncaught": opt(UNCAUGHT), "samples": opt(INT), "samples_skipped": opt(INT),
-                   "collections": opt(COLLECTIONS_SUMMARY), "out_of_memory": opt(INT),
+SHUTDOWN = Shape({"before_shutdown": BOOL, "threads_joined": COUNT, "waiting": list_of(STR)})
+EXIT_INFO = Shape({"uncaught": opt(UNCAUGHT), "samples": opt(COUNT), "samples_skipped": opt(COUNT),
+                   "collections": opt(COLLECTIONS_SUMMARY), "out_of_memory": opt(COUNT),
                    "cost": opt(_NUMBERS), "parts": opt(PARTS), "collector": may(opt(COLLECTOR)),
                    "libraries": may(opt(list_of(LIBRARY_POOL))),
-                   "foreign_arrays": may(opt(list_of(row(STR, INT, INT)))),
+                   "foreign_arrays": may(opt(list_of(row(STR, COUNT, SIZE)))),
                    "shutdown": may(opt(SHUTDOWN))})
-SUSPECT = Shape({"kind": one_of(*SUSPECT_KINDS), "bytes": INT, "count": opt(INT),
+SUSPECT = Shape({"kind": one_of(*SUSPECT_KINDS), "bytes": SIZE, "count": opt(COUNT),
                  "where": opt(frame), "stack": list_of(frame), "thread": opt(list_of(STR)),
-                 "holders": list_of(HOLDER), "unheld_bytes": opt(INT), "summary": STR, "remedy": STR})
+                 "holders": list_of(HOLDER), "unheld_bytes": opt(SIZE), "summary": STR, "remedy": STR})
 
 # torch.distributed's process groups changed in number (_agent/process_groups.py): the count, the
 # backends; the first record with groups also the world size, NCCL's version and the NCCL_* variables
 # that size its memory. Recordings from before issue 29 have none.
-GROUPS = Shape({"t": NUM, "step": opt(INT), "groups": INT, "backends": list_of(STR), "world_size": opt(INT),
+GROUPS = Shape({"t": SECONDS, "step": opt(INT), "groups": COUNT, "backends": list_of(STR), "world_size": opt(COUNT),
                 "nccl_version": opt(STR), "nccl_env": opt(dict_of(STR, STR))})
 
 # A new high of the process's memory on one device (_agent/peak.py): the allocator's figures, the
 # optimizers' parameters, gradients and state ([class, parameters, gradients, state] each), where
 # the main thread was. Its probe: what the program's names held then, by category, [holder, bytes,
 # line] each. Recordings from before issue 31 have none.
-PEAK = Shape({"n": INT, "t": NUM, "step": opt(INT), "device": INT, "allocated": opt(SIZE), "reserved": opt(SIZE),
+PEAK = Shape({"n": INT, "t": SECONDS, "step": opt(INT), "device": INT, "allocated": opt(SIZE), "reserved": opt(SIZE),
               "nvml": opt(SIZE), "allocated_peak": opt(SIZE), "inactive_split": opt(SIZE), "parameters": SIZE,
               "gradients": SIZE, "optimizer_state": SIZE,
               "optimizers": list_of(row(STR, SIZE, SIZE, SIZE)),
@@ -181,34 +180,34 @@ PEAK = Shape({"n": INT, "t": NUM, "step": opt(INT), "device": INT, "allocated": 
 # nodes reached from them ("graph_holders": the holders whose tensors carry graphs, most first), and
 # since 2026-11-25 (its last recordings had the nodes) instead of the nodes, 0, the length of the
 # chain of one operation the graph repeats (a running sum's additions; `graph_links`: read in all).
-_HELD = list_of(row(STR, SIZE, opt(STR), INT, INT, INT, least=3))
-PEAK_PROBE = Shape({"n": INT, "t": NUM, "elapsed_s": NUM, "stopped": may(opt(STR)), "graphs": may(INT),
-                    "graph_nodes": may(INT), "graph_links": may(INT), "graph_holders": may(_HELD),
+_HELD = list_of(row(STR, SIZE, opt(STR), COUNT, COUNT, COUNT, least=3))
+PEAK_PROBE = Shape({"n": INT, "t": SECONDS, "elapsed_s": DURATION, "stopped": may(opt(STR)), "graphs": may(COUNT),
+                    "graph_nodes": may(COUNT), "graph_links": may(COUNT), "graph_holders": may(_HELD),
                     "error": may(STR),
                     **{k: may(_HELD) for k in ("parameters", "temporaries", "kept-tensors")},
                     **{f"{k}_bytes": may(SIZE) for k in ("parameters", "temporaries", "kept-tensors")}})
 # A holder search during the run that was not made (_agent/forked.py `declined`): why, and for a copy
 # that would have paused the program too long, the estimate, the limit and the process's own memory.
 # Recordings from before issue 31 have none (the reason was an agent error then).
-DECLINED = Shape({"t": NUM, "step": opt(INT), "when": one_of("growth", "oom", "phase"), "why": STR,
-                  "pause_s": opt(NUM), "limit_s": opt(NUM), "private_bytes": opt(INT)})
+DECLINED = Shape({"t": SECONDS, "step": opt(INT), "when": one_of("growth", "oom", "phase"), "why": STR,
+                  "pause_s": opt(DURATION), "limit_s": opt(DURATION), "private_bytes": opt(SIZE)})
 # The call that turned PyTorch's allocation history on or off took `elapsed_s` on the program's (or
 # the agent's) thread; absent from recordings from before issue 31.
-TRACE = Shape({"t": NUM, "step": opt(INT), "why": STR, "ok": BOOL, "error": opt(STR), "elapsed_s": may(NUM)})
+TRACE = Shape({"t": SECONDS, "step": opt(INT), "why": STR, "ok": BOOL, "error": opt(STR), "elapsed_s": may(DURATION)})
 
 # Freed blocks held for stream work at exit, on one device (_agent/streams.py): the gap `active -
 # allocated` at the end, what was still held once the allocator had processed its completed events
 # (work unfinished at exit), the streams holding it ([handle, bytes, the program's name for it, seconds
 # from then until it finished]), the wait for the device's work and the gap after it. Recordings from
 # before issue 42 have none.
-PENDING = Shape({"t": NUM, "device": INT, "before_bytes": SIZE, "unfinished_bytes": SIZE,
-                 "streams": list_of(row(INT, SIZE, opt(STR), opt(NUM))), "wait_s": opt(NUM),
+PENDING = Shape({"t": SECONDS, "device": INT, "before_bytes": SIZE, "unfinished_bytes": SIZE,
+                 "streams": list_of(row(INT, SIZE, opt(STR), opt(SECONDS))), "wait_s": opt(DURATION),
                  "after_sync_bytes": opt(SIZE)})
 # Where a process's CUDA context was read before NCCL could set up (_agent/process_groups.py): the
 # device, NVML's figure for the process and PyTorch's reserved bytes then; device -1 and no figures
 # where init_process_group had no device_id (NCCL then sets up after the first allocation).
 # Recordings from before issue 42 have none.
-CONTEXT = Shape({"t": NUM, "device": INT, "nvml": opt(SIZE), "reserved": opt(SIZE), "why": STR})
+CONTEXT = Shape({"t": SECONDS, "device": INT, "nvml": opt(SIZE), "reserved": opt(SIZE), "why": STR})
 
 # PyTorch's allocation events kept from CUDA's start (_agent/history.py): whether they could be, the
 # ring's size, whether backward() is marked. A reading at a new high of the allocated peak counter
@@ -217,30 +216,32 @@ CONTEXT = Shape({"t": NUM, "device": INT, "nvml": opt(SIZE), "reserved": opt(SIZ
 # and what was live then by part: bytes, blocks and when the first and last were made (seconds before
 # the reading); `joined`, a gathered block as large as the gathered ones made before it (a
 # concatenation made while its pieces were held). Recordings from before issue 40's peak have none.
-HISTORY = Shape({"t": NUM, "ok": BOOL, "error": opt(STR), "capacity": INT, "backward_marked": BOOL})
-_HISTORY_PART = Shape({"bytes": SIZE, "blocks": INT, "first_before_s": opt(NUM), "last_before_s": opt(NUM)})
-PEAK_HISTORY = Shape({"n": INT, "t": NUM, "step": may(opt(INT)), "device": INT, "error": may(STR),
+HISTORY = Shape({"t": SECONDS, "ok": BOOL, "error": opt(STR), "capacity": COUNT, "backward_marked": BOOL})
+_HISTORY_PART = Shape({"bytes": SIZE, "blocks": COUNT, "first_before_s": opt(SECONDS),
+                       "last_before_s": opt(SECONDS)})
+PEAK_HISTORY = Shape({"n": INT, "t": SECONDS, "step": may(opt(INT)), "device": INT, "error": may(STR),
                       "counter": may(SIZE), "allocated_peak": may(SIZE), "reserved_at_peak": may(opt(SIZE)),
-                      "allocated": may(SIZE), "peak_before_s": may(opt(NUM)),
-                      "stretch_before_s": may(opt(NUM)),  # (written by the first recordings only)
+                      "allocated": may(SIZE), "peak_before_s": may(opt(SECONDS)),
+                      "stretch_before_s": may(opt(SECONDS)),  # (written by the first recordings only)
                       "phase": may(one_of(*HISTORY_PHASES)), "complete": may(BOOL), "ring_full": may(BOOL),
-                      "events": may(INT), "capacity": may(INT), "backward_marked": may(BOOL),
+                      "events": may(COUNT), "capacity": may(COUNT), "backward_marked": may(BOOL),
                       "parts": may(dict_of(one_of(*HISTORY_PARTS), _HISTORY_PART)),
-                      "joined": may(opt(Shape({"bytes": SIZE, "pieces": INT, "pieces_bytes": SIZE,
+                      "joined": may(opt(Shape({"bytes": SIZE, "pieces": COUNT, "pieces_bytes": SIZE,
                                                "held": may(BOOL)}))),
                       "loop": may(opt(STR)), "loop_called_at": may(opt(STR)), "loop_holder": may(opt(STR)),
-                      "snapshot_s": may(NUM), "figures_s": may(NUM), "replay_s": may(NUM), "freed_s": may(NUM),
-                      "taken_s": may(NUM), "put_off": may(BOOL), "walked_step": may(INT), "elapsed_s": may(NUM)})
+                      "snapshot_s": may(DURATION), "figures_s": may(DURATION), "replay_s": may(DURATION),
+                      "freed_s": may(DURATION), "taken_s": may(DURATION), "put_off": may(BOOL), "walked_step": may(INT),
+                      "elapsed_s": may(DURATION)})
 # What saved one step's activations (_agent/saved_by.py): the modules whose forward made them, by
 # folded name, largest first, the rest's bytes, what no module made, and the line that called the
 # outermost forward; `read_step`, the step whose end read it. Recordings from before it have none, and
 # those before 2026-11-28 no `read_step`.
-FORWARD_MODULES = Shape({"t": NUM, "step": INT, "read_step": may(INT), "device": INT, "error": may(STR),
+FORWARD_MODULES = Shape({"t": SECONDS, "step": INT, "read_step": may(INT), "device": INT, "error": may(STR),
                          "activations": may(SIZE),
-                         "outside_modules": may(SIZE), "rest": may(SIZE), "forwards": may(INT), "full": may(BOOL),
+                         "outside_modules": may(SIZE), "rest": may(SIZE), "forwards": may(COUNT), "full": may(BOOL),
                          "line": may(opt(Shape({"file": STR, "line": INT, "function": STR}))),
-                         "modules": may(list_of(Shape({"name": STR, "bytes": SIZE, "blocks": INT}))),
-                         "snapshot_s": may(NUM), "elapsed_s": may(NUM)})
+                         "modules": may(list_of(Shape({"name": STR, "bytes": SIZE, "blocks": COUNT}))),
+                         "snapshot_s": may(DURATION), "elapsed_s": may(DURATION)})
 
 # agent record type -> (key in a process's root-cause data, shape); _SINGLE keys hold one record
 RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "baseline": ("baselines", BASELINE),

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..diagnosis.ci_checks import RANK_FIGURES, CheckResult
+from ..recording.recording import Recording
 from ..units import format_bytes as fb
 from .vocabulary import peak_label
 
@@ -88,6 +89,37 @@ def render_comparison(console: Console, old_verdict: str | None, new_verdict: st
         console.print(f"The largest peak: {growth_text(grew)}")
 
 
+def comparison_notes(old: Recording, new: Recording) -> list[str]:
+    """What `compare` says where its two reports are not one program's runs on one GPU model: a change
+    between them may then come from the GPU, or be no change of the code at all."""
+    notes = []
+    if old.gpu_models != new.gpu_models:
+        notes.append(f"the two reports were made on different GPUs (old: {_models(old)}; new: {_models(new)}): "
+                     "what a program holds can depend on the GPU (a program that fills it holds more of a larger "
+                     "one; its libraries may choose other kernels and workspaces there, its stream work may take "
+                     "another time), so a change between them is not by itself a change in the code; compare "
+                     "runs made on one GPU model")
+    if old.program != new.program:
+        notes.append(f"the two reports are of different programs (old: {old.command}; new: {new.command}): "
+                     "their figures are not one program's before and after a change")
+    elif _arguments(old) != _arguments(new):
+        notes.append(f"the two reports are of one program run with different arguments (old: {old.command}; "
+                     f"new: {new.command}): a change between them may come from the arguments")
+    return notes
+
+
+def _models(recording: Recording) -> str:
+    return ", ".join(recording.gpu_models) or "no GPU recorded"
+
+
+def _arguments(recording: Recording) -> list[str]:
+    """The target's arguments after its script (or after -m and its module); a script among them (a
+    launcher's: torchrun's train.py) by its file name, as the program is, so that one checkout against
+    another is no difference."""
+    argv = recording.target.get("argv") or []
+    return [os.path.basename(a) if a.endswith(".py") else a for a in (argv[2:] if argv[:1] == ["-m"] else argv[1:])]
+
+
 def _compared(a: int | None, b: int | None) -> tuple[str, str, str]:
     change = ""
     if a is not None and b is not None:
@@ -96,8 +128,9 @@ def _compared(a: int | None, b: int | None) -> tuple[str, str, str]:
     return fb(a), fb(b), change
 
 
-def junit_xml(results: list[CheckResult], suite: str = "gpumemdoctor") -> str:
-    """A JUnit XML document with one test case per check."""
+def junit_xml(results: list[CheckResult], suite: str = "gpumemdoctor", notes: list[str] = ()) -> str:
+    """A JUnit XML document with one test case per check; the notes (`compare`'s) in the suite's
+    standard output, which CI systems show beside its test cases."""
     root = ET.Element("testsuites")
     node = ET.SubElement(root, "testsuite", name=suite, tests=str(len(results)),
                          failures=str(sum(not r.passed for r in results)), errors="0")
@@ -106,17 +139,20 @@ def junit_xml(results: list[CheckResult], suite: str = "gpumemdoctor") -> str:
         if not r.passed:
             failure = ET.SubElement(case, "failure", message=message(r))
             failure.text = message(r)
+    if notes:
+        ET.SubElement(node, "system-out").text = "".join(f"note: {n}\n" for n in notes)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
 def markdown_summary(title: str, verdict: str | None, figures: dict, results: list[CheckResult],
-                     html: str | None = None, run_url: str | None = None) -> str:
-    """A GitHub step summary: the verdict, the HTML report's name, the figures, and the checks."""
+                     html: str | None = None, run_url: str | None = None, notes: list[str] = ()) -> str:
+    """A GitHub step summary: the verdict, the notes, the HTML report's name, the figures, and the checks."""
     failed = [r for r in results if not r.passed]
     head = "failed" if failed else "passed"
     lines = [f"### gpumemdoctor: {title}", "",
              f"Verdict: **{verdict or 'none'}**; checks {head} "
              f"({len(results) - len(failed)} of {len(results)} passed)", ""]
+    lines += [*(f"Note: {n}" for n in notes), ""] if notes else []
     if html:
         where = f"[this run's artifacts]({run_url})" if run_url else "this job's artifacts"
         lines += [f"HTML report: `{os.path.basename(html)}`, with the timeline, breakdown and suspects: "

@@ -157,7 +157,7 @@ def _target(recording: Recording, diagnosis: Diagnosis, with_host: bool = False)
     t = recording.target
     status = f"killed by signal {t['signal']}" if t.get("signal") else f"exit {t.get('exit_code')}"
     rows = [("Host", _e(recording.host or "not recorded"))] if with_host else []
-    rows += [("Command", f"<code>python {_e(' '.join(t.get('argv') or []))}</code>"),
+    rows += [("Command", f"<code>{_e(recording.command)}</code>"),
             ("Process", f"{_e(t.get('pid'))}, {_e(status)}, ran {recording.duration_s:.1f} s"),
             ("Recorded", _e(_utc(recording.started_wall)))]
     for d in recording.devices:

@@ -85,12 +85,11 @@ def _target(console: Console, recording: Recording, host: bool = False) -> None:
     status = (f"killed by signal {target['signal']}" if target.get("signal")
               else f"exit {target.get('exit_code')}" if target.get("exit_code") is not None
               else "exit status not known")
-    argv = " ".join(target.get("argv") or [])
     if host:  # the command line holds paths: never wrapped
         console.print(f"\nHost     {recording.host or 'not recorded'}")
-        console.print(f"         python {argv}", soft_wrap=True)
+        console.print(f"         {recording.command}", soft_wrap=True)
     else:
-        console.print(f"\nTarget   python {argv}", soft_wrap=True)
+        console.print(f"\nTarget   {recording.command}", soft_wrap=True)
     console.print(f"         pid {target.get('pid')}, {status}, ran {recording.duration_s:.1f} s")
     for d in recording.devices:
         console.print(f"GPU {d['index']}    {d.get('name') or '?'}, {fb(d.get('total_bytes'))}")

@@ -13,16 +13,16 @@ from ..system import procs
 from ..recording.agent_files import AgentFiles
 from ..errors import BadReportError, UsageError
 from ..files.inputs import loads_strict, read_json
-from ..recording.recording import ProcessRecord, Recording
+from ..recording.recording import DEVICE, VERSIONS, ProcessRecord, Recording
 from .supervisor import RUN_FILE, RUN_SCHEMA
-from ..files.schema import ANY, BOOL, DICT, INT, NUM, STR, Shape, absent, check_sizes, list_of, need_dict, opt
+from ..files.schema import (BOOL, DURATION, PID, SECONDS, STR, WALL, Shape, absent, check_sizes, list_of, need_dict,
+                            opt)
 
 MAX_RUN_FILE_BYTES = 16 << 20  # a run file holds the target's arguments and the devices: a few KiB
 # What the supervisor writes at the start of a run (supervisor._write_run_file), as read back.
-RUN_INFO = Shape({"t0": NUM, "started_wall": NUM, "target_args": list_of(STR), "pid": INT, "create_time": opt(NUM),
-                  "cwd": opt(STR), "poll_interval_s": NUM, "measure_gpu": absent(BOOL, False),
-                  "versions": absent(DICT, {}), "devices": absent(list_of(Shape({"index": INT}, rest=ANY)), []),
-                  "host": opt(STR)})
+RUN_INFO = Shape({"t0": SECONDS, "started_wall": WALL, "target_args": list_of(STR), "pid": PID, "create_time": opt(WALL),
+                  "cwd": opt(STR), "poll_interval_s": DURATION, "measure_gpu": absent(BOOL, False),
+                  "versions": absent(VERSIONS, {}), "devices": absent(list_of(DEVICE), []), "host": opt(STR)})
 
 
 def recover(run_dir: str) -> Recording:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from .. import __version__
 from ..contract import (ENV_INTERVAL, ENV_MAX_PAUSE, ENV_PACKAGE_PARENT, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE,
-                        INTERVAL_DEFAULT_S, MAX_PAUSE_DEFAULT_S, POLL_INTERVAL_DEFAULT_S)
+                        INTERVAL_DEFAULT_S, MAX_PAUSE_DEFAULT_S, POLL_INTERVAL_DEFAULT_S, python_arguments)
 from .signals import Forwarder
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def run(options: RunOptions) -> Recording:
     env[ENV_PACKAGE_PARENT] = os.path.dirname(PACKAGE_DIR)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
 
-    argv = [sys.executable, *options.target_args]
+    argv = [sys.executable, *python_arguments(options.target_args)]
     proc: subprocess.Popen | None = None
     notes: list[str] = []
     signals = Forwarder()  # what is sent to the supervisor goes on to the target, once
