@@ -67,6 +67,8 @@ def check(pid: int, debugger: str | None = None) -> tuple[str, inject.PythonOf, 
     if info.status == "zombie":
         raise NotAttachableError(f"process {pid} has exited (a zombie): there is nothing left to attach to")
     python = inject.python_of(pid)
+    if not python.readable:  # the same check as ptrace's: a process not dumpable, or not ours after all
+        raise inject.ptrace_refused(pid)
     if python.version is None:
         raise NotAttachableError(f"process {pid} ({python.executable or 'its executable is not readable'}) is not "
                                  "a Python process: neither a pythonX.Y executable nor libpythonX.Y is in it")

@@ -55,12 +55,16 @@ class PythonOf:
 
     version: tuple[int, int] | None  # None: no libpython and no pythonX.Y executable seen
     executable: str | None
+    readable: bool = True  # False: the kernel refused to show its mappings (ptrace's access check)
 
 
 def python_of(pid: int) -> PythonOf:
     """The target's Python version, from a mapped libpythonX.Y or its pythonX.Y executable."""
+    readable = True
     try:
         exe = os.readlink(f"/proc/{pid}/exe")
+    except PermissionError:
+        exe, readable = None, False
     except OSError:
         exe = None
     version = None
@@ -71,13 +75,15 @@ def python_of(pid: int) -> PythonOf:
                 if m:
                     version = (int(m.group(1)), int(m.group(2)))
                     break
+    except PermissionError:
+        readable = False
     except OSError:
         pass
     if version is None and exe:
         m = re.fullmatch(r"python(\d)\.(\d+)[a-z]*", os.path.basename(exe))
         if m:
             version = (int(m.group(1)), int(m.group(2)))
-    return PythonOf(version, exe)
+    return PythonOf(version, exe, readable)
 
 
 def find_debugger(path: str | None = None) -> Debugger:
