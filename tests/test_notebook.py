@@ -24,13 +24,14 @@ SHELL = textwrap.dedent(r'''
         "big = torch.ones(1 << 18)",                 # a global (1 MiB)
         "def f():\n    x = torch.zeros(3 << 20)\n    raise ValueError('boom')",
         "f()",                                       # In[6]: fails, its frame keeps x (12 MiB)
-        "_refs = [weakref.ref(Out[3]), weakref.ref(sys.last_traceback.tb_next.tb_frame.f_locals['x'])]",
+        "tb = sys.last_traceback\nwhile tb.tb_frame.f_code.co_name != 'f':\n    tb = tb.tb_next\n"
+        "refs = [weakref.ref(Out[3]), weakref.ref(tb.tb_frame.f_locals['x'])]\ndel tb",
         "print('=== before')",
         "%gpumemdoctor",
         "Out.clear()",
         "%reset -f out",
         "sys.last_traceback = None; sys.last_value = None" + ("; sys.last_exc = None" if sys.version_info >= (3, 12) else ""),
-        "import gc; gc.collect(); print('=== freed', [r() is None for r in _refs])",
+        "import gc; gc.collect(); print('=== freed', [r() is None for r in refs])",
         "print('=== after')",
         "%gpumemdoctor",
     ]
