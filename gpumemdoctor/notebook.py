@@ -15,7 +15,7 @@ def load_ipython_extension(ipython) -> None:
         from ._agent.kernel import look
         from .reporters.notebook import render
 
-        found = look(ipython.user_ns, set(getattr(ipython, "user_ns_hidden", {}) or {}))
+        found = look(ipython.user_ns, ipython)
         print(render(found, os.getpid()))  # printed, not returned: a returned value would go into Out
 
     ipython.register_magic_function(gpumemdoctor, magic_kind="line", magic_name="gpumemdoctor")

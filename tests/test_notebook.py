@@ -28,9 +28,11 @@ SHELL = textwrap.dedent(r'''
         "refs = [weakref.ref(Out[3]), weakref.ref(tb.tb_frame.f_locals['x'])]\ndel tb",
         "print('=== before')",
         "%gpumemdoctor",
-        "Out.clear()",
+        # each remedy, as the magic words it
         "%reset -f out",
-        "sys.last_traceback = None; sys.last_value = None" + ("; sys.last_exc = None" if sys.version_info >= (3, 12) else ""),
+        "get_ipython().user_ns_hidden.update(_=None, __=None, ___=None)",
+        "sys.last_traceback = sys.last_value = sys.last_type = "
+        + ("sys.last_exc = " if sys.version_info >= (3, 12) else "") + "get_ipython().InteractiveTB.tb = None",
         "import gc; gc.collect(); print('=== freed', [r() is None for r in refs])",
         "print('=== after')",
         "%gpumemdoctor",
@@ -47,17 +49,20 @@ def test_the_magic_names_the_output_history_and_the_failed_cells_frame(tmp_path)
     before, after = out.split("=== before", 1)[1].split("=== after", 1)
     assert "CUDA is not started in this kernel: the split of GPU memory does not apply" in before
     lines = [line.strip() for line in before.splitlines()]
-    traceback = next(line for line in lines if "sys.last_traceback: f() local x" in line)
-    assert traceback.startswith("12.0 MiB") and "(In[6], line 3)" in traceback
-    assert "clear: sys.last_traceback = None; sys.last_value = None" in traceback
+    traceback = next(line for line in lines if "the last error's frame f(), local x" in line)
+    assert traceback.startswith("12.0 MiB") and "(In[5], line 3)" in traceback  # f's own cell and line
+    assert "clear: sys.last_traceback = sys.last_value = sys.last_type = " in traceback
+    assert "get_ipython().InteractiveTB.tb = None" in traceback
     kept = next(line for line in lines if " Out[3] " in f" {line} ")
-    assert kept.startswith("4.00 MiB") and "clear: Out.clear()" in kept and "%reset -f out" in kept
+    assert kept.startswith("4.00 MiB") and "clear: %reset -f out" in kept
+    hidden = next(line for line in lines if "get_ipython().user_ns_hidden['_']" in line)
+    assert hidden.startswith("4.00 MiB") and "user_ns_hidden.update(_=None, __=None, ___=None)" in hidden
     assert any(line.startswith("1.00 MiB") and "global big" in line and "clear: del big" in line for line in lines)
     # The order: the largest first
     assert lines.index(traceback) < lines.index(kept)
     # Doing what it says lets the tensors go, and the magic no longer names them
     assert "=== freed [True, True]" in out
-    assert "Out[3]" not in after and "sys.last_traceback" not in after and "global big" in after
+    assert "Out[3]" not in after and "last error" not in after and "global big" in after
 
 
 def test_importing_the_package_loads_neither_torch_nor_ipython():

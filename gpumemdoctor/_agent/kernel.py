@@ -3,9 +3,12 @@ split on each device now, and which names hold the largest tensors, those people
 
 The places looked at, each with the one thing that lets it go (its remedy):
 - IPython's output history: `Out[n]` (and `_n`, `_`, `__`, `___`, which name the same values):
-  `Out.clear()` or `%reset -f out`;
-- the last error: the locals of each frame of `sys.last_traceback` (also held by `sys.last_value` and,
-  on Python 3.12+, `sys.last_exc`): `sys.last_traceback = None`, with the other two;
+  `%reset -f out` (`Out.clear()` alone leaves `_n` and `_`); IPython also keeps the last three outputs
+  in a hidden copy of `_`, `__`, `___` (`user_ns_hidden`, which `%reset -f out` leaves, as IPython 9.18
+  does): `get_ipython().user_ns_hidden.update(_=None, __=None, ___=None)`;
+- the last error: the locals of each frame of its traceback, which `sys.last_traceback`, `sys.last_value`
+  (and `sys.last_exc` from Python 3.12) hold, and IPython's traceback formatter too
+  (`get_ipython().InteractiveTB.tb`): each of them set to None;
 - the notebook's globals (IPython's own names left out): `del name`.
 Each place is read as the probe of a peak reads a name (probe.py's `Probe`: a tensor, a list, tuple
 or dict of them, an object's public attributes, a module's parameters, one level down), each place
@@ -25,14 +28,15 @@ from .probe import Probe
 
 BUDGET_S = 2.0  # the whole look, all places together
 MAX_PLACES = 12
-OUT_REMEDY = "Out.clear()  (or %reset -f out, which also clears _, __, ___ and _N)"
+OUT_REMEDY = "%reset -f out  (Out.clear() alone leaves _N and _)"
 HISTORY_REMEDY = "%reset -f out  (the output history, and _, __, ___, _N with it)"
-TRACEBACK_REMEDY = "sys.last_traceback = None; sys.last_value = None" + (
-    "; sys.last_exc = None" if sys.version_info >= (3, 12) else "")
+HIDDEN_REMEDY = "get_ipython().user_ns_hidden.update(_=None, __=None, ___=None)  (%reset -f out leaves it)"
+LAST_ERROR = ("sys.last_traceback", "sys.last_value", "sys.last_type") + (
+    ("sys.last_exc",) if sys.version_info >= (3, 12) else ())
 _CELL = re.compile(r"<ipython-input-(\d+)-")
 
 
-def look(user_ns: dict, hidden: set | None = None, torch=None) -> dict:
+def look(user_ns: dict, shell=None, torch=None) -> dict:
     """What the kernel holds now: {"cuda": whether CUDA is started, "devices": PyTorch's split per device,
     "places": [{"place", "kind", "bytes", "tensors", "detail", "remedy"}] largest first, "named_bytes",
     "tensor_bytes" (all live tensors of the kind counted, where known), "elapsed_s"}."""
@@ -46,7 +50,7 @@ def look(user_ns: dict, hidden: set | None = None, torch=None) -> dict:
     deadline = started + BUDGET_S
     everything = Probe(torch, deadline, on_device)
     places = []
-    for place, kind, value, line, remedy in _places(user_ns, hidden or set()):
+    for place, kind, value, line, remedy in _places(user_ns, shell):
         probe = Probe(torch, deadline, on_device)
         for p in (probe, everything):
             p._named(value, place, line, "kept-tensors", True)
@@ -65,7 +69,7 @@ def look(user_ns: dict, hidden: set | None = None, torch=None) -> dict:
             "elapsed_s": round(time.perf_counter() - started, 4)}
 
 
-def _places(user_ns: dict, hidden: set):
+def _places(user_ns: dict, shell):
     """(place, kind, value, line, remedy) of each place looked at, the forgotten ones first."""
     out = user_ns.get("Out")
     if isinstance(out, dict):
@@ -76,12 +80,31 @@ def _places(user_ns: dict, hidden: set):
             yield name, "output history", user_ns[name], None, HISTORY_REMEDY
     for name in sorted(k for k in list(user_ns) if re.fullmatch(r"_\d+", k)):
         yield name, "output history", user_ns[name], None, HISTORY_REMEDY
-    tb = getattr(sys, "last_traceback", None)
-    if tb is None:
-        value = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
-        tb = getattr(value, "__traceback__", None)
+    hidden = getattr(shell, "user_ns_hidden", None) or {}
+    for name in ("_", "__", "___"):
+        if name in hidden:
+            yield (f"get_ipython().user_ns_hidden[{name!r}]", "IPython's hidden copy of the output history",
+                   hidden[name], None, HIDDEN_REMEDY)
+    yield from _last_error(shell)
+    for name in sorted(list(user_ns)):
+        if name.startswith("_") or name in hidden or name in ("In", "Out", "exit", "quit", "get_ipython"):
+            continue
+        yield f"global {name}", "the notebook's globals", user_ns[name], None, f"del {name}"
+
+
+def _last_error(shell):
+    """The locals of the frames of the last error's traceback, with what holds that traceback."""
     from .blocks import is_library_file
 
+    holders = [name for name in LAST_ERROR if getattr(sys, name.split(".")[1], None) is not None]
+    tb = getattr(sys, "last_traceback", None)
+    for name in ("last_exc", "last_value"):
+        tb = tb or getattr(getattr(sys, name, None), "__traceback__", None)
+    formatter = getattr(shell, "InteractiveTB", None)
+    if getattr(formatter, "tb", None) is not None:
+        holders.append("get_ipython().InteractiveTB.tb")
+        tb = tb or formatter.tb
+    remedy = " = ".join([*holders, "None"])
     while tb is not None:
         frame = tb.tb_frame
         code = frame.f_code
@@ -90,13 +113,9 @@ def _places(user_ns: dict, hidden: set):
         if ours and frame.f_locals is not frame.f_globals:
             where = _where(code.co_filename, tb.tb_lineno)
             for name, value in list(frame.f_locals.items()):
-                yield (f"sys.last_traceback: {code.co_name}() local {name}", "the last error's frames", value,
-                       where, TRACEBACK_REMEDY)
+                yield (f"the last error's frame {code.co_name}(), local {name}", "the last error's traceback", value,
+                       where, remedy)
         tb = tb.tb_next
-    for name in sorted(list(user_ns)):
-        if name.startswith("_") or name in hidden or name in ("In", "Out", "exit", "quit", "get_ipython"):
-            continue
-        yield f"global {name}", "the notebook's globals", user_ns[name], None, f"del {name}"
 
 
 def _where(filename: str, line: int) -> str:
