@@ -182,6 +182,10 @@ class Attachment:
         try:
             package._begin(agent)  # the fork and thread hooks, os._exit, then agent.begin()
             package._agent = agent
+            if agent.trace.on and agent.trace.window == "start-up":
+                # A running program is past its start-up: its stacks come with growth (trace.py), and
+                # the window's end is not a pause in its steps. The events go on (history.py).
+                agent.trace.stop(on_program_thread=True)
         finally:
             self.ledger.after()
         self.thread = threading.Thread(target=self._wait, name="gpumemdoctor-attach", daemon=True)
