@@ -124,6 +124,9 @@ def _attach(tmp_path: Path, debugger: str, mode: str, *options: str):
         if program.poll() is None:
             program.kill()
     ends = json.loads((control / "steps.json").read_text())
+    keep = os.environ.get("GPUMEMDOCTOR_FIXTURE_DIR")  # the recordings kept as fixtures, as the scenarios'
+    if keep:
+        shutil.copy(tmp_path / "r.json", Path(keep) / f"attach_{mode}.json")
     return json.loads((tmp_path / "r.json").read_text()), ends, marks, out + "".join(err)
 
 
