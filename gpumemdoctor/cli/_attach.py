@@ -87,7 +87,8 @@ class Inside:
         if self.stopped:
             return
         self.stopped = True
-        click.echo(f"gpumemdoctor: taking the agent out of process {self.session.pid} ...", err=True)
+        if ended != "exited":
+            click.echo(f"gpumemdoctor: taking the agent out of process {self.session.pid} ...", err=True)
         try:
             self.session.stop(ended)
         except KeyboardInterrupt:
