@@ -415,3 +415,20 @@ def test_the_python_of_a_process():
     found = inject.python_of(os.getpid())
     assert found.version == sys.version_info[:2]
     assert inject.python_of(4000000).version is None
+
+
+@pytest.mark.skipif(shutil.which("lldb") is None, reason="lldb is not installed")
+def test_lldb_where_it_is_asked_for(cli, folder):
+    """The same attach and leave through lldb (where gdb is missing, or named with --debugger)."""
+    target = Target(folder)
+    try:
+        before = json.loads((folder / "state-0").read_text())
+        result = _watch(cli, target.pid, folder, "--duration", "1", "--debugger", shutil.which("lldb"),
+                        "-o", str(folder / "r.json"))
+        after = target.state(1)
+    finally:
+        out = target.stop()
+    assert result.returncode == 0, result.stderr
+    assert "through lldb" in result.stderr
+    assert {k: v for k, v in after.items() if k != "main"} == {k: v for k, v in before.items() if k != "main"}
+    assert "ended True" in out

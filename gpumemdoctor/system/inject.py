@@ -255,18 +255,24 @@ def gdb_script(code: str, register: str) -> str:
 
 
 def lldb_commands(code: str, register: str) -> list[str]:
-    """What lldb runs once attached: the same steps as gdb_script."""
+    """What lldb runs once attached: the same steps as gdb_script. Every call cast to its C type (a
+    Python without debug information has none; one with it must match them), the marks echoed by the
+    shell (lldb's `script` needs its Python, which some distributions' lldb lacks)."""
+    mark = f"platform shell echo {MARK}"
     return [
-        f"script print('{MARK} attached')",
-        "expr -- (int)Py_AddPendingCall((void*)&PyCallable_Check, (void*)0)",
-        f"breakpoint set -a (void*)&PyCallable_Check -c '{register} == 0' -o true -N gpumemdoctor",
+        f"{mark} attached",
+        # (the function's address through a variable: lldb 14 cannot pass `&function` as an argument)
+        "expr -- unsigned long $gmd_check = (unsigned long)&PyCallable_Check",
+        "expr -- ((int (*)(void *, void *))Py_AddPendingCall)((void *)$gmd_check, (void *)0)",
+        f"{mark} queued 0",
+        f"breakpoint set -a $gmd_check -c '{register} == 0' -o true -N gpumemdoctor",
         "breakpoint command add -s command gpumemdoctor",
-        f"expr -- (int)PyRun_SimpleStringFlags({c_string(code)}, (void*)0)",
-        f"script print('{MARK} ran 0')",
-        "breakpoint delete -f",
+        f"{mark} gil 1",
+        f"expr -- ((int (*)(const char *, void *))PyRun_SimpleStringFlags)({c_string(code)}, (void *)0)",
+        f"{mark} ran 0",
         "process detach",
         "DONE",
-        f"script print('{MARK} waiting')",
+        f"{mark} waiting",
         "process continue",
         "breakpoint delete -f",
         "process detach",
