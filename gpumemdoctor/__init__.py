@@ -30,4 +30,13 @@ def enable() -> None:
     _agent.enable()
 
 
-__all__ = ["__version__", "enable", "step"]
+def load_ipython_extension(ipython) -> None:
+    """`%load_ext gpumemdoctor` in IPython or Jupyter: adds the `%gpumemdoctor` line magic, which reports
+    on the kernel's own memory (see gpumemdoctor/notebook.py). Importing the package loads neither torch
+    nor IPython."""
+    from . import notebook
+
+    notebook.load_ipython_extension(ipython)
+
+
+__all__ = ["__version__", "enable", "load_ipython_extension", "step"]

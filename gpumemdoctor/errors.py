@@ -12,6 +12,10 @@ EXIT_MISSING_EXTRA = 5  # an optional extra is not installed (--html without plo
 EXIT_CHECK_FAILED = 10  # a CI check failed (and the target itself succeeded)
 EXIT_GPU_BUSY = 11  # `ps --expect-free`: a GPU holds more than allowed
 EXIT_WATCH_ALERT = 12  # `watch --exit-on-alert`: a limit was crossed
+EXIT_NO_DEBUGGER = 13  # `watch --attach` needs gdb (or lldb) and there is none
+EXIT_ATTACH_REFUSED = 14  # `watch --attach`: not allowed to trace the process (ptrace, another user)
+EXIT_NOT_ATTACHABLE = 15  # `watch --attach`: the process cannot take the agent (not Python, no torch, ...)
+EXIT_ATTACH_FAILED = 16  # `watch --attach`: the debugger ran, the agent did not start (no safe point in time)
 EXIT_INTERNAL = 70
 
 
@@ -43,6 +47,30 @@ class MissingExtraError(DoctorError):
     """An option needs an optional extra that is not installed."""
 
     exit_code = EXIT_MISSING_EXTRA
+
+
+class NoDebuggerError(DoctorError):
+    """`watch --attach` to a Python older than 3.14 needs a debugger, and none is installed."""
+
+    exit_code = EXIT_NO_DEBUGGER
+
+
+class AttachRefusedError(DoctorError):
+    """The process may not be traced from here: ptrace's settings, another user's process."""
+
+    exit_code = EXIT_ATTACH_REFUSED
+
+
+class NotAttachableError(DoctorError):
+    """The process cannot take the agent: not Python, too old, no gpumemdoctor or torch in it, an agent already."""
+
+    exit_code = EXIT_NOT_ATTACHABLE
+
+
+class AttachFailedError(DoctorError):
+    """The attach was tried and did not bring the agent in: the program stayed as it was."""
+
+    exit_code = EXIT_ATTACH_FAILED
 
 
 def internal_error(exc: BaseException) -> str:

@@ -31,12 +31,13 @@ LAYERS = (
     ("gpumemdoctor.supervise",),
     ("gpumemdoctor.diagnosis", "gpumemdoctor.live"),
     ("gpumemdoctor.reporters",),
-    ("gpumemdoctor.cli", "gpumemdoctor.pytest_plugin"),
+    ("gpumemdoctor.cli", "gpumemdoctor.pytest_plugin", "gpumemdoctor.notebook"),
     ("gpumemdoctor.__main__",),
 )
-# The package's face, `gpumemdoctor.step()` and `enable()`, imports the agent when called: the one
+# The package's face, `gpumemdoctor.step()` and `enable()`, imports the agent when called (and
+# `load_ipython_extension` the notebook's magic, when IPython loads it): the one
 # way up, so that a program can import gpumemdoctor without loading anything of the tool.
-UPWARD_ALLOWED = {("gpumemdoctor", "gpumemdoctor._agent")}
+UPWARD_ALLOWED = {("gpumemdoctor", "gpumemdoctor._agent"), ("gpumemdoctor", "gpumemdoctor.notebook")}
 # The packages whose docstring names each of their modules (the agent's and the CLI's say what their
 # modules are as a whole: the parts of `core.Agent`, one module per subcommand).
 LISTING_PACKAGES = ("diagnosis", "files", "live", "recording", "reporters", "supervise", "system")
@@ -168,7 +169,7 @@ def test_the_top_level_is_layer_packages_and_a_few_basics():
     assert all(layer_of(e) is not None for e in entries)
     flat = sorted(e for e in entries if e != "gpumemdoctor" and not (PACKAGE / e.split(".")[1]).is_dir())
     assert flat == ["gpumemdoctor.__main__", "gpumemdoctor.contract", "gpumemdoctor.errors",
-                    "gpumemdoctor.growth", "gpumemdoctor.pytest_plugin", "gpumemdoctor.stray_rule",
+                    "gpumemdoctor.growth", "gpumemdoctor.notebook", "gpumemdoctor.pytest_plugin", "gpumemdoctor.stray_rule",
                     "gpumemdoctor.units"]
 
 

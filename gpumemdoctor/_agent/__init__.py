@@ -1,7 +1,8 @@
 """The agent inside the measured program: started here, at most one per process.
 
 The bootstrap sitecustomize calls `start()` in every Python process of a run; it does
-nothing unless GPUMEMDOCTOR_RUN_DIR is set. `enable()` and `step()` are behind
+nothing unless GPUMEMDOCTOR_RUN_DIR is set. `watch --attach` brings the same agent into a running
+program and takes it out again (attach.py). `enable()` and `step()` are behind
 gpumemdoctor.enable() and gpumemdoctor.step(). The agent itself is `core.Agent`, whose
 docstring says what happens when; its parts are the other modules of this package. Every
 entry point is guarded: a failure disables the agent, never the program.
@@ -62,10 +63,15 @@ def _current() -> Agent | None:
     return _agent
 
 
+_fork_hook = False  # registered once per interpreter: an attach after a detach finds it there (attach.py)
+
+
 def _begin(agent: Agent) -> None:
     """The process's hooks (forks, threads), then the agent's start, which may start its thread."""
-    if hasattr(os, "register_at_fork"):
+    global _fork_hook
+    if hasattr(os, "register_at_fork") and not _fork_hook:
         os.register_at_fork(after_in_child=_after_fork_in_child)
+        _fork_hook = True
     threads.install_hook(_current)
     threads.install_shutdown_hook(_current)
     install_hard_exit(_current)
@@ -79,6 +85,10 @@ def _after_fork_in_child() -> None:
     parent = _agent
     _agent = None
     if parent is None:
+        return
+    attachment = getattr(parent, "attachment", None)
+    if attachment is not None:  # brought in by `watch --attach`: not into the program's children
+        attachment.leave_in_child()
         return
     try:
         threads.leave_parent(parent)

@@ -93,7 +93,7 @@ def finish(agent) -> None:
         return
     agent.finished = True
     parts: dict = {}
-    collector = _collector(agent)  # before the probes hold automatic collection off
+    collector = collector_state(agent)  # before the probes hold automatic collection off
     if agent.collections is not None:
         agent.collections.paused = True  # the exit probes' own collections are not the program's
     try:
@@ -108,17 +108,23 @@ def finish(agent) -> None:
         died_of = uncaught()
     except Exception:
         pass
-    sampler = agent.sampler
-    agent.channel.write({"type": "exit", "t": time.monotonic(), "steps": agent.steps,
-                         "explicit_steps": agent.explicit_steps, "cupy": _cupy_pool(), "parts": parts or None,
-                         "uncaught": died_of, "samples": sampler.samples, "samples_skipped": sampler.samples_skipped,
-                         "collections": agent.collections.summary() if agent.collections is not None else None,
-                         "out_of_memory": agent.oom.records, "collector": collector, **_libraries(sampler.first_pools),
-                         "shutdown": getattr(agent, "shutdown", None),
-                         "cost": {k: round(v, 6) for k, v in {**agent.cost, **sampler.cost.windows(),
-                                                              "interval_at_exit_s": sampler.interval_s}.items()}})
+    agent.channel.write(exit_record(agent, parts, died_of, collector, _libraries(agent.sampler.first_pools)))
     if agent.server is not None:
         agent.server.close()
+
+
+def exit_record(agent, parts: dict | None, died_of: dict | None, collector: dict | None, libraries: dict) -> dict:
+    """The process's last record: its steps, samples, collections, errors and costs (and what the exit
+    probes measured, `parts`, where they ran; the agent taken out of a running program has none)."""
+    sampler = agent.sampler
+    return {"type": "exit", "t": time.monotonic(), "steps": agent.steps,
+            "explicit_steps": agent.explicit_steps, "cupy": _cupy_pool(), "parts": parts or None,
+            "uncaught": died_of, "samples": sampler.samples, "samples_skipped": sampler.samples_skipped,
+            "collections": agent.collections.summary() if agent.collections is not None else None,
+            "out_of_memory": agent.oom.records, "collector": collector, **libraries,
+            "shutdown": getattr(agent, "shutdown", None),
+            "cost": {k: round(v, 6) for k, v in {**agent.cost, **sampler.cost.windows(),
+                                                 "interval_at_exit_s": sampler.interval_s}.items()}}
 
 
 def _libraries(first_pools: list[dict]) -> dict:
@@ -134,7 +140,7 @@ def _libraries(first_pools: list[dict]) -> dict:
         return {"libraries": first_pools} if first_pools else {}
 
 
-def _collector(agent) -> dict | None:
+def collector_state(agent) -> dict | None:
     """The garbage collector as the program left it, how often the samples found it off, and how the
     agent's own readings stayed neutral to it (neutral.py): the readings after which the count could
     not be put back (no ballast left), and the ballast left."""

@@ -1,4 +1,6 @@
-"""`gpumemdoctor watch --pid N`: a live view of a running process's GPU memory."""
+"""`gpumemdoctor watch --pid N`: a live view of a running process's GPU memory; with `--attach`, the
+agent brought into a running Python program (live/attach.py), its report written at the stop as
+`run` writes one."""
 from __future__ import annotations
 
 import contextlib
@@ -9,6 +11,7 @@ import time
 
 import click
 
+from .. import contract
 from ..errors import EXIT_WATCH_ALERT, UsageError
 from ._params import FileName, Seconds
 from ._params import rate as _rate
@@ -65,12 +68,31 @@ def _until_next(interval: float, duration: float | None, watcher) -> float:
               help="Alert when the VRAM floor grows faster than RATE (64MiB/min, 1MiB/s).")
 @click.option("--exit-on-alert", is_flag=True, help="Exit 12 at the first alert.")
 @click.option("--no-tui", is_flag=True, help="Plain lines, one per sample (the default when not a terminal).")
+@click.option("--attach", is_flag=True,
+              help="Bring gpumemdoctor's agent into the running Python program (gpumemdoctor and torch must be "
+                   "importable there; gdb for Python before 3.14): PyTorch's split, the leak's holder and line; "
+                   "at the stop the agent is taken out and the report written, as `run` writes it.")
+@click.option("-o", "--output", type=FileName(), default=None,
+              help="With --attach: where to write the JSON report [default: gpumemdoctor-<script>.<pid>.json].")
+@click.option("--html", "html", type=FileName(), metavar="PATH", default=None,
+              help="With --attach: also write the report as an HTML page (needs plotly).")
+@click.option("--debugger", type=FileName(), metavar="PATH", default=None,
+              help="With --attach: the gdb (or lldb) binary to attach with [default: $GPUMEMDOCTOR_GDB, else gdb, "
+                   "else lldb on PATH].")
+@click.option("--max-pause", type=Seconds(contract.MAX_PAUSE_MIN_S, contract.MAX_PAUSE_MAX_S),
+              default=contract.MAX_PAUSE_DEFAULT_S, show_default=True, metavar="SECONDS",
+              help="With --attach: the longest the program may pause for a holder search (a copy of the process), "
+                   "as `run --max-pause`.")
+@click.option("--attach-timeout", type=Seconds(1, 600), default=30.0, show_default=True, metavar="SECONDS",
+              help="With --attach: how long the program's main thread has to reach a point where it runs Python.")
 def watch_command(pid: int, interval: float, duration: float | None, jsonl: str | None, force: bool,
                   max_vram: int | None, max_growth: float | None, exit_on_alert: bool,
-                  no_tui: bool) -> int:
+                  no_tui: bool, attach: bool, output: str | None, html: str | None, debugger: str | None,
+                  max_pause: float, attach_timeout: float) -> int:
     """Watch the GPU memory of process PID and its children, live, with a leak judgement.
 
-    q or Ctrl-C stops and prints a summary. Needs nothing installed in the process.
+    q or Ctrl-C stops and prints a summary. Needs nothing installed in the process; with --attach,
+    gpumemdoctor's agent goes into it for the watch and comes out at the stop.
     """
     from ..system import nvml, procs
     from ..files.outputs import check_log, open_log
@@ -81,18 +103,37 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     if pid <= 0 or procs.info(pid) is None:
         raise UsageError(f"no process with PID {pid} here (it may have exited, or live in "
                          "another PID namespace)")
+    if not attach:
+        given = [name for name, value in (("-o", output), ("--html", html), ("--debugger", debugger)) if value]
+        given += [f"--{name.replace('_', '-')}" for name in ("max_pause", "attach_timeout")
+                  if click.get_current_context().get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise UsageError(f"{', '.join(given)} go with --attach (the report of the agent in the process): add "
+                             "--attach, or leave them out")
     replace = check_log(jsonl, force, is_watch_log) if jsonl is not None else False
-    watcher = Watcher(pid, nvml.devices())
+    if attach:
+        from ._attach import check_outputs
+
+        check_outputs(output, html, force, jsonl)
+    devices = nvml.devices()
+    watcher = Watcher(pid, devices)
     console = make_console(stderr=False)
     tui = not no_tui and sys.stdout.isatty() and sys.stdin.isatty()
+    inside = None
+    if attach:
+        from ._attach import Inside
+
+        inside = Inside.open(pid, watcher, devices, debugger, max_pause, attach_timeout)
     log = open_log(jsonl, replace) if jsonl else None
     raised: dict[str, list] = {}  # limit -> [its first Alert, samples over it]: bounded over hours
     ended = "stopped"
     status = 0
     try:
-        with _keys(tui) as fd, reporter.view(console, tui) as show:
+        with _keys(tui) as fd, reporter.view(console, tui) as show, _terminate_as_interrupt(inside is not None):
             while True:
                 s = watcher.sample()
+                if inside is not None:
+                    inside.poll()
                 rate = watcher.floor_rate_per_min()
                 full = watcher.time_to_full(rate)
                 now = alerts(s, rate, max_vram, max_growth)
@@ -103,7 +144,7 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
                     if failed:  # a full disk, a reader gone: said once, and watching goes on
                         click.echo(f"gpumemdoctor: warning: {failed}", err=True)
                         log = None
-                show(watcher, s, judgement(rate, full), now)
+                show(watcher, s, judgement(rate, full), now, inside.view() if inside is not None else None)
                 if not s.alive:
                     ended = "exited"
                     for _ in range(10):  # NVML drops an exited process within about 0.5 s
@@ -125,7 +166,29 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     finally:
         if log is not None:
             log.close()
+        if inside is not None:
+            inside.stop(ended)  # the agent taken out, whatever ended the watch
     rate = watcher.floor_rate_per_min()
     full = watcher.time_to_full(rate) if ended != "exited" else None  # an ended process fills nothing
     reporter.summary(console, watcher, ended, judgement(rate, full), [(a, n) for a, n in raised.values()])
+    if inside is not None:
+        inside.report(ended, output, html, force)
     return status
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt(enabled: bool):
+    """While an agent is in the process, SIGTERM stops the watch as Ctrl-C does: the agent is taken out."""
+    if not enabled:
+        yield
+        return
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -320,6 +320,14 @@ class AgentFiles:
             self.last_t = reader.last_t if self.last_t is None else max(self.last_t, reader.last_t)
         return agent
 
+    def current(self, pid: int) -> tuple[AgentRecording | None, list[TorchSample]]:
+        """A process's recording as read so far, and its kept samples (`watch --attach`'s live view);
+        (None, []) before its first record."""
+        reader = self._files.get(f"agent-{pid}.jsonl")
+        if reader is None or isinstance(reader, _Done) or reader.agent is None:
+            return None, []
+        return reader.agent, reader.samples.points()
+
     def finish(self) -> tuple[list[AgentRecording], list[str], dict]:
         """(the agents' recordings, notes, how their samples were kept) once the run has ended."""
         self.poll()

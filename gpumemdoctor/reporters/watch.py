@@ -70,7 +70,32 @@ def _torch_line(r: dict) -> str:
             f"outside PyTorch {fb(r['non_torch_bytes'])}")
 
 
-def _panel(watcher, s, verdict: str, alerts: list) -> Group:
+def inside_lines(inside: dict | None) -> list[str]:
+    """What `watch --attach` shows of the agent in the process (cli/_attach.py's view): the running
+    judgement of its allocated floor, growth suspected, the holders its searches named."""
+    if inside is None:
+        return []
+    if not inside["cuda"]:
+        return [f"agent in PID {inside['pid']} ({inside['method']}): waiting for the program to start CUDA"]
+    lines = []
+    for row in inside["leak"]:
+        rate = row["rate_bytes_per_min"]
+        words = (f"not enough samples yet ({row['samples']})" if rate is None else "flat: no sustained growth"
+                 if rate == 0 else f"growing {fb(int(rate))}/min")
+        lines.append(f"agent in PID {inside['pid']}, cuda:{row['torch_index']}: allocated floor {words}")
+    if not lines:
+        lines.append(f"agent in PID {inside['pid']} ({inside['method']}): no reading yet")
+    for sus in inside["suspected"][-1:]:
+        lines.append(f"growth suspected at {sus['t']:.1f} s on cuda:{sus['device']} (+{fb(sus['grown_bytes'])}): "
+                     "allocation stacks on from then (the history starts at the attach)")
+    if inside["declined"] and not inside["suspects"]:
+        lines.append("a holder search was not made (its pause would pass --max-pause): the probes name holders")
+    for found in inside["suspects"]:
+        lines.append(f"holder on cuda:{found['torch_index']}: {found['summary']}")
+    return lines
+
+
+def _panel(watcher, s, verdict: str, alerts: list, inside: dict | None = None) -> Group:
     values = [x.total_bytes for x in watcher.samples]
     span = f"{watcher.samples[0].t:.0f}-{s.t:.0f} s" if watcher.samples else ""
     parts = [Text(f"gpumemdoctor watch: PID {watcher.pid}   (q to stop)", style="bold"),
@@ -88,6 +113,7 @@ def _panel(watcher, s, verdict: str, alerts: list) -> Group:
                               + _torch_line(r)))
     if not s.gpu_bytes:
         parts.append(Text("the process holds no GPU memory now; watching in case it starts"))
+    parts += [Text(line) for line in inside_lines(inside)]
     parts += [Text(f"! {f['flag']}: ", style="bold yellow") + Text(f["next_step"]) for f in s.flags]
     parts += [Text(f"ALERT: {alert_text(a)}", style="bold red") for a in alerts]
     return Group(*parts)
@@ -97,21 +123,21 @@ def _panel(watcher, s, verdict: str, alerts: list) -> Group:
 def view(console: Console, tui: bool):
     """A function that shows each sample: in a Live panel, or as one plain line."""
     if not tui:
-        def show(watcher, s, verdict, alerts):
+        def show(watcher, s, verdict, alerts, inside=None):
             rows_by_pid = {row["pid"]: row for row in s.processes}
             ranks = "".join(f"  [{_who(row, row['pid'])}: {_held(row)}]" for row in s.processes) \
                 if _in_job(s) else ""
             torch = "".join(f"  [{_who(rows_by_pid.get(pid), pid)} cuda:{r['torch_index']}: {_torch_line(r)}]"
                             for pid, rows in s.torch.items() for r in rows)
-            flags = "".join(f"  [{_flag(f)}]" for f in s.flags)
+            flags = "".join(f"  [{_flag(f)}]" for f in s.flags) + "".join(f"  [{line}]" for line in inside_lines(inside))
             # one line per sample, however wide: a log is read line by line
             console.print(_line(s, verdict) + ranks + torch + flags + "".join(f"  ALERT: {alert_text(a)}" for a in alerts),
                           soft_wrap=True, markup=False)
         yield show
         return
     with Live(console=console, auto_refresh=False, transient=False) as live:
-        def show(watcher, s, verdict, alerts):
-            live.update(_panel(watcher, s, verdict, alerts), refresh=True)
+        def show(watcher, s, verdict, alerts, inside=None):
+            live.update(_panel(watcher, s, verdict, alerts, inside), refresh=True)
         yield show
 
 

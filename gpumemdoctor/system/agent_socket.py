@@ -123,7 +123,15 @@ class StatsServer:
                 pass
 
     def close(self) -> None:
-        """Stop serving and remove the socket file."""
+        """Stop serving and remove the socket file. The listening socket is shut down first: that wakes
+        the serving thread from accept() on Linux (closing it alone does not), so that the thread ends
+        (an agent taken out of a running program leaves no thread). Not in `forget`: a forked child's
+        copy shares the parent's socket, and shutting it down would stop the parent's too."""
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         self.forget()
         if self.path is not None:
             try:

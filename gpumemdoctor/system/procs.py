@@ -84,6 +84,31 @@ def environ(pid: int) -> dict[str, str] | None:
         return None
 
 
+def owner(pid: int) -> tuple[int, int, int] | None:
+    """(real, effective, saved) user ids of a process; None when it is gone."""
+    try:
+        uids = psutil.Process(pid).uids()
+        return uids.real, uids.effective, uids.saved
+    except _GONE:
+        return None
+
+
+def group(pid: int) -> int | None:
+    """The real group id of a process; None when it is gone."""
+    try:
+        return psutil.Process(pid).gids().real
+    except _GONE:
+        return None
+
+
+def cwd(pid: int) -> str | None:
+    """A process's working folder; None when it is gone or not ours to read."""
+    try:
+        return psutil.Process(pid).cwd()
+    except _GONE:
+        return None
+
+
 def parents() -> dict[int, int]:
     """PID -> parent PID of every process here, read in one pass over /proc."""
     found = {}
