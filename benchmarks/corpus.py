@@ -325,7 +325,9 @@ def _from_report(path: str, ended: float | None = None) -> dict:
     if leak and leak.get("suspects") and leak["suspects"][0].get("holders"):
         holder = leak["suspects"][0]["holders"][0]["pattern"]
     own = _own_seconds(report, ended)
-    return {"verdict": report["verdict"], "holder": holder, "searches": searches,
+    target = next((a for a in report["recording"]["agents"] if a["pid"] == report["target"]["pid"]), None)
+    step_gaps = ((target or {}).get("exit_info") or {}).get("step_gaps")  # (felt.py: since issue 57)
+    return {"verdict": report["verdict"], "holder": holder, "searches": searches, "step_gaps": step_gaps,
             "exit_search_s": max(exit_search) if exit_search else None,
             "copy_pause_max_s": max(pauses)[0] if pauses else None, "pause_of": max(pauses)[1] if pauses else None,
             "pauses": {k: round(v, 6) for v, k in sorted(pauses)},  # (each one's longest over the processes)

@@ -20,7 +20,10 @@ import sys
 MODEL = r'''
 import gc, sys
 mode, n, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-class B: __slots__ = ("_",)
+class Slots: __slots__ = ("_",)
+def tuple21(a=0): return (a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a, a)
+B = tuple21 if mode.endswith("-tuple") else Slots
+mode = mode.removesuffix("-tuple")
 early = [B() for _ in range(n)] if mode == "early" else []
 heap = [{"a": [i]} for i in range(250_000)]
 full = []; made = []; step = 0
@@ -39,7 +42,9 @@ print(full)
 '''
 
 CASES = [("plain", 0), ("early", 17408), ("late", 17408), ("late", 1024), ("late", 256), ("at-gen-0", 2048),
-         ("at-gen-2", 2048), ("at-gen-2", 17408)]
+         ("at-gen-2", 2048), ("at-gen-2", 17408),
+         # the ballast the agent keeps since issue 57's fix: 21-tuples, untracked by their first collection
+         ("late-tuple", 17408), ("at-gen-0-tuple", 17408)]
 
 
 def main(argv: list[str] | None = None) -> int:

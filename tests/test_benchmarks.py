@@ -276,3 +276,25 @@ def test_an_in_process_gpu_benchmark_says_why_it_skips_without_a_gpu(tmp_path, n
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"{name}: skipped: no CUDA GPU for torch here; nothing to measure"
+
+
+def test_step_gaps_writes_one_row_a_pair_with_the_reported_figure(monkeypatch):
+    """benchmarks/step_gaps.py (issue 57): plain against tool, pair by pair, the program's worst gap
+    beside the report's own figure for it; a pair inside both bounds and one outside."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import step_gaps
+
+    felt = {"step_gap_max_s": 0.0071, "step_gap_max_step": 40, "step_gap_agent_s": 0.0011,
+            "step_gap_collection_s": 0.0, "step_gap_collection_generation": None, "step_gap_typical_s": 0.006,
+            "step_gaps": 250}
+    raw = {"workloads": {"lightning_clean": {"runs": [
+        {"mode": "plain", "pair": 0, "gap_max_ms": 7.0}, {"mode": "tool", "pair": 0, "gap_max_ms": 8.0,
+                                                           "step_gaps": felt},
+        {"mode": "plain", "pair": 1, "gap_max_ms": 7.0}, {"mode": "tool", "pair": 1, "gap_max_ms": 340.0,
+                                                           "step_gaps": {**felt, "step_gap_max_s": 0.33}}]}}}
+    got = step_gaps.rows(raw)
+    assert [r["pair"] for r in got] == [1, 2]
+    assert got[0] == {"workload": "lightning_clean", "pair": 1, "plain_worst_gap_s": 0.007, "tool_worst_gap_s": 0.008,
+                      "tool_reported_pause_s": 0.0071, "tool_reported_collection_s": 0.0,
+                      "tool_reported_agent_s": 0.0011, "added_s": 0.001, "reported_minus_seen_s": -0.0009}
+    assert step_gaps.within(got[0]) and not step_gaps.within(got[1])  # 333 ms added; its figure 10 ms short

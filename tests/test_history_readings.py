@@ -8,6 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from gpumemdoctor._agent import history as H, reading
+from gpumemdoctor._agent.neutral import top_up
 
 GiB = 1 << 30
 
@@ -159,6 +160,8 @@ def _reading_agent(pad: int = 0):
                             forward_watch=SimpleNamespace(arm=lambda i: None, state=0))
     h = H.History(agent)
     h.prepare(1)
+    while top_up(h.bulk):  # (under `run` the agent's collector callback makes it, at collections' starts)
+        pass
     h.on = True
     return h, agent, lines
 

@@ -33,6 +33,7 @@ from . import startup
 from ..contract import ENV_SOCKET
 from .channel import Channel
 from .events import Collections, cuda_origin
+from .felt import Felt
 from .exit import finish
 from .neutral import quiet_gc
 from .oom import OomObserver
@@ -68,6 +69,7 @@ class Agent:
         self.finished = False
         self.collections: Collections | None = None
         self.cost = {"init_s": 0.0, "sample_s": 0.0, "step_pause_max_s": 0.0, "step_pause_max_step": 0}
+        self.felt = Felt()  # the longest gap between two step ends, as the program felt it
         self.sampler = Sampler(self, interval_s)
         self.timer = SamplingThread(self)
         self.growth_watch = GrowthWatch(self)
@@ -178,7 +180,8 @@ class Agent:
             pass
         if self.devices and self.collections is None:
             collections = Collections(self.sampler.neutral, self.sampler.read_allocated, len(self.devices),
-                                      self.channel.write_line, lambda: self.steps)
+                                      self.channel.write_line, lambda: self.steps, felt=self.felt,
+                                      ballast_of=[h for h in (self.sampler.neutral, self.history.bulk) if h is not None])
             for i, d in enumerate(self.devices):
                 collections.indexes[i] = d["index"]
             self.collections = collections
@@ -258,10 +261,14 @@ class Agent:
         except Exception:
             pass
         # The program's pause at this step's end, all of the agent's work in it together: its longest.
-        spent = time.perf_counter() - started
+        ended = time.perf_counter()
+        spent = ended - started
         if spent > self.cost["step_pause_max_s"]:
             self.cost["step_pause_max_s"] = spent
             self.cost["step_pause_max_step"] = self.steps
+        felt = self.felt
+        felt.busy += spent
+        felt.step_end(ended, self.steps)
 
     # -- the end of the run ----------------------------------------------------
     def at_exit(self) -> None:

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 
-from .neutral import Neutral
+from .neutral import Neutral, top_up
 
 # gpumemdoctor's own folder, not this package's: frames of gpumemdoctor.step() are ours too.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,8 +51,11 @@ class Collections:
     moved per record).
     """
 
-    def __init__(self, neutral: Neutral, read_allocated, devices: int, write_line, steps):
+    def __init__(self, neutral: Neutral, read_allocated, devices: int, write_line, steps, felt=None,
+                 ballast_of: list | None = None):
         self.neutral = neutral
+        self.felt = felt  # felt.py: each collection timed, start to stop, for the step gaps
+        self.ballast_of = ballast_of or []  # whose ballast is made at collections' starts (neutral.top_up)
         self.read_allocated = read_allocated  # (out) -> out[i]: allocated bytes of device slot i
         self.devices = devices
         self.indexes = [0] * devices  # torch index of each slot, filled by read_allocated's owner
@@ -97,45 +100,64 @@ class Collections:
             if self.paused:
                 return
             now = time.perf_counter()
+            felt = self.felt
             if phase == "start":
-                self._keep_info(info)
-                self.measuring = False
-                if self.cost_s > GC_COST_SHARE * (now - self.started) + 0.002:
-                    self.skipped += 1
-                    return
-                self.neutral.read(self.read_allocated, self.before)
-                self.t0 = now
-                self.measuring = True
-                self.cost_s += time.perf_counter() - now
+                self._start(now, info)
+                if felt is not None:
+                    ended = time.perf_counter()
+                    felt.busy += ended - now
+                    felt.collection_start(ended)
                 return
-            if not self.measuring:
-                return
-            self.measuring = False
-            self.neutral.read(self.read_allocated, self.after)
-            self.measured += 1
-            total = 0
-            freed = ""
-            for i in range(self.devices):
-                gone = self.before[i] - self.after[i]
-                if gone > 0:
-                    total += gone
-                    freed = f"{freed},[{self.indexes[i]},{gone}]" if freed else f"[{self.indexes[i]},{gone}]"
-            if total >= MIN_FREED_RECORD_BYTES:
-                self.freeing += 1
-                self.freed_bytes += total
-                if total > self.max_freed_bytes:
-                    self.max_freed_bytes = total
-                if self.records < MAX_COLLECTION_RECORDS:
-                    self.records += 1
-                    stack = program_stack_json(sys._getframe(), 6) if self.records == 1 else "[]"
-                    self.write_line(
-                        f'{{"type":"collection","t":{time.monotonic()!r},"step":{self.steps()},'
-                        f'"generation":{info.get("generation", -1)},"collected":{info.get("collected", 0)},'
-                        f'"freed":[{freed}],"thread":{json_text(threading.current_thread().name)},'
-                        f'"stack":{stack},"elapsed_s":{round(time.perf_counter() - self.t0, 6)!r}}}')
-            self.cost_s += time.perf_counter() - now
+            if felt is not None:
+                felt.collection_stop(now, info["generation"])
+            if self.measuring:
+                self._stop(now, info)
+                if felt is not None:
+                    felt.busy += time.perf_counter() - now
         except Exception:
             self.measuring = False
+
+    def _start(self, now: float, info) -> None:
+        """A collection starts: the ballast made up (neutral.top_up), the allocated bytes read."""
+        self._keep_info(info)
+        for holder in self.ballast_of:
+            if top_up(holder):
+                now = time.perf_counter()  # (the cost share counts the readings: ballast is made only early on)
+        self.measuring = False
+        if self.cost_s > GC_COST_SHARE * (now - self.started) + 0.002:
+            self.skipped += 1
+            return
+        self.neutral.read(self.read_allocated, self.before)
+        self.t0 = now
+        self.measuring = True
+        self.cost_s += time.perf_counter() - now
+
+    def _stop(self, now: float, info) -> None:
+        """A collection ends: what it freed of CUDA memory, recorded where it is 1 MiB or more."""
+        self.measuring = False
+        self.neutral.read(self.read_allocated, self.after)
+        self.measured += 1
+        total = 0
+        freed = ""
+        for i in range(self.devices):
+            gone = self.before[i] - self.after[i]
+            if gone > 0:
+                total += gone
+                freed = f"{freed},[{self.indexes[i]},{gone}]" if freed else f"[{self.indexes[i]},{gone}]"
+        if total >= MIN_FREED_RECORD_BYTES:
+            self.freeing += 1
+            self.freed_bytes += total
+            if total > self.max_freed_bytes:
+                self.max_freed_bytes = total
+            if self.records < MAX_COLLECTION_RECORDS:
+                self.records += 1
+                stack = program_stack_json(sys._getframe(), 6) if self.records == 1 else "[]"
+                self.write_line(
+                    f'{{"type":"collection","t":{time.monotonic()!r},"step":{self.steps()},'
+                    f'"generation":{info.get("generation", -1)},"collected":{info.get("collected", 0)},'
+                    f'"freed":[{freed}],"thread":{json_text(threading.current_thread().name)},'
+                    f'"stack":{stack},"elapsed_s":{round(time.perf_counter() - self.t0, 6)!r}}}')
+        self.cost_s += time.perf_counter() - now
 
     def summary(self) -> dict:
         return {"measured": self.measured, "skipped": self.skipped, "freeing": self.freeing,

@@ -122,9 +122,18 @@ def exit_record(agent, parts: dict | None, died_of: dict | None, collector: dict
             "uncaught": died_of, "samples": sampler.samples, "samples_skipped": sampler.samples_skipped,
             "collections": agent.collections.summary() if agent.collections is not None else None,
             "out_of_memory": agent.oom.records, "collector": collector, **libraries,
-            "shutdown": getattr(agent, "shutdown", None),
+            "shutdown": getattr(agent, "shutdown", None), "step_gaps": _step_gaps(agent),
             "cost": {k: round(v, 6) for k, v in {**agent.cost, **sampler.cost.windows(),
                                                  "interval_at_exit_s": sampler.interval_s}.items()}}
+
+
+def _step_gaps(agent) -> dict | None:
+    """The longest step gap as the program felt it (felt.py), where steps were counted."""
+    felt = getattr(agent, "felt", None)
+    try:
+        return felt.record() if felt is not None and felt.gaps else None
+    except Exception:
+        return None
 
 
 def _libraries(first_pools: list[dict]) -> dict:

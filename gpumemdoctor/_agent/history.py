@@ -37,7 +37,8 @@ import time
 from array import array
 
 from . import main_thread, reading, replay
-from .neutral import Bulk, quiet_gc
+from .felt import count_since
+from .neutral import BULK_BALLAST, Bulk, quiet_gc
 from .peak import new_high
 from .saved_by import AT_STEP_END
 from ..contract import ENV_SNAPSHOT
@@ -159,7 +160,7 @@ class History:
         self.best = [0] * devices
         self.seen = [None] * devices  # per device slot: the counter at the last sample
         self.events = [0] * devices
-        self.bulk = Bulk()
+        self.bulk = Bulk(ballast=0 if self.agent.run_dir else BULK_BALLAST)  # (as the sampler's: neutral.top_up)
         self.callback, self.add_pending = main_thread.pending_call(self._on_main_thread)
         try:
             self.incref = reading.py_incref()
@@ -174,8 +175,7 @@ class History:
             self.backward_marked = False
 
     def start(self) -> None:
-        """The events, from CUDA's start: --trace auto and on; not with --snapshot (trace.py records
-        them with stacks for its file)."""
+        """The events, from CUDA's start: --trace auto and on; not with --snapshot (trace.py's, with stacks)."""
         agent = self.agent
         if not agent.run_dir or agent.trace.mode == "off" or os.environ.get(ENV_SNAPSHOT) == "1":
             return
@@ -189,8 +189,7 @@ class History:
                              "capacity": self.capacity, "backward_marked": self.backward_marked})
 
     def apply(self, stacks: bool) -> None:
-        """PyTorch's history as this module keeps it, with the live blocks' stacks (trace.py's
-        windows) or without."""
+        """PyTorch's history as this module keeps it, with the live blocks' stacks (trace.py) or without."""
         record = self.agent.torch.cuda.memory._record_memory_history
         context = "state" if stacks else None
         if self.skips:
@@ -292,12 +291,14 @@ class History:
 
     def _on_main_thread(self, _) -> int:
         """Between two of the main thread's bytecodes (main_thread.py). Never raises."""
+        started = time.perf_counter()
         try:
             self.asked = False
             if not self.agent.finished and not main_thread.interrupted(sys._getframe(1)):
                 steps = self.agent.steps  # (in the middle of a step: its walk after the next one)
                 with quiet_gc():
                     self.read(self.pending, steps + 2 if steps else 0)
+                count_since(self.agent, started)
         except Exception:
             pass
         return 0

@@ -39,6 +39,7 @@ from . import main_thread
 # Imported with the agent, not at the first probe: an import there (compiled from source where
 # PYTHONDONTWRITEBYTECODE is set) would be part of the program's pause, as the search's once was.
 from .blocks import is_library_file
+from .felt import count_since
 from .probe import Probe
 from .neutral import NO_ROOM, quiet_gc
 
@@ -108,8 +109,8 @@ class PeakWatch:
 
     # -- the captures -----------------------------------------------------------------
     def check(self, now: float, by: str) -> float:
-        """After each sample (the sampler's lock held). Returns the thread time a capture (and its
-        probe) took, which the sampler leaves out of its pace: a rare capture is not a sample's cost."""
+        """After each sample (the sampler's lock held): the thread time a capture and its probe took (left
+        out of the sampler's pace: a rare capture is not a sample's cost)."""
         if self.retry and not self.asked and by != "exit":  # a probe put off (_on_main_thread)
             capture, self.retry = self.retry, 0
             if time.monotonic() - self.asked_t <= RETRY_S:  # (asked_t's clock); later, dropped: gone by
@@ -154,9 +155,8 @@ class PeakWatch:
         return 0.0
 
     def at_exit(self) -> None:
-        """The exit's first reading (in the sampler's rows): a capture if it is a new high, probed
-        here when this is the main thread (its globals: the program's frames are gone). A leak's
-        highest moment is often its end, after the last sample."""
+        """The exit's first reading (in the sampler's rows): a capture if it is a new high, probed here on
+        the main thread (its globals: its frames are gone). A leak's high is often its end, after the last sample."""
         sampler = self.agent.sampler
         if not self.agent.run_dir or not self.best:
             return
@@ -263,6 +263,7 @@ class PeakWatch:
         takes the one that found the most. Not in a library's frame: the probe reads no library's
         locals, and one that waits there for each `x = f()` comes after an evaluation has ended (two
         corpus programs on the H100 lost the holders at their evaluations' height so)."""
+        started = time.perf_counter()
         try:
             frame = sys._getframe(1)
             self.asked = False
@@ -279,13 +280,13 @@ class PeakWatch:
                 self.probe(self.pending_capture)
         except Exception:
             pass
+        count_since(self.agent, started)
         return 0
 
     def probe(self, capture: int, device: int | None = None) -> None:
-        """The tensors the program's names hold, on its own thread, within PROBE_BUDGET_S, with
-        automatic collection held off. It makes few containers (Probe.run), and at most MAX_PROBES
-        run in a process: unlike a reading, it does not go through `Neutral`, whose ballast is made
-        for a reading's dicts."""
+        """The tensors the program's names hold, on its own thread, within PROBE_BUDGET_S, with automatic
+        collection held off. It makes few containers (Probe.run), and at most MAX_PROBES run in a process:
+        unlike a reading, it does not go through `Neutral`, whose ballast is for a reading's dicts."""
         if self.probes >= MAX_PROBES or self.agent.torch is None:
             return
         self.probes += 1

@@ -153,6 +153,7 @@ class PhaseWatch:
                 cost = self.agent.cost  # what the program waited for: this walk, the threads' capture, the fork
                 spent = time.perf_counter() - started
                 cost["phase_pause_s"] = max(cost.get("phase_pause_s", 0.0), spent)
+                agent.felt.busy += spent  # (felt.py: what the program waited for)
         except Exception:
             pass
         return 0

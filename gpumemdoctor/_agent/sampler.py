@@ -17,7 +17,7 @@ import threading
 import time
 
 from .events import import_in_progress
-from .neutral import NO_ROOM, Neutral
+from .neutral import BALLAST, NO_ROOM, Neutral
 from .phase_watch import RISING_INTERVAL_S
 from ..contract import interval_ceiling
 
@@ -71,8 +71,7 @@ class Sampler:
         self.cost = SampleCost(agent.cost)
 
     def prepare(self) -> None:
-        """What every later reading fills in place, made once here on the program's thread:
-        the sampling path then makes no container the program's collector would see."""
+        """What every later reading fills in place, made once here on the program's thread (no container later)."""
         agent = self.agent
         torch = agent.torch
         self.stats_fn = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None) \
@@ -93,7 +92,7 @@ class Sampler:
                 except Exception:
                     reader = None
             self.nvml_readers.append(reader)
-        self.neutral = Neutral()
+        self.neutral = Neutral(ballast=0 if agent.run_dir else BALLAST)  # (under `run`: neutral.top_up)
 
     # -- readings -----------------------------------------------------------------
     def read_allocated(self, out: list) -> None:
@@ -275,6 +274,8 @@ class Sampler:
                 gc.enable()
             spent = time.thread_time() - started
             self.cost.count(self.last_sample_t, spent)
+            if by != "step" and (felt := getattr(self.agent, "felt", None)) is not None:  # (a step's: in on_step's)
+                felt.busy += spent
             if self.samples > UNPACED_SAMPLES:
                 self._pace(spent - apart)
             lock.release()

@@ -13,7 +13,7 @@ and headroom figure is held to. The evidence comes from `suspects` (the
 agent's searches as holders), `accumulations` (many alike tensors in a search: a leak not watched
 growing), `probed` (holders named by the peak's probes where no copy was searched), `phases` (pauses
 in the steps), `stacks` (a group's device, a holder's line), `non_torch`, `nccl` and
-`libraries` (memory outside PyTorch and whose it is), `ends` (an end not seen), `machine_faults`
+`libraries` (memory outside PyTorch and whose it is), `ends` (an end not seen), `step_gaps` (the longest gap between two step ends, where it stands out), `machine_faults`
 (host memory, NVML failures), `ranks` and `job` (distributed jobs), and `child_processes` (orphans,
 children's contexts). `peak` says what made each process's peak (`peak_warnings`: the peaks that
 could be lower; `allocated_peak`: at

@@ -9,7 +9,7 @@ parts across processes and ranks.
 from __future__ import annotations
 
 from . import (breakdown, child_processes, ends, evidence, holders, judgement, job, libraries, limits,
-               machine_faults, non_torch, peak, ranks, retention, streams, suspects, words)
+               machine_faults, non_torch, peak, ranks, retention, step_gaps, streams, suspects, words)
 from .accumulations import accumulations
 from .evidence import readings
 from .headroom import add_time_to_full
@@ -64,6 +64,8 @@ def _diagnose_recording(recording: Recording) -> Diagnosis:
     for agent in recording.agents:
         if ended.get(agent.pid) is not None:
             result.notes.append(ends.note(agent, ended[agent.pid]))
+        if (gap := step_gaps.note(agent)) is not None:
+            result.notes.append(gap)
         for torch_index in _torch_devices(agent):
             _diagnose_torch_device(agent, torch_index, result, rank_of.get(agent.pid), ended.get(agent.pid),
                                    _total_of(recording, agent, torch_index))

@@ -151,12 +151,19 @@ LIBRARY_POOL = Shape({"name": STR, "device": INT, "bytes": SIZE, "field": STR, "
 # work (`waiting` names it), from the agent's atexit hook after the joins. Absent from recordings
 # before it, and null where the shutdown's hook did not run.
 SHUTDOWN = Shape({"before_shutdown": BOOL, "threads_joined": COUNT, "waiting": list_of(STR)})
+# The longest time between two step ends after the first five, as the program felt it (_agent/felt.py):
+# the step it ended at, the agent's work inside it, the collections that ran inside it (seconds, and the
+# oldest generation among them, null where none ran), the median of the 16 gaps before it (null where
+# none), and the gaps counted. Absent from recordings before issue 57.
+STEP_GAPS = Shape({"step_gap_max_s": DURATION, "step_gap_max_step": COUNT, "step_gap_agent_s": DURATION,
+                   "step_gap_collection_s": DURATION, "step_gap_collection_generation": opt(INT),
+                   "step_gap_typical_s": opt(DURATION), "step_gaps": COUNT})
 EXIT_INFO = Shape({"uncaught": opt(UNCAUGHT), "samples": opt(COUNT), "samples_skipped": opt(COUNT),
                    "collections": opt(COLLECTIONS_SUMMARY), "out_of_memory": opt(COUNT),
                    "cost": opt(_NUMBERS), "parts": opt(PARTS), "collector": may(opt(COLLECTOR)),
                    "libraries": may(opt(list_of(LIBRARY_POOL))),
                    "foreign_arrays": may(opt(list_of(row(STR, COUNT, SIZE)))),
-                   "shutdown": may(opt(SHUTDOWN))})
+                   "shutdown": may(opt(SHUTDOWN)), "step_gaps": may(opt(STEP_GAPS))})
 SUSPECT = Shape({"kind": one_of(*SUSPECT_KINDS), "bytes": SIZE, "count": opt(COUNT),
                  "where": opt(frame), "stack": list_of(frame), "thread": opt(list_of(STR)),
                  "holders": list_of(HOLDER), "unheld_bytes": opt(SIZE), "summary": STR, "remedy": STR})

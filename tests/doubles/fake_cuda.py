@@ -160,6 +160,11 @@ def make_agent(run_dir: str, interval_s: float = 0.02, trace: str = "auto", cont
         agent.devices[0]["nvml_device"] = SimpleNamespace(index=0)
     agent.cuda_seen = True
     agent.prepare_reading()  # as the agent does when CUDA starts
+    from gpumemdoctor._agent.neutral import top_up
+
+    for holder in (agent.sampler.neutral, agent.history.bulk):
+        while holder is not None and top_up(holder):  # as the program's first collections make it
+            pass
     return agent, clock
 
 

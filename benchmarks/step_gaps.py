@@ -1,0 +1,100 @@
+"""The pause the program feels, plain against under the tool (issue 57), on real-library loops.
+
+    python benchmarks/step_gaps.py [--pairs 3] [--only NAME ...] [--out PATH] [--raw PATH]
+
+Runs corpus.py's interleaved pairs (plain, tool, plain, tool, ...) over four workloads of corpus/
+(two Lightning loops, one that keeps its step outputs and one clean; transformers GPT-2 124M with
+AdamW; timm ResNet-50 with an EMA) and writes one row a pair:
+
+    {"workload", "pair", "plain_worst_gap_s", "tool_worst_gap_s", "tool_reported_pause_s",
+     "tool_reported_collection_s", "tool_reported_agent_s", "added_s", "reported_minus_seen_s"}
+
+`*_worst_gap_s` is the longest time between two step ends after the first five steps, as a callback
+of the program stamps it (corpus/_common.py's STEP_GAP_MAX_MS); `tool_reported_pause_s` is the
+report's own figure for the same thing (exit_info.step_gaps.step_gap_max_s, _agent/felt.py), with
+the collections' and the agent's seconds inside that gap. Bounds (issue 57): the tool adds at most
+2 ms to the worst gap (`added_s`, against the same pair's plain run) and its figure is within 5 ms of
+the program's (`reported_minus_seen_s`). --out defaults to benchmarks/results/<date>-<gpu>-step-gaps.json;
+--raw keeps corpus.py's whole JSON (wall split, exit costs). Needs a CUDA GPU; prints a line and
+exits 0 without one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import corpus  # noqa: E402
+
+WORKLOADS = ["lightning_kept_step_outputs", "lightning_clean", "hf_gpt2_124m_adamw", "timm_resnet50_ema"]
+ADDED_BOUND_S = 0.002
+AGREE_BOUND_S = 0.005
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def rows(raw: dict) -> list[dict]:
+    """One row a pair, from corpus.py's JSON."""
+    out = []
+    for name, workload in raw["workloads"].items():
+        runs = workload["runs"]
+        for pair in sorted({r["pair"] for r in runs}):
+            plain = next((r for r in runs if r["pair"] == pair and r["mode"] == "plain"), None)
+            tool = next((r for r in runs if r["pair"] == pair and r["mode"] == "tool"), None)
+            if plain is None or tool is None:
+                continue
+            gaps = tool.get("step_gaps") or {}
+            reported = gaps.get("step_gap_max_s")
+            seen = tool["gap_max_ms"] / 1000
+            out.append({"workload": name, "pair": pair + 1, "plain_worst_gap_s": round(plain["gap_max_ms"] / 1000, 6),
+                        "tool_worst_gap_s": round(seen, 6), "tool_reported_pause_s": reported,
+                        "tool_reported_collection_s": gaps.get("step_gap_collection_s"),
+                        "tool_reported_agent_s": gaps.get("step_gap_agent_s"),
+                        "added_s": round(seen - plain["gap_max_ms"] / 1000, 6),
+                        "reported_minus_seen_s": None if reported is None else round(reported - seen, 6)})
+    return out
+
+
+def within(row: dict) -> bool:
+    agree = row["reported_minus_seen_s"]
+    return row["added_s"] <= ADDED_BOUND_S and agree is not None and abs(agree) <= AGREE_BOUND_S
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--pairs", type=int, default=3)
+    p.add_argument("--only", action="append", choices=WORKLOADS)
+    p.add_argument("--out", metavar="PATH")
+    p.add_argument("--raw", metavar="PATH")
+    args = p.parse_args(argv)
+    raw_path = args.raw or os.path.join(tempfile.mkdtemp(prefix="gpumemdoctor-gaps-"), "corpus.json")
+    only = [a for name in (args.only or WORKLOADS) for a in ("--only", name)]
+    status = corpus.main(["--repeats", str(args.pairs), *only, "--json", raw_path])
+    if not os.path.exists(raw_path):
+        return status  # (no GPU: corpus.py said so)
+    with open(raw_path, encoding="utf-8") as f:
+        raw = json.load(f)
+    table = rows(raw)
+    gpu = re.sub(r"[^a-z0-9]+", "-", (raw["meta"].get("device") or "gpu").lower()).strip("-")
+    gpu = next((g for g in ("h100", "h200", "a100") if g in gpu), gpu)
+    out = args.out or os.path.join(RESULTS, f"{time.strftime('%Y-%m-%d')}-{gpu}-step-gaps.json")
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+    print(f"\n{'workload':28s} pair  plain ms   tool ms  reported ms  in it: gc ms, agent ms  added ms  ok")
+    for r in table:
+        rep = r["tool_reported_pause_s"]
+        print(f"{r['workload']:28s} {r['pair']:4d} {r['plain_worst_gap_s'] * 1000:9.1f} {r['tool_worst_gap_s'] * 1000:9.1f}"
+              f" {'-' if rep is None else f'{rep * 1000:12.1f}'}"
+              f"  {(r['tool_reported_collection_s'] or 0) * 1000:9.1f}, {(r['tool_reported_agent_s'] or 0) * 1000:8.1f}"
+              f"  {r['added_s'] * 1000:+8.1f}  {'yes' if within(r) else 'NO'}")
+    print(f"rows: {out}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The pause the program feels (issue 57): the agent's step-gap figures (_agent/felt.py) and the
+report's note on a gap that stands out (diagnosis/step_gaps.py)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from gpumemdoctor._agent.felt import STEP_RING, WARMUP_STEPS, Felt
+from gpumemdoctor.diagnosis import step_gaps
+
+
+def _steps(felt: Felt, gaps: list[float], start: float = 100.0) -> None:
+    t = start
+    for step, gap in enumerate(gaps, 1):
+        t += gap
+        felt.step_end(t, step)
+
+
+def test_the_longest_gap_after_warm_up_with_what_ran_in_it():
+    felt = Felt()
+    gaps = [2.0] * (WARMUP_STEPS + 1) + [0.005] * 30 + [0.3] + [0.005] * 10  # a slow start, then a stall
+    t = 100.0
+    for step, gap in enumerate(gaps, 1):
+        if gap == 0.3:
+            felt.busy += 0.002  # the agent's work inside the gap
+            felt.collection_start(t + 0.01)
+            felt.collection_stop(t + 0.29, 2)
+            felt.collection_start(t + 0.291)
+            felt.collection_stop(t + 0.292, 0)
+        t += gap
+        felt.step_end(t, step)
+    r = felt.record()
+    assert r["step_gap_max_step"] == WARMUP_STEPS + 1 + 31  # the warm-up's 2 s gaps are not counted
+    assert abs(r["step_gap_max_s"] - 0.3) < 1e-9 and abs(r["step_gap_agent_s"] - 0.002) < 1e-9
+    assert abs(r["step_gap_collection_s"] - 0.281) < 1e-9 and r["step_gap_collection_generation"] == 2
+    assert abs(r["step_gap_typical_s"] - 0.005) < 1e-9
+    assert r["step_gaps"] == len(gaps) - WARMUP_STEPS - 1
+
+
+def test_what_ran_in_a_gap_is_counted_in_that_gap_only():
+    felt = Felt()
+    _steps(felt, [0.01] * 10)
+    felt.busy += 0.5  # work in the gap that ends at step 11, which is short
+    felt.collection_start(1.0)
+    felt.collection_stop(1.2, 1)
+    felt.step_end(felt.last_end + 0.011, 11)
+    felt.step_end(felt.last_end + 0.05, 12)  # the longest: nothing of the agent's in it
+    r = felt.record()
+    assert r["step_gap_max_step"] == 12 and r["step_gap_agent_s"] == 0 and r["step_gap_collection_s"] == 0
+    assert r["step_gap_collection_generation"] is None
+
+
+def test_the_typical_gap_is_the_median_of_the_ring_before_the_longest():
+    felt = Felt()
+    _steps(felt, [0.01] * (WARMUP_STEPS + 1) + [0.001 * k for k in range(1, 40)] + [1.0])
+    r = felt.record()
+    before = sorted(0.001 * k for k in range(40 - STEP_RING, 40))
+    assert abs(r["step_gap_typical_s"] - before[STEP_RING // 2]) < 1e-9
+
+
+def _agent(**gaps):
+    figures = {"step_gap_max_s": 0.33, "step_gap_max_step": 229, "step_gap_agent_s": 0.0025,
+               "step_gap_collection_s": 0.323, "step_gap_collection_generation": 2, "step_gap_typical_s": 0.0055,
+               "step_gaps": 250, **gaps}
+    return SimpleNamespace(pid=7, exit_info={"step_gaps": figures})
+
+
+def test_a_gap_that_stands_out_is_told_with_what_it_held():
+    text = step_gaps.note(_agent())
+    assert text == ("process 7: the longest gap between two step ends was 330 ms, at step 229 (the median of the "
+                    "gaps before it: 5.5 ms); in it: a full garbage collection (generation 2) 323 ms, "
+                    "gpumemdoctor's own work 2.5 ms")
+
+
+def test_a_gap_neither_explains_says_so():
+    text = step_gaps.note(_agent(step_gap_collection_s=0.0, step_gap_collection_generation=None))
+    assert text.endswith("in it: gpumemdoctor's own work 2.5 ms, 328 ms that was neither (the program's own "
+                         "work, or a wait outside Python)")
+
+
+def test_an_ordinary_gap_is_not_told():
+    assert step_gaps.note(_agent(step_gap_max_s=0.012)) is None  # under 50 ms
+    assert step_gaps.note(_agent(step_gap_max_s=0.06, step_gap_typical_s=0.03)) is None  # twice the median
+    assert step_gaps.note(SimpleNamespace(pid=7, exit_info={})) is None  # a recording from before
