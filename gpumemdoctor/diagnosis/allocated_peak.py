@@ -362,6 +362,12 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
     if p["blocks"] < MIN_GATHERED_BLOCKS:
         return []
     made = [claims.make("gathered", bytes=gathered.bytes, blocks=p["blocks"], phase=r["phase"])]
+    loop = r.get("loop") if r.get("loop") in LOOP_REMEDIES else None
+    in_loop = ""
+    if loop:  # the reading came inside a library's gathering loop: its own switches govern what it gathers
+        made.append(claims.make("library-loop", loop=loop, called_at=r.get("loop_called_at"), t=r["t"]))
+        in_loop = f"; {words.say(made[-1])}{_joined_in_loop(r, readings, evidence)}"
+        evidence["loop"] = loop
     graphs = claims.make("without-no-grad", autograd=autograd)
     if graphs is not None:
         made.append(graphs)
@@ -371,9 +377,29 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
                                     "an autograd graph holding memory, and the allocator's events do not say"))
         how = f". {words.sentence(words.say(made[-1]))[:-1]}"
     made = [m for m in made if m is not None]
+    if loop:
+        remedy = LOOP_REMEDIES[loop]
+    else:
+        remedy = FINDINGS["graphs-at-peak"] if graphs is not None else FINDINGS["gathered-at-peak"]
     return [Finding(kind="avoidable-peak", bytes=gathered.bytes, pid=c.pid, device=c.device,
                     summary=f"{moment}, {fb(gathered.bytes)} in {p['blocks']} tensors had been gathered{span} with "
-                            f"no backward() after them, and were let go of together after it{how}",
+                            f"no backward() after them, and were let go of together after it{in_loop}{how}",
                     evidence={**evidence, "autograd": autograd},
-                    remedy=FINDINGS["graphs-at-peak"] if graphs is not None else FINDINGS["gathered-at-peak"],
-                    claims=[words.as_json(m) for m in made])]
+                    remedy=remedy, claims=[words.as_json(m) for m in made])]
+
+
+def _joined_in_loop(r: dict, readings: list, evidence: dict) -> str:
+    """What an earlier reading in the same run of the library's loop (same loop, same calling line,
+    same step) found: a concatenation of pieces still held, and the name in the loop that held its
+    result: the loop gathering batch after batch. '' where none did."""
+    earlier = [x for x in readings if x.get("joined") and x["t"] < r["t"] and x.get("loop") == r.get("loop")
+               and x.get("loop_called_at") == r.get("loop_called_at") and x.get("step") == r.get("step")]
+    if not earlier:
+        return ""
+    x = earlier[-1]
+    joined = x["joined"]
+    evidence["loop_joined"] = {"t": x["t"], "bytes": joined["bytes"], "pieces": joined["pieces"],
+                               "holder": x.get("loop_holder")}
+    held = f", its result held by {x['loop_holder']}" if x.get("loop_holder") else ""
+    return (f"; a reading {r['t'] - x['t']:.1f} s earlier in that loop found a tensor of {fb(joined['bytes'])} "
+            f"concatenated from the {joined['pieces']} before it{held}: the loop gathering batch after batch")
