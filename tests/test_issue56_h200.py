@@ -101,3 +101,42 @@ def test_the_trainers_evaluation_inside_train_gets_the_trainers_switches():
     text = " ".join(f["summary"] + " " + f["remedy"] for f in report["findings"])
     assert "no_grad" not in text, text
     assert not [p for f in report["findings"] for p in problems(f)]
+
+
+def test_a_graphs_pools_join_the_container_that_keeps_the_graphs():
+    """The exit search's groups as the agent now writes them for CUDA graphs (each pool segment a block
+    held by its graph, tests/test_search.py): SYNTHETIC groups, shaped like leak_cuda_graph_pools' (40
+    graphs, 2 MiB x k static inputs, the pools at the capture's line), not a recording. The container
+    that keeps the graphs and their inputs is one accumulation, placed at the capture's line (the pools
+    are most of it), and the leak does not count the pools' free memory twice."""
+    from gpumemdoctor.contract import GRAPH_POOL_LABEL
+    from gpumemdoctor.diagnosis.accumulations import accumulations
+
+    inputs = {"device": 0, "new": True, "bytes": 40 * 41 * MIB, "count": 40, "thread": None,
+              "frames": [["/s/leak_cuda_graph_pools.py", 24, "capture"]], "unheld_bytes": 0, "unheld_count": 0,
+              "unheld_sizes": [], "unheld_why": [],
+              "holders": [{"path": "__main__.graphs[39][1]", "pattern": "__main__.graphs[*][*]", "kind": "global",
+                           "count": 40, "bytes": 40 * 41 * MIB, "sizes": [[80 * MIB, 1]]}]}
+    pools = dict(inputs, bytes=3354 * MIB, count=80, frames=[["/s/leak_cuda_graph_pools.py", 33, "capture"]],
+                 holders=[{"path": "__main__.graphs[39][0]" + GRAPH_POOL_LABEL,
+                           "pattern": "__main__.graphs[*][*]" + GRAPH_POOL_LABEL, "kind": "global",
+                           "count": 80, "bytes": 3354 * MIB, "sizes": [[40 * MIB, 2]]}])
+    (a,), _ = accumulations({"groups": [inputs, pools], "graph_grads": 0}, 0)
+    assert a["pattern"] == "__main__.graphs[*][*]" and a["bytes"] == (1640 + 3354) * MIB
+    assert a["where"] == ["/s/leak_cuda_graph_pools.py", 33, "capture"] and a["graph_pool_bytes"] == 3354 * MIB
+    from gpumemdoctor.diagnosis.suspects import accumulation_suspect
+
+    top = accumulation_suspect(a)
+    assert top["where"][1] == 33 and top["holders"][0]["pattern"].startswith("__main__.graphs"), top
+    assert "private memory pools of the CUDA graphs" in top["summary"], top["summary"]
+    assert "captured at leak_cuda_graph_pools.py:33 in capture()" in top["remedy"], top["remedy"]
+
+    from types import SimpleNamespace
+
+    from gpumemdoctor.diagnosis.held import held_claims
+
+    e = SimpleNamespace(shutdown=None, graph_pools=[40, 3354 * MIB, 1640 * MIB])  # what held_claims reads
+    (claim,), size = held_claims(e, a["bytes"], a["graph_pool_bytes"])
+    assert claim.name == "graph-pools" and size == a["bytes"]
+    _, older = held_claims(e, 1640 * MIB)  # a recording made before pools were searched: their free memory added
+    assert older == (1640 + 3354 - 1640) * MIB

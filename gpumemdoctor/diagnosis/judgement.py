@@ -190,7 +190,7 @@ def _leak_by_structure(e: Evidence) -> Judged | None:
     if structure is None:
         return None
     a, made = structure
-    more, size = _held_claims(e, a["bytes"])
+    more, size = _held_claims(e, a["bytes"], a.get("graph_pool_bytes", 0))
     suspects = [accumulation_suspect(x) for x in e.accumulations[:MAX_SUSPECTS]]
     said = "".join(f" {words.sentence(words.say(c))}" for c in more)
     return Judged(kind="leak", bytes=size,

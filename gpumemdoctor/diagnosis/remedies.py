@@ -213,6 +213,12 @@ FINDINGS: dict[str, str] = {
                               "(pin_memory=True makes the copy fast). Do not call torch.cuda.* (set_device, empty "
                               "tensors on cuda) in worker_init_fn.",
     "library-memory": "Nothing to do if {label} needs it; otherwise {switch}.",
+    # an accumulation whose container keeps CUDA graphs, each holding its private pool (suspects.py)
+    "graph-pools-kept": "{name} keeps CUDA graphs, and each graph keeps its private memory pool (captured{at}) "
+                        "for as long as it lives, replayed or not. Capture one graph per bucket of sizes (pad "
+                        "each batch up to a few fixed sizes), share one pool between graphs that never replay "
+                        "at once (torch.cuda.graph(g, pool=other.pool())), or drop the graphs no longer "
+                        "replayed (with their static inputs and outputs), then torch.cuda.empty_cache().",
     # an out-of-memory error of cause "full" whose step was asked for more than any before it
     # (out_of_memory._larger_step)
     # ({earlier}: the earlier steps' allocated peak, {at}: their inputs, {own}: the step's own tensors at the
