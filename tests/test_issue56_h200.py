@@ -140,3 +140,18 @@ def test_a_graphs_pools_join_the_container_that_keeps_the_graphs():
     assert claim.name == "graph-pools" and size == a["bytes"]
     _, older = held_claims(e, 1640 * MIB)  # a recording made before pools were searched: their free memory added
     assert older == (1640 + 3354 - 1640) * MIB
+
+
+def test_the_error_says_its_input_against_the_earlier_steps():
+    """Item 5's words where the agent read the earlier steps' inputs (step_inputs.py; the recordings
+    above were made before it): the names whose shape differs, with the largest each was given."""
+    from gpumemdoctor.diagnosis import claims
+    from gpumemdoctor.diagnosis.words import say
+
+    made = claims.make("inputs-at-error", inputs=[["input_ids", [24, 4096], "int64"], ["labels", [24, 4096], "int64"]],
+                       earlier_inputs=[["input_ids", [24, 512], "int64", 29], ["labels", [24, 512], "int64", 29]])
+    assert say(made) == ("its input then: input_ids 24 x 4096 (int64), labels 24 x 4096 (int64); the steps before "
+                         "it were given at most input_ids 24 x 512 (29 steps), labels 24 x 512 (29 steps)")
+    same = claims.make("inputs-at-error", inputs=[["args[0]", [8, 3], "float32"]],
+                       earlier_inputs=[["args[0]", [8, 3], "float32", 5]])
+    assert say(same).endswith("; the steps before it were given the same shapes")

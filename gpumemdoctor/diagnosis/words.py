@@ -123,7 +123,9 @@ SAY = {
                                   + (f" (the {fb(e['graph_pool_free_bytes'])} free inside CUDA graphs' private pools "
                                      "left out: that is the graphs' memory)" if e["graph_pool_free_bytes"] else "")),
     "graph-pools": lambda e: (f"{e['graphs']} CUDA graph{'s' if e['graphs'] != 1 else ''} held "
-                              f"{fb(e['pool_bytes'])} in their private memory pools, reserved for their replays "
+                              f"{fb(e['pool_bytes'])} in their private memory pools"
+                              + (f" ({fb(e['pool_bytes'] // e['graphs'])} a graph on average)" if e["graphs"] > 1 else "")
+                              + ", reserved for their replays "
                               f"({fb(e['pool_allocated_bytes'])} of it their outputs): the graphs' memory, counted "
                               "with them"),
     "released-after-the-loop": lambda e: (f"it was let go of {e['t'] - e['after_t']:.1f} s after the loop's last "
