@@ -44,6 +44,9 @@ MAX_PAUSE_MAX_S = 1.0
 # but the allocation events that split the allocated peak, kept in every mode but "off"), "off".
 # Holders are looked for in every mode once growth is seen.
 TRACE_MODES = ("auto", "on", "events", "off")
+# A holder search's label for a CUDA graph that holds its private memory pool (the pool's segments are
+# searched as blocks of their own, held by the graph): written by the agent, read by the diagnosis.
+GRAPH_POOL_LABEL = " (its CUDA graph's private memory pool)"
 # The parts of the allocated memory at its peak that a `peak_history` record names (_agent/replay.py),
 # and the stretch of the program it fell in.
 HISTORY_PARTS = ("parameters", "gradients", "optimizer-state", "activations", "temporaries", "gathered",

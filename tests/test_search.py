@@ -888,3 +888,55 @@ def test_the_exit_search_of_a_clean_run_takes_at_most_one_percent_of_the_run():
     assert budget_for("live", 600.0) == 1.0  # never more than the exit's 1 s
     assert budget_for("exit", 3.0) == BUDGET_S["exit"] == 1.0  # a run that grew: its holders matter more
     assert budget_for("growth", 3.0) == 5.0
+
+
+class FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph on the CPU: a graph whose private pool is `pool_id`."""
+
+    def __init__(self, pool_id):
+        self.pool_id = pool_id
+
+
+def test_a_cuda_graphs_pool_is_held_by_the_graph_with_its_capture_line(monkeypatch):
+    """Issue 56: each segment of a CUDA graph's private pool is a block of its own, held by the graph
+    whose pool it is (not by the static output inside it), with the stack of the capture's allocation;
+    the default pool's blocks are searched as before."""
+    from gpumemdoctor._agent import blocks as blocks_module
+    from gpumemdoctor.contract import GRAPH_POOL_LABEL
+
+    segment = torch.ones(4096)  # the pool's segment; the static output lies inside it
+    static_input, static_output = torch.ones(512), segment[:256]
+    HISTORY.append((FakeGraph((1, 7)), static_input, static_output))
+    capture = [{"filename": "/site-packages/torch/nn/modules/linear.py", "line": 125, "name": "forward"},
+               {"filename": "/home/u/serve.py", "line": 33, "name": "capture"}]
+    made = [{"filename": "/home/u/serve.py", "line": 24, "name": "capture"}]
+
+    def snap():
+        address, size = storage_span(segment)
+        pool_blocks = [{"address": address, "size": 1024, "state": "active_allocated", "frames": capture},
+                       {"address": address + 1024, "size": size - 1024, "state": "inactive", "frames": []}]
+        address_in, size_in = storage_span(static_input)
+        return {"segments": [
+            {"device": 0, "address": address_in, "total_size": size_in, "segment_pool_id": (0, 0),
+             "blocks": [{"address": address_in, "size": size_in, "state": "active_allocated", "frames": made}]},
+            {"device": 0, "address": address, "total_size": size, "segment_pool_id": (1, 7), "blocks": pool_blocks}]}
+
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", snap)
+    monkeypatch.setattr(blocks_module, "graph_types", lambda torch: {FakeGraph})
+    monkeypatch.setattr(blocks_module, "graph_pool", lambda torch, g: getattr(g, "pool_id", None))
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        assert [b.get("pool") for b in blocks_module.live_blocks(torch)] == [None]  # as before, by default
+        result = search.investigate(torch, KIND, {"blocks": {}, "storages": set()}, 10,
+                                    search.Roots({threading.get_ident()}), {}, all_live=True, first=True)
+    finally:
+        HISTORY.clear()
+        if collecting:
+            gc.enable()
+    by_line = {g["frames"][0][1]: g for g in result["groups"]}
+    pool = by_line[33]
+    assert pool["bytes"] == 4096 * 4 and pool["frames"][0] == ["/home/u/serve.py", 33, "capture"], pool
+    (holder,) = pool["holders"]
+    assert holder["path"] == f"{__name__}.HISTORY[0][0]{GRAPH_POOL_LABEL}", holder
+    assert by_line[24]["holders"][0]["path"] == f"{__name__}.HISTORY[0][1]"

@@ -11,23 +11,29 @@ import gc
 import itertools
 import sys
 
-from . import edges
+from . import blocks, edges
+from ..contract import GRAPH_POOL_LABEL
 from .blocks import Spans, storage_span, tensor_field
 
 
-def find_anchors(torch, spans: Spans) -> tuple[dict, dict, list, tuple[int, int, int]]:
+def find_anchors(torch, spans: Spans, pools: dict | None = None,
+                 graph_types: set | None = None) -> tuple[dict, dict, list, tuple[int, int, int]]:
     """(anchors: id -> object; holders: id -> [(block key, suffix labels)]; heads: [(tensor, labels
     up to its graph, the graph's first node)]; the objects in the heap, the tensors among them, and
-    the tensors whose .grad carries an autograd graph)."""
+    the tensors whose .grad carries an autograd graph). `pools`: a private pool's id -> the keys of its
+    segments' blocks; the CUDA graph (of `graph_types`) whose pool it is holds them, and a tensor in
+    them (a static output) is their holder only where no graph is found."""
     tensor_types = _subclasses(torch.Tensor)
     array_types = foreign_array_types()
-    wanted = tensor_types | array_types
+    graph_types = (graph_types if graph_types is not None else blocks.graph_types(torch)) if pools else set()
+    wanted = tensor_types | array_types | graph_types
     objs = gc.get_objects()
     heap_objects = len(objs)
     found = list(itertools.compress(objs, map(wanted.__contains__, map(type, objs))))
     del objs
     tensors = [o for o in found if type(o) in tensor_types]
     arrays = [o for o in found if type(o) in array_types] if array_types else []
+    graphs = [o for o in found if type(o) in graph_types] if graph_types else []
     del found
     tensor_count = len(tensors)
     graph_grads = 0  # tensors whose .grad carries an autograd graph (create_graph=True)
@@ -42,6 +48,12 @@ def find_anchors(torch, spans: Spans) -> tuple[dict, dict, list, tuple[int, int,
         span = storage_span(tensor)
         return spans.find(span[0]) if span is not None else None
 
+    by_graph: set = set()  # the block keys a CUDA graph holds (its pool's segments)
+    for g in graphs:
+        for key in (pools or {}).get(blocks.graph_pool(torch, g), ()):
+            add(g, key, [GRAPH_POOL_LABEL])
+            by_graph.add(key)
+    del graphs
     field = tensor_field
     heads = []  # (tensor, labels up to its graph, the graph's first node)
     # A tensor subclass's __torch_function__ is the program's code: not run while reading.
@@ -49,7 +61,7 @@ def find_anchors(torch, spans: Spans) -> tuple[dict, dict, list, tuple[int, int,
     with guard() if guard is not None else _Nothing():
         for t in tensors:
             key = locate(t)
-            if key is not None:
+            if key is not None and key not in by_graph:
                 add(t, key, [])
             try:
                 if not field(t, "requires_grad"):

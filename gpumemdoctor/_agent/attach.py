@@ -366,6 +366,11 @@ class Attachment:
 
 def _remove_hooks(agent, torch, restored: list) -> None:
     """The agent's callbacks in the program's and PyTorch's tables, found by identity, removed."""
+    inputs = getattr(agent, "step_inputs", None)
+    if inputs is not None:
+        if inputs.handle is not None:
+            restored.append("PyTorch's global module hook that reads a step's inputs")
+        inputs.remove()
     collections = agent.collections
     if collections is not None and collections.callback in gc.callbacks:
         gc.callbacks.remove(collections.callback)

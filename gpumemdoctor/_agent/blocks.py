@@ -181,16 +181,21 @@ def snapshot(torch) -> dict:
         return torch.cuda.memory._snapshot()
 
 
-def live_blocks(torch) -> list[dict]:
+def live_blocks(torch, pools: bool = False) -> list[dict]:
     """Every block the allocator has handed out and not got back, with its allocation stack
-    where history was being recorded when it was allocated."""
+    where history was being recorded when it was allocated. A private pool's segments (CUDA graphs'
+    pools) are held by their graph, not by tensors: left out, or with `pools` each segment one block
+    of its whole size, with its pool's id (`pool`) and the stack of its first allocated block (a
+    graph's capture)."""
     taken = snapshot(torch)
     blocks = []
     for segment in taken.get("segments", []):
         device = segment.get("device")
         pool = segment.get("segment_pool_id")
         if pool is not None and tuple(pool) != (0, 0):
-            continue  # a private pool (CUDA graphs): held by the graph, not by tensors
+            if pools and segment.get("total_size"):
+                blocks.append(_pool_segment(segment, tuple(pool)))
+            continue
         for block in segment.get("blocks", []):
             if block.get("state") != "active_allocated":
                 continue
@@ -198,6 +203,45 @@ def live_blocks(torch) -> list[dict]:
                            "frames": [(f.get("filename", "?"), f.get("line", 0), f.get("name", "?"))
                                       for f in block.get("frames") or []]})
     return blocks
+
+
+def _pool_segment(segment: dict, pool: tuple) -> dict:
+    """A private pool's segment as one block: its address and whole size, the stack of its first
+    allocated block that has one (else of any block, else the segment's own)."""
+    blocks = segment.get("blocks") or []
+    with_frames = ([b for b in blocks if b.get("state") == "active_allocated" and b.get("frames")]
+                   or [b for b in blocks if b.get("frames")])
+    frames = with_frames[0]["frames"] if with_frames else segment.get("frames") or []
+    return {"device": segment.get("device"), "address": segment["address"], "size": int(segment["total_size"]),
+            "pool": [int(pool[0]), int(pool[1])],
+            "frames": [(f.get("filename", "?"), f.get("line", 0), f.get("name", "?")) for f in frames]}
+
+
+def graph_types(torch) -> set:
+    """torch.cuda.CUDAGraph and its subclasses, where this PyTorch has them (a CUDA build)."""
+    base = getattr(getattr(torch, "_C", None), "_CUDAGraph", None)
+    if not isinstance(base, type):
+        return set()
+    out, todo = set(), [base]
+    while todo:
+        c = todo.pop()
+        if c not in out:
+            out.add(c)
+            try:
+                todo.extend(type.__subclasses__(c))
+            except TypeError:
+                pass
+    return out
+
+
+def graph_pool(torch, graph) -> tuple | None:
+    """The id of a CUDA graph's private memory pool, through PyTorch's own method (never a subclass's
+    override); None where it has none (never captured) or cannot say."""
+    try:
+        pool = torch._C._CUDAGraph.pool(graph)
+        return int(pool[0]), int(pool[1])
+    except Exception:
+        return None
 
 
 def cuda_tensors(kind: TensorKind):

@@ -46,6 +46,7 @@ from .phase_watch import PhaseWatch
 from .peak import PeakWatch
 from .history import History
 from .saved_by import ForwardWatch
+from .step_inputs import StepInputs
 from .replay import STEP, STEP_END
 from .libraries import KNOWN, LibraryWatcher, record as library_record
 
@@ -77,6 +78,7 @@ class Agent:
         self.peak_watch = PeakWatch(self)
         self.history = History(self)
         self.forward_watch = ForwardWatch(self)  # what saved the activations: one step with module hooks
+        self.step_inputs: StepInputs | None = None  # what each step was given (made once torch is here)
         self.trace = Trace(self, run_dir)
         self.oom = OomObserver(self)
         self.threads = ThreadWatch(self)
@@ -100,6 +102,8 @@ class Agent:
 
     def on_torch(self, torch) -> None:
         try:
+            if self.step_inputs is None and self.run_dir:
+                self.step_inputs = StepInputs(torch)
             self.torch = torch
             self.channel.write({"type": "torch", "t": time.monotonic(), "version": str(torch.__version__)})
             try:
@@ -248,6 +252,8 @@ class Agent:
                 sampler.sample("step")
             watch = self.growth_watch
             trace = self.trace
+            if self.step_inputs is not None:
+                self.step_inputs.at_step()
             if self.forward_watch.state:
                 self.forward_watch.at_step(time.perf_counter() - started)
             if watch.copies:

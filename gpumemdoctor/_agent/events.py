@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+from .blocks import is_library_file
 from .neutral import Neutral, top_up
 
 # gpumemdoctor's own folder, not this package's: frames of gpumemdoctor.step() are ours too.
@@ -21,17 +22,29 @@ MIN_FREED_RECORD_BYTES = 1 << 20  # a collection that freed less CUDA memory is 
 MAX_COLLECTION_RECORDS = 1000  # then collections are only added up
 GC_COST_SHARE = 0.01  # the callback stops measuring while it has cost more than this share of the run
 MAX_STACK = 16
+MAX_DEPTH = 300  # frames looked through beyond MAX_STACK for the program's own
 MAX_HELD_INFO = 20_000  # info dicts kept (two dicts each, ~130 bytes): then the rare miss is left alone
 
 
 def program_stack(frame, limit: int = MAX_STACK) -> list:
-    """[file, line, function] from `frame` outwards, innermost first, without gpumemdoctor's frames."""
+    """[file, line, function] from `frame` outwards, innermost first, without gpumemdoctor's frames.
+    Where the innermost `limit` frames are all libraries' (an error deep inside a model's forward), the
+    program's own innermost frame beyond them is added last: the line the program was on."""
     out = []
     while frame is not None and len(out) < limit:
         code = frame.f_code
         if not code.co_filename.startswith(_PACKAGE_DIR):
             out.append([code.co_filename, frame.f_lineno or 0, code.co_name])
         frame = frame.f_back
+    if frame is not None and all(is_library_file(f[0]) for f in out):
+        depth = 0
+        while frame is not None and depth < MAX_DEPTH:
+            code = frame.f_code
+            if not is_library_file(code.co_filename):
+                out.append([code.co_filename, frame.f_lineno or 0, code.co_name])
+                break
+            frame = frame.f_back
+            depth += 1
     return out
 
 

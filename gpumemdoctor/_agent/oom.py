@@ -44,6 +44,8 @@ class OomObserver:
                 record = out_of_memory(agent.torch, device, request, limit, device_free, processes)
                 record["step"] = agent.steps
                 record["inputs"] = module_inputs(agent.torch, sys._getframe())
+                if agent.step_inputs is not None and agent.step_inputs.largest:
+                    record["earlier_inputs"] = agent.step_inputs.earlier()  # the steps before this one
                 record["memory_fraction"] = _fraction(agent.torch, device)
                 record.update(_state_of_the_step(agent, device))
                 agent.channel.write(record)

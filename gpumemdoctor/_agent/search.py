@@ -66,6 +66,7 @@ class Finder:
         self.scan_s = 0.0  # what one heap scan (gc.get_referrers) is expected to cost
         self.mine: set = set()  # ids of the search's own containers that hold the program's objects
         self.named: dict = {}  # a step's label, for the paths that share it (edges.labels)
+        self.pools: dict = {}  # a CUDA graph's private pool id -> the keys of its segments' blocks
 
     def run(self) -> None:
         mark = time.monotonic()
@@ -146,7 +147,7 @@ class Finder:
     def _anchors(self) -> tuple[dict, dict, list]:
         """The anchors (anchors.py); the heads and their list are the search's own containers."""
         anchors, holders, heads, (self.heap_objects, self.tensors, self.graph_grads) = find_anchors(
-            self.torch, self.spans)
+            self.torch, self.spans, self.pools)
         self.mine.update(map(id, heads))
         self.mine.add(id(heads))
         return anchors, holders, heads
@@ -317,7 +318,7 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, roots:
     source = "allocator"
     if blocks is None:
         try:
-            live = live_blocks(torch)
+            live = live_blocks(torch, pools=True)
         except Exception:
             live = []
         if live or baseline["blocks"]:
@@ -333,7 +334,12 @@ def investigate(torch, kind: TensorKind, baseline: dict, budget_s: float, roots:
         blocks = [b for b in blocks if b["new"]]
     spans = Spans((b["address"], b["size"], i) for i, b in enumerate(blocks))
     finder = Finder(torch, spans, budget, roots, {id(baseline), id(blocks)} | set(skip_ids or ()))
-    workspaces = finder.run_first(blocks, first_sweep.workspace_sizes()) if first and blocks else None
+    for i, b in enumerate(blocks):
+        if b.get("pool") is not None:
+            finder.pools.setdefault(tuple(b["pool"]), []).append(i)
+    # (CUDA graphs' pools are held by their graphs, which only the full search's anchors look for)
+    workspaces = (finder.run_first(blocks, first_sweep.workspace_sizes()) if first and blocks and not finder.pools
+                  else None)
     if workspaces is None:  # (a first sweep that decided nothing placed nothing)
         finder.run()
     groups = _groups(blocks, finder, thread_names)

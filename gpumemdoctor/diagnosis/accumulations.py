@@ -7,6 +7,7 @@ judgement weighs them (a leak at exit, an out-of-memory error's cause, what a pa
 from __future__ import annotations
 
 from .stacks import on_device, user_line
+from ..contract import GRAPH_POOL_LABEL
 from ..units import format_bytes as fb
 
 MIN_ALIKE = 8  # tensors held the same way (or allocations nobody holds) before they are "many"
@@ -42,11 +43,15 @@ def accumulations(investigation: dict | None, torch_index: int) -> tuple[list[di
 
 def _gather(held: dict, g: dict, h: dict, where: list | None) -> None:
     """Add one holder pattern of a group to its accumulation."""
-    # x[*] and the autograd graphs of x[*] are one accumulation: one container keeps both.
-    root = h["pattern"].split(GRAPH_PART)[0]
-    a = held.setdefault(root, {"pattern": root, "path": h["path"], "kind": h["kind"],
+    # x[*] and the autograd graphs of x[*] are one accumulation: one container keeps both; so are x[*] and
+    # the CUDA graphs in x[*] that hold their private pools (a graph, its static input and output).
+    root = h["pattern"].split(GRAPH_PART)[0].split(GRAPH_POOL_LABEL)[0]
+    a = held.setdefault(root, {"pattern": root, "path": h["path"].split(GRAPH_POOL_LABEL)[0], "kind": h["kind"],
                                "count": 0, "bytes": 0, "sizes": {}, "where": None,
-                               "thread": g["thread"], "parts": {}, "lines": {}, "container": 0})
+                               "thread": g["thread"], "parts": {}, "lines": {}, "container": 0,
+                               "graph_pool_bytes": 0})
+    if GRAPH_POOL_LABEL in h["pattern"]:
+        a["graph_pool_bytes"] += h["bytes"]
     if where is not None:
         # The line of its blocks that have stacks (--trace auto records them for a window;
         # the later blocks, held the same way, are the same leak's), the most bytes first.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from . import claims, probed, words
+from . import claims, fit, probed, words
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS, LIBRARY_LOOPS
 from ..contract import HISTORY_COUNTER_SLACK as COUNTER_SLACK, reaches_counter
@@ -36,6 +36,7 @@ HOW = {
     "kept-tensors": "allocated before this moment and still allocated when it was read, not the optimizers'",
     "unclassified": "made before the recorded events began and freed since",
     "cache": "reserved by PyTorch then and not allocated: free for its next allocations",
+    "request": "the allocation PyTorch could not serve at the out-of-memory error: the moment's need, never allocated",
     "context": "the CUDA context, read at the process's first allocation",
     "outside-pytorch": "NVML's figure for the process less the context and PyTorch's reserved memory, at the "
                        "nearest reading",
@@ -90,7 +91,11 @@ def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | N
     if outside > 0:
         parts["outside-pytorch"] = PeakPart("outside-pytorch", outside, HOW["outside-pytorch"], [])
     parts["context"] = PeakPart("context", b.context_bytes or 0, HOW["context"], [])
-    saved = saved_by(agent, torch_index)
+    error = error_moment(agent, torch_index, r)
+    if error is not None:
+        _at_the_error(parts, error)
+    # (the modules' split is another step's: at the error, this step's input made its own)
+    saved = saved_by(agent, torch_index) if error is None else None
     if saved is not None and "activations" in parts:
         parts["activations"].holders = saved[0]
     ordered = [parts[c] for c in PEAK_CATEGORIES if c in parts and (parts[c].bytes > 0 or c == "context")]
@@ -107,12 +112,78 @@ def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | N
         notes.append(saved[1])
     if not r.get("backward_marked", True):
         notes.append("backward() could not be marked in this PyTorch: activations and temporaries are not told apart")
+    if error is not None:
+        notes.append(error_note(error))
     composition = PeakComposition(
         pid=agent.pid, device=device, torch_index=torch_index, t=t, step=step,
         total_bytes=sum(p.bytes for p in ordered), allocated_bytes=allocated, reserved_bytes=reserved, parts=ordered,
-        allocated_peak_bytes=r["counter"], in_pause=False, where=None, notes=notes)
+        allocated_peak_bytes=r["counter"], in_pause=False, where=error_at(error) if error else None, notes=notes)
+    if error is not None:  # (the failing step's own tensors: nothing gathered to warn of)
+        return composition, []
     readings = [x for x in agent.root.get("peak_histories", []) if x["device"] == torch_index and "error" not in x]
     return composition, findings(composition, r, where, readings, autograd_at(agent, torch_index, step, t))
+
+
+ERROR_WITHIN_S = 1.0  # an out-of-memory error this near the reading's peak, before the reading, is its moment
+
+
+def error_moment(agent, torch_index: int, r: dict) -> dict | None:
+    """The out-of-memory error whose moment the reading's peak is: allocated then as at the peak (the
+    allocator's counter stops where the request failed), shortly before the reading, in a step's forward
+    (grad mode on, no backward() or optimizer step running). An out-of-memory error is the run's peak:
+    what made it is that moment, the failing step's own tensors and the request. None where none is."""
+    peak_t = r["t"] - (r["peak_before_s"] or 0.0)
+    for oom in agent.root.get("ooms", []):
+        if oom["device"] != torch_index or oom.get("allocated_bytes") is None:
+            continue
+        if abs(oom["allocated_bytes"] - r["allocated_peak"]) > COUNTER_SLACK:
+            continue
+        if not (peak_t - ERROR_WITHIN_S <= oom["t"] <= r["t"]):
+            continue
+        if oom.get("inside") is None and oom.get("grad_enabled") and not oom.get("paused"):
+            return oom
+    return None
+
+
+ERROR_HOW = ("made outside backward() in the step running at the out-of-memory error, with grad mode on, and "
+             "freed as the error unwound: that step's activations (what its forward saved) and temporaries, at "
+             "its input's shape")
+
+
+def _at_the_error(parts: dict, oom: dict) -> None:
+    """The error's moment: what its events call gathered (made with no backward() after them, freed
+    together) is the failing step's forward, let go of as the error unwound; and the request."""
+    gathered = parts.pop("gathered", None)
+    if gathered is not None:
+        mine = parts.setdefault("activations", PeakPart("activations", 0, ERROR_HOW, []))
+        mine.bytes += gathered.bytes
+        mine.how = ERROR_HOW
+    parts["request"] = PeakPart("request", oom["request_bytes"], HOW["request"], [])
+
+
+def error_at(oom: dict) -> str | None:
+    """'activations.py:66 in forward()': the line the error came at."""
+    stack = oom.get("stack") or []
+    if not stack:
+        return None
+    file, line, fn = stack[0]
+    return f"{os.path.basename(file)}:{line} in {fn}()"
+
+
+def error_note(oom: dict) -> str:
+    """The composition's note at the error's moment: the request, and this step's input against the
+    earlier steps' where the agent read them."""
+    note = (f"the out-of-memory error at {error_at(oom) or 'its line'} is the run's peak: what was allocated then "
+            f"and the {fb(oom['request_bytes'])} it asked for")
+    inputs = oom.get("inputs") or []
+    if inputs:
+        note += "; this step's input: " + ", ".join(f"{n} {words.shape_words(s)}" for n, s, _ in inputs)
+        shapes = {n: s for n, s, _ in inputs}
+        earlier = [(n, s, k) for n, s, _, k in oom.get("earlier_inputs") or [] if shapes.get(n) != s]
+        if earlier:
+            note += "; the steps before it were given at most " + ", ".join(
+                f"{n} {words.shape_words(s)} ({k} step{'s' if k != 1 else ''})" for n, s, k in earlier)
+    return note
 
 
 AUTOGRAD_WITHIN_S = 1.0  # a probe or search this near the peak, in the same step, tells its graphs
@@ -127,11 +198,15 @@ def autograd_at(agent, torch_index: int, step: int | None, t: float) -> str | No
             graph = probed.longest_graph(probed.holders(probe))
             if graph is not None:
                 return f"the probe of the program's names found {graph['path']} carrying {probed.graph_words(graph)}"
+    ooms = agent.root.get("ooms", [])
     for search in agent.root.get("investigations", []):
         if search["step"] != step or abs(search["t"] - t) > AUTOGRAD_WITHIN_S:
             continue
+        # (at an error in a step's forward, its locals' graphs are the step's activations: no evaluation's)
+        oom = ooms[0] if search["when"] == "oom" and ooms else None
         for group in search["groups"]:
-            graph = next((h for h in group["holders"] if h["kind"] == "autograd-graph"), None)
+            graph = next((h for h in group["holders"] if h["kind"] == "autograd-graph"
+                          and not (oom is not None and fit.running_step(oom, h))), None)
             if graph is not None and group.get("device") in (None, torch_index):
                 return f"the holder search at {search['t']:.1f} s found memory held through {graph['path']}"
     return None
@@ -287,6 +362,12 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
     if p["blocks"] < MIN_GATHERED_BLOCKS:
         return []
     made = [claims.make("gathered", bytes=gathered.bytes, blocks=p["blocks"], phase=r["phase"])]
+    loop = r.get("loop") if r.get("loop") in LOOP_REMEDIES else None
+    in_loop = ""
+    if loop:  # the reading came inside a library's gathering loop: its own switches govern what it gathers
+        made.append(claims.make("library-loop", loop=loop, called_at=r.get("loop_called_at"), t=r["t"]))
+        in_loop = f"; {words.say(made[-1])}{_joined_in_loop(r, readings, evidence)}"
+        evidence["loop"] = loop
     graphs = claims.make("without-no-grad", autograd=autograd)
     if graphs is not None:
         made.append(graphs)
@@ -296,9 +377,29 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
                                     "an autograd graph holding memory, and the allocator's events do not say"))
         how = f". {words.sentence(words.say(made[-1]))[:-1]}"
     made = [m for m in made if m is not None]
+    if loop:
+        remedy = LOOP_REMEDIES[loop]
+    else:
+        remedy = FINDINGS["graphs-at-peak"] if graphs is not None else FINDINGS["gathered-at-peak"]
     return [Finding(kind="avoidable-peak", bytes=gathered.bytes, pid=c.pid, device=c.device,
                     summary=f"{moment}, {fb(gathered.bytes)} in {p['blocks']} tensors had been gathered{span} with "
-                            f"no backward() after them, and were let go of together after it{how}",
+                            f"no backward() after them, and were let go of together after it{in_loop}{how}",
                     evidence={**evidence, "autograd": autograd},
-                    remedy=FINDINGS["graphs-at-peak"] if graphs is not None else FINDINGS["gathered-at-peak"],
-                    claims=[words.as_json(m) for m in made])]
+                    remedy=remedy, claims=[words.as_json(m) for m in made])]
+
+
+def _joined_in_loop(r: dict, readings: list, evidence: dict) -> str:
+    """What an earlier reading in the same run of the library's loop (same loop, same calling line,
+    same step) found: a concatenation of pieces still held, and the name in the loop that held its
+    result: the loop gathering batch after batch. '' where none did."""
+    earlier = [x for x in readings if x.get("joined") and x["t"] < r["t"] and x.get("loop") == r.get("loop")
+               and x.get("loop_called_at") == r.get("loop_called_at") and x.get("step") == r.get("step")]
+    if not earlier:
+        return ""
+    x = earlier[-1]
+    joined = x["joined"]
+    evidence["loop_joined"] = {"t": x["t"], "bytes": joined["bytes"], "pieces": joined["pieces"],
+                               "holder": x.get("loop_holder")}
+    held = f", its result held by {x['loop_holder']}" if x.get("loop_holder") else ""
+    return (f"; a reading {r['t'] - x['t']:.1f} s earlier in that loop found a tensor of {fb(joined['bytes'])} "
+            f"concatenated from the {joined['pieces']} before it{held}: the loop gathering batch after batch")

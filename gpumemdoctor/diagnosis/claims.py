@@ -50,6 +50,17 @@ def _enough_in_pieces(e: dict) -> str | None:
         return "the free pieces do not add up to the request"
     if e["largest_free_block_bytes"] >= e["request_bytes"]:
         return "a free piece was large enough for the request: not fragmentation"
+    excess = e.get("step_excess_bytes")
+    if excess is not None and excess > e["free_in_segments_bytes"]:
+        return "the running step needed more beyond the earlier steps' peak than the free pieces hold: not fragmentation"
+    return None
+
+
+def _split_too_small(e: dict) -> str | None:
+    if e["largest_free_block_bytes"] >= e["request_bytes"]:
+        return "a free piece was large enough for the request"
+    if e["step_excess_bytes"] <= e["free_in_segments_bytes"]:
+        return "the free pieces hold more than the step needed beyond the earlier steps' peak: fragmentation"
     return None
 
 
@@ -168,7 +179,13 @@ CLAIMS: dict[str, Kind] = {
                               "memory fraction)", _too_large),
     "fragmented": Kind(("request_bytes", "free_in_segments_bytes", "largest_free_block_bytes", "headroom_bytes"),
                        "the free pieces inside PyTorch's segments at the error, read from its snapshot: together at "
-                       "least the request, none as large", _enough_in_pieces),
+                       "least the request, none as large, and more than a running step needed beyond the earlier "
+                       "steps' peak (`step_excess_bytes`, where a step was asked for more)", _enough_in_pieces),
+    "split-not-the-cause": Kind(("request_bytes", "free_in_segments_bytes", "largest_free_block_bytes",
+                                 "step_excess_bytes"),
+                                "the free pieces at the error against what the running step needed beyond the "
+                                "earlier steps' allocated peak: less than that, so the step, not the split, used up "
+                                "the limit", _split_too_small),
     "other-processes": Kind(("others_bytes", "limit_bytes", "share"),
                             "NVML's figures for the other processes on the GPU at the error", _other_processes),
     "accumulation-filled": Kind(("pattern", "bytes", "allocated_bytes", "share"),

@@ -148,10 +148,10 @@ class Job:
 
 # The parts of a peak, in the order they are drawn (peak.py says how each is recognised).
 PEAK_CATEGORIES = ("parameters", "gradients", "optimizer-state", "activations", "gathered", "graphs-kept",
-                   "temporaries", "kept-tensors", "unclassified", "graph-pools", "fragmentation", "cache",
-                   "outside-pytorch", "context")
+                   "temporaries", "kept-tensors", "unclassified", "request", "graph-pools", "fragmentation",
+                   "cache", "outside-pytorch", "context")
 # Categories added after baselines first kept a peak's parts: absent from those baselines, read as 0.
-LATER_PEAK_CATEGORIES = ("activations", "gathered", "graph-pools")
+LATER_PEAK_CATEGORIES = ("activations", "gathered", "graph-pools", "request")
 
 
 @dataclass

@@ -88,7 +88,7 @@ def parts(oom: dict, accumulations: list[dict], pid: int) -> list[dict]:
     split = oom.get("free_in_segments_bytes") or 0
     if split:
         out.append(_part("fragmentation", split))
-    kept = [a for a in accumulations if a.get("kind") != "autograd-graph"]
+    kept = [a for a in accumulations if a.get("kind") != "autograd-graph" and not running_step(oom, a)]
     if kept:
         out.append(_part("kept", kept[0]["bytes"], kept[0]["pattern"]))
     others = sum(used or 0 for p, used in oom["processes"] if p != pid)
@@ -123,15 +123,17 @@ def free_then(oom: dict, part: dict) -> int:
     return min(room + part["bytes"], oom["limit_bytes"])
 
 
-def what_fits(oom: dict, accumulations: list[dict], pid: int, limit_source: str | None = None) -> dict | None:
+def what_fits(oom: dict, accumulations: list[dict], pid: int, limit_source: str | None = None,
+              min_part_bytes: int = 0) -> dict | None:
     """The part that would have made the request fit (or the largest, where none alone would), with
     the free memory it would have left, whether that fits, its remedy and its claim (`claim`, a
     claims.Claim); None where there is no such part, or where the request is larger than the
-    process may use at all."""
+    process may use at all. Parts below `min_part_bytes` are not offered (what a step asked for more
+    than any before it needed beyond them: a smaller part makes room for the request, not the step)."""
     request = oom["request_bytes"]
     if request > oom["limit_bytes"]:
         return None
-    found = parts(oom, accumulations, pid)
+    found = [p for p in parts(oom, accumulations, pid) if p["bytes"] >= min_part_bytes]
     if not found:
         return None
     fitting = [p for p in found if request <= free_then(oom, p)]

@@ -8,10 +8,12 @@ from .claims import Claim
 from .evidence import SIGNIFICANT_BYTES, Evidence
 
 
-def held_claims(e: Evidence, size: int) -> tuple[list[Claim], int]:
+def held_claims(e: Evidence, size: int, pools_counted: int = 0) -> tuple[list[Claim], int]:
     """What a finding of memory held at the end also says, and its size with it: that the exit probes
     read it before the interpreter's shutdown let go of it (its threads joined), and the CUDA graphs'
-    private pools, whose free memory is the graphs' too (allocated memory counts only their outputs)."""
+    private pools, whose free memory is the graphs' too (allocated memory counts only their outputs):
+    added, unless the size already counts the pools (`pools_counted`: the bytes of their segments that
+    the exit search found held by their graphs)."""
     out: list[Claim] = []
     s = e.shutdown or {}
     if s.get("before_shutdown") and s.get("threads_joined"):
@@ -21,7 +23,8 @@ def held_claims(e: Evidence, size: int) -> tuple[list[Claim], int]:
         made = claims.make("graph-pools", pool_bytes=reserved, graphs=pools, pool_allocated_bytes=allocated)
         if made is not None:
             out.append(made)
-            size += max(0, reserved - allocated)
+            if not pools_counted:
+                size += max(0, reserved - allocated)
     return [c for c in out if c is not None], size
 
 

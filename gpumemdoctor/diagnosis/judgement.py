@@ -75,7 +75,8 @@ from .probed import suspect as probed_suspect, summary as probed_summary
 from . import claims, streams, words
 from .claims import Claim
 from .held import held_claims as _held_claims, structural as _structural
-from .out_of_memory import OOM_ACCUMULATION_SHARE, cause as _oom_cause, finding as _out_of_memory
+from .out_of_memory import (OOM_ACCUMULATION_SHARE, cause as _oom_cause, finding as _out_of_memory,
+                            kept_at_error as _kept_at_error)
 from .remedies import FINDINGS, LIBRARY_LOOPS
 from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
 from ..units import format_bytes as fb
@@ -101,8 +102,9 @@ def judge(e: Evidence) -> list[Judged]:
     cause = _oom_cause(e, oom) if oom is not None else None
     if oom is not None:
         # The search at the error is the better evidence: what was held when memory ran out.
-        leak = (_leak_at_oom(e, oom) if cause == "accumulation" and e.oom_accumulations
-                and e.oom_accumulations[0]["bytes"] >= OOM_ACCUMULATION_SHARE * (oom["allocated_bytes"] or 0)
+        held = _kept_at_error(e, oom)
+        leak = (_leak_at_oom(e, oom, held) if cause == "accumulation" and held
+                and held[0]["bytes"] >= OOM_ACCUMULATION_SHARE * (oom["allocated_bytes"] or 0)
                 else None) or _leak_by_growth(e)
     else:
         leak = _leak_by_growth(e) or _leak_by_phases(e) or _leak_by_structure(e) or _leak_unheld(e)
@@ -130,9 +132,9 @@ def judge(e: Evidence) -> list[Judged]:
 
 # -- the leak rows ----------------------------------------------------------------
 
-def _leak_at_oom(e: Evidence, oom: dict) -> Judged | None:
-    a = e.oom_accumulations[0]
-    suspects = [accumulation_suspect(x) for x in e.oom_accumulations[:MAX_SUSPECTS]]
+def _leak_at_oom(e: Evidence, oom: dict, held: list[dict]) -> Judged | None:
+    a = held[0]
+    suspects = [accumulation_suspect(x) for x in held[:MAX_SUSPECTS]]
     return Judged(
         kind="leak", bytes=a["bytes"],
         summary=f"{e.where} ran out of memory at {at_line(oom)}, and {fb(a['bytes'])} of the "
@@ -188,7 +190,7 @@ def _leak_by_structure(e: Evidence) -> Judged | None:
     if structure is None:
         return None
     a, made = structure
-    more, size = _held_claims(e, a["bytes"])
+    more, size = _held_claims(e, a["bytes"], a.get("graph_pool_bytes", 0))
     suspects = [accumulation_suspect(x) for x in e.accumulations[:MAX_SUSPECTS]]
     said = "".join(f" {words.sentence(words.say(c))}" for c in more)
     return Judged(kind="leak", bytes=size,

@@ -17,8 +17,11 @@ OOM_CAUSES = ("accumulation", "request-too-large", "fragmentation", "other-proce
 def cause(e: Evidence, oom: dict) -> str:
     """The first that applies: the request cannot fit at all; the allocator's free pieces would
     have served it had they been one piece (the pieces alone add up to the request, none is as
-    large); an accumulation filled the memory; other processes hold it (and the limit in force had
-    room for it); the program's own memory is simply too much."""
+    large), unless the running step had needed more beyond the earlier steps' peak than the pieces
+    hold (one long batch under a cap: as one piece they serve this request, and the step goes on
+    growing past them: the step, not the split, used up the limit); an accumulation filled the
+    memory; other processes hold it (and the limit in force had room for it); the program's own
+    memory is simply too much."""
     return cause_and_claim(e, oom)[0]
 
 
@@ -32,12 +35,13 @@ def cause_and_claim(e: Evidence, oom: dict) -> tuple[str, Claim | None]:
     room = fit.headroom(oom)
     fragmented = claims.make("fragmented", request_bytes=request, free_in_segments_bytes=oom["free_in_segments_bytes"],
                              largest_free_block_bytes=oom["largest_free_block_bytes"], headroom_bytes=room,
-                             limit_bytes=limit, limit_source=source)
+                             limit_bytes=limit, limit_source=source, step_excess_bytes=step_excess(e, oom))
     if fragmented is not None:
         return "fragmentation", fragmented
     allocated = oom["allocated_bytes"] or 0
-    if e.oom_accumulations and e.oom_accumulations[0]["bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
-        a = e.oom_accumulations[0]
+    held = kept_at_error(e, oom)
+    if held and held[0]["bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
+        a = held[0]
         return "accumulation", claims.make("accumulation-filled", pattern=a["pattern"], bytes=a["bytes"],
                                            allocated_bytes=allocated, share=OOM_ACCUMULATION_SHARE)
     if e.growth and e.growth["grown_bytes"] >= OOM_ACCUMULATION_SHARE * allocated > 0:
@@ -52,6 +56,13 @@ def cause_and_claim(e: Evidence, oom: dict) -> tuple[str, Claim | None]:
                                               share=OTHER_PROCESSES_SHARE)
     return "full", claims.make("own-memory-full", allocated_bytes=oom["allocated_bytes"], request_bytes=request,
                                headroom_bytes=room, limit_bytes=limit, limit_source=source)
+
+
+def kept_at_error(e: Evidence, oom: dict) -> list[dict]:
+    """The accumulations the search at the error found, less the running step's own: alike tensors
+    held by locals of the functions inside the outermost module call with grad mode on (a model's
+    `hidden_states`, one a layer) are the activations the step is made of, not memory kept."""
+    return [a for a in e.oom_accumulations if not fit.running_step(oom, a)]
 
 
 def finding(e: Evidence, oom: dict, cause: str) -> Judged:
@@ -77,18 +88,29 @@ def finding(e: Evidence, oom: dict, cause: str) -> Judged:
     said = [cause_claim] if cause_claim is not None else []
     why = words.say(cause_claim) if cause_claim is not None else "the figures at the error do not say why"
     suspects = e.oom_suspects if cause in ("full", "accumulation") else []
-    fits = fit.what_fits(oom, e.oom_accumulations, e.pid, e.limit_source)  # what would have made it fit
+    larger = _larger_step(e, oom) if cause == "full" else []
+    grown = next((c for c in larger if c.name == "larger-step"), None)
+    excess = step_excess(e, oom) if grown is not None else None
+    # What would have made it fit: for a step asked for more than any before it, only a part at least as
+    # large as what it needed beyond them (a smaller one makes room for this request, not for the step).
+    fits = fit.what_fits(oom, e.oom_accumulations, e.pid, e.limit_source, min_part_bytes=excess or 0)
     fit_claim = fits.pop("claim") if fits else None
     said += [fit_claim] if fit_claim is not None else []
-    larger = _larger_step(e, oom) if cause == "full" else []
+    if excess is not None:
+        larger.append(claims.make("split-not-the-cause", request_bytes=request,
+                                  free_in_segments_bytes=oom["free_in_segments_bytes"],
+                                  largest_free_block_bytes=oom["largest_free_block_bytes"], step_excess_bytes=excess))
+        larger = [c for c in larger if c is not None]
+        if (oom["free_in_segments_bytes"] or 0) < request:  # (the pieces could not have served it anyway)
+            larger = [c for c in larger if c.name != "split-not-the-cause"]
     said += larger
     ends = "".join(f" {words.sentence(words.say(c))}" for c in larger)
     if fit_claim is not None:
         ends += f" {words.sentence(words.say(fit_claim))}"
     if fits and fits["fits"] and cause == "full":
         remedy = fits["remedy"]
-    elif cause == "full" and any(c.name == "larger-step" for c in larger):
-        remedy = FINDINGS["oom-larger-step"]
+    elif grown is not None:
+        remedy = larger_step_remedy(oom, grown, next((c for c in larger if c.name == "inputs-at-error"), None))
     else:
         remedy = OUT_OF_MEMORY[cause]
     return Judged(
@@ -98,6 +120,32 @@ def finding(e: Evidence, oom: dict, cause: str) -> Judged:
                   "first": oom_brief(oom), "root_cause": e.oom_search, "what_would_fit": fits,
                   "limit_bytes": limit, "limit_source": e.limit_source},
         remedy=remedy, suspects=suspects, claims=said)
+
+
+def step_excess(e: Evidence, oom: dict) -> int | None:
+    """What the step running at the error needed (its allocated memory then and the request) beyond
+    the earlier steps' allocated peak; None where no step was running, none came before it, or it
+    needed no more than they did."""
+    if fit.between_steps(oom) or not oom.get("step") or e.peak_before_error is None:
+        return None
+    need = (oom["allocated_bytes"] or 0) + oom["request_bytes"]
+    return need - e.peak_before_error if need > e.peak_before_error else None
+
+
+def larger_step_remedy(oom: dict, grown: Claim, inputs: Claim | None) -> str:
+    """The remedies of a step asked for more than any before it, in order, each with what it would
+    save as the figures at the error say: the earlier steps' peak at their inputs; the step's own
+    tensors (allocated less the optimizers' parameters, gradients and state) that checkpointing and
+    bf16 autocast shrink."""
+    earlier = fb(grown.evidence["earlier_peak_bytes"])
+    given = (inputs.evidence.get("earlier_inputs") or []) if inputs is not None and inputs.name == "inputs-at-error" else []
+    at = (" at inputs of at most " + ", ".join(f"{name} {words.shape_words(shape)}" for name, shape, _, _ in given)
+          if given else "")
+    held = sum(row[1] + row[2] + row[3] for row in oom.get("optimizers") or [])
+    own = (oom["allocated_bytes"] or 0) - held
+    mine = (f" of the {fb(own)} this step had allocated beyond the optimizers' parameters, gradients and state"
+            if oom.get("optimizers") and own > 0 else "")
+    return FINDINGS["oom-larger-step"].format(earlier=earlier, at=at, own=mine)
 
 
 def _larger_step(e: Evidence, oom: dict) -> list[Claim]:
@@ -117,7 +165,7 @@ def _larger_step(e: Evidence, oom: dict) -> list[Claim]:
     out.append(larger)
     inputs = oom.get("inputs")
     if inputs:
-        out.append(claims.make("inputs-at-error", inputs=inputs))
+        out.append(claims.make("inputs-at-error", inputs=inputs, earlier_inputs=oom.get("earlier_inputs")))
     else:
         out.append(claims.not_seen("the failing step's input", "no module's forward was running at the error"
                                    if inputs is not None else "this recording does not have it (made before the "

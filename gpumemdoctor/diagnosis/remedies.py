@@ -213,13 +213,22 @@ FINDINGS: dict[str, str] = {
                               "(pin_memory=True makes the copy fast). Do not call torch.cuda.* (set_device, empty "
                               "tensors on cuda) in worker_init_fn.",
     "library-memory": "Nothing to do if {label} needs it; otherwise {switch}.",
+    # an accumulation whose container keeps CUDA graphs, each holding its private pool (suspects.py)
+    "graph-pools-kept": "{name} keeps CUDA graphs, and each graph keeps its private memory pool (captured{at}) "
+                        "for as long as it lives, replayed or not. Capture one graph per bucket of sizes (pad "
+                        "each batch up to a few fixed sizes), share one pool between graphs that never replay "
+                        "at once (torch.cuda.graph(g, pool=other.pool())), or drop the graphs no longer "
+                        "replayed (with their static inputs and outputs), then torch.cuda.empty_cache().",
     # an out-of-memory error of cause "full" whose step was asked for more than any before it
     # (out_of_memory._larger_step)
-    "oom-larger-step": "This step needed more than any before it: cap or bucket the sequence length (truncate, "
-                        "sort batches by length, or a token budget per batch instead of a fixed batch size), or "
-                        "split the longest batches; gradient checkpointing (model.gradient_checkpointing_enable() "
-                        "in transformers, torch.utils.checkpoint) keeps fewer activations, and torch.autocast("
-                        "'cuda', dtype=torch.bfloat16) halves most of them.",
+    # ({earlier}: the earlier steps' allocated peak, {at}: their inputs, {own}: the step's own tensors at the
+    # error; out_of_memory.larger_step_remedy)
+    "oom-larger-step": "This step needed more than any before it. In order: cap or bucket the sequence length "
+                        "(truncate, sort batches by length, or a token budget per batch instead of a fixed batch "
+                        "size), or split the longest batches: the steps before it needed at most {earlier}{at}; "
+                        "gradient checkpointing (model.gradient_checkpointing_enable() in transformers, "
+                        "torch.utils.checkpoint) keeps fewer activations{own}; and torch.autocast('cuda', "
+                        "dtype=torch.bfloat16) halves most of what is left.",
 }
 
 # What the memory outside PyTorch's remedy gains where its evidence says more (non_torch.finding):

@@ -324,11 +324,15 @@ def accumulation_suspect(a: dict, phase: bool = False, released: bool = False) -
         summary += f"; allocated at {at(a['where'])}"
     if a["thread"]:
         summary += f" in thread {', '.join(a['thread'])}"
+    remedy = _remedy(holder, a["where"], a["thread"], released=released, situation="phase" if phase else "leak")
+    if a.get("graph_pool_bytes"):  # CUDA graphs in the container hold their private pools (the search found them)
+        summary += (f"; {fb(a['graph_pool_bytes'])} of it the private memory pools of the CUDA graphs "
+                    f"{a['pattern']} keeps, held by the graphs")
+        remedy = remedies.FINDINGS["graph-pools-kept"].format(name=a["pattern"],
+                                                               at=f" at {at(a['where'])}" if a["where"] else "")
     return {"kind": "allocation", "bytes": a["bytes"], "count": a["count"], "where": a["where"],
             "stack": [a["where"]] if a["where"] else [], "thread": a["thread"], "holders": [holder],
-            "unheld_bytes": None, "summary": summary,
-            "remedy": _remedy(holder, a["where"], a["thread"], released=released,
-                              situation="phase" if phase else "leak")}
+            "unheld_bytes": None, "summary": summary, "remedy": remedy}
 
 
 def unheld_suspect(u: dict) -> dict:

@@ -51,6 +51,24 @@ def sentence(text: str) -> str:
     return text[:1].upper() + text[1:] + "."
 
 
+def _earlier_inputs(earlier: list | None, now: list) -> str:
+    """'; the steps before it were given at most input_ids 24 x 512 (30 steps)': the largest input of
+    each name the earlier steps' first module call was given, where it differs from this step's."""
+    if not earlier:
+        return ""
+    shapes = {name: shape for name, shape, _ in now}
+    differ = [(name, shape, steps) for name, shape, _, steps in earlier if shapes.get(name) != shape]
+    if not differ:
+        return "; the steps before it were given the same shapes"
+    return "; the steps before it were given at most " + ", ".join(
+        f"{name} {_shape(shape)} ({steps} step{'s' if steps != 1 else ''})" for name, shape, steps in differ)
+
+
+def shape_words(shape) -> str:
+    """'24 x 4096': a tensor's shape as the findings write it."""
+    return _shape(shape)
+
+
 def _shape(shape) -> str:
     return " x ".join(str(n) for n in shape) if isinstance(shape, (list, tuple)) else str(shape)
 
@@ -75,7 +93,13 @@ SAY = {
                               f"{fb(e['earlier_peak_bytes'])} that the {e['steps_before']} steps before it reached at "
                               "most: this step was asked for more than any before it"),
     "inputs-at-error": lambda e: ("its input then: " + ", ".join(f"{name} {_shape(shape)} ({dtype})"
-                                                                 for name, shape, dtype in e["inputs"])),
+                                                                 for name, shape, dtype in e["inputs"])
+                                  + _earlier_inputs(e.get("earlier_inputs"), e["inputs"])),
+    "split-not-the-cause": lambda e: (f"PyTorch also held {fb(e['free_in_segments_bytes'])} free inside its segments, "
+                                      f"in pieces of at most {fb(e['largest_free_block_bytes'])}: as one piece they "
+                                      f"would have served the {fb(e['request_bytes'])} request, but they are less "
+                                      f"than the {fb(e['step_excess_bytes'])} this step needed beyond the earlier "
+                                      "steps' peak, so the step, not the split, used up the limit"),
     "would-have-fit": lambda e: (f"freeing {part_words(e)} ({fb(e['part_bytes'])}) would have left about "
                                  f"{fb(e['free_then_bytes'])} free{_headroom(e)}, enough for the "
                                  f"{fb(e['request_bytes'])} asked for (an estimate from the figures at the error)"),
@@ -99,7 +123,9 @@ SAY = {
                                   + (f" (the {fb(e['graph_pool_free_bytes'])} free inside CUDA graphs' private pools "
                                      "left out: that is the graphs' memory)" if e["graph_pool_free_bytes"] else "")),
     "graph-pools": lambda e: (f"{e['graphs']} CUDA graph{'s' if e['graphs'] != 1 else ''} held "
-                              f"{fb(e['pool_bytes'])} in their private memory pools, reserved for their replays "
+                              f"{fb(e['pool_bytes'])} in their private memory pools"
+                              + (f" ({fb(e['pool_bytes'] // e['graphs'])} a graph on average)" if e["graphs"] > 1 else "")
+                              + ", reserved for their replays "
                               f"({fb(e['pool_allocated_bytes'])} of it their outputs): the graphs' memory, counted "
                               "with them"),
     "released-after-the-loop": lambda e: (f"it was let go of {e['t'] - e['after_t']:.1f} s after the loop's last "

@@ -110,7 +110,9 @@ OOM = Shape({"t": SECONDS, "step": opt(INT), "device": INT, "request_bytes": SIZ
              "thread": STR, "stack": list_of(frame),
              "optimizers": may(list_of(row(STR, SIZE, SIZE, SIZE))), "inside": may(opt(STR)),
              "grad_enabled": may(BOOL), "paused": may(BOOL),
-             "inputs": may(list_of(row(STR, list_of(INT), STR))), "memory_fraction": may(opt(NUM))})
+             "inputs": may(list_of(row(STR, list_of(INT), STR))), "memory_fraction": may(opt(NUM)),
+             # the earlier steps' inputs (_agent/step_inputs.py): [name, largest shape, dtype, steps read]
+             "earlier_inputs": may(list_of(row(STR, list_of(INT), STR, COUNT)))})
 # Where a process started CUDA, and what kind of process it is.
 CUDA_ORIGIN = Shape({"thread": opt(STR), "stack": opt(list_of(frame)),
                      "dataloader_worker": opt(Shape({"id": COUNT, "num_workers": COUNT})),

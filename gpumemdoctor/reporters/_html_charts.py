@@ -22,7 +22,7 @@ SERIES_NAMES = {"allocated": "allocated", "non_torch": "outside PyTorch", "nvml"
 PEAK_COLOURS = {"parameters": "#1f77b4", "gradients": "#ff7f0e", "optimizer-state": "#d62728",
                 "activations": "#2ca02c", "gathered": "#c49c94",
                 "graphs-kept": "#9467bd", "temporaries": "#e377c2", "kept-tensors": "#17becf",
-                "unclassified": "#bcbd22", "graph-pools": "#aec7e8",
+                "unclassified": "#bcbd22", "request": "#ff9da6", "graph-pools": "#aec7e8",
                 "fragmentation": "#8c564b", "cache": "#4c78a8", "outside-pytorch": "#72b7b2", "context": "#9d9da1"}
 OVER_TIME = (("CUDA context", "#9d9da1"), ("allocated", "#e45756"), ("allocator cache", "#4c78a8"),
              ("outside PyTorch", "#72b7b2"))

@@ -96,7 +96,7 @@ def nccl_words(env: dict | None) -> str:
 PEAK_LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer-state": "optimizer state",
                "activations": "activations", "gathered": "gathered, then freed",
                "graphs-kept": "graphs kept", "temporaries": "temporaries", "kept-tensors": "kept tensors",
-               "unclassified": "unclassified", "graph-pools": "CUDA graphs' pools", "fragmentation": "fragmentation", "cache": "allocator cache",
+               "unclassified": "unclassified", "request": "asked for at the error", "graph-pools": "CUDA graphs' pools", "fragmentation": "fragmentation", "cache": "allocator cache",
                "outside-pytorch": "outside PyTorch", "context": "CUDA context"}
 # PyTorch's allocated peak counter is said to be above a peak's moment from this much: a few MiB are
 # the moment's own small tensors come and gone.

@@ -1,0 +1,157 @@
+"""Issue 56's seven shapes as recorded on one H200 (tests/fixtures/issue56_h200, see its README), judged
+again on the CPU: the GPU tests' own checks (tests/gpu/test_scenarios.py, tests/gpu/test_corpus.py) run
+on this version's report of each recording. The recordings are measured; only the judgement is new."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpumemdoctor.diagnosis import report_file
+from gpumemdoctor.diagnosis.diagnose import diagnose_job
+from tests.gpu import test_scenarios as gpu
+from tests.test_claims import problems
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RECORDED = FIXTURES / "issue56_h200"
+SCENARIOS = Path(__file__).parents[1] / "scenarios"
+MIB, GIB = 1 << 20, 1 << 30
+
+
+def rejudged(path: Path) -> dict:
+    """The report this version writes for the recording in `path`, as the GPU tests read one."""
+    recorded = json.loads(path.read_text())
+    rec, _ = report_file.parse(recorded)
+    report = json.loads(json.dumps(report_file.build(rec, diagnose_job([rec]))))
+    stderr = path.with_suffix(".stderr.txt")
+    report["_stderr"] = stderr.read_text() if stderr.exists() else ""
+    report["_returncode"] = recorded["target"].get("exit_code")
+    return report
+
+
+_CACHE: dict = {}
+
+
+def reports(path: Path) -> dict:
+    """tests/gpu/test_scenarios.py's `reports` fixture, over the H200's recordings."""
+    if path.stem not in _CACHE:
+        _CACHE[path.stem] = rejudged(RECORDED / f"{path.stem}.json")
+    return _CACHE[path.stem]
+
+
+@pytest.mark.parametrize("name", gpu.ISSUE_56)
+def test_the_new_shapes_claim_only_what_was_seen(name):
+    gpu.test_the_new_shapes_claim_only_what_was_seen(name, reports)
+
+
+def test_one_long_batch_under_a_cap_is_the_step_asked_for_more_not_fragmentation():
+    gpu.test_one_long_batch_is_the_step_asked_for_more_with_its_input_and_its_remedies(reports)
+    oom = gpu._oom(reports(SCENARIOS / "oom_memory_fraction_long_batch.py"))
+    names = gpu.claim_names(oom)
+    # The free pieces (1.27 GiB) would have served the 1.12 GiB request as one piece, but the step had
+    # needed 2.63 GiB beyond the earlier steps' peak (16.1 GiB): said, and not taken for the cause.
+    assert "split-not-the-cause" in names and "fragmented" not in names, oom["claims"]
+    split = next(c for c in oom["claims"] if c["claim"] == "split-not-the-cause")["evidence"]
+    assert split["step_excess_bytes"] > split["free_in_segments_bytes"] >= split["request_bytes"]
+    # Nothing smaller than what the step needed beyond the earlier ones is offered as the fix.
+    assert oom["evidence"]["what_would_fit"] is None, oom["evidence"]["what_would_fit"]
+    assert "16.1 GiB" in oom["remedy"] and "16.7 GiB this step had allocated" in oom["remedy"], oom["remedy"]
+    assert oom["remedy"].index("sequence length") < oom["remedy"].index("gradient checkpointing") \
+        < oom["remedy"].index("bfloat16")
+
+
+def test_out_of_memory_is_found_with_its_cause_and_figures():
+    gpu.test_out_of_memory_is_found_with_its_cause_and_figures(SCENARIOS / "oom_fragmentation_under_fraction.py",
+                                                               reports)
+    # The long batch's error came 16 frames deep in transformers: this recording's stack (16 frames, all
+    # the libraries') does not reach the program's line, which the agent now adds (events.program_stack;
+    # tests/test_agent_oom_stack below); the rest of the GPU test's checks hold on it.
+    path = SCENARIOS / "oom_memory_fraction_long_batch.py"
+    oom = gpu._oom(reports(path))
+    assert oom["evidence"]["cause"] == gpu.header(path, "expect-cause"), oom["summary"]
+    first = oom["evidence"]["first"]
+    assert first["request_bytes"] > 0 and first["limit_bytes"] > 0 and first["allocated_bytes"] is not None
+    assert first["at"] == "activations.py:66 in forward()", first
+
+
+def test_a_deep_library_stack_keeps_the_programs_own_line():
+    """An error deep in a library (a model's 16th nested call): the program's own innermost frame is
+    added beyond the 16 frames kept, so the error's line is the program's."""
+    from gpumemdoctor._agent.events import MAX_STACK, program_stack
+
+    code = compile("import sys\n"
+                   "def library(depth, grab):\n"
+                   "    return library(depth - 1, grab) if depth else grab(sys._getframe())\n",
+                   "/usr/lib/python3/site-packages/model/layers.py", "exec")  # a library's file name
+    scope: dict = {}
+    exec(code, scope)
+    stack = scope["library"](MAX_STACK + 5, program_stack)
+    assert len(stack) == MAX_STACK + 1 and all(f[0].endswith("layers.py") for f in stack[:MAX_STACK]), stack
+    assert stack[-1][0] == __file__ and stack[-1][2] == "test_a_deep_library_stack_keeps_the_programs_own_line"
+    assert len(scope["library"](3, program_stack)) <= MAX_STACK  # (a short stack: as before)
+
+
+def test_the_trainers_evaluation_inside_train_gets_the_trainers_switches():
+    """tests/gpu/test_corpus.py's check, on its H200 recording (tests/fixtures/corpus)."""
+    report = rejudged(FIXTURES / "corpus" / "hf_trainer_train_eval_logits.json")
+    found = [f for f in report["findings"] if "library-loop" in {c["claim"] for c in f.get("claims") or []}]
+    assert found, [f["summary"] for f in report["findings"]]
+    assert "eval_accumulation_steps" in found[0]["remedy"] and "preprocess_logits_for_metrics" in found[0]["remedy"]
+    text = " ".join(f["summary"] + " " + f["remedy"] for f in report["findings"])
+    assert "no_grad" not in text, text
+    assert not [p for f in report["findings"] for p in problems(f)]
+
+
+def test_a_graphs_pools_join_the_container_that_keeps_the_graphs():
+    """The exit search's groups as the agent now writes them for CUDA graphs (each pool segment a block
+    held by its graph, tests/test_search.py): SYNTHETIC groups, shaped like leak_cuda_graph_pools' (40
+    graphs, 2 MiB x k static inputs, the pools at the capture's line), not a recording. The container
+    that keeps the graphs and their inputs is one accumulation, placed at the capture's line (the pools
+    are most of it), and the leak does not count the pools' free memory twice."""
+    from gpumemdoctor.contract import GRAPH_POOL_LABEL
+    from gpumemdoctor.diagnosis.accumulations import accumulations
+
+    inputs = {"device": 0, "new": True, "bytes": 40 * 41 * MIB, "count": 40, "thread": None,
+              "frames": [["/s/leak_cuda_graph_pools.py", 24, "capture"]], "unheld_bytes": 0, "unheld_count": 0,
+              "unheld_sizes": [], "unheld_why": [],
+              "holders": [{"path": "__main__.graphs[39][1]", "pattern": "__main__.graphs[*][*]", "kind": "global",
+                           "count": 40, "bytes": 40 * 41 * MIB, "sizes": [[80 * MIB, 1]]}]}
+    pools = dict(inputs, bytes=3354 * MIB, count=80, frames=[["/s/leak_cuda_graph_pools.py", 33, "capture"]],
+                 holders=[{"path": "__main__.graphs[39][0]" + GRAPH_POOL_LABEL,
+                           "pattern": "__main__.graphs[*][*]" + GRAPH_POOL_LABEL, "kind": "global",
+                           "count": 80, "bytes": 3354 * MIB, "sizes": [[40 * MIB, 2]]}])
+    (a,), _ = accumulations({"groups": [inputs, pools], "graph_grads": 0}, 0)
+    assert a["pattern"] == "__main__.graphs[*][*]" and a["bytes"] == (1640 + 3354) * MIB
+    assert a["where"] == ["/s/leak_cuda_graph_pools.py", 33, "capture"] and a["graph_pool_bytes"] == 3354 * MIB
+    from gpumemdoctor.diagnosis.suspects import accumulation_suspect
+
+    top = accumulation_suspect(a)
+    assert top["where"][1] == 33 and top["holders"][0]["pattern"].startswith("__main__.graphs"), top
+    assert "private memory pools of the CUDA graphs" in top["summary"], top["summary"]
+    assert "captured at leak_cuda_graph_pools.py:33 in capture()" in top["remedy"], top["remedy"]
+
+    from types import SimpleNamespace
+
+    from gpumemdoctor.diagnosis.held import held_claims
+
+    e = SimpleNamespace(shutdown=None, graph_pools=[40, 3354 * MIB, 1640 * MIB])  # what held_claims reads
+    (claim,), size = held_claims(e, a["bytes"], a["graph_pool_bytes"])
+    assert claim.name == "graph-pools" and size == a["bytes"]
+    _, older = held_claims(e, 1640 * MIB)  # a recording made before pools were searched: their free memory added
+    assert older == (1640 + 3354 - 1640) * MIB
+
+
+def test_the_error_says_its_input_against_the_earlier_steps():
+    """Item 5's words where the agent read the earlier steps' inputs (step_inputs.py; the recordings
+    above were made before it): the names whose shape differs, with the largest each was given."""
+    from gpumemdoctor.diagnosis import claims
+    from gpumemdoctor.diagnosis.words import say
+
+    made = claims.make("inputs-at-error", inputs=[["input_ids", [24, 4096], "int64"], ["labels", [24, 4096], "int64"]],
+                       earlier_inputs=[["input_ids", [24, 512], "int64", 29], ["labels", [24, 512], "int64", 29]])
+    assert say(made) == ("its input then: input_ids 24 x 4096 (int64), labels 24 x 4096 (int64); the steps before "
+                         "it were given at most input_ids 24 x 512 (29 steps), labels 24 x 512 (29 steps)")
+    same = claims.make("inputs-at-error", inputs=[["args[0]", [8, 3], "float32"]],
+                       earlier_inputs=[["args[0]", [8, 3], "float32", 5]])
+    assert say(same).endswith("; the steps before it were given the same shapes")
