@@ -19,7 +19,7 @@ from gpumemdoctor.errors import BadReportError
 from gpumemdoctor.files.schema import (ANY, INT, SIZE, STR, Shape, absent, dict_of, list_of, may, null_as, opt, pair,
                                        row, since, then, write, written)
 from gpumemdoctor.recording import recording as recording_module
-from gpumemdoctor.diagnosis import report_file
+from gpumemdoctor.app import report_file
 from gpumemdoctor.reporters import ci_checks as ci_reporter
 from gpumemdoctor.reporters import html, terminal
 from gpumemdoctor.supervise import recovery
