@@ -64,7 +64,7 @@ def one_hour(report: dict, duration_s: float = ONE_HOUR_S, poll_s: float = POLL_
 
 def weigh(report: dict, name: str) -> dict:
     """Render the page for `report` and return its figures."""
-    from gpumemdoctor.diagnosis.report_file import parse
+    from gpumemdoctor.app.report_file import parse
     from gpumemdoctor.reporters import html
 
     recording, diagnosis = parse(report)

@@ -143,7 +143,7 @@ def _rediagnosed(report_path: str) -> dict | None:
     shows here, beside what the run itself said (the recording is what was measured)."""
     try:
         from gpumemdoctor.diagnosis.diagnose import diagnose
-        from gpumemdoctor.diagnosis.report_file import load
+        from gpumemdoctor.app.report_file import load
     except ImportError:
         return None
     recording, _ = load(report_path)

@@ -197,7 +197,7 @@ def supervisor_phase(hours: float, agent_file: str, poll_s: float) -> dict:
     from gpumemdoctor.supervise import supervisor, tree
     from gpumemdoctor.recording.agent_files import AgentFiles
     from gpumemdoctor.diagnosis.diagnose import diagnose
-    from gpumemdoctor.diagnosis.report_file import build, write
+    from gpumemdoctor.app.report_file import build, write
 
     rss_start = rss_of_self()
     clock = SimpleNamespace(now=T0)

@@ -9,7 +9,7 @@ Writes, in DIR: `<name>.report.json` and `<name>.memtracker.json` (with `<name>.
 and `<name>.memtracker.stderr.txt`: what each printed), then `peak-reference.json` (every figure,
 rewritten after each program) and `peak-reference.txt` (the table). The mapping of categories, the
 tolerances (each part within 64 MiB or 10% of MemTracker's figure, unclassified at most 10% of the
-allocated peak) and the comparison are tests/peak_reference.py's, which tests/test_peak_reference.py
+allocated peak) and the comparison are benchmarks/_peak_compare.py's, which tests/test_peak_reference.py
 uses on these files once copied into tests/fixtures/peak_reference/. The exit status is 0 when the
 programs ran, whether or not a split missed (the table says so); a program that exits 77 (its
 library missing, no GPU) is listed as skipped. Needs a CUDA GPU; run from anywhere.
@@ -29,8 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.peak_reference import (MAPPING_TEXT, PROGRAMS, compare, memtracker_split, table,  # noqa: E402
-                                  tool_split)
+from benchmarks._peak_compare import (MAPPING_TEXT, PROGRAMS, compare, memtracker_split, table,  # noqa: E402
+                                      tool_split)
 
 SKIP_EXIT = 77
 # Every child: the environment inherited, NVLink multicast off (the lent machines' rule).

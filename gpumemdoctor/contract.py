@@ -6,6 +6,10 @@ option, the supervisor's options, the agent's reading of its variable and its sa
 `ps` and the pytest plugin import this module alone: it loads nothing of the agent.
 (`_bootstrap/sitecustomize.py` spells ENV_RUN_DIR and ENV_PACKAGE_PARENT out, since it runs before
 the package can be found; a test keeps them equal.)
+
+The rules the agent applies while the program runs and the diagnosis applies after it (what a pause in
+the steps is, the warm-up, the least growth, the least peak worth a finding) are written here once too,
+so that the agent's search at a pause and the judgement's row for it cannot drift apart.
 """
 from __future__ import annotations
 
@@ -55,6 +59,16 @@ HISTORY_PHASES = ("backward", "optimizer step", "outside")
 # How far below PyTorch's allocated peak counter the events' highest moment may be and still be called
 # its peak without a word (_agent/replay.py; the report says by how much where it is more).
 HISTORY_COUNTER_SLACK = 16 << 20
+
+# The rules both sides apply. A stretch without steps is a pause in the steps when it lasts
+# PAUSE_STEPS median steps and PAUSE_MIN_S (a slow step is no pause): the agent's phase watch searches
+# at its height, the diagnosis's phases tell its staircases and peaks.
+PAUSE_STEPS = 4
+PAUSE_MIN_S = 0.05
+WARMUP_STEPS = 10  # a program's first steps are its warm-up: what they allocate is not growth
+MIN_GROWTH_BYTES = 16 << 20  # growth below this is not called growth (a leak, a staircase's stair, a name's)
+PEAK_MIN_BYTES = 256 << 20  # the least a peak's part must hold to be a finding (the judgement's row 13)
+MAX_CHAIN = 32  # links of one autograd operation a probe follows: a chain this long may go on further
 
 
 def python_arguments(target_args: list[str]) -> list[str]:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import re
 
-_UNITS = [("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)]
+KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30  # the binary units, for every module that counts in them
+_UNITS = [("GiB", GIB), ("MiB", MIB), ("KiB", KIB)]
 _PARSE = {
     "": 1, "b": 1,
     "k": 1 << 10, "kb": 1000, "kib": 1 << 10,

@@ -152,7 +152,7 @@ def synthetic_evaluation_run():
 
 
 def test_an_evaluation_s_peak_is_found_in_the_samples_and_named_from_the_search_at_its_height():
-    from gpumemdoctor.diagnosis.report_file import build, parse
+    from gpumemdoctor.app.report_file import build, parse
 
     recording = synthetic_evaluation_run()
     d = diagnose(recording)
@@ -190,7 +190,7 @@ def test_a_search_declined_at_an_evaluation_s_height_is_said_where_its_holder_wo
     """Issue 31: a copy that would pause the program past the 20 ms limit is not made; the
     evaluation's warning then names no holder and says why, with the agent's figures."""
     from gpumemdoctor.recording.recording import Recording
-    from gpumemdoctor.diagnosis.report_file import build, parse
+    from gpumemdoctor.app.report_file import build, parse
 
     recording = synthetic_evaluation_run()
     root = recording.agents[0].root

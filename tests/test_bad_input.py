@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 
 from gpumemdoctor.diagnosis import ci_checks as checks
+from gpumemdoctor.app import baseline_file
 from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.recording.recording import ProcessRecord, Recording
-from gpumemdoctor.diagnosis.report_file import build
+from gpumemdoctor.app.report_file import build
 
 from .conftest import cli_env, invoke
 from .test_report_parse import make_recording
@@ -265,7 +266,7 @@ def test_a_named_pipe_without_a_writer_does_not_hang(tmp_path):
 
 
 def test_a_report_larger_than_the_bound_is_refused_without_reading_it_all(tmp_path, monkeypatch):
-    from gpumemdoctor.diagnosis import report_file as report
+    from gpumemdoctor.app import report_file as report
     path = tmp_path / "big.json"
     path.write_text(json.dumps(leak_report()))
     monkeypatch.setattr(report, "MAX_REPORT_BYTES", 1000)
@@ -317,7 +318,7 @@ def test_an_output_that_fails_after_the_run_keeps_the_exit_status(tmp_path, targ
 def after_run(tmp_path: Path, status: int, **outputs) -> int:
     """What `run` does once its target has ended, on a recording that measured every figure (the hand-built
     leak's): a run without a GPU measures none, and a baseline is then not written at all."""
-    from gpumemdoctor.cli.run import RunOutputs, _after_run
+    from gpumemdoctor.app.pipeline import RunOutputs, after_run as _after_run
 
     given = {"name": "t", "report": str(tmp_path / "r.json"), "force": True, "quiet": True, "html": None,
              "html_next_to_json": False, "junit": None, "new_baseline": None, **outputs}
@@ -346,7 +347,7 @@ def test_a_baseline_figure_that_is_null_fails_its_check(tmp_path):
     diagnosis = diagnose(recording)
     doc = checks.baseline_document(recording, diagnosis)
     doc["figures"]["peak_allocated_bytes"] = None
-    baseline = checks.load_baseline(dump(tmp_path / "b.json", doc))
+    baseline = baseline_file.load_baseline(dump(tmp_path / "b.json", doc))
     results = checks.evaluate(recording, diagnosis, checks.Policy(baseline=baseline))
     peak = next(r for r in results if r.name == "baseline peak_allocated_bytes")
     assert not peak.passed and "not measured" in peak.message

@@ -8,8 +8,9 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from gpumemdoctor.diagnosis import ci_checks as checks
+from gpumemdoctor.app import baseline_file
 from gpumemdoctor.errors import BadReportError, UsageError
-from gpumemdoctor.diagnosis.report_file import load
+from gpumemdoctor.app.report_file import load
 from gpumemdoctor.reporters.ci_checks import junit_xml, markdown_summary
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
@@ -106,9 +107,9 @@ def test_parse_kinds():
 def test_baseline_round_trip_and_strictness(tmp_path):
     recording, diagnosis = run("clean_adam")
     path = tmp_path / "base.json"
-    checks.write_baseline(str(path), checks.baseline_document(recording, diagnosis))
+    baseline_file.write_baseline(str(path), checks.baseline_document(recording, diagnosis))
     # the figures, and what made the largest peak (a report from before issue 31 has no parts)
-    assert checks.load_baseline(str(path)) == {**checks.figures(recording, diagnosis),
+    assert baseline_file.load_baseline(str(path)) == {**checks.figures(recording, diagnosis),
                                                "peak_parts": checks.peak_parts(diagnosis)}
     assert checks.peak_parts(diagnosis)["optimizer-state"] > 0
     doc = json.loads(path.read_text())
@@ -116,12 +117,12 @@ def test_baseline_round_trip_and_strictness(tmp_path):
                    dict(doc, figures=[])):
         path.write_text(json.dumps(broken))
         with pytest.raises(BadReportError):
-            checks.load_baseline(str(path))
+            baseline_file.load_baseline(str(path))
     path.write_text("{not json")
     with pytest.raises(BadReportError):
-        checks.load_baseline(str(path))
+        baseline_file.load_baseline(str(path))
     with pytest.raises(UsageError, match="--update-baseline"):
-        checks.load_baseline(str(tmp_path / "missing.json"))
+        baseline_file.load_baseline(str(tmp_path / "missing.json"))
 
 
 def test_junit_has_one_case_per_check():
@@ -187,7 +188,7 @@ def test_failed_check_exits_10_but_the_targets_failure_wins(cli, script, tmp_pat
 def test_update_baseline_writes_a_baseline(tmp_path, capsys):
     """What `run --update-baseline` does once its target has ended, on a run that measured its figures (a
     run without a GPU measures none, and is refused: tests/test_bad_input.py)."""
-    from gpumemdoctor.cli.run import RunOutputs, _after_run
+    from gpumemdoctor.app.pipeline import RunOutputs, after_run as _after_run
 
     recording, _ = run("clean_adam")
     outputs = RunOutputs(name="ok", report=str(tmp_path / "r.json"), force=False, quiet=True, html=None,

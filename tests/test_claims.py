@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gpumemdoctor.diagnosis import claims, out_of_memory, report_file
+from gpumemdoctor.diagnosis import claims, out_of_memory
+from gpumemdoctor.app import report_file
 from gpumemdoctor.diagnosis.diagnose import diagnose_job
 from gpumemdoctor.diagnosis.words import as_json, say
 

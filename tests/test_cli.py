@@ -610,7 +610,7 @@ def test_the_signal_witness_keeps_a_signal_that_comes_while_it_starts():
 
 def test_a_run_without_checks_does_not_import_the_diagnosis_before_the_target_starts():
     """The checks' module imports the whole diagnosis (0.1 s): with no check asked for it is imported
-    while the target runs (AFTER_RUN_MODULES), not on the way to starting it."""
+    while the target runs (app/pipeline.py's prepare), not on the way to starting it."""
     code = ("import sys\n"
             "from gpumemdoctor.cli.run import _policy\n"
             "assert _policy(None, None, None, '5%', None, None, None, False) is None\n"

@@ -27,7 +27,7 @@ from gpumemdoctor.diagnosis.diagnose import diagnose  # noqa: E402
 from gpumemdoctor.recording.agent_files import read_agent_file  # noqa: E402
 from gpumemdoctor.recording.recording import (AgentRecording, DeviceReading, ProcessRecord, Recording,  # noqa: E402
                                               TorchDevice, TorchSample)
-from gpumemdoctor.diagnosis.report_file import build, parse  # noqa: E402
+from gpumemdoctor.app.report_file import build, parse  # noqa: E402
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -18,7 +18,7 @@ from benchmarks.html_size import one_hour  # noqa: E402
 from gpumemdoctor.diagnosis.diagnose import diagnose  # noqa: E402
 from gpumemdoctor.errors import MissingExtraError  # noqa: E402
 from gpumemdoctor.recording.recording import Recording  # noqa: E402
-from gpumemdoctor.diagnosis.report_file import load, parse  # noqa: E402
+from gpumemdoctor.app.report_file import load, parse  # noqa: E402
 from gpumemdoctor.reporters import html  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"

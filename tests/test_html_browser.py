@@ -18,7 +18,7 @@ pytest.importorskip("plotly", reason="the HTML report needs the html extra (plot
 sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need playwright")
 
 from benchmarks.html_size import one_hour  # noqa: E402
-from gpumemdoctor.diagnosis.report_file import load, parse  # noqa: E402
+from gpumemdoctor.app.report_file import load, parse  # noqa: E402
 from gpumemdoctor.reporters import html  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

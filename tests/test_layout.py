@@ -31,6 +31,7 @@ LAYERS = (
     ("gpumemdoctor.supervise",),
     ("gpumemdoctor.diagnosis", "gpumemdoctor.live"),
     ("gpumemdoctor.reporters",),
+    ("gpumemdoctor.app",),
     ("gpumemdoctor.cli", "gpumemdoctor.pytest_plugin", "gpumemdoctor.notebook"),
     ("gpumemdoctor.__main__",),
 )
@@ -40,7 +41,7 @@ LAYERS = (
 UPWARD_ALLOWED = {("gpumemdoctor", "gpumemdoctor._agent"), ("gpumemdoctor", "gpumemdoctor.notebook")}
 # The packages whose docstring names each of their modules (the agent's and the CLI's say what their
 # modules are as a whole: the parts of `core.Agent`, one module per subcommand).
-LISTING_PACKAGES = ("diagnosis", "files", "live", "recording", "reporters", "supervise", "system")
+LISTING_PACKAGES = ("app", "diagnosis", "files", "live", "recording", "reporters", "supervise", "system")
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -187,23 +188,21 @@ def test_the_graph_reads_module_and_function_level_imports():
 
 
 def test_what_run_imports_while_the_target_runs_is_what_it_needs_after():
-    """`run` imports the report's modules on a thread while the target runs (cli/run.py's
-    AFTER_RUN_MODULES): they are the modules that _after_run and the functions it calls import,
-    read from their code, so that the list cannot drift from them."""
-    from gpumemdoctor.cli.run import AFTER_RUN_MODULES
-
-    path = PACKAGE / "cli" / "run.py"
+    """`run` imports the report's modules on a thread while the target runs (app/pipeline.py's
+    `prepare`): they are the modules that after_run and the functions it calls import, read from
+    their code, so that the list cannot drift from them."""
+    path = PACKAGE / "app" / "pipeline.py"
     functions = {node.name: node for node in ast.parse(path.read_text(encoding="utf-8")).body
                  if isinstance(node, ast.FunctionDef)}
-    reached, todo = set(), ["_after_run"]
-    while todo:  # _after_run, and the module's functions it calls, and theirs
+    reached, todo = set(), ["after_run"]
+    while todo:  # after_run, and the module's functions it calls, and theirs
         reached.add(name := todo.pop())
         todo += [n.func.id for n in ast.walk(functions[name]) if isinstance(n, ast.Call)
                  and isinstance(n.func, ast.Name) and n.func.id in functions and n.func.id not in reached]
-    assert "_write_baseline" in reached
+    assert "_write_baseline" in reached and "prepare" not in reached
     known = modules()
     after = set().union(*(imported(path, known, within=functions[name]) for name in reached))
-    assert sorted(AFTER_RUN_MODULES) == sorted(after)
+    assert sorted(imported(path, known, within=functions["prepare"])) == sorted(after)
 
 
 def test_a_circle_is_found(tmp_path):

@@ -19,7 +19,7 @@ from gpumemdoctor.recording.recording import (AgentRecording, DeviceReading, Dis
                                               TorchSample)
 from gpumemdoctor.recording.records import parse_root
 from gpumemdoctor.reporters import terminal
-from gpumemdoctor.diagnosis.report_file import build, parse
+from gpumemdoctor.app.report_file import build, parse
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -12,7 +12,7 @@ from gpumemdoctor.diagnosis import non_torch as outside
 from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.growth import floor_growth, lasting_growth
 from gpumemdoctor.recording.recording import AgentRecording, DeviceReading, Recording, TorchDevice, TorchSample
-from gpumemdoctor.diagnosis.report_file import build, parse
+from gpumemdoctor.app.report_file import build, parse
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
 MIB = 1 << 20

@@ -575,7 +575,7 @@ def evaluation_then_cache(**after) -> list[dict]:
 
 def test_an_evaluation_s_peak_is_read_at_its_height_when_the_highest_reading_is_its_cache():
     from gpumemdoctor.diagnosis.ci_checks import largest_peak
-    from gpumemdoctor.diagnosis.report_file import PEAK_COMPOSITION
+    from gpumemdoctor.app.report_file import PEAK_COMPOSITION
 
     c, _ = peak.compose(_Agent(evaluation_then_cache()), 0, breakdown(), "process 7 on GPU 0")
     assert c.t == 12.8 and c.in_pause and c.total_bytes == 17 * GiB

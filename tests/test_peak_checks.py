@@ -8,12 +8,13 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from gpumemdoctor.cli._ci_checks import make_policy
+from gpumemdoctor.app.checks import make_policy
 from gpumemdoctor.diagnosis import ci_checks as checks
+from gpumemdoctor.app import baseline_file
 from gpumemdoctor.errors import BadReportError
 from gpumemdoctor.units import format_bytes as fb
 from gpumemdoctor.reporters import ci_checks as reporter
-from gpumemdoctor.diagnosis.report_file import build, load
+from gpumemdoctor.app.report_file import build, load
 from tests.peak_samples import GiB, MiB, composition, training_peak
 
 FIXTURES = Path(__file__).parent / "fixtures" / "reports"
@@ -73,10 +74,10 @@ def test_a_passed_max_peak_and_a_run_without_compositions_say_no_parts():
 def test_a_baseline_keeps_the_largest_peaks_parts_and_a_later_run_says_what_grew(tmp_path):
     recording, diagnosis = run(compositions=[composition(pid=99, gradients=GiB), training_peak()])
     path = tmp_path / "base.json"
-    checks.write_baseline(str(path), checks.baseline_document(recording, diagnosis))
+    baseline_file.write_baseline(str(path), checks.baseline_document(recording, diagnosis))
     written = json.loads(path.read_text())["peak_parts"]
     assert written == {**{c: 0 for c in checks.PEAK_CATEGORIES}, **{p.category: p.bytes for p in training_peak().parts}}
-    baseline = checks.load_baseline(str(path))
+    baseline = baseline_file.load_baseline(str(path))
     assert baseline["peak_parts"] == written
     policy = make_policy(None, None, None, "5%", "1MiB", baseline)
     assert policy.baseline_peak_parts == written and "peak_parts" not in policy.baseline
@@ -97,7 +98,7 @@ def test_an_older_baseline_without_parts_loads_and_compares_as_before(tmp_path):
     del doc["peak_parts"]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(doc))
-    baseline = checks.load_baseline(str(path))
+    baseline = baseline_file.load_baseline(str(path))
     assert "peak_parts" not in baseline
     policy = make_policy(None, None, None, "5%", None, baseline)
     results = checks.evaluate(*run(compositions=[grown_peak()]), policy)
@@ -112,7 +113,7 @@ def test_a_baseline_made_before_the_allocated_peaks_parts_loads_them_as_zero(tmp
         del doc["peak_parts"][category]
     path = tmp_path / "b.json"
     path.write_text(json.dumps(doc))
-    parts = checks.load_baseline(str(path))["peak_parts"]
+    parts = baseline_file.load_baseline(str(path))["peak_parts"]
     assert parts["activations"] == 0 and parts["gathered"] == 0
     assert parts["optimizer-state"] == doc["peak_parts"]["optimizer-state"]
 
@@ -129,7 +130,7 @@ def test_a_baselines_parts_are_read_strictly(tmp_path, broken):
     path = tmp_path / "b.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(BadReportError, match="peak_parts|optimizer-state|parameters|gradients"):
-        checks.load_baseline(str(path))
+        baseline_file.load_baseline(str(path))
 
 
 def test_peak_growth_by_category():
@@ -174,7 +175,7 @@ def test_what_changed_lists_the_largest_changes_either_way_and_no_share_of_a_nea
 
     from gpumemdoctor.diagnosis import ci_checks as checks
     from gpumemdoctor.reporters import ci_checks as drawn
-    from gpumemdoctor.diagnosis.report_file import load
+    from gpumemdoctor.app.report_file import load
 
     fixtures = Path(__file__).parent / "fixtures" / "reports"
     old = checks.peak_parts(load(str(fixtures / "peak_temporary.json"))[1])

@@ -5,7 +5,7 @@ with validation, a plain loop, a Hugging Face Trainer's evaluation).
 Their recordings, made on a GPU by benchmarks/peak_reference.py (the tool's report and MemTracker's
 record of each program, tests/fixtures/peak_reference/), are judged again here without a GPU: the
 report's recording diagnosed again, its split at the allocated peak compared part by part with
-MemTracker's (tests/peak_reference.py: the mapping, each part within 64 MiB or 10%, unclassified at
+MemTracker's (benchmarks/_peak_compare.py: the mapping, each part within 64 MiB or 10%, unclassified at
 most 10% of the peak). A program whose files are missing fails, naming them: they are to be recorded.
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ import pytest
 from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.diagnosis.findings import PEAK_CATEGORIES
 from gpumemdoctor.recording.recording import Recording
-from tests.peak_reference import (NOT_ALLOCATED, PARTS, PROGRAMS, compare, load, memtracker_split, table,
-                                  tool_split)
+from benchmarks._peak_compare import (NOT_ALLOCATED, PARTS, PROGRAMS, compare, load, memtracker_split, table,
+                                      tool_split)
 
 ROOT = Path(__file__).resolve().parent.parent
 HARNESS = ROOT / "benchmarks" / "memtracker_reference.py"

@@ -8,7 +8,7 @@ import json
 from gpumemdoctor.diagnosis import probed
 from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.recording.recording import Recording
-from gpumemdoctor.diagnosis.report_file import build, parse
+from gpumemdoctor.app.report_file import build, parse
 from tests.test_accumulations import synthetic_evaluation_run
 
 MiB = 1 << 20

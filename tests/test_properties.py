@@ -27,12 +27,12 @@ from hypothesis import strategies as st
 
 from gpumemdoctor.diagnosis import ci_checks as checks
 from gpumemdoctor.diagnosis.ci_checks import FAILABLE, Tolerance, parse_kinds, parse_tolerance
-from gpumemdoctor.cli._ci_checks import make_policy
+from gpumemdoctor.app.checks import make_policy
 from gpumemdoctor.cli._params import Seconds
 from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.errors import EXIT_INTERNAL, BadReportError, DoctorError, UsageError
 from gpumemdoctor.files.inputs import loads_strict
-from gpumemdoctor.diagnosis.report_file import build, load, parse
+from gpumemdoctor.app.report_file import build, load, parse
 from gpumemdoctor.reporters import ci_checks as checks_reporter
 from gpumemdoctor.units import MAX_SIZE_BYTES, parse_size
 from gpumemdoctor.live.watch import parse_rate

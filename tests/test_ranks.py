@@ -16,10 +16,11 @@ import pytest
 from rich.console import Console
 
 from gpumemdoctor.diagnosis import ci_checks as checks, ranks
+from gpumemdoctor.app import baseline_file
 from gpumemdoctor.diagnosis.diagnose import FINDING_KINDS, VERDICTS, WARNINGS, diagnose, diagnose_job
 from gpumemdoctor.errors import BadReportError
 from gpumemdoctor.recording.recording import AgentRecording, DeviceReading, Dist, Recording
-from gpumemdoctor.diagnosis.report_file import build, default_name, parse
+from gpumemdoctor.app.report_file import build, default_name, parse
 from gpumemdoctor.reporters import terminal
 
 from .synthetic_jobs import CONTEXT, GIB, MIB, Rank, job
@@ -442,10 +443,10 @@ def test_baselines_compare_rank_by_rank(tmp_path):
     doc = checks.baseline_document(old_rec, diagnose(old_rec))
     assert set(doc["ranks"]) == {"0", "1"}
     path = tmp_path / "base.json"
-    checks.write_baseline(str(path), doc)
-    loaded = checks.load_baseline(str(path))
+    baseline_file.write_baseline(str(path), doc)
+    loaded = baseline_file.load_baseline(str(path))
     assert loaded["ranks"][1]["peak_allocated_bytes"] == 2 * GIB
-    from gpumemdoctor.cli._ci_checks import make_policy
+    from gpumemdoctor.app.checks import make_policy
     policy = make_policy(None, None, None, "5%", None, loaded)
     assert "ranks" not in policy.baseline and set(policy.baseline_ranks) == {0, 1}
     new_rec = job([Rank(0), Rank(1, leak_per_step=16 * MIB), Rank(2)], gpus=4)
@@ -464,7 +465,7 @@ def test_a_baselines_ranks_are_read_strictly(tmp_path, ranks_value):
     path.write_text(json.dumps({"schema": checks.BASELINE_SCHEMA, "tool_version": "0", "figures": {},
                                 "ranks": ranks_value}))
     with pytest.raises(BadReportError):
-        checks.load_baseline(str(path))
+        baseline_file.load_baseline(str(path))
 
 
 def write_reports(folder: Path, **recordings: Recording) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpumemdoctor.diagnosis.diagnose import diagnose, diagnose_job
-from gpumemdoctor.diagnosis.report_file import build, load
+from gpumemdoctor.app.report_file import build, load
 
 from . import two_gpus
 

@@ -17,7 +17,7 @@ from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.errors import BadReportError, UsageError
 from gpumemdoctor.recording.recording import (AgentRecording, DeviceReading, ProcessRecord, Recording,
                                     TorchDevice, TorchSample)
-from gpumemdoctor.diagnosis.report_file import SCHEMA, build, load, parse, write
+from gpumemdoctor.app.report_file import SCHEMA, build, load, parse, write
 
 MiB = 1 << 20
 PID = 4242

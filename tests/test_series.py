@@ -16,7 +16,7 @@ import pytest
 from gpumemdoctor.recording.agent_files import TARGET_SERIES, AgentFiles, read_agent_file
 from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.recording.recording import ProcessRecord, Recording
-from gpumemdoctor.diagnosis.report_file import build
+from gpumemdoctor.app.report_file import build
 from gpumemdoctor.recording.series import Series
 
 MiB = 1 << 20
@@ -226,7 +226,7 @@ def test_a_seven_minute_slow_leak_on_the_h100_is_found_with_its_line():
     """A real recording (tests/fixtures/long/README.md): 1 MiB kept every 2 s for 7 minutes in a
     loop whose model is freed before the program ends."""
     from gpumemdoctor.diagnosis.diagnose import diagnose
-    from gpumemdoctor.diagnosis.report_file import load
+    from gpumemdoctor.app.report_file import load
 
     path = Path(__file__).parent / "fixtures" / "long" / "h100_slow_leak_7min.json"
     recording, _ = load(str(path))

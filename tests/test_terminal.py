@@ -15,7 +15,7 @@ from rich.console import Console
 
 from gpumemdoctor.diagnosis.diagnose import diagnose
 from gpumemdoctor.recording.recording import Recording
-from gpumemdoctor.diagnosis.report_file import build, parse
+from gpumemdoctor.app.report_file import build, parse
 from gpumemdoctor.reporters import terminal
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -26,6 +26,7 @@ from . import forked
 from .threads import Captured
 from .events import import_in_progress
 from .neutral import quiet_gc
+from ..contract import WARMUP_STEPS  # --trace on: what is alive after these many steps is not new
 
 # Growth is suspected, online, when the floor of allocated memory has risen by this much
 # at two checks in a row (every CHECK_EVERY samples): then the allocation stacks are
@@ -34,7 +35,6 @@ SUSPECT_MIN_BYTES = 4 << 20
 CHECK_EVERY = 8
 MAX_FLOOR_POINTS = 512  # then every other point is dropped: a check stays about 0.1 ms, on the step path
 INVESTIGATE_AFTER_STEPS = 16
-WARMUP_STEPS = 10  # --trace on: what is alive after these many steps is not new
 # How long one holder search may take. The searches made in a copy of the process cost the
 # program nothing but the fork; the exit searches delay the end of the run by what they take.
 # "live" is the exit search of a run in which no growth was seen (and no --trace on).

@@ -28,10 +28,8 @@ import sys
 import time
 
 from . import main_thread
+from ..contract import PAUSE_MIN_S, PAUSE_STEPS, PEAK_MIN_BYTES as PHASE_RISE_BYTES  # the diagnosis's too
 
-PHASE_RISE_BYTES = 256 << 20  # as the judgement's row 13 (judgement.PEAK_MIN_BYTES)
-PAUSE_STEPS = 4  # as diagnosis/phases.py: a pause lasts this many median steps
-PAUSE_MIN_S = 0.05
 MAX_PHASE_SEARCHES = 2
 MIN_STEP_SAMPLES = 8  # step samples before a pause can be told from a slow step
 TRACED_BYTES = 64 << 20  # allocated with stacks on, in the pause, before its search (--trace auto)

@@ -10,12 +10,13 @@ import time
 import types
 from itertools import islice
 
+from ..contract import MAX_CHAIN
+
 MAX_HOLDERS = 4  # per category in a probe's record
 MAX_ITEMS = 4096  # of a list, tuple or dict, read by a probe
-# A graph's chain of one operation (a running sum's additions) is followed this far per name, and
+# A graph's chain of one operation (a running sum's additions) is followed MAX_CHAIN links per name, and
 # this far in all per probe: each link read makes Python wrappers for the node's inputs, which
 # PyTorch keeps as long as the graph lives (objects the collector counts).
-MAX_CHAIN = 32
 MAX_LINKS = 128
 _NOT_OBJECTS = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
 

@@ -1,6 +1,6 @@
 """`watch --attach`'s part of the command: the agent brought in (live/attach.py), what the live view
 shows of it, and at the stop the agent taken out and the report written and drawn as `run` does it
-(run.py's `_after_run`: the same JSON report, the same HTML page, the same terminal report)."""
+(app/pipeline.py's `after_run`: the same JSON report, the same HTML page, the same terminal report)."""
 from __future__ import annotations
 
 import os
@@ -96,7 +96,7 @@ class Inside:
 
     def report(self, ended: str, output: str | None, html: str | None, force: bool) -> None:
         """The report of the attached stretch, written and drawn as `run` does; the run folder removed."""
-        from .run import RunOutputs, _after_run
+        from ..app.pipeline import RunOutputs, after_run
 
         session = self.session
         try:
@@ -107,7 +107,7 @@ class Inside:
         outputs = RunOutputs(name=_name(recording.target.get("argv") or []), report=output, force=force,
                              quiet=False, html=html, html_next_to_json=False, junit=None, new_baseline=None)
         try:
-            _after_run(recording, 0, outputs, None)
+            after_run(recording, 0, outputs, None)
         except UsageError as exc:
             click.echo(f"gpumemdoctor: error: {exc}", err=True)
 

@@ -30,7 +30,7 @@ def report_command(paths: tuple[str, ...], width: int | None, html: str | None, 
     """Render a saved JSON report in the terminal, or as an HTML page with --html (or recover
     one with --from-run-dir). Several reports of one distributed job (one per node) are shown
     as one job."""
-    from ..reporters.console import make_console
+    from ..app import pipeline
     from ..files.outputs import check_distinct, check_writable
 
     if not paths and run_dir is None:
@@ -50,11 +50,14 @@ def report_command(paths: tuple[str, ...], width: int | None, html: str | None, 
     if output is not None:
         check_writable(output, force)
     if len(paths) > 1:
-        return _job(paths, width, html, force)
+        recordings = _job(paths)
+        from ..diagnosis.diagnose import diagnose_job
+
+        return pipeline.show(recordings, diagnose_job(recordings), list(paths), html, force, width)
     from ..diagnosis.diagnose import diagnose
 
     if run_dir is not None:
-        from ..diagnosis.report_file import build, write
+        from ..app.report_file import build, write
         from ..supervise.recovery import recover
 
         recording = recover(run_dir)
@@ -62,29 +65,11 @@ def report_command(paths: tuple[str, ...], width: int | None, html: str | None, 
         if output is not None:
             write(build(recording, diagnosis), output, force)
     else:
-        from ..diagnosis.report_file import load
+        from ..app.report_file import load
 
         recording, diagnosis = load(path)
         diagnosis = _judged_now(path, recording, diagnosis, diagnose(recording), rejudge)
-    if html is not None:
-        from ..files.outputs import write_text
-
-        text = html_reporter.render(recording, diagnosis, path or output)
-        if write_text(text, html, force, what="HTML page"):  # (not where its reader stopped early)
-            _said_written(html, text)
-        return 0
-    from ..reporters import terminal
-
-    terminal.render(make_console(stderr=False, width=width), recording, diagnosis, output)
-    return 0
-
-
-def _said_written(html: str, text: str) -> None:
-    """The page's name and size; on standard error when the page itself went to standard output
-    (`--html /dev/stdout | ...`), where the line would have ended it."""
-    from ..files.outputs import is_standard_output
-
-    click.echo(f"HTML report: {html} ({len(text.encode()) / 1e6:.1f} MB)", err=is_standard_output(html))
+    return pipeline.show([recording], diagnosis, [path] if path else [], html, force, width, output)
 
 
 def _inputs(paths: tuple[str, ...], run_dir: str | None) -> dict[str, str]:
@@ -120,12 +105,10 @@ def _judged_now(path: str, recording, saved, current, rejudge: bool):
     return saved
 
 
-def _job(paths: tuple[str, ...], width: int | None, html: str | None, force: bool) -> int:
+def _job(paths: tuple[str, ...]) -> list:
     """Several reports of one job: each read strictly, the same run refused twice, reports that are not
-    one job's nodes refused, then the recordings diagnosed together (diagnosis.diagnose_job)."""
-    from ..reporters.console import make_console
-    from ..diagnosis.diagnose import diagnose_job
-    from ..diagnosis.report_file import load
+    one job's nodes refused; their recordings, to be diagnosed together (diagnosis.diagnose_job)."""
+    from ..app.report_file import load
 
     seen: dict = {}
     recordings = []
@@ -142,19 +125,7 @@ def _job(paths: tuple[str, ...], width: int | None, html: str | None, force: boo
         seen[real] = (path, run)
         recordings.append(recording)
     _check_one_job(paths, recordings)
-    diagnosis = diagnose_job(recordings)
-    if html is not None:
-        from ..files.outputs import write_text
-        from ..reporters import html as html_reporter
-
-        text = html_reporter.render_job(recordings, diagnosis, list(paths))
-        if write_text(text, html, force, what="HTML page"):  # (not where its reader stopped early)
-            _said_written(html, text)
-        return 0
-    from ..reporters import terminal
-
-    terminal.render_job(make_console(stderr=False, width=width), recordings, diagnosis, list(paths))
-    return 0
+    return recordings
 
 
 # The nodes of one job start within the rendezvous' wait of each other, so their runs overlap in time;

@@ -3,30 +3,16 @@ from __future__ import annotations
 
 import os
 import traceback
-from dataclasses import dataclass, field
 
 import click
 
-from ..errors import EXIT_CHECK_FAILED, UsageError, internal_error
-from ._ci_checks import TOLERANCE_DEFAULT, check_options, make_policy, publish
+from ..app import pipeline
+from ..app.checks import make_policy
+from ..errors import UsageError, internal_error
+from ._ci_checks import TOLERANCE_DEFAULT, check_options
 from .. import contract
 from ._params import FileName, Seconds
 from ._target import check_target, resolve_command
-
-
-@dataclass(frozen=True)
-class RunOutputs:
-    """What `run` writes and draws once its target has ended; every file checked before it started."""
-
-    name: str  # the target's name, for the report's default file name
-    report: str | None  # -o; None: the default name, known once the target's PID is
-    force: bool
-    quiet: bool
-    html: str | None
-    html_next_to_json: bool
-    junit: str | None
-    new_baseline: str | None  # the file --update-baseline writes; None without it
-    reads: dict = field(default_factory=dict)  # what the run read (label -> path): the script, the baseline
 
 
 class _RunCommand(click.Command):
@@ -132,7 +118,7 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
         click.echo(f"gpumemdoctor: note: {note}", err=True)
     _check_options(ctx, html, html_next_to_json, baseline, update_baseline)
     if html is None and html_next_to_json and output is not None:
-        html = _next_to(output)
+        html = pipeline.next_to(output)
     reads = {f"the script {target[0]}": None if target[0] == "-m" else target[0],
              f"the baseline {baseline}": None if update_baseline else baseline}
     _check_outputs(reads, output, force, snapshot, html, html_next_to_json, junit, baseline, update_baseline)
@@ -142,13 +128,13 @@ def run_command(ctx: click.Context, output: str | None, force: bool, interval: f
                                agent_interval_s=interval, measure_gpu=measure_gpu,
                                trace=trace or ("on" if snapshot else "auto"), max_pause_s=max_pause,
                                snapshot_path=os.path.abspath(snapshot) if snapshot else None,
-                               prepare=AFTER_RUN_MODULES))
+                               prepare=pipeline.prepare))
     status = exit_status(recording)
     try:
-        outputs = RunOutputs(name=name, report=output, force=force, quiet=quiet, html=html,
-                             html_next_to_json=html_next_to_json, junit=junit,
-                             new_baseline=baseline if update_baseline else None, reads=reads)
-        return _after_run(recording, status, outputs, policy)
+        outputs = pipeline.RunOutputs(name=name, report=output, force=force, quiet=quiet, html=html,
+                                      html_next_to_json=html_next_to_json, junit=junit,
+                                      new_baseline=baseline if update_baseline else None, reads=reads)
+        return pipeline.after_run(recording, status, outputs, policy)
     except Exception as exc:  # a bug of gpumemdoctor's own, after the target ran: its status stays
         if ctx.find_root().params.get("debug"):
             traceback.print_exc()
@@ -207,9 +193,9 @@ def _policy(max_peak: int | None, max_retained: int | None, fail_on: str | None,
         return None
     baseline_figures = None
     if baseline and not update_baseline:
-        from ..diagnosis import ci_checks
+        from ..app.baseline_file import load_baseline
 
-        baseline_figures = ci_checks.load_baseline(baseline)
+        baseline_figures = load_baseline(baseline)
     policy = make_policy(max_peak, max_retained, fail_on, tolerance, nvml_tolerance, baseline_figures)
     if junit is not None:
         if policy.empty:
@@ -236,91 +222,3 @@ def _measure_gpu(allow_no_gpu: bool, update_baseline: bool) -> bool:
                              "without figures fails every later check: make it where a GPU is") from None
         return False
     return True
-
-
-# What _after_run imports: imported while the target runs (RunOptions.prepare), not after it. A test
-# reads _after_run's imports from its code and keeps this list equal to them (tests/test_layout.py).
-AFTER_RUN_MODULES = ("gpumemdoctor.diagnosis.ci_checks", "gpumemdoctor.diagnosis.diagnose",
-                     "gpumemdoctor.files.outputs", "gpumemdoctor.reporters.console",
-                     "gpumemdoctor.diagnosis.report_file", "gpumemdoctor.reporters.html",
-                     "gpumemdoctor.reporters.terminal")
-
-
-def _after_run(recording, status: int, outputs: RunOutputs, policy) -> int:
-    """Diagnose, write and draw the report, then the checks; the exit status is the target's, or 10
-    when it succeeded and a check failed. A file that cannot be written now is said in one line."""
-    from ..diagnosis import ci_checks
-    from ..reporters.console import make_console
-    from ..diagnosis.diagnose import diagnose
-    from ..files.outputs import write_text
-    from ..diagnosis.report_file import build, default_name, write
-    from ..reporters import html as html_reporter
-    from ..reporters import terminal
-
-    diagnosis = diagnose(recording)
-    default_path = default_name(outputs.name, recording, os.environ)  # with the host and node under a launcher
-    path = outputs.report or default_path
-    html = outputs.html
-    console = make_console()
-    try:
-        write(build(recording, diagnosis), path, outputs.force)
-    except UsageError as exc:  # the run happened: its verdict and exit status still come
-        click.echo(f"gpumemdoctor: error: {exc}; the verdict follows, the exit status is the target's",
-                   err=True)
-        path = None
-    if outputs.html_next_to_json and html is None:
-        html = _next_to(outputs.report or default_path)
-    if html is not None:
-        try:
-            write_text(html_reporter.render(recording, diagnosis, path), html, outputs.force, what="HTML page")
-        except UsageError as exc:
-            click.echo(f"gpumemdoctor: error: {exc}", err=True)
-            html = None
-    if outputs.quiet:
-        verdict = diagnosis.verdict or "none (no GPU measured)"
-        console.print(f"gpumemdoctor verdict: {verdict}" + (f"  report: {path}" if path else "")
-                      + (f"  html: {html}" if html else ""), soft_wrap=True)  # one line, for scripts
-    else:
-        console.print()
-        terminal.render(console, recording, diagnosis, path)
-        if html:
-            console.print(f"HTML report: {html}", soft_wrap=True)
-    failed = outputs.new_baseline is not None and not _write_baseline(console, recording, diagnosis,
-                                                                       outputs.new_baseline)
-    if policy is not None and not policy.empty:
-        results = ci_checks.evaluate(recording, diagnosis, policy)
-        report = outputs.report or default_path
-        written = {f"the report {report}": report, f"the HTML page {html}": html,
-                   f"the JUnit XML {outputs.junit}": outputs.junit,
-                   f"the baseline {outputs.new_baseline}": outputs.new_baseline}
-        publish(console, " ".join(recording.target.get("argv") or []), diagnosis.verdict,
-                ci_checks.figures(recording, diagnosis), results, outputs.junit, html,
-                files={**outputs.reads, **written})
-        failed = failed or not all(r.passed for r in results)
-    return EXIT_CHECK_FAILED if status == 0 and failed else status  # the target's own failure wins
-
-
-def _write_baseline(console, recording, diagnosis, path: str) -> bool:
-    """Write the run's figures as the baseline; False when the run measured too little to make one (a
-    baseline of nulls would fail every later check). A write that fails is said, and is no failure of
-    the run's: the exit status stays."""
-    from ..diagnosis import ci_checks
-
-    document = ci_checks.baseline_document(recording, diagnosis)
-    missing = ci_checks.unmeasured(document["figures"])
-    if missing:
-        click.echo(f"gpumemdoctor: error: --update-baseline: the run did not measure {' or '.join(missing)} "
-                   f"(did the target use PyTorch on a GPU?), so the baseline {path} is not written", err=True)
-        return False
-    try:
-        ci_checks.write_baseline(path, document)
-        console.print(f"Baseline written: {path}", soft_wrap=True)
-    except UsageError as exc:
-        click.echo(f"gpumemdoctor: error: {exc}; the exit status is the target's", err=True)
-    return True
-
-
-def _next_to(json_path: str) -> str:
-    """The HTML page's name beside a JSON report: vram-report.json -> vram-report.html."""
-    stem, ext = os.path.splitext(json_path)
-    return (stem if ext.lower() == ".json" else json_path) + ".html"

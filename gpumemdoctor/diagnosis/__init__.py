@@ -1,4 +1,4 @@
-"""From a recording to a verdict (layer 6). Pure: no NVML, no torch, no files but baselines and reports.
+"""From a recording to a verdict (layer 7). Pure: no NVML, no torch, no files (app/ reads and writes them).
 
 `diagnose` is the entry (`diagnose`, `diagnose_job`); `breakdown` splits a process's memory at exit
 into its parts, and `streams` tells freed blocks held for unfinished stream work from finished
@@ -18,6 +18,5 @@ in the steps), `stacks` (a group's device, a holder's line), `non_torch`, `nccl`
 children's contexts). `peak` says what made each process's peak (`peak_warnings`: the peaks that
 could be lower; `allocated_peak`: at
 PyTorch's allocated peak, from the allocator's events; `cache_filled`: what filled a peak's cache), `fit` what would have made an
-out-of-memory error fit, and `headroom` how long a growth had left before its GPU was full. `ci_checks` turns a diagnosis into the CI gate's pass or fail;
-`report_file` writes a diagnosis with its recording as the JSON report and reads one back strictly.
+out-of-memory error fit, and `headroom` how long a growth had left before its GPU was full. `ci_checks` turns a diagnosis into the CI gate's pass or fail.
 """

@@ -14,9 +14,9 @@ from . import claims, fit, probed, words
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS, LIBRARY_LOOPS
 from ..contract import HISTORY_COUNTER_SLACK as COUNTER_SLACK, reaches_counter
+from ..contract import PEAK_MIN_BYTES as MIN_FINDING_BYTES
 from ..units import format_bytes as fb
 
-MIN_FINDING_BYTES = 256 << 20
 GATHERED_SHARE = 0.20  # of the allocated memory at the peak: an evaluation's gathered graphs or outputs
 # An evaluation's graphs are a few tensors a batch over several batches: fewer gathered tensors (a
 # metric's torch.cat of outputs kept elsewhere, and its result) are not called one.

@@ -12,9 +12,9 @@ memory, one moment filled it and let it go (a phase that freed a lot: an evaluat
 from __future__ import annotations
 
 from .findings import PeakComposition
+from ..contract import PEAK_MIN_BYTES as MIN_CACHE_BYTES
 from ..units import format_bytes as fb
 
-MIN_CACHE_BYTES = 256 << 20
 UNSERVED_SHARE = 0.5  # of the cache: reserved beside free memory, for sizes it could not serve
 FILLED_SHARE = 0.8  # of the reserved memory: the allocated peak counter filled it
 

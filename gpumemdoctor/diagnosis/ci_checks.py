@@ -1,4 +1,4 @@
-"""CI checks on a finished diagnosis: ceilings, finding kinds, and a baseline. Pure: no NVML, no torch.
+"""CI checks on a finished diagnosis: ceilings, finding kinds, and a baseline. Pure: no NVML, no torch, no files.
 
 The figures compared with a baseline are the ones that repeat from run to run:
 PyTorch's peak of allocated memory, and the live tensors at exit. NVML's totals
@@ -17,7 +17,6 @@ is said by category. A baseline without them (older, or from a run with no compo
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -27,8 +26,6 @@ from .. import __version__
 from .diagnose import FINDING_KINDS, INFORMATIVE, PEAK_CATEGORIES, Diagnosis, PeakComposition
 from .findings import LATER_PEAK_CATEGORIES
 from ..errors import BadReportError, UsageError
-from ..files.inputs import read_json
-from ..files.outputs import write_text
 from .ranks import ranges
 from ..recording.recording import Recording
 from ..files.schema import SIZE, STR, Shape, absent, dict_of, need_dict, need_int_key, opt, written
@@ -371,28 +368,11 @@ def baseline_ranks(recording: Recording, diagnosis: Diagnosis) -> dict[int, dict
     return {r: {k: figs[k] for k in RANK_FIGURES} for r, figs in rank_figures(recording, diagnosis).items()}
 
 
-def write_baseline(path: str, document: dict) -> None:
-    """Write a baseline file, replacing the one there (as outputs.write_text writes every file)."""
-    write_text(json.dumps(document, indent=1) + "\n", path, force=True, what="baseline")
-
-
-MAX_BASELINE_BYTES = 1 << 20
-
-
-def load_baseline(path: str) -> dict:
-    """The figures of a baseline file, read strictly; those of its ranks under "ranks", if it has
-    any (`make_policy` passes them on as Policy.baseline_ranks). Every figure must be there: null
-    where it was not measured (its check then fails), never left out."""
-    obj = read_json(path, MAX_BASELINE_BYTES, "baseline",
-                    missing=f"baseline {path} does not exist: make it with --update-baseline")
-    try:
-        return parse_baseline(obj)
-    except BadReportError as exc:
-        raise BadReportError(f"{path} is not a valid baseline: {exc}") from None
-
-
 def parse_baseline(obj: Any) -> dict:
-    """A baseline document's figures (see load_baseline); BadReportError says what is wrong."""
+    """A baseline document's figures, read strictly; those of its ranks under "ranks", if it has any
+    (`make_policy` passes them on as Policy.baseline_ranks). Every figure must be there: null where it
+    was not measured (its check then fails), never left out. BadReportError says what is wrong. (The
+    file is read and written by app/baseline_file.py.)"""
     obj = need_dict(obj, "baseline")
     if obj.get("schema") != BASELINE_SCHEMA:
         raise BadReportError(f"schema {obj.get('schema')!r:.60}, expected {BASELINE_SCHEMA!r}")

@@ -79,19 +79,17 @@ from .out_of_memory import (OOM_ACCUMULATION_SHARE, cause as _oom_cause, finding
                             kept_at_error as _kept_at_error)
 from .remedies import FINDINGS, LIBRARY_LOOPS
 from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
+from ..contract import MIN_GROWTH_BYTES as MIN_LEAK_BYTES, PEAK_MIN_BYTES  # the agent's phase watch's too
 from ..units import format_bytes as fb
 
-MIB = 1 << 20
-MIN_LEAK_BYTES = 16 * MIB
 # Row 2b, a staircase: pauses that each left at least STAIR_MIN_BYTES behind, at least MIN_STAIRS of
 # them, still held at exit, an accumulation at exit holding at least STAIR_HELD_SHARE of the steps.
-STAIR_MIN_BYTES = 16 * MIB
+STAIR_MIN_BYTES = MIN_LEAK_BYTES
 MIN_STAIRS = 2
 STAIR_HELD_SHARE = 0.5
 STAIR_MAX_SHARE = 2  # an accumulation over twice what the steps kept (and 64 MiB) is not theirs
 # Row 13, a peak bound to a phase: a pause that rose by PEAK_MIN_BYTES and kept at most
 # BOUND_KEPT_SHARE of it (or MIN_LEAK_BYTES) after its end.
-PEAK_MIN_BYTES = 256 * MIB
 BOUND_KEPT_SHARE = 0.25
 
 

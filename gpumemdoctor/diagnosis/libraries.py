@@ -17,9 +17,9 @@ from __future__ import annotations
 from .findings import Breakdown, Finding
 from .remedies import FINDINGS, LIBRARY_SWITCHES
 from ..recording.recording import AgentRecording
+from ..units import MIB
 from ..units import format_bytes as fb
 
-MIB = 1 << 20
 MIN_CONTEXT_BYTES = 256 * MIB  # less than any context measured (518 MiB and up on H100 and H200)
 MIN_POOL_BYTES = 64 * MIB  # a pool below this is not worth a finding
 PREALLOCATING = ("jax",)  # pools set aside at the library's first use, read from its own statistics

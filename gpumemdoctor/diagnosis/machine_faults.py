@@ -10,9 +10,9 @@ import signal
 from .judgement import Judged
 from .remedies import FINDINGS
 from ..recording.recording import Recording
+from ..units import MIB
 from ..units import format_bytes as fb
 
-MIB = 1 << 20
 HOST_RISE_BYTES = 64 * MIB  # the least rise of the target's RSS that counts as "rising"
 NEAR_PEAK = 0.9  # the last reading within this share of the peak: still rising, or at its top
 CURVE_POINTS = 48  # points of the host memory curve kept in the finding

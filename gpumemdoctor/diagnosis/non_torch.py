@@ -29,20 +29,19 @@ from __future__ import annotations
 from .findings import Breakdown, Finding
 from ..growth import AfterWarmup, floor_growth, lasting_growth
 from ..recording.recording import AgentRecording
+from ..contract import MIN_GROWTH_BYTES, WARMUP_STEPS
+from ..units import MIB
 from ..units import format_bytes as fb
 from . import nccl, suspects
 from .remedies import FINDINGS, NON_TORCH_MORE
 
-MIB = 1 << 20
 PEAK_READINGS = 4  # a rise counts when this many readings in a row held it (their lowest is the level)
-MIN_GROWTH_BYTES = 16 * MIB  # growth below this is not called growth (diagnosis.MIN_LEAK_BYTES)
 # Kernels and library state (cuBLAS, cuDNN, NCCL) loaded after CUDA starts grow the memory
 # outside the allocator: by 64-138 MiB in a probe and 224 MiB in the clean Adam scenario on an
 # H200 (NOTES.md). Memory outside the allocator is called non-torch when it keeps growing after
 # warm-up, or when it is beyond this allowance.
 LIBRARY_ALLOWANCE_BYTES = 512 * MIB
 WARMUP_S = 0.5
-WARMUP_STEPS = 10
 MIN_SPAN_S = 0.5
 MIN_SPAN_STEPS = 8
 DIP_BYTES = 64 * MIB  # a reading this far below both neighbours is NVML's dip, not a level

@@ -7,9 +7,9 @@ from __future__ import annotations
 from . import claims, words
 from .findings import Finding, PeakComposition
 from .remedies import FINDINGS
+from ..contract import PEAK_MIN_BYTES as MIN_FINDING_BYTES
 from ..units import format_bytes as fb
 
-MIN_FINDING_BYTES = 256 << 20
 FRAGMENTED_SHARE = 0.10  # of the peak: free memory in split segments
 TEMPORARY_SHARE = 0.25  # of the allocated memory: one running function's local
 STATE_SHARE = 0.25  # of the peak: gradients and optimizer state held through an evaluation

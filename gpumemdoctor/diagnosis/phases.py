@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MIB = 1 << 20
+from ..contract import PAUSE_MIN_S, PAUSE_STEPS
+from ..units import MIB
+
 PAUSE_EDGE = 3  # step samples on each side whose floor is the level before and after a pause
 # A stretch without steps is a pause only when it lasts PAUSE_STEPS times the loop's median step
-# (slow steps are sampled over time too: a step of 200 ms holds ten time samples) and PAUSE_MIN_S.
-PAUSE_STEPS = 4
-PAUSE_MIN_S = 0.05
+# (slow steps are sampled over time too: a step of 200 ms holds ten time samples) and PAUSE_MIN_S
+# (contract.py: the agent's phase watch tells a pause by the same rule).
 
 
 @dataclass

@@ -18,15 +18,15 @@ in the recordings of 2026-11-25 that counted them, its graph's nodes).
 from __future__ import annotations
 
 from .suspects import MAX_SUSPECTS, accumulation_suspect, declined
+from ..contract import MAX_CHAIN as CHAIN_CAP  # a chain this long may go on further
+from ..contract import MIN_GROWTH_BYTES as MIN_BYTES  # a name must hold, or have grown by, this much
 from ..units import format_bytes as fb
 
 GRAPH_MARK = " (holds its autograd graph)"
 LOCAL = "() local "
 MAIN_THREAD = "thread 'MainThread': "  # how a probed local's path starts: the probe reads that thread alone
 MIN_CHAIN = 8  # links of one operation a name's graph must repeat to be named as an accumulation
-CHAIN_CAP = 32  # as _agent/probe.py's MAX_CHAIN: a chain this long may go on further
 MIN_NODES = 64  # graph nodes, in recordings that counted them (2026-11-25's), for the same
-MIN_BYTES = 16 << 20  # (the judgement's MIN_LEAK_BYTES) bytes a name must hold, or have grown by
 GROWTH_SHARE = 0.5  # of what allocated memory grew between two probes, that one name's growth must be
 CATEGORIES = ("kept-tensors", "temporaries")
 

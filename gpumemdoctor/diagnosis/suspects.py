@@ -13,9 +13,9 @@ import os
 from . import remedies, stacks
 from .accumulations import DIRECT_SHARE, GRAPH_PART, accumulations, alike_text
 from .stacks import at, on_device, user_line
+from ..units import MIB
 from ..units import format_bytes as fb
 
-MIB = 1 << 20
 THREAD_MIN_BYTES = 1 * MIB  # a thread that changed memory by less is not named
 MAX_SUSPECTS = 5
 # What the search says of blocks without a holder, by its reason (the agent's search.WHY).

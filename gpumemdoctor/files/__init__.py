@@ -1,5 +1,5 @@
-"""Files the tool reads from outside and files it writes (layer 1, with `errors`, `units`, `growth`,
-`stray_rule` and `contract` beside it).
+"""Files the tool reads from outside and files it writes (layer 2: above the basics, `errors`, `units`,
+`growth`, `stray_rule` and `contract`, of which it uses the first two).
 
 `inputs` reads reports, baselines and run files with a real size bound, regular files only, as
 strict JSON; `schema` checks what they hold, field by field against a declared shape; `outputs` writes

@@ -9,6 +9,10 @@ the field, never a Python error. A check is any function `(value, what) -> value
 composers (`opt`, `list_of`, `pair`, `row`, `dict_of`, `one_of`, `Shape`; `then` and `also` for what is
 made of a field once read, and a rule across fields), which keep their parts, so that a declaration
 can be walked field by field (tests/schema_walk.py).
+
+The same declaration writes what it reads (`write`): a dataclass made by `Shape.into` is written field
+by field in the declared order, a `then` through its `back`, a field declared `since(...)` left out
+while it holds its default. So the recording has one codec, not a writer beside each reader.
 """
 from __future__ import annotations
 
@@ -235,10 +239,10 @@ class OneOf:
 
 class Then:
     """The check, then what the program keeps made of its result (`into`: a dataclass; a series as
-    a dict by its key)."""
+    a dict by its key); `back` turns what was made into what the check reads again (`write`)."""
 
-    def __init__(self, check: Check, make: Callable[[Any], Any]):
-        self.check, self.make = check, make
+    def __init__(self, check: Check, make: Callable[[Any], Any], back: Callable[[Any], Any] | None = None):
+        self.check, self.make, self.back = check, make, back
 
     def __call__(self, value: Any, what: str) -> Any:
         return self.make(self.check(value, what))
@@ -286,8 +290,8 @@ def one_of(*allowed: Any) -> OneOf:
     return OneOf(allowed)
 
 
-def then(check: Check, make: Callable[[Any], Any]) -> Then:
-    return Then(check, make)
+def then(check: Check, make: Callable[[Any], Any], back: Callable[[Any], Any] | None = None) -> Then:
+    return Then(check, make, back)
 
 
 def also(check: Check, rule: Callable[[Any, str], None]) -> Also:
@@ -309,6 +313,15 @@ class Absent:
 
 def absent(check: Check, default: Any) -> Absent:
     return Absent(check, default)
+
+
+class Since(Absent):
+    """A field added by a later version: read as `absent`, and written only where it holds more than
+    its default, so that a file of an older version reads back and is written again as it was."""
+
+
+def since(check: Check, default: Any) -> Since:
+    return Since(check, default)
 
 
 OMIT = object()
@@ -366,9 +379,93 @@ class Shape:
                 out[name] = check(obj.get(key), f"{what} {key}")
         return out
 
-    def into(self, cls: type) -> Then:
+    def into(self, cls: type) -> Into:
         """A check that parses the object and makes `cls(**fields)` of it."""
-        return Then(self, lambda fields: cls(**fields))
+        return Into(self, cls)
+
+
+class Into(Then):
+    """A shape read into a dataclass (`Shape.into`); written back from the dataclass's fields."""
+
+    def __init__(self, shape: Shape, cls: type):
+        super().__init__(shape, lambda fields: cls(**fields))
+        self.cls = cls
+        self._plan: list | None = None
+
+    def plan(self) -> list:
+        """Each field as `write` goes over it: its key, the attribute, its declaration, and the check
+        to write it by (None where the value is written as it is)."""
+        if self._plan is None:
+            shape = self.check
+            self._plan = []
+            for key, field in shape.fields.items():
+                inner = field.check if isinstance(field, Absent) else field
+                self._plan.append((key, shape.rename.get(key, key), field, None if _plain(inner) else inner))
+        return self._plan
+
+
+def write(check: Check, value: Any) -> Any:
+    """What `check` reads, made from what it returned (`value`): the one writer of the declarations.
+    A part that reads JSON into JSON (a record of plain dicts and lists) is written as it is."""
+    if value is None or _plain(check):
+        return value
+    if isinstance(check, Into):
+        out = {}
+        for key, name, field, inner in check.plan():
+            item = getattr(value, name)
+            if not _left_out(field, item):
+                out[key] = item if inner is None else write(inner, item)
+        return out
+    if isinstance(check, Then):
+        return write(check.check, value if check.back is None else check.back(value))
+    if isinstance(check, (Opt, NullAs, Also)):
+        return write(check.check, value)
+    if isinstance(check, ListOf):
+        return [write(check.check, item) for item in value]
+    if isinstance(check, Row):
+        return [write(c, item) for c, item in zip(check.checks, value)]
+    if isinstance(check, DictOf):
+        return {(str(k) if check.key is need_int_key else k): write(check.value, v) for k, v in value.items()}
+    if isinstance(check, Shape):  # a dict: its own order, each declared field by its check
+        out = {}
+        for key, item in value.items():
+            c = check.fields.get(key)
+            if c is None:
+                out[key] = item if check.rest is None else write(check.rest, item)
+            elif not _left_out(c, item):
+                out[key] = write(c.check if isinstance(c, Absent) else c, item)
+        return out
+    return value
+
+
+def _left_out(check: Check | Absent, value: Any) -> bool:
+    return isinstance(check, Since) and value == check.value()
+
+
+_PLAIN: dict[int, bool] = {}
+
+
+def _plain(check: Any) -> bool:
+    """Whether `check` reads JSON into the same JSON (nothing made of it, no key turned into a number,
+    no field left out when written): then `write` keeps the value, as it is, without a copy."""
+    known = _PLAIN.get(id(check))
+    if known is None:
+        _PLAIN[id(check)] = True  # a declaration met again below itself
+        if isinstance(check, (Then, Since)) or (isinstance(check, DictOf) and check.key is need_int_key):
+            known = False
+        elif isinstance(check, Shape):
+            known = all(_plain(c) for c in check.fields.values()) and (check.rest is None or _plain(check.rest))
+            known = known and not check.rename
+        elif isinstance(check, DictOf):
+            known = _plain(check.value)
+        elif isinstance(check, (Opt, NullAs, ListOf, Also, Absent)):
+            known = _plain(check.check)
+        elif isinstance(check, Row):
+            known = all(_plain(c) for c in check.checks)
+        else:
+            known = True
+        _PLAIN[id(check)] = known
+    return known
 
 
 def check_sizes(obj: Any, what: str) -> None:

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from .. import __version__
-from ..contract import INTERVAL_DEFAULT_S, MAX_PAUSE_DEFAULT_S
+from ..contract import INTERVAL_DEFAULT_S, MAX_PAUSE_DEFAULT_S, MIN_GROWTH_BYTES
 from ..errors import AttachFailedError, AttachRefusedError, NotAttachableError, UsageError
 from ..growth import floor_growth
 from ..system import inject, procs
@@ -35,7 +35,6 @@ MIN_PYTHON = (3, 9)
 REMOTE_EXEC_PYTHON = (3, 14)
 ATTACH_TIMEOUT_S = 30.0  # for the main thread to reach a safe point, then for the agent to answer
 LEAVE_TIMEOUT_S = 30.0  # for the agent to leave: its search in a copy (5 s budget, 10 s slack) included
-MIN_GROWTH_BYTES = 16 << 20  # the running judgement's least growth, as `watch`'s own
 
 
 @dataclass

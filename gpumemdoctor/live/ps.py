@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 from ..system import procs
 from . import roles, stray
 from ..contract import ENV_RUN_DIR
+from ..units import MIB
 from ..units import format_bytes as fb
 
-MIB = 1 << 20
 # Memory used on a device beyond what its processes hold, below this, is not flagged:
 # the driver keeps a little for itself on some versions.
 UNACCOUNTED_FLOOR_BYTES = 256 * MIB

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..system import agent_socket, nvml, procs
 from . import roles, stray
+from ..contract import MIN_GROWTH_BYTES  # the diagnosis's least growth
 from ..growth import floor_growth, seconds_to_full
 from ..recording.series import Series
 from ..units import format_bytes as fb
@@ -29,7 +30,6 @@ from ..units import full_words
 from ..units import parse_size
 
 HISTORY = 4096  # recent samples kept for the timeline
-MIN_GROWTH_BYTES = 16 << 20
 # The whole watch's VRAM total, for the judgement: its start, its last samples, and the lowest
 # and highest of each bucket in between (the floor survives, however long the watch).
 FLOOR_SERIES = {"head": 64, "tail": 512, "buckets": 512, "window": 0, "events": 0}

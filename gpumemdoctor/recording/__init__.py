@@ -1,4 +1,4 @@
-"""What one run measured, as data (layer 4).
+"""What one run measured, as data (layer 5).
 
 `records` gives the shape of each record an agent writes; `agent_files` reads the agents' files as
 they grow (the combine step); `recording` holds everything measured in one run, to and from JSON;

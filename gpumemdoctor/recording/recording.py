@@ -3,13 +3,14 @@
 The supervisor builds it (`combine.py` reads the agents' files), the diagnosis
 reads it, and reports embed it. Long series are kept bounded (`series.py`). Sizes are integers in bytes; *not available*
 is None (JSON null), never 0. Times are seconds since the run started.
-Loading is strict: a file that does not have this shape is refused.
+Loading is strict: a file that does not have this shape is refused. Each class is written and read by
+its shape, declared at the end (`Coded`: files/schema.py's `write` and the shape's parser, one codec).
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from . import records
 from ..contract import python_arguments
@@ -17,15 +18,30 @@ from ..errors import BadReportError
 from .records import DeviceReading
 from ..files.schema import (ANY, BOOL, COUNT, DICT, DURATION, EXIT_CODE, INT, PID, SECONDS, SIGNAL, SIZE, STR, WALL,
                             Shape, absent, dict_of, list_of, may, need_dict, need_int_key, one_of, opt, pair, row,
-                            then)
+                            since, then, write)
 
 SCHEMA = "gpumemdoctor.recording/1"
 PROBE_PHASES = ("end", "gc", "sync", "empty_cache")
 
 
+class Coded:
+    """Written and read by the class's declared shape (`SHAPES`, at the end of this module)."""
+
+    WHAT: ClassVar[str] = "record"  # what a refusal calls it
+
+    def to_json(self) -> dict:
+        return write(SHAPES[type(self)], self)
+
+    @classmethod
+    def from_json(cls, obj: Any, what: str | None = None):
+        return SHAPES[cls](obj, what or cls.WHAT)
+
+
 @dataclass
-class TorchSample:
+class TorchSample(Coded):
     """One reading from inside the process: a sample during the run or an exit probe."""
+
+    WHAT: ClassVar[str] = "sample"
 
     t: float
     by: str  # "step", "time", or a probe phase
@@ -39,18 +55,12 @@ class TorchSample:
                 return r
         return None
 
-    def to_json(self) -> dict:
-        return {"t": self.t, "by": self.by, "step": self.step, "collected": self.collected,
-                "d": [r.to_json() for r in self.readings]}
-
-    @classmethod
-    def from_json(cls, obj: Any, what: str = "sample") -> TorchSample:
-        return SAMPLE(obj, what)
-
 
 @dataclass
-class TorchDevice:
+class TorchDevice(Coded):
     """A device as torch numbers it, matched to NVML's numbering by UUID."""
+
+    WHAT: ClassVar[str] = "torch device"
 
     index: int
     uuid: str | None
@@ -58,21 +68,16 @@ class TorchDevice:
     name: str | None
     nvml_index: int | None
 
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_json(cls, obj: Any, what: str = "torch device") -> TorchDevice:
-        return TORCH_DEVICE(obj, what)
-
 
 DIST_SOURCES = ("torch", "openmpi", "slurm")  # whose variables a process's rank was read from
 
 
 @dataclass(frozen=True)
-class Dist:
+class Dist(Coded):
     """Who a process is in a distributed job, as its launcher's environment said when it started:
     torchrun's RANK, LOCAL_RANK, WORLD_SIZE... (or Open MPI's, or Slurm's). None where not set."""
+
+    WHAT: ClassVar[str] = "dist"
 
     rank: int | None = None
     local_rank: int | None = None
@@ -82,23 +87,12 @@ class Dist:
     run_id: str | None = None
     source: str | None = None  # one of DIST_SOURCES
 
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_json(cls, obj: Any, what: str = "dist") -> Dist:
-        return DIST(obj, what)
-
-
-# Root records added since reports were first written: kept only where there are some, so that an
-# older report reads back to itself.
-NEW_ROOT_RECORDS = ("libraries", "groups", "peaks", "peak_probes", "declined", "pending_streams", "contexts",
-                    "histories", "peak_histories", "forward_modules")
-
 
 @dataclass
-class AgentRecording:
+class AgentRecording(Coded):
     """What the agent inside one Python process of the run wrote."""
+
+    WHAT: ClassVar[str] = "agent"
 
     pid: int
     ppid: int | None = None
@@ -128,30 +122,12 @@ class AgentRecording:
                 return d
         return None
 
-    def to_json(self) -> dict:
-        return {"pid": self.pid, "ppid": self.ppid, "argv": self.argv, "forked_from": self.forked_from,
-                "python": self.python, "torch_version": self.torch_version, "cuda_t": self.cuda_t,
-                "allocator_backend": self.allocator_backend,
-                "devices": [d.to_json() for d in self.devices],
-                "samples": [s.to_json() for s in self.samples],
-                "probes": {k: v.to_json() for k, v in self.probes.items()},
-                "steps": self.steps, "explicit_steps": self.explicit_steps,
-                "exited_normally": self.exited_normally, "cupy_pool": self.cupy_pool,
-                "errors": self.errors,
-                "root": {k: v for k, v in self.root.items() if k not in NEW_ROOT_RECORDS or v},
-                "cuda_origin": self.cuda_origin,
-                "exit_info": self.exit_info, "dist": None if self.dist is None else self.dist.to_json(),
-                # written only where there is something (an older report reads back to itself)
-                **({"hard_exit": self.hard_exit} if self.hard_exit is not None else {})}
-
-    @classmethod
-    def from_json(cls, obj: Any, what: str = "agent") -> AgentRecording:
-        return AGENT(obj, what)
-
 
 @dataclass
-class ProcessRecord:
+class ProcessRecord(Coded):
     """A process of the run's tree (the target or a descendant) that NVML or psutil saw."""
+
+    WHAT: ClassVar[str] = "process"
 
     pid: int
     ppid: int | None
@@ -162,20 +138,12 @@ class ProcessRecord:
     alive_after_exit: bool = False
     used_after_exit_bytes: dict[int, int | None] = field(default_factory=dict)  # NVML index -> bytes
 
-    def to_json(self) -> dict:
-        return {"pid": self.pid, "ppid": self.ppid, "cmdline": self.cmdline,
-                "create_time": self.create_time, "is_target": self.is_target,
-                "first_seen_t": self.first_seen_t, "alive_after_exit": self.alive_after_exit,
-                "used_after_exit_bytes": {str(k): v for k, v in self.used_after_exit_bytes.items()}}
-
-    @classmethod
-    def from_json(cls, obj: Any, what: str = "process") -> ProcessRecord:
-        return PROCESS(obj, what)
-
 
 @dataclass
-class Recording:
+class Recording(Coded):
     """One run: the target, the devices, NVML's view of each process, the agents' view."""
+
+    WHAT: ClassVar[str] = "recording"
 
     tool_version: str
     target: dict  # argv, pid, exit_code, signal, cwd
@@ -231,41 +199,22 @@ class Recording:
         return None
 
     def to_json(self) -> dict:
-        return {
-            "schema": SCHEMA, "tool_version": self.tool_version, "target": self.target,
-            "started_wall": self.started_wall, "duration_s": self.duration_s,
-            "poll_interval_s": self.poll_interval_s, "nvml_available": self.nvml_available,
-            "versions": self.versions, "devices": self.devices,
-            "nvml": [{"pid": pid, "device": dev, "points": [[t, used] for t, used in points]}
-                     for (pid, dev), points in sorted(self.nvml.items())],
-            "processes": [p.to_json() for p in self.processes],
-            "agents": [a.to_json() for a in self.agents],
-            "notes": self.notes,
-            "tool_cost": self.tool_cost,
-            "host_rss": [list(p) for p in self.host_rss],
-            "nvml_failures": self.nvml_failures,
-            "downsampling": self.downsampling,
-            "host": self.host,
-            # written only where there is something (an older report reads back to itself)
-            **({"device_memory": [{"device": index, "points": [list(p) for p in points]}
-                                  for index, points in sorted(self.device_memory.items())]}
-               if self.device_memory else {}),
-        }
+        return {"schema": SCHEMA, **super().to_json()}
 
     @classmethod
-    def from_json(cls, obj: Any, what: str = "recording") -> Recording:
-        obj = need_dict(obj, what)
+    def from_json(cls, obj: Any, what: str | None = None) -> Recording:
+        obj = need_dict(obj, what or cls.WHAT)
         if obj.get("schema") != SCHEMA:
             raise BadReportError(f"not a gpumemdoctor recording (schema {obj.get('schema')!r}, "
                                  f"expected {SCHEMA!r})")
-        return RECORDING(obj, what)
+        return super().from_json(obj, what)
 
 
 # -- the declared shapes --------------------------------------------------------------------
 # Fields that versions before them did not write are `absent(...)`, with what such a recording meant.
 
-SAMPLE = Shape({"t": SECONDS, "by": STR, "step": opt(INT), "d": list_of(records.DEVICE_READING),
-                "collected": opt(COUNT)}, rename={"d": "readings"}).into(TorchSample)
+SAMPLE = Shape({"t": SECONDS, "by": STR, "step": opt(INT), "collected": opt(COUNT),
+                "d": list_of(records.DEVICE_READING)}, rename={"d": "readings"}).into(TorchSample)
 TORCH_DEVICE = Shape({"index": COUNT, "uuid": opt(STR), "pci_bus_id": opt(STR), "name": opt(STR),
                       "nvml_index": opt(COUNT)}).into(TorchDevice)
 DIST = Shape({"rank": opt(COUNT), "local_rank": opt(COUNT), "world_size": opt(COUNT),
@@ -280,7 +229,7 @@ AGENT = Shape({
     "cupy_pool": opt(dict_of(STR, opt(INT))), "errors": absent(list_of(STR), []),
     "root": absent(records.ROOT, records.empty_root), "cuda_origin": opt(records.CUDA_ORIGIN),
     "exit_info": opt(records.EXIT_INFO), "dist": opt(DIST),
-    "hard_exit": opt(Shape({"t": SECONDS, "status": opt(INT)}))}).into(AgentRecording)
+    "hard_exit": since(opt(Shape({"t": SECONDS, "status": opt(INT)})), None)}).into(AgentRecording)
 PROCESS = Shape({
     "pid": PID, "ppid": opt(PID), "cmdline": opt(list_of(STR)), "create_time": opt(WALL),
     "is_target": absent(BOOL, False), "first_seen_t": SECONDS, "alive_after_exit": absent(BOOL, False),
@@ -298,15 +247,19 @@ VERSIONS = dict_of(STR, opt(STR))
 NVML_SERIES = Shape({"pid": PID, "device": COUNT, "points": list_of(pair(SECONDS, opt(SIZE)))})
 # [{pid, device, points: [[t, used_bytes]]}] -> {(pid, device): [(t, used)]}
 NVML = then(list_of(NVML_SERIES), lambda series: {(s["pid"], s["device"]): [(t, used) for t, used in s["points"]]
-                                                  for s in series})
+                                                  for s in series},
+            lambda nvml: [{"pid": pid, "device": dev, "points": [[t, used] for t, used in points]}
+                          for (pid, dev), points in sorted(nvml.items())])
 # Seconds the supervisor spent, and the bytes it held.
 TOOL_COST = Shape({"supervisor_peak_rss_bytes": may(opt(SIZE))}, rest=opt(SECONDS))
 # [t, target_rss_bytes, tree_rss_bytes]
-HOST_POINT = then(row(SECONDS, opt(SIZE), opt(SIZE)), tuple)
+HOST_POINT = then(row(SECONDS, opt(SIZE), opt(SIZE)), tuple, list)
 DEVICE_MEMORY = Shape({"device": COUNT, "points": list_of(row(SECONDS, opt(SIZE), opt(SIZE)))})
 # [{device, points: [[t, used_bytes, free_bytes]]}] -> {device: [(t, used, free)]}
 DEVICE_MEMORIES = then(list_of(DEVICE_MEMORY), lambda series: {s["device"]: [tuple(p) for p in s["points"]]
-                                                               for s in series})
+                                                               for s in series},
+                       lambda memory: [{"device": index, "points": [list(p) for p in points]}
+                                       for index, points in sorted(memory.items())])
 NVML_FAILURE = Shape({"device": INT, "from_t": SECONDS, "to_t": opt(SECONDS), "error": STR,
                       "failed_calls": absent(COUNT, 1)})
 # "schema" is checked first (Recording.from_json), to say plainly when a file is no recording.
@@ -318,4 +271,6 @@ RECORDING = Shape({
     "notes": absent(list_of(STR), []), "tool_cost": absent(TOOL_COST, {}),
     "host_rss": absent(list_of(HOST_POINT), []), "nvml_failures": absent(list_of(NVML_FAILURE), []),
     "downsampling": absent(dict_of(STR, DICT), {}), "host": opt(STR),
-    "device_memory": absent(DEVICE_MEMORIES, {})}).into(Recording)
+    "device_memory": since(DEVICE_MEMORIES, {})}).into(Recording)
+SHAPES = {TorchSample: SAMPLE, TorchDevice: TORCH_DEVICE, Dist: DIST, AgentRecording: AGENT, ProcessRecord: PROCESS,
+          Recording: RECORDING}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..files.schema import (BOOL, COUNT, DURATION, INT, NUM, PID, SECONDS, SIZE, STR, Shape, absent, dict_of, frame,
-                            list_of, one_of, may, null_as, opt, pair, row, then)
+                            list_of, one_of, may, null_as, opt, pair, row, since, then)
 from ..contract import HISTORY_PARTS, HISTORY_PHASES
 
 SUSPECT_KINDS = ("allocation", "garbage", "thread")
@@ -55,7 +55,7 @@ class DeviceReading:
         return DEVICE_READING(value, what)
 
 
-DEVICE_READING = then(READING, lambda values: DeviceReading(*values))
+DEVICE_READING = then(READING, lambda values: DeviceReading(*values), DeviceReading.to_json)
 
 
 # -- the records' shapes --------------------------------------------------------------------
@@ -262,6 +262,10 @@ RECORDS = {"suspect": ("suspicions", SUSPICION), "trace": ("traces", TRACE), "ba
            "context": ("contexts", CONTEXT), "history": ("histories", HISTORY),
            "peak_history": ("peak_histories", PEAK_HISTORY), "forward_modules": ("forward_modules", FORWARD_MODULES)}
 _SINGLE = ("garbage", "snapshot")
+# Root records added since reports were first written: written only where there are some, so that an
+# older report reads back to itself.
+NEW_ROOT_RECORDS = ("libraries", "groups", "peaks", "peak_probes", "declined", "pending_streams", "contexts",
+                    "histories", "peak_histories", "forward_modules")
 
 
 def empty_root() -> dict:
@@ -286,7 +290,8 @@ def apply_record(root: dict, kind: str, rec: dict, t0: float) -> None:
 
 
 # A process's root-cause data in a recording: each kind of record, a list of them or the one.
-ROOT = Shape({name: (opt(shape) if name in _SINGLE else absent(null_as([], list_of(shape)), []))
+ROOT = Shape({name: (opt(shape) if name in _SINGLE else
+                     (since if name in NEW_ROOT_RECORDS else absent)(null_as([], list_of(shape)), []))
               for name, shape in RECORDS.values()})
 SUSPECTS = null_as([], list_of(SUSPECT))
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from ..diagnosis.findings import Breakdown, Diagnosis, PeakComposition
 from ..recording.recording import Recording
+from ..units import GIB, MIB
 from ..units import format_bytes as fb
 from ._html_parts import OUTSIDE_PARTS, PARTS, bar_part, breakdown_label, breakdown_rows
 from .envelope import envelope
 from .vocabulary import peak_label, shown_parts
 
-MIB, GIB = 1 << 20, 1 << 30
 # The timeline's series and their colours; a growth's series as its mark on the timeline names it.
 COLOURS = {"NVML": "#333333", "reserved": "#4c78a8", "active": "#f58518", "allocated": "#e45756",
            "steps": "#9a9a9a"}

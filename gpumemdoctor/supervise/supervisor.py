@@ -11,7 +11,6 @@ already checked that NVML answers (`nvml.check_available`).
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -22,7 +21,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import __version__
 from ..contract import (ENV_INTERVAL, ENV_MAX_PAUSE, ENV_PACKAGE_PARENT, ENV_RUN_DIR, ENV_SNAPSHOT, ENV_TRACE,
@@ -51,9 +50,9 @@ class RunOptions:
     trace: str = "auto"  # allocation stacks: "auto" (windows), "on", "events" (none; the peak's events), "off"
     max_pause_s: float = MAX_PAUSE_DEFAULT_S  # the longest pause a search during the run may cost
     snapshot_path: str | None = None  # where the target's allocator snapshot goes
-    # Modules the caller needs after the run (the report's): imported on a thread of their own
-    # once the target is started, so that their import is off the run's wall time.
-    prepare: tuple[str, ...] = ()
+    # What the caller needs done before the run ends (the report's imports: app/pipeline.py's
+    # `prepare`): called on a thread of its own once the target is started, off the run's wall time.
+    prepare: Callable[[], None] | None = None
 
 
 def run(options: RunOptions) -> Recording:
@@ -62,6 +61,29 @@ def run(options: RunOptions) -> Recording:
     started_wall = time.time()
     versions: dict = {"tool": __version__, "python": sys.version.split()[0]}
     run_dir = tempfile.mkdtemp(prefix="gpumemdoctor-")  # 0700: only its owner can look inside
+    argv = [sys.executable, *python_arguments(options.target_args)]
+    proc: subprocess.Popen | None = None
+    notes: list[str] = []
+    signals = Forwarder()  # what is sent to the supervisor goes on to the target, once
+    signals.catch()
+    cost: dict = {"before_target_s": _since_process_start()}
+    try:
+        proc = subprocess.Popen(argv, env=_environment(options, run_dir))
+        signals.target(proc)
+        watching = _Watching.start(proc, options, run_dir, t0, started_wall, versions, notes, cost)
+        returncode = watching.until_exit()
+    except BaseException:
+        if proc is not None:
+            proc.wait()  # the target is the user's: let it finish before the tool gives up
+        raise
+    finally:
+        signals.release()
+    return watching.recording(returncode, run_dir)
+
+
+def _environment(options: RunOptions, run_dir: str) -> dict[str, str]:
+    """The target's environment: the caller's, with the contract's variables and the bootstrap
+    folder first on PYTHONPATH (so that every Python process of the run starts the agent)."""
     env = dict(os.environ)
     env.update(options.extra_env)
     env[ENV_RUN_DIR] = run_dir
@@ -72,17 +94,31 @@ def run(options: RunOptions) -> Recording:
         env[ENV_SNAPSHOT] = "1"
     env[ENV_PACKAGE_PARENT] = os.path.dirname(PACKAGE_DIR)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (BOOTSTRAP_DIR, env.get("PYTHONPATH")) if p)
+    return env
 
-    argv = [sys.executable, *python_arguments(options.target_args)]
-    proc: subprocess.Popen | None = None
-    notes: list[str] = []
-    signals = Forwarder()  # what is sent to the supervisor goes on to the target, once
-    signals.catch()
-    cost: dict = {"before_target_s": _since_process_start()}
-    try:
-        proc = subprocess.Popen(argv, env=env)
+
+@dataclass
+class _Watching:
+    """A started target and what watches it: its tree through NVML (`tree.TreeWatch`), its agents'
+    files (`AgentFiles`), until it exits; then the recording."""
+
+    proc: subprocess.Popen
+    options: RunOptions
+    t0: float
+    started_wall: float
+    versions: dict
+    notes: list[str]
+    cost: dict
+    devices: list
+    watch: Any
+    agents: Any
+    oom_kills_before: int | None
+    exited: float = 0.0
+
+    @classmethod
+    def start(cls, proc: subprocess.Popen, options: RunOptions, run_dir: str, t0: float, started_wall: float,
+              versions: dict, notes: list[str], cost: dict) -> _Watching:
         launched = time.monotonic()
-        signals.target(proc)
         # The run file at once (a supervisor killed now leaves a run folder that can be recovered),
         # and again below with the target's start time and the devices.
         _write_run_file(run_dir, options, t0, started_wall, proc.pid, None, versions, [])
@@ -90,7 +126,7 @@ def run(options: RunOptions) -> Recording:
         # the supervisor imports and sets up what it watches it with.
         from ..recording.agent_files import AgentFiles
         from ..system import procs
-        from .tree import TreeWatch, collect
+        from .tree import TreeWatch
 
         oom_kills_before = procs.cgroup_oom_kills()
         devices, measure_gpu = _devices(options.measure_gpu, versions, notes)
@@ -101,50 +137,58 @@ def run(options: RunOptions) -> Recording:
         _write_run_file(run_dir, options, t0, started_wall, proc.pid, watch.members[proc.pid].create_time,
                         versions, devices)
         agents = AgentFiles(run_dir, t0, proc.pid)
-        if options.prepare:
-            threading.Thread(target=_import_quietly, args=(options.prepare,), name="gpumemdoctor-prepare",
+        if options.prepare is not None:
+            threading.Thread(target=_quietly, args=(options.prepare,), name="gpumemdoctor-prepare",
                              daemon=True).start()
+        return cls(proc, options, t0, started_wall, versions, notes, cost, devices, watch, agents, oom_kills_before)
+
+    def until_exit(self) -> int:
+        """Poll NVML and read the agents' files until the target exits; its return code."""
+        watch, t0 = self.watch, self.t0
         last_read = time.monotonic()
-        while proc.poll() is None:
+        while self.proc.poll() is None:
             try:
                 watch.poll()
             except Exception as exc:  # never leave the target unsupervised over a failed poll
                 if watch.measure_gpu:
-                    notes.append(f"NVML polling stopped at {time.monotonic() - t0:.1f} s: {exc}")
+                    self.notes.append(f"NVML polling stopped at {time.monotonic() - t0:.1f} s: {exc}")
                 watch.measure_gpu = False
             if time.monotonic() - last_read >= AGENT_READ_S:
                 last_read = time.monotonic()
                 try:
-                    agents.poll()  # read as the run goes: the end stays quick, the memory bounded
+                    self.agents.poll()  # read as the run goes: the end stays quick, the memory bounded
                 except Exception as exc:
-                    notes.append(f"reading the agents' files failed at {last_read - t0:.1f} s: {exc}")
+                    self.notes.append(f"reading the agents' files failed at {last_read - t0:.1f} s: {exc}")
                     last_read = float("inf")
-            time.sleep(options.poll_interval_s)
-        returncode = proc.wait()
-        exited = time.monotonic()
+            time.sleep(self.options.poll_interval_s)
+        returncode = self.proc.wait()
+        self.exited = time.monotonic()
         try:
             watch.after_exit()
         except Exception as exc:
-            notes.append(f"the check for orphaned processes failed: {exc}")
-    except BaseException:
-        if proc is not None:
-            proc.wait()  # the target is the user's: let it finish before the tool gives up
-        raise
-    finally:
-        signals.release()
-    duration = time.monotonic() - t0
-    cost["orphan_wait_s"] = round(time.monotonic() - exited, 6)
-    oom_kills_after = procs.cgroup_oom_kills()
-    recording = collect(options, watch, agents, proc.pid, returncode, started_wall=started_wall,
-                        duration_s=duration, versions=versions, devices=devices, notes=notes, cost=cost,
-                        oom_kills=(oom_kills_after - oom_kills_before if oom_kills_before is not None
-                                   and oom_kills_after is not None else None), host=host_name())
-    if options.snapshot_path:
-        recording.notes.extend(_keep_snapshots(run_dir, options.snapshot_path, proc.pid))
-    shutil.rmtree(run_dir, ignore_errors=True)
-    cost["collect_s"] = round(time.monotonic() - t0 - duration, 6)  # (the orphans' wait is in the duration)
-    cost["supervisor_peak_rss_bytes"] = procs.peak_rss_of_self()
-    return recording
+            self.notes.append(f"the check for orphaned processes failed: {exc}")
+        return returncode
+
+    def recording(self, returncode: int, run_dir: str) -> Recording:
+        """The recording of the ended run (`tree.collect`), its snapshots kept, the run folder removed."""
+        from ..system import procs
+        from .tree import collect
+
+        options, cost = self.options, self.cost
+        duration = time.monotonic() - self.t0
+        cost["orphan_wait_s"] = round(time.monotonic() - self.exited, 6)
+        before, after = self.oom_kills_before, procs.cgroup_oom_kills()
+        recording = collect(options, self.watch, self.agents, self.proc.pid, returncode,
+                            started_wall=self.started_wall, duration_s=duration, versions=self.versions,
+                            devices=self.devices, notes=self.notes, cost=cost,
+                            oom_kills=after - before if before is not None and after is not None else None,
+                            host=host_name())
+        if options.snapshot_path:
+            recording.notes.extend(_keep_snapshots(run_dir, options.snapshot_path, self.proc.pid))
+        shutil.rmtree(run_dir, ignore_errors=True)
+        cost["collect_s"] = round(time.monotonic() - self.t0 - duration, 6)  # (the orphans' wait is in the duration)
+        cost["supervisor_peak_rss_bytes"] = procs.peak_rss_of_self()
+        return recording
 
 
 def _devices(measure_gpu: bool, versions: dict, notes: list[str]) -> tuple[list, bool]:
@@ -164,14 +208,13 @@ def _devices(measure_gpu: bool, versions: dict, notes: list[str]) -> tuple[list,
     return devices, True
 
 
-def _import_quietly(modules: tuple[str, ...]) -> None:
-    """Import these while the target runs; one that fails is imported again, and says why, when
-    it is needed."""
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:
-            pass
+def _quietly(prepare: Callable[[], None]) -> None:
+    """The caller's preparation, while the target runs; a failure is the caller's to meet again (an
+    import that fails is made again, and says why, when it is needed)."""
+    try:
+        prepare()
+    except Exception:
+        pass
 
 
 def _write_run_file(run_dir: str, options: RunOptions, t0: float, started_wall: float, pid: int,

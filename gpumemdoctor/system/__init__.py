@@ -1,4 +1,4 @@
-"""The operating system and the driver, seen from outside the target (layer 2).
+"""The operating system and the driver, seen from outside the target (layer 3).
 
 `nvml` is the only module that calls NVML; `procs` the only one that uses psutil; `agent_socket` is
 both ends of the agent's local read-only socket (the agent serves it, `gpumemdoctor watch` queries

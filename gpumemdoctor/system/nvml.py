@@ -1,9 +1,14 @@
 """The only module that talks to NVML: devices, memory, and who holds it.
 
-Every call goes through `_call`, which turns "not supported", "no permission"
-and "function not found" into None (*not available*), and a missing library
-or driver into one NoGpuError with a hint. pynvml is imported on first use so
-that `gpumemdoctor --help` never loads it.
+Every call of a reading goes through `_call` (or `_call_strict`, for the tree's
+poll), which turns "not supported", "no permission" and "function not found" into
+None (*not available*), and a missing library or driver into one NoGpuError with a
+hint. Four calls do not, each on purpose: the start (`init`'s nvmlInit and
+`check_available`'s, whose errors are the hint), the probe of the versioned
+process-list functions (`_pick_processes_fn`: an error there says which version
+works), and `ProcessMemory.used`'s call through NVML's own function pointer (a
+return code, not an exception: no object is made on the agent's sampling path).
+pynvml is imported on first use so that `gpumemdoctor --help` never loads it.
 """
 from __future__ import annotations
 

@@ -250,7 +250,7 @@ def test_two_nodes_reports_are_one_job(tmp_path):
     assert merged.returncode == 0, merged.stderr
     assert "2 ranks on 1 host" in merged.stdout and "not in these reports" not in merged.stdout, merged.stdout
     from gpumemdoctor.diagnosis.diagnose import diagnose_job
-    from gpumemdoctor.diagnosis.report_file import load
+    from gpumemdoctor.app.report_file import load
 
     two_gpus.two_nodes(diagnose_job([load(str(tmp_path / f"node{n}.json"))[0] for n in (0, 1)]))
 

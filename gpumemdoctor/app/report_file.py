@@ -7,8 +7,8 @@ import json
 import re
 from typing import Any, Mapping
 
-from .findings import (FINDING_KINDS, PEAK_CATEGORIES, VERDICTS, Breakdown, Diagnosis, Finding, Growth, Job,
-                       PeakComposition, PeakPart, RankRow)
+from ..diagnosis.findings import (FINDING_KINDS, PEAK_CATEGORIES, VERDICTS, Breakdown, Diagnosis, Finding, Growth,
+                                  Job, PeakComposition, PeakPart, RankRow)
 from ..errors import BadReportError
 from ..files.inputs import read_json
 from ..files.outputs import write_text

@@ -1,7 +1,8 @@
 """The tool's split of a program's allocated peak held to PyTorch's MemTracker (issue 40): the mapping
 of categories, the tolerances and the comparison, shared by benchmarks/peak_reference.py (which runs
 the programs on a GPU and writes the table) and tests/test_peak_reference.py (which holds the split
-on the recordings it wrote, kept in tests/fixtures/peak_reference/).
+on the recordings it wrote, kept in tests/fixtures/peak_reference/). It lives beside the benchmark
+that measures it, so that the benchmark imports nothing from the tests.
 
 The two sides, from two runs of the same program, each at PyTorch's allocated peak:
 - the tool's: the composition `gpumemdoctor run` shows for the target process (its
@@ -51,7 +52,7 @@ UNCLASSIFIED_SHARE = 0.10  # of the allocated peak
 # The programs of issue 40's comparison, in corpus/.
 PROGRAMS = ("hf_gpt2_124m_adamw", "timm_resnet50_ema", "lightning_validation_cleared", "plain_loop_transformer",
             "hf_trainer_eval", "hf_trainer_train")
-FIXTURES = Path(__file__).parent / "fixtures" / "peak_reference"
+FIXTURES = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "peak_reference"
 
 # (part, the tool's categories, MemTracker's, in words): see the module's docstring.
 PARTS = (
