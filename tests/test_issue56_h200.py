@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumemdoctor.diagnosis import report_file
+from gpumemdoctor.app import report_file
 from gpumemdoctor.diagnosis.diagnose import diagnose_job
 from tests.gpu import test_scenarios as gpu
 from tests.test_claims import problems

@@ -1,4 +1,4 @@
-"""diagnosis/report_file.py's parse and load: what they accept round-trips, everything else is refused.
+"""app/report_file.py's parse and load: what they accept round-trips, everything else is refused.
 
 The recording here is built by hand in the test (a made-up process whose live
 tensors grow 2 MiB a step); it is input for the report code, not a measurement.
