@@ -13,7 +13,7 @@ import sys
 
 from . import blocks, edges
 from ..contract import GRAPH_POOL_LABEL
-from .blocks import Spans, storage_span, tensor_field
+from .blocks import Spans, storage_span, subclasses, tensor_field
 
 
 def find_anchors(torch, spans: Spans, pools: dict | None = None,
@@ -23,7 +23,7 @@ def find_anchors(torch, spans: Spans, pools: dict | None = None,
     the tensors whose .grad carries an autograd graph). `pools`: a private pool's id -> the keys of its
     segments' blocks; the CUDA graph (of `graph_types`) whose pool it is holds them, and a tensor in
     them (a static output) is their holder only where no graph is found."""
-    tensor_types = _subclasses(torch.Tensor)
+    tensor_types = subclasses(torch.Tensor)
     array_types = foreign_array_types()
     graph_types = (graph_types if graph_types is not None else blocks.graph_types(torch)) if pools else set()
     wanted = tensor_types | array_types | graph_types
@@ -93,7 +93,7 @@ def foreign_array_types() -> set:
     that library is imported."""
     cupy = sys.modules.get("cupy")
     if cupy is not None and type(getattr(cupy, "ndarray", None)) is type:
-        return _subclasses(cupy.ndarray)
+        return subclasses(cupy.ndarray)
     return set()
 
 
@@ -114,17 +114,3 @@ class _Nothing:
 
     def __exit__(self, *exc):
         return False
-
-
-def _subclasses(cls) -> set:
-    """A class and every subclass of it that exists now."""
-    out, todo = set(), [cls]
-    while todo:
-        c = todo.pop()
-        if c not in out:
-            out.add(c)
-            try:
-                todo.extend(type.__subclasses__(c))
-            except TypeError:
-                pass
-    return out

@@ -220,9 +220,12 @@ def _pool_segment(segment: dict, pool: tuple) -> dict:
 def graph_types(torch) -> set:
     """torch.cuda.CUDAGraph and its subclasses, where this PyTorch has them (a CUDA build)."""
     base = getattr(getattr(torch, "_C", None), "_CUDAGraph", None)
-    if not isinstance(base, type):
-        return set()
-    out, todo = set(), [base]
+    return subclasses(base) if isinstance(base, type) else set()
+
+
+def subclasses(cls) -> set:
+    """A class and every subclass of it that exists now."""
+    out, todo = set(), [cls]
     while todo:
         c = todo.pop()
         if c not in out:
