@@ -68,7 +68,7 @@ PARTS = (
 )
 # The part that takes a phase's temporaries (the tool's) and the blocks inside an operator's call (MemTracker's).
 PHASE_PART = {"backward": "temporaries", "optimizer step": "optimizer-state", "outside": "activations"}
-NOT_ALLOCATED = ("graph-pools", "fragmentation", "cache", "outside-pytorch", "context")
+NOT_ALLOCATED = ("request", "graph-pools", "fragmentation", "cache", "outside-pytorch", "context")
 PHASES = {"inside backward()": "backward", "inside an optimizer step": "optimizer step",
           "outside backward() and the optimizer steps": "outside"}
 

@@ -61,7 +61,8 @@ step: not a staircase.
 An out-of-memory error's cause (row 5; out_of_memory.py words it and what would have made it fit):
 `request-too-large` (the request alone is more than the limit in force: the device, or the memory
 fraction the program may use), `fragmentation` (the allocator's free pieces alone add up to the
-request but none is big enough), `accumulation` (row 1's), `other-processes` (other processes hold
+request but none is big enough, and they hold more than a running step needed beyond the earlier
+steps' peak), `accumulation` (row 1's, the running step's own activations left out), `other-processes` (other processes hold
 what would have served it, and the limit in force had room), else `full` (the program's own memory
 filled the device, or the limit). Every claim a row makes rests on its evidence (claims.py); where a
 row could not see what it would say, it says so (`not-seen`). Rows 2 and 3 also say what held memory
