@@ -20,8 +20,8 @@ import itertools
 import os
 
 from . import heap
-from .anchors import _Nothing, _subclasses, array_block, foreign_array_types
-from .blocks import Spans, tensor_field
+from .anchors import _Nothing, array_block, foreign_array_types
+from .blocks import Spans, subclasses, tensor_field
 
 MAX_OBJECTS = 20_000  # objects the first sweep reaches before it leaves the rest to the full search
 SHARE = 0.3  # of the search's budget
@@ -61,7 +61,7 @@ class TensorSweep(heap.Sweep):
     def __init__(self, torch, spans: Spans, seen: set, allow, allow_object, budget: heap.Budget):
         super().__init__(set(), seen, allow, allow_object, budget, max_objects=MAX_OBJECTS)
         self.spans = spans
-        self.tensor_types = _subclasses(torch.Tensor)
+        self.tensor_types = subclasses(torch.Tensor)
         self.wanted = self.tensor_types | foreign_array_types()
         self.open = set(range(len(spans)))  # the blocks no anchor covers yet
         self.anchors: dict = {}
