@@ -155,3 +155,53 @@ def test_the_error_says_its_input_against_the_earlier_steps():
     same = claims.make("inputs-at-error", inputs=[["args[0]", [8, 3], "float32"]],
                        earlier_inputs=[["args[0]", [8, 3], "float32", 5]])
     assert say(same).endswith("; the steps before it were given the same shapes")
+
+
+AGAIN = FIXTURES / "issue56_h200_call1"  # two shapes recorded again after the merges (see its README)
+
+
+def test_kept_graphs_whose_pools_the_search_found_are_a_leak_by_their_structure():
+    """The recording whose pools the exit search counted into the container (3.12 GiB of segments, about
+    half of it free): the structure rule weighs only what PyTorch's allocated counter sees of them, and
+    the remedy is the graphs', not a foreign array's."""
+    report = rejudged(AGAIN / "leak_cuda_graph_pools.json")
+    assert report["verdict"] == "leak", [f["kind"] for f in report["findings"]]
+    gpu.test_cuda_graphs_pools_are_the_graphs_memory(lambda path: report)
+    leak = next(f for f in report["findings"] if f["kind"] == "leak")
+    assert {"decided-by-structure", "graph-pools"} <= gpu.claim_names(leak), leak["claims"]
+    assert "keeps CUDA graphs" in leak["remedy"] and "cupy" not in leak["remedy"], leak["remedy"]
+    assert not [p for f in report["findings"] for p in problems(f)]
+
+
+def test_a_graphs_pool_held_at_exit_gets_the_graphs_remedy():
+    """Where the memory is only held at the end (live-at-exit), a suspect held by a graph's private pool
+    is told to drop or reuse the graphs, never that an array of another library shares a tensor."""
+    from gpumemdoctor.contract import GRAPH_POOL_LABEL
+    from gpumemdoctor.diagnosis.suspects import _live_remedy
+
+    holder = {"pattern": "__main__.graphs[*][*]" + GRAPH_POOL_LABEL, "kind": "foreign"}
+    remedy = _live_remedy(holder, ["/s/x.py", 33, "capture"])
+    assert remedy.startswith("__main__.graphs[*][*] keeps CUDA graphs") and "x.py:33" in remedy, remedy
+
+
+def test_the_structure_rule_weighs_what_the_allocated_counter_sees():
+    """An accumulation of 4.64 GiB of which 3.12 GiB are graphs' pool segments, half free: the counter
+    sees 3.08 GiB of it. A rise of 1.2 GiB after the first third is more than a third of that (a leak
+    by structure); a rise of 0.5 GiB is not; and all of it made before the first third ended (a
+    dataset loaded at the start) is never one."""
+    from types import SimpleNamespace
+
+    from gpumemdoctor.diagnosis.held import allocated_part, structural
+
+    a = {"bytes": 4750 * MIB, "graph_pool_bytes": 3194 * MIB, "where": ["/s/x.py", 33, "capture"],
+         "pattern": "__main__.graphs[*][*]", "count": 115}
+    pools = [40, 3354 * MIB, 1673 * MIB]
+
+    def evidence(values):
+        return SimpleNamespace(accumulations=[a], by="time", steps=0, allocated_values=values, graph_pools=pools)
+
+    assert allocated_part(evidence([]), a) == 4750 * MIB - round(3194 * MIB * (3354 - 1673) / 3354)
+    assert allocated_part(SimpleNamespace(graph_pools=None), a) == a["bytes"]
+    assert structural(evidence([256 * MIB, 1800 * MIB, 3600 * MIB] + [4200 * MIB] * 3 + [4800 * MIB] * 3))
+    assert structural(evidence([256 * MIB, 1800 * MIB, 4300 * MIB] + [4500 * MIB] * 3 + [4800 * MIB] * 3)) is None
+    assert structural(evidence([4800 * MIB] * 9)) is None

@@ -13,6 +13,7 @@ import os
 from . import remedies, stacks
 from .accumulations import DIRECT_SHARE, GRAPH_PART, accumulations, alike_text
 from .stacks import at, on_device, user_line
+from ..contract import GRAPH_POOL_LABEL
 from ..units import MIB
 from ..units import format_bytes as fb
 
@@ -248,6 +249,9 @@ def _direct_first(suspects: list[dict]) -> None:
 def _live_remedy(holder: dict | None, where: list | None, why: list | None = None) -> str:
     if holder is None:
         return remedies.unheld_remedy(why, where, live=True)
+    if GRAPH_POOL_LABEL in holder["pattern"]:  # a CUDA graph holds its private pool: not a foreign array
+        return remedies.FINDINGS["graph-pools-kept"].format(name=holder["pattern"].split(GRAPH_POOL_LABEL)[0],
+                                                            at=f" at {at(where)}" if where else "")
     return remedies.remedy(holder, where, "live")
 
 
