@@ -6,7 +6,8 @@ Nothing is changed in the program until every check has passed: the process exis
 (system/inject.py). Then, in a run folder of the watch's own (0700, the agent's files in it 0600; given
 to the target's user when root attaches to another user's program), the payload: a few lines that
 import gpumemdoctor's agent in the target and call `_agent.attach.arrive` with the folder, run on the
-target's main thread through sys.remote_exec (3.14+) or a debugger. The agent answers in the folder:
+target's main thread through sys.remote_exec (3.14+), a pending call queued through ptrace alone
+(system/ptrace.py, x86-64 Linux), or a debugger (gdb, lldb: elsewhere, or where --debugger names one). The agent answers in the folder:
 `attach.json` (started, or why not: no torch, an agent already, gpumemdoctor not importable there),
 then its record file as under `run`, read as it grows (`poll`: recording/agent_files.py, with the
 process tree's NVML figures from supervise/tree.py's TreeWatch, as `run`'s supervisor reads them).
@@ -27,7 +28,7 @@ from .. import __version__
 from ..contract import INTERVAL_DEFAULT_S, MAX_PAUSE_DEFAULT_S, MIN_GROWTH_BYTES
 from ..errors import AttachFailedError, AttachRefusedError, NotAttachableError, UsageError
 from ..growth import floor_growth
-from ..system import inject, procs
+from ..system import inject, procs, ptrace
 
 PROTOCOL = 1  # _agent/attach.py's PROTOCOL: the files and arrive()'s arguments
 STATUS_FILE, STOP_FILE, DETACHED_FILE = "attach.json", "stop", "detached.json"  # as _agent/attach.py names them
@@ -42,7 +43,7 @@ class Attached:
     """What the agent said when it started, and when it left."""
 
     pid: int
-    method: str  # "sys.remote_exec", "gdb" or "lldb"
+    method: str  # "sys.remote_exec", "ptrace", "gdb" or "lldb"
     python: str | None
     status: dict
     t: float  # when it answered, from the watch's start
@@ -74,24 +75,33 @@ def check(pid: int, debugger: str | None = None) -> tuple[str, inject.PythonOf, 
     if python.version < MIN_PYTHON:
         raise NotAttachableError(f"process {pid} runs Python {python.version[0]}.{python.version[1]}: the agent "
                                  "needs CPython 3.9 or newer")
-    if python.version >= REMOTE_EXEC_PYTHON and debugger is None and not os.environ.get(inject.ENV_DEBUGGER):
+    named = debugger is not None or bool(os.environ.get(inject.ENV_DEBUGGER))
+    if python.version >= REMOTE_EXEC_PYTHON and not named:
         inject.check_ptrace(pid)
         return "sys.remote_exec", python, None
+    if ptrace.supported() and not named:
+        inject.check_ptrace(pid)
+        return "ptrace", python, None
     found = inject.find_debugger(debugger)
     inject.check_ptrace(pid)
     return found.kind, python, found
 
 
-def payload(run_dir: str, watcher_pid: int, interval_s: float, max_pause_s: float) -> str:
+def payload(run_dir: str, watcher_pid: int, interval_s: float, max_pause_s: float, tail: str = "") -> str:
     """The lines run in the target: import the agent and call arrive(); where gpumemdoctor cannot be
-    imported there, say so in the status file. One statement (an exec in a namespace of its own):
-    nothing is bound in the program's __main__, and nothing escapes to its output."""
+    imported there, say so in the status file; where the watch's run folder is gone (the watch gave up
+    before the program's main thread ran Python), nothing. Then `tail` (ptrace.py's page given back).
+    One statement (an exec in a namespace of its own): nothing is bound in the program's __main__, and
+    nothing escapes to its output."""
     inner = "\n".join([
         "import os, sys, json",
         f"d = bytes.fromhex('{run_dir.encode().hex()}').decode()",
-        "try:",
+        "if not os.path.isdir(d):",
+        "    pass",
+        "else:",
+        "  try:",
         "    from gpumemdoctor._agent.attach import arrive",
-        "except BaseException as e:",
+        "  except BaseException as e:",
         "    try:",
         "        import gpumemdoctor",
         "        v = getattr(gpumemdoctor, '__version__', None)",
@@ -105,10 +115,12 @@ def payload(run_dir: str, watcher_pid: int, interval_s: float, max_pause_s: floa
         "    with os.fdopen(fd, 'w') as f:",
         "        json.dump(s, f)",
         "    os.replace(p + '.tmp', p)",
-        "else:",
+        "  else:",
         f"    arrive(d, {int(watcher_pid)}, {float(interval_s)!r}, {float(max_pause_s)!r})",
     ])
     guarded = "try:\n" + "\n".join("    " + line for line in inner.splitlines()) + "\nexcept BaseException:\n    pass"
+    if tail:
+        guarded += "\ntry:\n" + "\n".join("    " + line for line in tail.splitlines()) + "\nexcept BaseException:\n    pass"
     return f"exec({guarded!r}, {{'__name__': '__gpumemdoctor_attach__'}})"
 
 
@@ -125,6 +137,7 @@ class Attach:
         self.max_pause_s = max_pause_s
         self.timeout_s = timeout_s
         self.run_dir: str | None = None
+        self.queued: dict | None = None  # ptrace.queue's answer: how long the process was stopped
         self.attached: Attached | None = None
         self.agents = None  # recording.agent_files.AgentFiles, once attached
         self.tree = None  # supervise.tree.TreeWatch
@@ -147,8 +160,12 @@ class Attach:
             if owner is not None and os.geteuid() == 0:
                 os.chown(script, owner[1], -1)
             inject.remote_exec(self.python.executable, self.pid, script, self.timeout_s)
+        elif self.method == "ptrace":
+            self.queued = inject.ptrace_exec(
+                self.pid, lambda page, size: payload(self.run_dir, os.getpid(), self.interval_s, self.max_pause_s,
+                                                     tail=ptrace.unmap_lines(page, size)))
         else:
-            inject.debugger_exec(self.debugger, self.pid, code, self.timeout_s)
+            inject.debugger_exec(self.debugger, self.pid, code, self.timeout_s, executable=self.python.executable)
         status = self._await_status(started)
         self.attached = Attached(pid=self.pid, method=self.method, python=status.get("python"), status=status,
                                  t=round(time.monotonic() - self.t0, 6), attach_s=round(time.monotonic() - started, 3))
@@ -158,8 +175,14 @@ class Attach:
 
     def _await_status(self, started: float) -> dict:
         path = os.path.join(self.run_dir, STATUS_FILE)
-        deadline = started + self.timeout_s + 5.0  # remote_exec returns before the code runs
+        deadline = started + self.timeout_s + (0.0 if self.method == "ptrace" else 5.0)  # both return before it runs
         while not os.path.exists(path):
+            if time.monotonic() > deadline and self.method == "ptrace":
+                raise AttachFailedError(
+                    f"the main thread of process {self.pid} ran no Python code for {self.timeout_s:.0f} s (blocked in a "
+                    "C call, a long sleep, or waiting for the GPU): the agent was not started. The queued call stays "
+                    "until that thread runs Python again, and then does nothing (the watch's folder is gone). Try "
+                    "again while it runs Python, or with a longer --attach-timeout")
             if time.monotonic() > deadline:
                 raise AttachFailedError(f"the code sent to process {self.pid} did not answer within "
                                         f"{self.timeout_s + 5:.0f} s: its main thread may be blocked outside Python")

@@ -1,12 +1,14 @@
 """Run a few lines of Python inside another running CPython, for `watch --attach`.
 
-Three ways in, chosen by the target's Python:
+Three ways in, chosen by the target's Python and the machine:
 
 - Python 3.14 and newer: `sys.remote_exec` (PEP 768), called by the target's own interpreter (it
   must be the same version as the target's), with a script file. The target runs it on its main
   thread at its next safe point.
-- elsewhere, gdb (lldb where gdb is missing): the debugger stops the process and asks its
-  interpreter for a pending call (`Py_AddPendingCall`) of a harmless function, `PyCallable_Check`,
+- elsewhere on x86-64 Linux, ptrace alone (ptrace.py): the interpreter is asked for a pending call of
+  `PyRun_SimpleString` with the lines, and the process let go at once, its registers as they were.
+- elsewhere, or where --debugger (or GPUMEMDOCTOR_GDB) names one, gdb (lldb where gdb is missing):
+  the debugger stops the process and asks its interpreter for a pending call (`Py_AddPendingCall`) of a harmless function, `PyCallable_Check`,
   with a NULL argument (it returns 0), and puts a breakpoint on that function's first instruction,
   taken only with a NULL argument. The interpreter runs pending calls on its main thread between
   two bytecodes, holding the GIL, never inside an allocation: where the breakpoint stops it, the
@@ -23,6 +25,7 @@ fix (errors.py): no debugger, ptrace refused, not a Python process, no safe poin
 """
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import re
@@ -209,6 +212,30 @@ def remote_exec(python: str, pid: int, script: str, timeout_s: float) -> None:
     raise AttachFailedError(f"sys.remote_exec({pid}) failed: {last}")
 
 
+# -- ptrace alone (x86-64 Linux) ------------------------------------------------------------
+
+def ptrace_exec(pid: int, make_code) -> dict:
+    """Queue the lines make_code(page, size) returns in process `pid` (ptrace.py). Raises one error with
+    the fix; the process is let go as it was, whatever happened."""
+    from . import ptrace
+
+    try:
+        return ptrace.queue(pid, make_code)
+    except LookupError as exc:
+        raise NotAttachableError(f"process {pid} is not a Python process, or its Python hides its symbols (no "
+                                 f"{exc} among them)") from None
+    except ptrace.PtraceError as exc:
+        if exc.code == errno.EPERM:
+            raise ptrace_refused(pid) from None
+        if exc.code == errno.ESRCH:
+            raise NotAttachableError(f"process {pid} ended before it could be attached to") from None
+        raise AttachFailedError(f"attaching to process {pid} failed, and it was let go as it was: {exc}") from None
+    except FileNotFoundError:
+        raise NotAttachableError(f"process {pid} ended before it could be attached to") from None
+    except OSError as exc:
+        raise AttachFailedError(f"attaching to process {pid} failed, and it was let go as it was: {exc}") from None
+
+
 # -- gdb and lldb ----------------------------------------------------------------------------
 
 def c_string(text: str) -> str:
@@ -279,9 +306,35 @@ def lldb_commands(code: str, register: str) -> list[str]:
     ]
 
 
-def debugger_exec(debugger: Debugger, pid: int, code: str, timeout_s: float) -> dict:
+CANARY = "import time\nwhile True:\n    time.sleep(0.01)"
+
+
+def debugger_exec(debugger: Debugger, pid: int, code: str, timeout_s: float, executable: str | None = None) -> dict:
     """Run `code` in process `pid` through the debugger (see the module's docstring). Returns what it
-    said: {"gil": the GIL held where it ran (1), "seconds": how long}. Raises one error with the fix."""
+    said: {"gil": the GIL held where it ran (1), "seconds": how long}. Raises one error with the fix.
+    With `executable` (the target's Python), the debugger is first tried on a process of that Python
+    of this tool's own: a debugger that cannot call into it (gdb 13 on some CPUs and kernels) fails
+    there, and the target is never touched."""
+    if executable:
+        canary = subprocess.Popen([executable, "-I", "-S", "-c", CANARY], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            time.sleep(0.2)
+            _debugger_run(debugger, canary.pid, "pass", min(timeout_s, 10.0))
+        except (AttachFailedError, NotAttachableError) as exc:
+            from . import ptrace
+
+            instead = "; leave --debugger (and GPUMEMDOCTOR_GDB) out to attach through ptrace alone" \
+                if ptrace.supported() else ""
+            raise AttachFailedError(f"{debugger.kind} failed on a test process of the same Python, so process {pid} "
+                                    f"was not touched: {exc}{instead}") from None
+        finally:
+            canary.kill()
+            canary.wait()
+    return _debugger_run(debugger, pid, code, timeout_s)
+
+
+def _debugger_run(debugger: Debugger, pid: int, code: str, timeout_s: float) -> dict:
     register = _register()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpumemdoctor-attach-") as folder:
@@ -352,5 +405,10 @@ def _outcome(debugger: Debugger, pid: int, out: str, timeout_s: float, seconds: 
 
 
 def _last_line(out: str) -> str:
+    """The debugger's last word: its last error where it printed one, else its last line."""
     lines = [line.strip() for line in out.splitlines() if line.strip() and not line.startswith(MARK)]
+    errors = [line for line in lines if re.search(r"couldn't|cannot|error|failed", line, re.I)
+              and "auto-load" not in line.lower()]
+    if errors:
+        return errors[-1][:200]
     return lines[-1][:200] if lines else "no output"

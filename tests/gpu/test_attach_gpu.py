@@ -5,8 +5,9 @@ while the agent is in (the worst gap between two steps within 2 ms of the same p
 attach). And `%gpumemdoctor` in an IPython shell names `Out[n]` and the failed cell's frame with CUDA
 tensors (tests/test_notebook.py is its CPU twin).
 
-The attach needs gdb: GPUMEMDOCTOR_GDB, or `.gdb/debs` from tests/gpu/fetch_gdb.sh (unpacked here by
-tests/gpu/gdb_from_debs.py), or gdb on PATH; without any, these tests skip (the notebook's does not)."""
+On x86-64 Linux the attach needs no debugger (ptrace alone, system/ptrace.py). Elsewhere, or with
+GPUMEMDOCTOR_GDB set, it needs gdb: GPUMEMDOCTOR_GDB, or `.gdb/debs` from tests/gpu/fetch_gdb.sh (unpacked
+here by tests/gpu/gdb_from_debs.py), or gdb on PATH; without any, these tests skip (the notebook's does not)."""
 from __future__ import annotations
 
 import json
@@ -72,6 +73,10 @@ def _debugger() -> str | None:
 
 @pytest.fixture(scope="module")
 def debugger():
+    from gpumemdoctor.system import ptrace
+
+    if ptrace.supported() and not os.environ.get("GPUMEMDOCTOR_GDB"):
+        return None  # ptrace alone: no debugger
     path = _debugger()
     if path is None:
         pytest.skip("no gdb: run tests/gpu/fetch_gdb.sh where apt is, carry .gdb/debs, or set GPUMEMDOCTOR_GDB")
@@ -85,7 +90,7 @@ def _worst_gap(ends: list, start: float, stop: float) -> tuple[float, int]:
     return (max(gaps) if gaps else float("nan")), len(inside)
 
 
-def _attach(tmp_path: Path, debugger: str, mode: str, *options: str):
+def _attach(tmp_path: Path, debugger: str | None, mode: str, *options: str):
     """Run the program plainly, attach to it after WARM_S, watch WATCH_S, stop; (report, its steps' ends,
     the times around the attach, watch's output)."""
     control = tmp_path / "control"
@@ -102,7 +107,8 @@ def _attach(tmp_path: Path, debugger: str, mode: str, *options: str):
         watch = subprocess.Popen([sys.executable, "-m", "gpumemdoctor", "watch", "--pid", str(program.pid), "--attach",
                                   "--no-tui", "--interval", "0.5", "--duration", str(WATCH_S), "-o", "r.json",
                                   *options], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 env={**os.environ, "GPUMEMDOCTOR_GDB": debugger, "NO_COLOR": "1"})
+                                 env={**os.environ, **({"GPUMEMDOCTOR_GDB": debugger} if debugger else {}),
+                                      "NO_COLOR": "1"})
         err: list = []
 
         def read_err():
@@ -142,7 +148,7 @@ def test_attach_names_the_leak_its_holder_and_its_line(tmp_path, debugger):
     notes = " ".join(report["notes"])
     assert "starts at the attach" in notes
     attached = report["recording"]["target"]["attached"]
-    assert attached["method"] == "gdb" and attached["detached"]["where"] == "the main thread"
+    assert attached["method"] == ("gdb" if debugger else "ptrace") and attached["detached"]["where"] == "the main thread"
     assert "PyTorch's memory history (off)" in attached["detached"]["restored"]
     assert "holder on cuda:0" in text or "growth suspected" in text  # the live view saw it
 
