@@ -271,11 +271,19 @@ class Tracee:
         return buf.raw[:iov.len]
 
     def _write_xstate(self) -> None:
+        """The extended state put back; where the kernel refuses the whole of it, its first 512 bytes
+        (the FXSAVE area: x87, SSE, MXCSR), which is what the two calls could have changed."""
         if self.xstate is None:
             return
-        buf = ctypes.create_string_buffer(self.xstate, len(self.xstate))
-        iov = IoVec(ctypes.cast(buf, ctypes.c_void_p), len(self.xstate))
-        _ptrace(PTRACE_SETREGSET, self.pid, NT_X86_XSTATE, ctypes.byref(iov), what="PTRACE_SETREGSET")
+        for kind, data in ((NT_X86_XSTATE, self.xstate), (NT_PRFPREG, self.xstate[:512])):
+            buf = ctypes.create_string_buffer(data, len(data))
+            iov = IoVec(ctypes.cast(buf, ctypes.c_void_p), len(data))
+            try:
+                _ptrace(PTRACE_SETREGSET, self.pid, kind, ctypes.byref(iov), what="PTRACE_SETREGSET")
+                return
+            except PtraceError:
+                if kind == NT_PRFPREG:
+                    raise
 
     def write(self, address: int, data: bytes) -> None:
         fd = os.open(f"/proc/{self.pid}/mem", os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
