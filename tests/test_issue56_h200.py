@@ -205,3 +205,68 @@ def test_the_structure_rule_weighs_what_the_allocated_counter_sees():
     assert structural(evidence([256 * MIB, 1800 * MIB, 3600 * MIB] + [4200 * MIB] * 3 + [4800 * MIB] * 3))
     assert structural(evidence([256 * MIB, 1800 * MIB, 4300 * MIB] + [4500 * MIB] * 3 + [4800 * MIB] * 3)) is None
     assert structural(evidence([4800 * MIB] * 9)) is None
+
+
+def test_a_leak_decided_by_its_structure_has_the_rise_of_the_counter_for_its_time_to_full():
+    """The rate a structure-decided leak's time-to-full rests on: the allocated counter's rise from the
+    first reading to the first near its highest, over the time between (here 3 GiB in 3 s), whatever the
+    readings after; none where it never rose."""
+    from types import SimpleNamespace
+
+    from gpumemdoctor.diagnosis.held import rise_rate
+
+    e = SimpleNamespace(allocated_values=[1 * GIB, 2 * GIB, 3 * GIB, 4 * GIB, 4 * GIB, 4 * GIB],
+                        allocated_times=[10.0, 11.0, 12.0, 13.0, 20.0, 30.0])
+    assert rise_rate(e, 64 * MIB) == 1 * GIB
+    assert rise_rate(SimpleNamespace(allocated_values=[GIB] * 4, allocated_times=[1.0, 2.0, 3.0, 4.0]), 0) is None
+
+
+def test_split_pieces_within_the_allocated_peak_are_not_a_fragmented_peak():
+    """A metric's compute() at the end (H200, issue56_h200): 704 MiB free in split pieces at one reading,
+    but the allocator reserved only 18 MiB beyond PyTorch's allocated peak counter: the pieces are the
+    peak's own freed tensors, not memory fragmentation cost. Where the reservation passed the allocated
+    peak by more (the fragmentation scenario: 544 MiB), the claim stands."""
+    from gpumemdoctor.diagnosis import claims
+
+    e = {"split_bytes": 704 * MIB, "graph_pool_free_bytes": 0, "inactive_split_bytes": 704 * MIB}
+    assert claims.make("fragmented-peak", **e, reserved_bytes=3616 * MIB, allocated_peak_bytes=3598 * MIB) is None
+    assert claims.make("fragmented-peak", **e, reserved_bytes=1824 * MIB, allocated_peak_bytes=1280 * MIB)
+    assert claims.make("fragmented-peak", **e) is not None  # a recording that did not read them
+    report = rejudged(RECORDED / "leak_metric_state_short_loop.json")
+    assert not [f for f in report["findings"] if f["kind"] == "fragmented-peak"]
+
+
+CALL2 = FIXTURES / "issue56_h200_call2"  # the six shapes at the session's last call (see its README)
+
+
+def _call2(path: Path) -> dict:
+    key = f"call2/{path.stem}"
+    if key not in _CACHE:
+        _CACHE[key] = rejudged(CALL2 / f"{path.stem}.json")
+    return _CACHE[key]
+
+
+@pytest.mark.parametrize("name", gpu.ISSUE_56)
+def test_the_last_calls_recordings_claim_only_what_was_seen(name):
+    gpu.test_the_new_shapes_claim_only_what_was_seen(name, _call2)
+
+
+def test_the_last_calls_recordings_pass_the_gpu_checks():
+    gpu.test_thread_local_buffers_freed_by_the_shutdown_are_a_leak_held_until_the_end(_call2)
+    gpu.test_an_error_under_a_memory_fraction_is_held_to_its_limit(_call2)
+    gpu.test_one_cat_of_64_chunks_names_the_concatenation_and_its_pieces(_call2)
+    gpu.test_a_metric_state_in_a_short_loop_is_a_leak_by_its_structure(_call2)
+    gpu.test_cuda_graphs_pools_are_the_graphs_memory(_call2)
+
+
+@pytest.mark.parametrize("name", ["leak_cuda_graph_pools", "leak_metric_state_short_loop"])
+def test_every_recording_of_a_shape_gets_the_same_verdict_and_claims(name):
+    """The runs recorded of one program on the H200 (three calls; they differed in when the samples and
+    the peak's readings fell) are judged the same: verdict, findings and claims (the GPU's three-runs
+    test asks it of three fresh runs)."""
+    seen = []
+    for folder in (RECORDED, AGAIN, CALL2):
+        report = rejudged(folder / f"{name}.json")
+        seen.append((report["verdict"], sorted((f["kind"], tuple(sorted(gpu.claim_names(f))))
+                                               for f in report["findings"] if f["kind"] != "context")))
+    assert seen[0] == seen[1] == seen[2], seen

@@ -76,6 +76,7 @@ class Evidence:
     peak_before_error: int | None = None
     steps: int = 0  # the steps the program marked (optimizer steps, gpumemdoctor.step())
     allocated_values: list[int] = field(default_factory=list)  # the series' allocated readings, in order
+    allocated_times: list[float] = field(default_factory=list)  # when each was read (seconds)
     shutdown: dict | None = None  # when the exit probes ran (the exit record's `shutdown`): before its joins
     graph_pools: list | None = None  # CUDA graphs' private pools at exit: [pools, reserved, allocated]
     # The readings of the allocator's events made inside a library loop (remedies.LIBRARY_LOOPS): t,
@@ -114,6 +115,7 @@ def gather(agent: AgentRecording, torch_index: int, nvml_index: int | None, wher
               unheld: list[dict]) -> Evidence:
     """What was observed of one process on one GPU, for the judgement."""
     values = [r.allocated_bytes for _, r in series if r.allocated_bytes is not None]
+    times = [s.t for s, r in series if r.allocated_bytes is not None]
     samples = len(values)
     # Samples can miss the build-up: a loop that runs between two samples, or right before exit.
     seen_most = max(values, default=0)
@@ -147,7 +149,7 @@ def gather(agent: AgentRecording, torch_index: int, nvml_index: int | None, wher
     return Evidence(
         pid=agent.pid, device=nvml_index, torch_index=torch_index, where=where, samples=samples, by=by,
         peak_before_error=_peak_before(agent, torch_index, ooms[0]) if ooms else None,
-        steps=agent.steps or 0, allocated_values=values, shutdown=(agent.exit_info or {}).get("shutdown"),
+        steps=agent.steps or 0, allocated_values=values, allocated_times=times, shutdown=(agent.exit_info or {}).get("shutdown"),
         graph_pools=next((row[1:] for row in ((agent.exit_info or {}).get("parts") or {}).get("graph_pools") or []
                           if row[0] == torch_index), None),
         loop_readings=[{"t": r["t"], "loop": r["loop"], "loop_called_at": r.get("loop_called_at")}

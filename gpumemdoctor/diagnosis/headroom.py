@@ -5,7 +5,8 @@ supervisor read it (`Recording.device_memory`) at the end of the run: the last r
 the process's last sample, while what had grown was still held; under a per-process memory fraction
 (limits.py), no more than what the fraction allows less what PyTorch had reserved then. The rate is the growth's per
 second; a growth measured per step has one only where the run's seconds per step were measured
-(`retention.growth_of`), and where there is none nothing is said. Pure.
+(`retention.growth_of`), and where there is none nothing is said. A leak its structure decided (its
+slope did not) has the rise of PyTorch's allocated counter while it rose (held.rise_rate). Pure.
 """
 from __future__ import annotations
 
@@ -23,7 +24,10 @@ def add_time_to_full(recording: Recording, result: Diagnosis) -> None:
     `time_to_full_s`, `free_bytes`, `free_t` and `rate_bytes_per_s` in its evidence."""
     for f in result.findings:
         growth = _growth_of(f, result.growth)
-        if growth is None or growth.rate_bytes_per_s is None:
+        rate = growth.rate_bytes_per_s if growth is not None else None
+        if rate is None and f.kind == "leak" and f.evidence.get("decided_by") == "structure":
+            rate = f.evidence.get("rise_rate_bytes_per_s")  # decided by its structure: the rise while it rose
+        if rate is None:
             continue
         free = free_at(recording, f.device, _last_read_t(recording, f.pid, f.device))
         if free is None:
@@ -32,13 +36,13 @@ def add_time_to_full(recording: Recording, result: Diagnosis) -> None:
         limit, source = _limit(recording, f)
         if source == limits.FRACTION and limit is not None:
             free_bytes = min(free_bytes, max(0, limit - _reserved_at_last(recording, f)))
-        seconds = seconds_to_full(growth.rate_bytes_per_s, free_bytes)
+        seconds = seconds_to_full(rate, free_bytes)
         if seconds is None:
             continue
-        f.evidence.update({"rate_bytes_per_s": growth.rate_bytes_per_s, "free_bytes": free_bytes,
+        f.evidence.update({"rate_bytes_per_s": rate, "free_bytes": free_bytes,
                            "free_t": t, "time_to_full_s": round(seconds, 3), "limit_bytes": limit,
                            "limit_source": source})
-        said = claims.make("time-to-full", rate_bytes_per_s=growth.rate_bytes_per_s, free_bytes=free_bytes,
+        said = claims.make("time-to-full", rate_bytes_per_s=rate, free_bytes=free_bytes,
                            limit_bytes=limit, limit_source=source)
         if said is not None:
             f.claims.append(words.as_json(said))

@@ -69,3 +69,19 @@ def structural(e: Evidence) -> tuple[dict, Claim] | None:
         if made is not None:
             return a, made
     return None
+
+
+def rise_rate(e: Evidence, near_bytes: int) -> float | None:
+    """How fast PyTorch's allocated counter rose while it rose, per second: from the first reading to the
+    first that came within `near_bytes` of its highest. The rate of a leak that the structure decided
+    (its slope alone did not), for the time it would take to fill what was left; None without two
+    readings a moment apart."""
+    values, times = e.allocated_values, e.allocated_times
+    if len(values) < 2 or len(times) != len(values):
+        return None
+    top = max(values)
+    reached = next(i for i, v in enumerate(values) if v >= top - near_bytes)
+    span = times[reached] - times[0]
+    if reached == 0 or span <= 0 or values[reached] <= values[0]:
+        return None
+    return (values[reached] - values[0]) / span

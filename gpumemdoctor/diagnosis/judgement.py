@@ -75,7 +75,7 @@ from .evidence import (SIGNIFICANT_BYTES, Evidence, Judged, at_line, brief, rele
 from .probed import suspect as probed_suspect, summary as probed_summary
 from . import claims, streams, words
 from .claims import Claim
-from .held import held_claims as _held_claims, structural as _structural
+from .held import held_claims as _held_claims, rise_rate as _rise_rate, structural as _structural
 from .out_of_memory import (OOM_ACCUMULATION_SHARE, cause as _oom_cause, finding as _out_of_memory,
                             kept_at_error as _kept_at_error)
 from .remedies import FINDINGS, LIBRARY_LOOPS
@@ -196,7 +196,8 @@ def _leak_by_structure(e: Evidence) -> Judged | None:
                   summary=f"{fb(a['bytes'])} of tensors in {e.where} had piled up: {words.say(made)}, held "
                           f"at the end. However the samples fell, that is how a leak looks: it grows with the run.{said}",
                   evidence={"decided_by": "structure", "accumulations": [brief(x) for x in e.accumulations],
-                            "root_cause": e.exit_search, **samples_of(e)},
+                            "root_cause": e.exit_search, **samples_of(e),
+                            "rise_rate_bytes_per_s": _rise_rate(e, SIGNIFICANT_BYTES)},
                   remedy=suspects[0]["remedy"], suspects=suspects, claims=[made, *more])
 
 

@@ -27,7 +27,8 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
     if split >= max(MIN_FINDING_BYTES, FRAGMENTED_SHARE * c.total_bytes):
         pools = c.bytes_of("graph-pools")
         said = claims.make("fragmented-peak", split_bytes=split, graph_pool_free_bytes=pools,
-                           inactive_split_bytes=capture["inactive_split"])
+                           inactive_split_bytes=capture["inactive_split"], reserved_bytes=capture.get("reserved"),
+                           allocated_peak_bytes=capture.get("allocated_peak"))
         if said is not None:
             out.append(Finding(kind="fragmented-peak", bytes=split, pid=c.pid, device=c.device,
                                summary=f"{moment}, {words.say(said)}",
