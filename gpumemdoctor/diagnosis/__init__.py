@@ -7,7 +7,9 @@ work's (cache); `retention` turns the growth of the live tensors into the eviden
 verdict list; `judgement` is the one decision table over the evidence (`evidence`) about one process
 on one GPU (its out-of-memory row in `out_of_memory`, what memory held to the end also says in `held`),
 and `remedies` the one table of what to do. Every sentence a finding acts on is a claim with its
-evidence (`claims`), made only where that evidence was seen, and `words` turns claims into words;
+evidence (`claims`), made only where that evidence was seen, and `words` turns claims into words
+(the one words API the reporters import); `summaries` makes the findings' summaries from the facts
+the rows found (the rows decide, they do not word);
 `limits` is the limit in force (the device, or a per-process memory fraction) that every "would fit"
 and headroom figure is held to. The evidence comes from `suspects` (the
 agent's searches as holders), `accumulations` (many alike tensors in a search: a leak not watched

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from .stacks import on_device, user_line
 from ..contract import GRAPH_POOL_LABEL
-from ..units import format_bytes as fb
 
 MIN_ALIKE = 8  # tensors held the same way (or allocations nobody holds) before they are "many"
 GRAPH_PART = ".grad_fn (autograd graph)"  # the part of a holder pattern that an autograd graph adds
@@ -109,14 +108,3 @@ def _unheld(g: dict, where: list | None, graph_grads: int | None) -> dict | None
     return {"count": alike, "bytes": g["unheld_bytes"] if g["frames"] else sizes[0][0] * alike,
             "sizes": sizes, "where": where, "thread": g["thread"],
             "same_line": bool(g["frames"]), "why": g.get("unheld_why"), "graph_grads": graph_grads}
-
-
-def alike_text(a: dict) -> str:
-    """`40 tensors of 64.0 MiB each` / `80 tensors, 72 of them 4.00 MiB`."""
-    sizes = a.get("sizes") or []
-    what = "tensors" if "pattern" in a else "allocations"
-    if sizes and sizes[0][1] == a["count"]:
-        return f"{a['count']} {what} of {fb(sizes[0][0])} each"
-    if sizes:
-        return f"{a['count']} {what}, {sizes[0][1]} of them {fb(sizes[0][0])}"
-    return f"{a['count']} {what}"

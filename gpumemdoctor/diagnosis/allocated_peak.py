@@ -41,8 +41,6 @@ HOW = {
     "outside-pytorch": "NVML's figure for the process less the context and PyTorch's reserved memory, at the "
                        "nearest reading",
 }
-PHASES = {"backward": "inside backward()", "optimizer step": "inside an optimizer step",
-          "outside": "outside backward() and the optimizer steps (a forward, an evaluation, the program's own code)"}
 
 
 def reading(agent, torch_index: int) -> dict | None:
@@ -103,7 +101,7 @@ def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | N
     # The step count then: the reading's may be a step later (it came at the next step's sample).
     step = max((s.step for s in agent.samples if s.t <= t and s.step is not None), default=r.get("step"))
     notes = [f"split at PyTorch's allocated peak, {fb(allocated)}, from its allocation events walked back from a "
-             f"reading {r['peak_before_s'] or 0:.3f} s later; it came {PHASES[r['phase']]}"]
+             f"reading {r['peak_before_s'] or 0:.3f} s later; it came {words.PHASES[r['phase']]}"]
     short = (r["counter"] or 0) - allocated
     if short > COUNTER_SLACK:
         notes.append(f"the events' highest moment is {fb(short)} below PyTorch's allocated peak counter "

@@ -1,6 +1,6 @@
 """The evidence about one process on one GPU that the judgement weighs (judgement.py), how it is
-gathered from a recording (`gather`, `exit_state`), what a row finds (`Judged`), and the words the
-rows share. Pure."""
+gathered from a recording (`gather`, `exit_state`), what a row finds (`Judged`), and what the rows
+share (`shortness`, why the samples could not judge growth: summaries.py words it). Pure."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -14,7 +14,6 @@ from .stacks import at, user_line
 from ..growth import MIN_POINTS
 from ..recording.recording import AgentRecording, TorchSample
 from ..recording.records import DeviceReading
-from ..units import format_bytes as fb
 
 SIGNIFICANT_BYTES = 64 << 20
 MIN_WATCHED_AFTER = 4  # samples at (nearly) the final level before growth over time may decide
@@ -215,18 +214,15 @@ class Judged:
     claims: list = field(default_factory=list)  # claims.Claim: what it says, with the evidence of each
 
 
-# -- words ---------------------------------------------------------------------------
+# -- what the rows share -----------------------------------------------------------------
 
-def too_short(e: Evidence) -> str:
-    what = "step samples" if e.by == "step" else "samples"
-    if e.samples < MIN_POINTS:
-        return (f"The run was too short to see growth over time ({e.samples} {what}; judging growth "
-                f"needs {MIN_POINTS}),")
-    if e.unseen_bytes >= SIGNIFICANT_BYTES:
-        return (f"The samples did not see the memory build up ({fb(e.unseen_bytes)} of what was alive at "
-                f"exit came after the last of {e.samples} {what}),")
-    return (f"The samples saw what was alive at exit only at the very end (the last {e.watched_after} of "
-            f"{e.samples} {what}), too late to tell a leak from a program that ends at its peak,")
+def shortness(e: Evidence) -> dict:
+    """Why the samples could not judge growth, with their figures (summaries.too_short words it):
+    `few` (fewer than MIN_POINTS), `unseen` (what was alive at exit came after the last sample), or
+    `late` (they saw it only at the very end)."""
+    why = ("few" if e.samples < MIN_POINTS else "unseen" if e.unseen_bytes >= SIGNIFICANT_BYTES else "late")
+    return {"why": why, "samples": e.samples, "by": e.by, "unseen_bytes": e.unseen_bytes,
+            "watched_after": e.watched_after}
 
 
 def samples_of(e: Evidence) -> dict:
@@ -239,12 +235,6 @@ def line_of(stack: list) -> str | None:
     return at(frame) if frame else None
 
 
-def at_line(oom: dict) -> str:
-    line = line_of(oom["stack"])
-    thread = f" in thread {oom['thread']}" if oom["thread"] != "MainThread" else ""
-    return (line or "an unknown line") + thread
-
-
 def brief(a: dict) -> dict:
     return {k: v for k, v in a.items() if k in ("pattern", "path", "kind", "count", "bytes", "sizes",
                                                  "where", "thread", "same_line")}
@@ -254,20 +244,3 @@ def oom_brief(o: dict) -> dict:
     return {k: o[k] for k in ("t", "step", "device", "request_bytes", "limit_bytes", "device_free_bytes",
                               "allocated_bytes", "reserved_bytes", "largest_free_block_bytes",
                               "free_in_segments_bytes", "processes", "thread")} | {"at": line_of(o["stack"])}
-
-
-def released_words(g: dict, released: dict) -> str:
-    """How a growth that lasted the whole loop was let go of only after it."""
-    step = f" (step {released['after_step']})" if released.get("after_step") is not None else ""
-    how = {
-        "after-the-loop": f"until the loop's last step{step}; it was let go of "
-                          f"{released['t'] - released['after_t']:.1f} s later, when what held it went "
-                          f"away (a function that returned, a list that was dropped)",
-        "gc-at-exit": f"until the loop's last step{step}; only gc.collect() at exit freed it: reference "
-                      f"cycles held it (an object that refers to its owner, such as a trainer and its "
-                      f"module)",
-        "gc-during-run": f"until the loop's last step{step}; an automatic garbage collection freed it "
-                         f"{released['t'] - released['after_t']:.1f} s later: reference cycles held it",
-    }[released["how"]]
-    return (f"{fb(g['grown_bytes'])} in all, {how}. It grows with the number of steps: the same loop, "
-            f"run longer, runs out of memory")

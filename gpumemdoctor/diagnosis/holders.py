@@ -20,17 +20,18 @@ class Holders:
     def __init__(self, agent: AgentRecording, torch_index: int):
         self.agent, self.torch_index = agent, torch_index
 
-    def leak(self, released: bool) -> tuple[list[dict], dict, str, str]:
-        """A growing leak's (suspects, root cause, the summary's closing words, remedy)."""
+    def leak(self, released: bool) -> tuple[list[dict], dict, str | None, str]:
+        """A growing leak's (suspects, root cause, why no search named its holder where the probe
+        named it instead (else None), remedy)."""
         agent, i = self.agent, self.torch_index
         found, root_cause = suspects.leak_suspects(agent.root, i, released)
         named = probed.growth_suspects(root_cause, agent, i, released)
-        said = ""
+        unsearched = None
         if named:
             found, root_cause = named
-            said = f" No search named its holder ({root_cause['why_not']})."
+            unsearched = root_cause["why_not"]
         remedy = found[0]["remedy"] if found and found[0]["holders"] else FINDINGS["leak-unsearched"]
-        return found, root_cause, said, remedy
+        return found, root_cause, unsearched, remedy
 
     def live(self) -> tuple[list[dict], dict, str]:
         """What is alive at exit: (suspects, root cause, remedy)."""

@@ -47,7 +47,8 @@ and every finding says which evidence decided it:
 
 Rows 11, 12, 17 and 18 are about memory outside PyTorch (`outside_pytorch` decides 17, 18 and 11,
 the first that applies); how it is measured and itemised is in non_torch.py, nccl.py and
-libraries.py. The evidence, and the words the rows share: evidence.py.
+libraries.py. The evidence: evidence.py. The rows decide; their summaries' words are
+summaries.py's, made from the facts each row hands over (`tell`).
 
 Rows 1-4 decide one leak finding (the first that applies). With enough samples,
 watching decides: an accumulation that did not grow while the program was
@@ -70,18 +71,17 @@ until the end (held.py: read before the interpreter's shutdown, CUDA graphs' poo
 """
 from __future__ import annotations
 
-from .evidence import (SIGNIFICANT_BYTES, Evidence, Judged, at_line, brief, released_words, samples_of,
-                       too_short)
-from .probed import suspect as probed_suspect, summary as probed_summary
-from . import claims, streams, words
+from .evidence import SIGNIFICANT_BYTES, Evidence, Judged, brief, line_of, samples_of, shortness
+from .probed import suspect as probed_suspect
+from . import claims, streams, summaries
+from .summaries import tell
 from .claims import Claim
 from .held import held_claims as _held_claims, rise_rate as _rise_rate, structural as _structural
 from .out_of_memory import (OOM_ACCUMULATION_SHARE, cause as _oom_cause, finding as _out_of_memory,
                             kept_at_error as _kept_at_error)
 from .remedies import FINDINGS, LIBRARY_LOOPS
-from .suspects import MAX_SUSPECTS, accumulation_suspect, alike_text, unheld_suspect
+from .suspects import MAX_SUSPECTS, accumulation_suspect, unheld_suspect
 from ..contract import MIN_GROWTH_BYTES as MIN_LEAK_BYTES, PEAK_MIN_BYTES  # the agent's phase watch's too
-from ..units import format_bytes as fb
 
 # Row 2b, a staircase: pauses that each left at least STAIR_MIN_BYTES behind, at least MIN_STAIRS of
 # them, still held at exit, an accumulation at exit holding at least STAIR_HELD_SHARE of the steps.
@@ -136,9 +136,8 @@ def _leak_at_oom(e: Evidence, oom: dict, held: list[dict]) -> Judged | None:
     suspects = [accumulation_suspect(x) for x in held[:MAX_SUSPECTS]]
     return Judged(
         kind="leak", bytes=a["bytes"],
-        summary=f"{e.where} ran out of memory at {at_line(oom)}, and {fb(a['bytes'])} of the "
-                f"{fb(oom['allocated_bytes'])} allocated then was {alike_text(a)} held by "
-                f"{a['pattern']}: an accumulation filled the GPU.",
+        summary=tell("leak-at-oom", where=e.where, line=line_of(oom["stack"]), thread=oom["thread"],
+                     allocated_bytes=oom["allocated_bytes"], accumulation=a),
         evidence={"decided_by": "out-of-memory", "accumulation": brief(a),
                   "allocated_at_error": oom["allocated_bytes"], "root_cause": e.oom_search,
                   **samples_of(e)},
@@ -150,17 +149,10 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
     if g is None:
         return None
     released = g.get("released")
-    if released is not None:
-        held = released_words(g, released)
-    elif g.get("retained_by") == "accumulation-at-exit":
-        held = (f"{fb(g['retained_bytes'])} of alike tensors that piled up is still held at the end "
-                f"(the program freed other memory before it ended)")
-    else:
-        held = f"{fb(g['retained_bytes'])} of that growth is still held at the end"
     evidence = {"decided_by": "growth", **{k: v for k, v in g.items() if k != "rate_text"}, **samples_of(e)}
-    found, said, remedy = [], "", ""
+    found, unsearched, remedy = [], None, ""
     if e.holders is not None:
-        found, evidence["root_cause"], said, remedy = e.holders.leak(released is not None)
+        found, evidence["root_cause"], unsearched, remedy = e.holders.leak(released is not None)
     made: list[Claim] = []
     if released is not None:
         made.append(claims.make("released-after-the-loop", how=released.get("how"), t=released.get("t"),
@@ -171,18 +163,17 @@ def _leak_by_growth(e: Evidence) -> Judged | None:
     structure = _structural(e)  # said too where growth decided: the same claims, whichever decided
     if structure is not None:
         made.append(structure[1])
-    said += "".join(f" {words.sentence(words.say(c))}" for c in more)
     return Judged(kind="leak", bytes=size,
-                  summary=f"Live PyTorch tensors in {e.where} kept growing, {g['rate_text']}, and {held}.{said}",
+                  summary=tell("leak-by-growth", where=e.where, growth=g, released_how=released,
+                               unsearched=unsearched, said=more),
                   evidence=evidence, remedy=remedy, suspects=found, claims=[c for c in made if c is not None])
 
 
 def _leak_by_structure(e: Evidence) -> Judged | None:
     found = _leak_at_exit(
         e, e.accumulations, "structure", "accumulations", accumulation_suspect,
-        lambda total, a: f"{fb(total)} of tensors in {e.where} had piled up: {alike_text(a)} "
-                         f"held by {a['pattern']}. {too_short(e)} so this accumulation, which is how "
-                         f"a leak looks, decided.")
+        lambda total, a: tell("leak-too-short", where=e.where, total_bytes=total, accumulation=a,
+                              short=shortness(e)))
     if found is not None:
         return found
     structure = _structural(e)  # the samples were enough, and their slope did not decide: the structure does
@@ -191,10 +182,8 @@ def _leak_by_structure(e: Evidence) -> Judged | None:
     a, made = structure
     more, size = _held_claims(e, a["bytes"], a.get("graph_pool_bytes", 0))
     suspects = [accumulation_suspect(x) for x in e.accumulations[:MAX_SUSPECTS]]
-    said = "".join(f" {words.sentence(words.say(c))}" for c in more)
     return Judged(kind="leak", bytes=size,
-                  summary=f"{fb(a['bytes'])} of tensors in {e.where} had piled up: {words.say(made)}, held "
-                          f"at the end. However the samples fell, that is how a leak looks: it grows with the run.{said}",
+                  summary=tell("leak-by-structure", where=e.where, accumulation=a, structure=made, said=more),
                   evidence={"decided_by": "structure", "accumulations": [brief(x) for x in e.accumulations],
                             "root_cause": e.exit_search, **samples_of(e),
                             "rise_rate_bytes_per_s": _rise_rate(e, SIGNIFICANT_BYTES)},
@@ -204,9 +193,7 @@ def _leak_by_structure(e: Evidence) -> Judged | None:
 def _leak_unheld(e: Evidence) -> Judged | None:
     return _leak_at_exit(
         e, e.unheld, "unheld", "unheld", unheld_suspect,
-        lambda total, u: f"{fb(total)} in {e.where} is {alike_text(u)} that no Python object "
-                         f"holds, still allocated at exit. {too_short(e)} so this decided: many alike "
-                         f"allocations kept alive from C++, as a reference cycle through autograd does.")
+        lambda total, u: tell("leak-unheld", where=e.where, total_bytes=total, unheld=u, short=shortness(e)))
 
 
 def _leak_at_exit(e: Evidence, found: list[dict], decided_by: str, key: str, suspect, summary) -> Judged | None:
@@ -238,13 +225,9 @@ def _leak_by_phases(e: Evidence) -> Judged | None:
         return None
     a = held[0]
     suspects = [accumulation_suspect(x) for x in held[:MAX_SUSPECTS]]
-    steps = ", ".join(fb(p.kept) for p in stairs)
     return Judged(
         kind="leak", bytes=a["bytes"],
-        summary=f"Live PyTorch tensors in {e.where} grew in steps, one at each of {len(stairs)} pauses in "
-                f"the loop's steps (an evaluation, a validation): +{steps}, all still held at the end, "
-                f"{alike_text(a)} held by {a['pattern']}. Each pause adds a step: a longer run, with more "
-                f"evaluations, runs out of memory.",
+        summary=tell("leak-by-phases", where=e.where, kept=[p.kept for p in stairs], accumulation=a),
         evidence={"decided_by": "phases", "stairs": [p.to_json() for p in stairs], "kept_bytes": kept,
                   "accumulation": brief(a), "root_cause": e.exit_search, **samples_of(e)},
         remedy=suspects[0]["remedy"], suspects=suspects)
@@ -257,22 +240,14 @@ def _garbage(e: Evidence) -> Judged | None:
     during = (e.collections or {}).get("max_freed_bytes") or 0
     if max(at_exit, during) < SIGNIFICANT_BYTES:
         return None
-    c = e.collections or {}
-    if at_exit >= SIGNIFICANT_BYTES:
-        summary = (f"{fb(at_exit)} of tensors in {e.where} were unreachable but held by reference "
-                   f"cycles: only the cyclic garbage collector frees them.")
-        decided = "gc-at-exit"
-    else:
-        summary = (f"Reference cycles in {e.where} held tensors until Python's garbage collector ran: "
-                   f"{c.get('freeing')} collection{'s' if c.get('freeing') != 1 else ''} during the run "
-                   f"freed {fb(c.get('freed_bytes'))} of CUDA memory, up to {fb(during)} at once. "
-                   f"Nothing of it was left at exit, but until each collection it took GPU memory.")
-        decided = "gc-during-run"
-    if during >= SIGNIFICANT_BYTES and at_exit >= SIGNIFICANT_BYTES:
-        summary += (f" Collections during the run also freed {fb(c.get('freed_bytes'))} "
-                    f"(up to {fb(during)} at once).")
-    if collector_off(e.collector):  # row 8's cause, where no growth was let go of by it
-        return _garbage_cycle(e, max(at_exit, during), f"{_collector_text(e)}: {summary}",
+    decided = "gc-at-exit" if at_exit >= SIGNIFICANT_BYTES else "gc-during-run"
+    off = collector_off(e.collector)
+    summary = tell("garbage-cycle", where=e.where, decided_by=decided, at_exit_bytes=at_exit, during_bytes=during,
+                   collections=e.collections or {},
+                   also_during=during >= SIGNIFICANT_BYTES and at_exit >= SIGNIFICANT_BYTES,
+                   collector_off=e.collector if off else None)
+    if off:  # row 8's cause, where no growth was let go of by it
+        return _garbage_cycle(e, max(at_exit, during), summary,
                               {"decided_by": decided, "cause": "collector-disabled", "collector": e.collector,
                                "garbage_at_exit_bytes": e.garbage_bytes, "collections_during_run": e.collections},
                               FINDINGS["collector-disabled"])
@@ -291,17 +266,12 @@ def _garbage_cycle(e: Evidence, size: int, summary: str, evidence: dict, remedy:
 
 
 def _live_at_exit(e: Evidence) -> Judged:
-    if e.enough_samples:
-        why = "They did not keep growing while the program was watched, so this is not a leak: it is"
-    else:
-        why = (f"{too_short(e)} and nothing else pointed to a leak, so this is taken as")
     found, root_cause, remedy = e.holders.live() if e.holders is not None else ([], e.exit_search, "")
     more, _ = _held_claims(e, e.live_bytes)
     return Judged(
         kind="live-at-exit", bytes=e.live_bytes, claims=more,
-        summary=f"{fb(e.live_bytes)} of tensors in {e.where} were still referenced when the program "
-                f"ended. {why} what the program still holds (a model, data, or a reference it forgot "
-                f"to drop), and nvidia-smi counts it until the process exits.",
+        summary=tell("live-at-exit", where=e.where, live_bytes=e.live_bytes,
+                     short=None if e.enough_samples else shortness(e)),
         evidence={"decided_by": "exit", "live_at_end_bytes": e.live_bytes, "root_cause": root_cause,
                   "accumulations": [brief(a) for a in e.accumulations], **samples_of(e)},
         remedy=remedy, suspects=found)
@@ -315,41 +285,31 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
     if not bound:
         return None
     top = max(bound, key=lambda p: p.rise)
-    heights = ", ".join(fb(p.rise) for p in bound[:6]) + (" ..." if len(bound) > 6 else "")
     suspects = [probed_suspect(x, phase=True) if x.get("probed") else accumulation_suspect(x, phase=True)
                 for x in e.phase_accumulations[:MAX_SUSPECTS]]
-    held = ""
-    said: list[Claim] = []
-    if e.phase_accumulations and e.phase_accumulations[0].get("probed"):
-        a, search = e.phase_accumulations[0], e.phase_search or {}
-        why = search.get("declined") or "no search was made at a pause's height"
-        held = (f" At its height the probe of the program's names found {probed_summary(a)}; no copy of the "
-                f"process was searched there ({why}).")
-    elif e.phase_accumulations:
-        a = e.phase_accumulations[0]
-        held = f" At its height {alike_text(a)} were held by {a['pattern']}."
+    declined = (e.phase_search or {}).get("declined")
+    made: list[Claim] = []  # the claims the finding makes
+    said: list[Claim] = []  # those its summary says
     loop = _loop_in(e, bound)
     remedy = suspects[0]["remedy"] if suspects else None
     if loop is not None:  # a library's loop gathered it: its own switches
+        made.append(loop)
         said.append(loop)
-        held += f" {words.sentence(words.say(loop))}"
         remedy = remedy if suspects and suspects[0].get("holders") else LIBRARY_LOOPS[loop.evidence["loop"]]
     if not suspects:
-        why = (e.phase_search or {}).get("declined") or "no search was made at a pause's height"
-        unseen = claims.not_seen("what held it", why)
-        said.append(unseen)
+        unseen = claims.not_seen("what held it", declined or summaries.NO_PAUSE_SEARCH)
+        made.append(unseen)
         if loop is None:
-            held += f" {words.sentence(words.say(unseen))}"
+            said.append(unseen)
             remedy = FINDINGS["phase-unsearched"]
     return Judged(
         kind="avoidable-peak", bytes=top.rise,
-        summary=f"In {e.where}, memory rose during {len(bound)} pause{'s' if len(bound) > 1 else ''} in the "
-                f"loop's steps (an evaluation, a validation, the work after the last step) by up to "
-                f"{fb(top.rise)} ({heights}), above all that the steps had reached, and was let go of at "
-                f"each pause's end: not a leak, but what made the peak.{held}",
+        summary=tell("avoidable-peak", where=e.where, rises=[p.rise for p in bound],
+                     held=e.phase_accumulations[0] if e.phase_accumulations else None, declined=declined,
+                     said=said),
         evidence={"decided_by": "phases", "pauses": [p.to_json() for p in bound],
                   "highest_bytes": top.height, "root_cause": e.phase_search},
-        remedy=remedy, suspects=suspects, claims=said)
+        remedy=remedy, suspects=suspects, claims=made)
 
 
 def _loop_in(e: Evidence, pauses: list) -> Claim | None:
@@ -365,8 +325,7 @@ def _context(e: Evidence) -> Judged | None:
     if not e.context_bytes:
         return None
     return Judged(kind="context", bytes=e.context_bytes,
-                  summary=f"{fb(e.context_bytes)} is the CUDA context of {e.where}: per-process overhead, "
-                          f"not a leak.",
+                  summary=tell("context", where=e.where, context_bytes=e.context_bytes),
                   evidence={"context_bytes": e.context_bytes, "cuda_started_t": e.cuda_t},
                   remedy=FINDINGS["context"])
 
@@ -394,8 +353,7 @@ def _allocator_cache(e: Evidence) -> Judged | None:
     reserved, nvml = e.after_empty_cache or (None, None)
     return Judged(
         kind="allocator-cache", bytes=e.cache_bytes,
-        summary=f"{fb(e.cache_bytes)} in {e.where} is PyTorch's allocator cache: memory of freed "
-                f"tensors kept for reuse. nvidia-smi counts it; it is not a leak.",
+        summary=tell("allocator-cache", where=e.where, cache_bytes=e.cache_bytes),
         evidence={"reserved_at_end": e.reserved_bytes, "active_at_end": e.active_bytes,
                   "reserved_after_empty_cache": reserved, "nvml_after_empty_cache": nvml},
         remedy=FINDINGS["allocator-cache"])
@@ -415,20 +373,12 @@ def collector_off(c: dict | None) -> bool:
     return samples > 0 and (c.get("off_samples") or 0) >= COLLECTOR_OFF_SHARE * samples
 
 
-def _collector_text(e: Evidence) -> str:
-    c = e.collector or {}
-    when = "at exit" if c.get("enabled_at_exit") is False or c.get("threshold") == 0 else \
-        f"at {c.get('off_samples')} of its {c.get('samples')} samples"
-    return f"The garbage collector was disabled ({when}), so reference cycles were never freed while it ran"
-
-
 def _disabled_collector(e: Evidence, garbage: Judged | None) -> Judged:
     """Row 8: growth that only a collection let go of, in a program that runs without automatic
     collection: the cycles are the cause, the disabled collector the reason they piled up."""
     g = e.growth
     size = max(g["grown_bytes"], garbage.bytes if garbage is not None else 0)
-    summary = (f"{_collector_text(e)}: {fb(g['grown_bytes'])} of tensors in {e.where} piled up in reference "
-               f"cycles, {g['rate_text']}, and only gc.collect() freed them.")
+    summary = tell("collector-disabled", where=e.where, collector_off=e.collector, growth=g)
     evidence = {"decided_by": "collector-disabled", "cause": "collector-disabled", "collector": e.collector,
                 "growth": {k: v for k, v in g.items() if k != "rate_text"},
                 "garbage_at_exit_bytes": e.garbage_bytes, "collections_during_run": e.collections}
@@ -438,13 +388,10 @@ def _disabled_collector(e: Evidence, garbage: Judged | None) -> Judged:
 def _end_not_seen(e: Evidence) -> Judged:
     """Row 9: memory was held, and the process ended before anything could say by what."""
     ended = e.ended
-    last = (f"at its last reading ({e.last_t:.1f} s)" if e.last_t is not None else "at its last reading")
-    watched = ("" if e.enough_samples else f" {too_short(e)} so neither growth nor its holders can decide.")
     return Judged(
         kind="unknown", bytes=e.last_allocated_bytes,
-        summary=f"{fb(e.last_allocated_bytes)} of tensors were alive in {e.where} {last}, and the process "
-                f"{ended['text']}: its exit probes and the holder search never ran, so what held them, and "
-                f"whether they were a leak, is unknown.{watched}",
+        summary=tell("end-not-seen", where=e.where, last_allocated_bytes=e.last_allocated_bytes, last_t=e.last_t,
+                     ended=ended, short=None if e.enough_samples else shortness(e)),
         evidence={"decided_by": "end-not-seen", "ended": ended, "last_allocated_bytes": e.last_allocated_bytes,
                   "last_t": e.last_t, **samples_of(e)},
         remedy=FINDINGS["end-not-seen"])
@@ -455,8 +402,7 @@ def unread(pid: int, device: int | None, nvml_bytes: int, ended: dict) -> Judged
     before the agent's first reading of PyTorch's allocator."""
     return Judged(
         kind="unknown", bytes=nvml_bytes,
-        summary=f"Process {pid} on GPU {device} held {fb(nvml_bytes)} (NVML), and {ended['text']} before its "
-                f"agent's first reading of PyTorch's allocator: no evidence says what that memory was.",
+        summary=tell("no-reading", pid=pid, device=device, nvml_bytes=nvml_bytes, ended=ended),
         evidence={"decided_by": "no-reading", "ended": ended, "nvml_bytes": nvml_bytes},
         remedy=FINDINGS["no-reading"])
 
@@ -470,11 +416,11 @@ def outside_pytorch(grew: str | None, beyond_allowance: bool, peak: dict | None,
     that a window of readings held (non_torch.run_peak), judged against `allowance` (the allowance,
     NCCL's part and the pools)."""
     if grew is not None:
-        return "growth", f"and it kept growing past warm-up, {grew}"
-    if beyond_allowance:
-        return "exit", "more than CUDA libraries take"
-    if peak is not None and peak["rise"] > allowance:
-        return "peak", (f"at exit, and while the program ran it rose past warm-up by {fb(peak['rise'])}, to "
-                        f"{fb(peak['peak'])} (held from {peak['at']:.1f}), whatever was left at exit: memory let "
-                        f"go of at the end still grew")
-    return None
+        decided = "growth"
+    elif beyond_allowance:
+        decided = "exit"
+    elif peak is not None and peak["rise"] > allowance:
+        decided = "peak"
+    else:
+        return None
+    return decided, tell("outside-pytorch", decided_by=decided, grew=grew, peak=peak)

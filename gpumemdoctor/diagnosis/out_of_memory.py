@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from . import claims, fit, words
 from .claims import Claim
-from .evidence import Evidence, Judged, at_line, oom_brief
+from .evidence import Evidence, Judged, line_of, oom_brief
 from .remedies import FINDINGS, OUT_OF_MEMORY
 from ..units import format_bytes as fb
 
@@ -115,7 +115,7 @@ def finding(e: Evidence, oom: dict, cause: str) -> Judged:
         remedy = OUT_OF_MEMORY[cause]
     return Judged(
         kind="out-of-memory", bytes=request,
-        summary=f"{e.where} ran out of GPU memory at {at_line(oom)}: {why}.{caught}{ends}",
+        summary=f"{e.where} ran out of GPU memory at {words.at_line(line_of(oom['stack']), oom['thread'])}: {why}.{caught}{ends}",
         evidence={"decided_by": "out-of-memory", "cause": cause, "figures": figures, "errors": len(e.ooms),
                   "first": oom_brief(oom), "root_cause": e.oom_search, "what_would_fit": fits,
                   "limit_bytes": limit, "limit_source": e.limit_source},

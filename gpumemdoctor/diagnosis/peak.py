@@ -27,6 +27,7 @@ import functools
 from . import allocated_peak, cache_filled, fit, probed
 from .peak_warnings import findings
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
+from .words import unclassified_told  # noqa: F401 (its words are words.py's; named here as before)
 from ..units import MAX_SIZE_BYTES
 from ..units import format_bytes as fb
 
@@ -433,16 +434,6 @@ def _earlier_probe(agent, capture: dict) -> tuple[dict, dict] | None:
     same = [(c, p) for c, p in probed.probes_of(agent, capture["device"], paused=True)
             if c["step"] == capture["step"] and capture["t"] - EARLIER_S <= c["t"] < capture["t"]]
     return same[-1] if same else None  # (in time order)
-
-
-def unclassified_told(part: PeakPart) -> str:
-    """What is known of an unclassified part, in a few words: its one holder (cuBLAS's workspaces at
-    exit) and where the rest was read, the end of the `how` that _unclassified_how wrote."""
-    said = [f"{h['name']} {fb(h['bytes'])}" for h in part.holders[:1]]
-    at = [i for i in (part.how.find("; read "), part.how.find("; the rest read ")) if i >= 0]
-    if at:
-        said.append(part.how[min(at) + 2:])
-    return "; ".join(said)
 
 
 def _libraries(agent) -> str:

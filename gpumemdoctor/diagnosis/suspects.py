@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 
 from . import remedies, stacks
-from .accumulations import DIRECT_SHARE, GRAPH_PART, accumulations, alike_text
+from .accumulations import DIRECT_SHARE, GRAPH_PART, accumulations
+from .words import alike, gave_up_text  # noqa: F401 (gave_up_text: words.py's, named here as before)
 from .stacks import at, on_device, user_line
 from ..contract import GRAPH_POOL_LABEL
 from ..units import MIB
@@ -321,7 +322,7 @@ def accumulation_suspect(a: dict, phase: bool = False, released: bool = False) -
     `released`: held through the loop, let go of after it)."""
     holder = {"path": a["path"], "pattern": a["pattern"], "kind": a["kind"], "count": a["count"],
               "bytes": a["bytes"], "sizes": a["sizes"]}
-    summary = f"{fb(a['bytes'])} in {alike_text(a)} held by {a['path']}"
+    summary = f"{fb(a['bytes'])} in {alike(a)} held by {a['path']}"
     if a["count"] > 1:
         summary += f" and {a['count'] - 1} more like it"
     if a["where"]:
@@ -343,7 +344,7 @@ def unheld_suspect(u: dict) -> dict:
     """A suspect made of alike allocations that nothing in Python holds."""
     where = f" at {at(u['where'])}" if u["where"] else ""
     why = u.get("why")
-    summary = f"{fb(u['bytes'])} in {alike_text(u)}{where} {unheld_text(why) if why else 'that no Python object holds'}"
+    summary = f"{fb(u['bytes'])} in {alike(u)}{where} {unheld_text(why) if why else 'that no Python object holds'}"
     remedy = remedies.unheld_remedy(why, u["where"], u.get("graph_grads"))
     return {"kind": "allocation", "bytes": u["bytes"], "count": u["count"], "where": u["where"],
             "stack": [u["where"]] if u["where"] else [], "thread": u["thread"], "holders": [],
@@ -377,9 +378,3 @@ def search_of(root: dict, when: str) -> dict | None:
     """The last search over all live memory made at `when` ("exit" or "oom")."""
     found = [i for i in root["investigations"] if i["when"] == when and i["all_live"] is not False]
     return found[-1] if found else None
-
-
-def gave_up_text(gave_up: str) -> str:
-    """A search's `gave_up` as the report says it: this version's say how they stopped ("stopped
-    at its 1 s budget ...", "reached the end of ..."); an older report's get "gave up" before."""
-    return gave_up if gave_up.startswith(("stopped", "reached")) else f"gave up {gave_up}"

@@ -64,6 +64,23 @@ def _earlier_inputs(earlier: list | None, now: list) -> str:
         f"{name} {_shape(shape)} ({steps} step{'s' if steps != 1 else ''})" for name, shape, steps in differ)
 
 
+def alike(a: dict) -> str:
+    """`40 tensors of 64.0 MiB each` / `80 tensors, 72 of them 4.00 MiB`: an accumulation's (or
+    unheld allocations') count and sizes."""
+    sizes = a.get("sizes") or []
+    what = "tensors" if "pattern" in a else "allocations"
+    if sizes and sizes[0][1] == a["count"]:
+        return f"{a['count']} {what} of {fb(sizes[0][0])} each"
+    if sizes:
+        return f"{a['count']} {what}, {sizes[0][1]} of them {fb(sizes[0][0])}"
+    return f"{a['count']} {what}"
+
+
+def at_line(line: str | None, thread: str) -> str:
+    """'train.py:40 in thread loader': where an error came, the program's own line."""
+    return (line or "an unknown line") + (f" in thread {thread}" if thread != "MainThread" else "")
+
+
 def shape_words(shape) -> str:
     """'24 x 4096': a tensor's shape as the findings write it."""
     return _shape(shape)
@@ -146,3 +163,26 @@ SAY = {
                                f"{e['free_bytes'] / e['rate_bytes_per_s']:.0f} s"),
     "not-seen": lambda e: f"{e['what']} was not seen: {e['why']}",
 }
+
+
+# -- the words the reporters share with the findings (reporters/ import these, nothing else of diagnosis/'s words)
+
+# When PyTorch's allocated peak came, by the phase of its allocation events (allocated_peak.py).
+PHASES = {"backward": "inside backward()", "optimizer step": "inside an optimizer step",
+          "outside": "outside backward() and the optimizer steps (a forward, an evaluation, the program's own code)"}
+
+
+def gave_up_text(gave_up: str) -> str:
+    """A search's `gave_up` as the report says it: this version's say how they stopped ("stopped
+    at its 1 s budget ...", "reached the end of ..."); an older report's get "gave up" before."""
+    return gave_up if gave_up.startswith(("stopped", "reached")) else f"gave up {gave_up}"
+
+
+def unclassified_told(part) -> str:
+    """What is known of an unclassified part, in a few words: its one holder (cuBLAS's workspaces at
+    exit) and where the rest was read, the end of the `how` that _unclassified_how wrote."""
+    said = [f"{h['name']} {fb(h['bytes'])}" for h in part.holders[:1]]
+    at = [i for i in (part.how.find("; read "), part.how.find("; the rest read ")) if i >= 0]
+    if at:
+        said.append(part.how[min(at) + 2:])
+    return "; ".join(said)

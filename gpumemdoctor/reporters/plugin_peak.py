@@ -7,7 +7,7 @@ where the events did not reach back to the peak, why, and the words the plugin h
 from __future__ import annotations
 
 from ..contract import HISTORY_PARTS
-from ..diagnosis.allocated_peak import PHASES
+from ..diagnosis.words import PHASES
 from .ci_checks import MIN_PART_SAID, parts_text
 
 

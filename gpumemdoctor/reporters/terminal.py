@@ -6,7 +6,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..diagnosis.diagnose import INFORMATIVE, WARNINGS, Breakdown, Diagnosis
-from ..diagnosis.peak import unclassified_told
+from ..diagnosis.words import unclassified_told
 from ..recording.recording import Recording
 from ..units import format_bytes as fb
 from .vocabulary import (AFTER_NCCL_WORDS, DECIDED_BY, VERDICT_MEANING, VERDICT_STYLE, allocated_peak_note,

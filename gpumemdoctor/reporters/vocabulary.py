@@ -5,7 +5,7 @@ reporter's own."""
 from __future__ import annotations
 
 from ..diagnosis.findings import Diagnosis, PeakComposition
-from ..diagnosis.suspects import gave_up_text
+from ..diagnosis.words import gave_up_text
 from ..units import format_bytes as fb
 from ..units import full_words
 

@@ -1,0 +1,224 @@
+"""The findings' summaries, made from what the judgement's rows found. Pure.
+
+A row (judgement.py) decides; it never words. It names the summary it found and hands over the
+facts the summary is made of: figures, the records it read (an accumulation, a growth), the claims
+it made (claims.py). `tell(name, **facts)` makes the sentences: SUMMARIES holds one function per
+summary, whose keyword arguments are the facts it declares (a missing or unknown fact is a
+TypeError, never a guess). Where a summary says what a claim says, it says it with words.py's
+sentence for that claim, so that the two cannot part. The report keeps the sentences as before.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from . import probed, words
+from .words import alike, at_line
+from .claims import Claim
+from ..growth import MIN_POINTS
+from ..units import format_bytes as fb
+
+SUMMARIES: dict[str, Callable[..., str]] = {}
+# Why no copy of the process was searched at a pause's height, where the search says nothing.
+NO_PAUSE_SEARCH = "no search was made at a pause's height"
+
+
+def tell(name: str, **facts) -> str:
+    """The summary `name`, in words, from its facts."""
+    return SUMMARIES[name](**facts)
+
+
+def _summary(name: str):
+    def register(fn: Callable[..., str]) -> Callable[..., str]:
+        SUMMARIES[name] = fn
+        return fn
+    return register
+
+
+# -- the phrases the summaries share -----------------------------------------------------------
+
+def too_short(short: dict) -> str:
+    """Why the samples could not judge growth (evidence.shortness: `why` and the samples' figures)."""
+    what = "step samples" if short["by"] == "step" else "samples"
+    n = short["samples"]
+    if short["why"] == "few":
+        return f"The run was too short to see growth over time ({n} {what}; judging growth needs {MIN_POINTS}),"
+    if short["why"] == "unseen":
+        return (f"The samples did not see the memory build up ({fb(short['unseen_bytes'])} of what was alive at "
+                f"exit came after the last of {n} {what}),")
+    return (f"The samples saw what was alive at exit only at the very end (the last {short['watched_after']} of "
+            f"{n} {what}), too late to tell a leak from a program that ends at its peak,")
+
+
+def released(g: dict, how: dict) -> str:
+    """How a growth that lasted the whole loop was let go of only after it."""
+    step = f" (step {how['after_step']})" if how.get("after_step") is not None else ""
+    later = f"{how['t'] - how['after_t']:.1f} s later"
+    said = {
+        "after-the-loop": f"until the loop's last step{step}; it was let go of {later}, when what held it went "
+                          "away (a function that returned, a list that was dropped)",
+        "gc-at-exit": f"until the loop's last step{step}; only gc.collect() at exit freed it: reference cycles "
+                      "held it (an object that refers to its owner, such as a trainer and its module)",
+        "gc-during-run": f"until the loop's last step{step}; an automatic garbage collection freed it {later}: "
+                         "reference cycles held it",
+    }[how["how"]]
+    return (f"{fb(g['grown_bytes'])} in all, {said}. It grows with the number of steps: the same loop, run "
+            "longer, runs out of memory")
+
+
+def collector(c: dict) -> str:
+    """'The garbage collector was disabled (at exit), so ...': a collector found off (judgement.collector_off)."""
+    when = ("at exit" if c.get("enabled_at_exit") is False or c.get("threshold") == 0
+            else f"at {c.get('off_samples')} of its {c.get('samples')} samples")
+    return f"The garbage collector was disabled ({when}), so reference cycles were never freed while it ran"
+
+
+def sentences(said: list[Claim]) -> str:
+    """' It was still held ... .': claims, each a sentence of its own, after a summary's."""
+    return "".join(f" {words.sentence(words.say(c))}" for c in said)
+
+
+# -- leaks (judgement rows 1-4, 2b) ------------------------------------------------------------
+
+@_summary("leak-at-oom")
+def _leak_at_oom(where: str, line: str | None, thread: str, allocated_bytes: int, accumulation: dict) -> str:
+    a = accumulation
+    return (f"{where} ran out of memory at {at_line(line, thread)}, and {fb(a['bytes'])} of the "
+            f"{fb(allocated_bytes)} allocated then was {alike(a)} held by {a['pattern']}: an accumulation "
+            "filled the GPU.")
+
+
+@_summary("leak-by-growth")
+def _leak_by_growth(where: str, growth: dict, released_how: dict | None, unsearched: str | None,
+                    said: list[Claim]) -> str:
+    g = growth
+    if released_how is not None:
+        held = released(g, released_how)
+    elif g.get("retained_by") == "accumulation-at-exit":
+        held = (f"{fb(g['retained_bytes'])} of alike tensors that piled up is still held at the end (the program "
+                "freed other memory before it ended)")
+    else:
+        held = f"{fb(g['retained_bytes'])} of that growth is still held at the end"
+    named = f" No search named its holder ({unsearched})." if unsearched is not None else ""
+    return f"Live PyTorch tensors in {where} kept growing, {g['rate_text']}, and {held}.{named}{sentences(said)}"
+
+
+@_summary("leak-by-phases")
+def _leak_by_phases(where: str, kept: list[int], accumulation: dict) -> str:
+    a = accumulation
+    return (f"Live PyTorch tensors in {where} grew in steps, one at each of {len(kept)} pauses in the loop's "
+            f"steps (an evaluation, a validation): +{', '.join(fb(k) for k in kept)}, all still held at the end, "
+            f"{alike(a)} held by {a['pattern']}. Each pause adds a step: a longer run, with more evaluations, runs "
+            "out of memory.")
+
+
+@_summary("leak-too-short")
+def _leak_too_short(where: str, total_bytes: int, accumulation: dict, short: dict) -> str:
+    a = accumulation
+    return (f"{fb(total_bytes)} of tensors in {where} had piled up: {alike(a)} held by {a['pattern']}. "
+            f"{too_short(short)} so this accumulation, which is how a leak looks, decided.")
+
+
+@_summary("leak-by-structure")
+def _leak_by_structure(where: str, accumulation: dict, structure: Claim, said: list[Claim]) -> str:
+    return (f"{fb(accumulation['bytes'])} of tensors in {where} had piled up: {words.say(structure)}, held at the "
+            f"end. However the samples fell, that is how a leak looks: it grows with the run.{sentences(said)}")
+
+
+@_summary("leak-unheld")
+def _leak_unheld(where: str, total_bytes: int, unheld: dict, short: dict) -> str:
+    return (f"{fb(total_bytes)} in {where} is {alike(unheld)} that no Python object holds, still allocated at "
+            f"exit. {too_short(short)} so this decided: many alike allocations kept alive from C++, as a "
+            "reference cycle through autograd does.")
+
+
+# -- garbage, what is still held, the peak a pause made (rows 6-8, 13) -------------------------------------
+
+@_summary("garbage-cycle")
+def _garbage_cycle(where: str, decided_by: str, at_exit_bytes: int, during_bytes: int, collections: dict,
+                   also_during: bool, collector_off: dict | None) -> str:
+    c = collections
+    if decided_by == "gc-at-exit":
+        text = (f"{fb(at_exit_bytes)} of tensors in {where} were unreachable but held by reference cycles: only "
+                "the cyclic garbage collector frees them.")
+    else:
+        n = c.get("freeing")
+        text = (f"Reference cycles in {where} held tensors until Python's garbage collector ran: {n} "
+                f"collection{'s' if n != 1 else ''} during the run freed {fb(c.get('freed_bytes'))} of CUDA "
+                f"memory, up to {fb(during_bytes)} at once. Nothing of it was left at exit, but until each "
+                "collection it took GPU memory.")
+    if also_during:
+        text += f" Collections during the run also freed {fb(c.get('freed_bytes'))} (up to {fb(during_bytes)} at once)."
+    return text if collector_off is None else f"{collector(collector_off)}: {text}"
+
+
+@_summary("collector-disabled")
+def _collector_disabled(where: str, collector_off: dict, growth: dict) -> str:
+    return (f"{collector(collector_off)}: {fb(growth['grown_bytes'])} of tensors in {where} piled up in reference "
+            f"cycles, {growth['rate_text']}, and only gc.collect() freed them.")
+
+
+@_summary("live-at-exit")
+def _live_at_exit(where: str, live_bytes: int, short: dict | None) -> str:
+    why = ("They did not keep growing while the program was watched, so this is not a leak: it is"
+           if short is None else f"{too_short(short)} and nothing else pointed to a leak, so this is taken as")
+    return (f"{fb(live_bytes)} of tensors in {where} were still referenced when the program ended. {why} what "
+            "the program still holds (a model, data, or a reference it forgot to drop), and nvidia-smi counts it "
+            "until the process exits.")
+
+
+@_summary("avoidable-peak")
+def _avoidable_peak(where: str, rises: list[int], held: dict | None, declined: str | None,
+                    said: list[Claim]) -> str:
+    n = len(rises)
+    heights = ", ".join(fb(r) for r in rises[:6]) + (" ..." if n > 6 else "")
+    at_height = ""
+    if held is not None and held.get("probed"):
+        at_height = (f" At its height the probe of the program's names found {probed.summary(held)}; no copy of "
+                     f"the process was searched there ({declined or NO_PAUSE_SEARCH}).")
+    elif held is not None:
+        at_height = f" At its height {alike(held)} were held by {held['pattern']}."
+    return (f"In {where}, memory rose during {n} pause{'s' if n > 1 else ''} in the loop's steps (an evaluation, "
+            f"a validation, the work after the last step) by up to {fb(max(rises))} ({heights}), above all that "
+            f"the steps had reached, and was let go of at each pause's end: not a leak, but what made the "
+            f"peak.{at_height}{sentences(said)}")
+
+
+# -- the rest of the table (rows 9, 10, 14, 16; 11, 17, 18's words) -----------------------------------
+
+@_summary("context")
+def _context(where: str, context_bytes: int) -> str:
+    return f"{fb(context_bytes)} is the CUDA context of {where}: per-process overhead, not a leak."
+
+
+@_summary("allocator-cache")
+def _allocator_cache(where: str, cache_bytes: int) -> str:
+    return (f"{fb(cache_bytes)} in {where} is PyTorch's allocator cache: memory of freed tensors kept for "
+            "reuse. nvidia-smi counts it; it is not a leak.")
+
+
+@_summary("end-not-seen")
+def _end_not_seen(where: str, last_allocated_bytes: int, last_t: float | None, ended: dict,
+                  short: dict | None) -> str:
+    last = f"at its last reading ({last_t:.1f} s)" if last_t is not None else "at its last reading"
+    watched = "" if short is None else f" {too_short(short)} so neither growth nor its holders can decide."
+    return (f"{fb(last_allocated_bytes)} of tensors were alive in {where} {last}, and the process {ended['text']}: "
+            "its exit probes and the holder search never ran, so what held them, and whether they were a leak, "
+            f"is unknown.{watched}")
+
+
+@_summary("no-reading")
+def _no_reading(pid: int, device: int | None, nvml_bytes: int, ended: dict) -> str:
+    return (f"Process {pid} on GPU {device} held {fb(nvml_bytes)} (NVML), and {ended['text']} before its agent's "
+            "first reading of PyTorch's allocator: no evidence says what that memory was.")
+
+
+@_summary("outside-pytorch")
+def _outside_pytorch(decided_by: str, grew: str | None, peak: dict | None) -> str:
+    """What the non-torch finding says of the memory outside PyTorch, by what decided it."""
+    if decided_by == "growth":
+        return f"and it kept growing past warm-up, {grew}"
+    if decided_by == "exit":
+        return "more than CUDA libraries take"
+    return (f"at exit, and while the program ran it rose past warm-up by {fb(peak['rise'])}, to "
+            f"{fb(peak['peak'])} (held from {peak['at']:.1f}), whatever was left at exit: memory let go of at "
+            "the end still grew")
