@@ -118,3 +118,35 @@ def test_a_debugger_that_fails_on_the_test_process_never_reaches_the_target(tmp_
     else:
         assert marker.read_text() == "yes"
     assert out.splitlines() == ["ended 150"] and "Errno" not in err, err
+
+
+FLOATS = ("import math, sys, threading\n"
+          "def work():\n    s = 0.0\n    for i in range(1, 1_500_000):\n        s += math.sin(i) * 1.0000001 / i\n    return s\n"
+          "r = {}\nt = threading.Thread(target=lambda: r.setdefault('t', work()))\nt.start()\n"
+          "print('ready', flush=True)\nm = work()\nt.join()\nprint(repr(m), repr(r['t']), flush=True)\n")
+
+
+@needs_ptrace
+def test_stopped_in_its_floating_point_work_the_program_computes_the_same(tmp_path):
+    """Two threads sum floats while the main thread is stopped and called into again and again: every
+    register and the extended state (SSE, AVX) are put back, so the sums are bit for bit a plain run's;
+    and lines that raise (here a NameError) are caught, so the pending call never raises SystemError."""
+    script = tmp_path / "floats.py"
+    script.write_text(FLOATS)
+    plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    queued = 0
+    try:
+        while proc.poll() is None and queued < 8:
+            try:
+                ptrace.queue(proc.pid, lambda page, size: "undefined_name_raises()\n" + ptrace.unmap_lines(page, size))
+                queued += 1
+            except (ptrace.PtraceError, FileNotFoundError):
+                break  # it ended meanwhile
+            time.sleep(0.02)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert queued >= 1
+    assert out.splitlines()[-1] == plain.stdout.splitlines()[-1] and err == "", err

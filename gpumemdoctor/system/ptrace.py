@@ -369,6 +369,14 @@ def unmap_lines(address: int, size: int) -> str:
     ])
 
 
+def guarded(statement: str) -> str:
+    """The lines as the pending call runs them: whatever they raise is caught, even a NameError of
+    `exec` itself in an interpreter that is shutting down (a bare `except:` looks up no name), so the
+    call returns 0. A pending call that returns -1 raises SystemError in the program (seen on the CPU:
+    one queued as the program ended)."""
+    return "try:\n" + "\n".join("    " + line for line in statement.splitlines()) + "\nexcept:\n    pass\n"
+
+
 def queue(pid: int, make_code) -> dict:
     """Queue the lines `make_code(page address, page size)` returns (one Python statement, ASCII) as a
     pending call in process `pid`. Returns {"seconds": how long the process was stopped, "page": its
@@ -382,13 +390,13 @@ def queue(pid: int, make_code) -> dict:
     started = time.monotonic()
     try:
         tracee.seize()
-        probe = make_code(0, PAGE)
+        probe = guarded(make_code(0, PAGE))
         size = page_size(probe.encode("ascii")) + PAGE  # room for the address's digits
         page = tracee.call(addresses["mmap"], 0, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                            (1 << 64) - 1, 0)
         if page >= (1 << 64) - 4096 or page == 0:
             raise PtraceError(f"mmap in process {pid} failed ({os.strerror((1 << 64) - page)})")
-        code = make_code(page, size).encode("ascii") + b"\0"
+        code = guarded(make_code(page, size)).encode("ascii") + b"\0"
         if len(code) > size:
             tracee.call(addresses["munmap"], page, size)
             raise PtraceError("the lines do not fit their page")
