@@ -1,4 +1,4 @@
-"""The exit probes' parts (gpumemdoctor/_agent/parts.py) on the torch test double
+"""The exit probes' parts (gpumemdoctor/_agent/readings/parts.py) on the torch test double
 (tests/doubles/fake_cuda.py): cuBLAS workspaces, CUDA graphs' private pools, NCCL, CUDA's module
 loading, and the exit record that carries them read back into a breakdown. The figures are
 SYNTHETIC (set by the test); what is checked is what the agent reads, writes and leaves alone."""
@@ -17,7 +17,7 @@ fake_cuda = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake_cuda)
 
 from gpumemdoctor._agent import exit as exit_probes  # noqa: E402
-from gpumemdoctor._agent import parts  # noqa: E402
+from gpumemdoctor._agent.readings import parts  # noqa: E402
 from gpumemdoctor.recording.agent_files import read_agent_file  # noqa: E402
 from gpumemdoctor.diagnosis.diagnose import diagnose  # noqa: E402
 from gpumemdoctor.recording.recording import AgentRecording, Recording  # noqa: E402

@@ -1,4 +1,4 @@
-"""The exit search's first sweep (gpumemdoctor/_agent/first_sweep.py, search.Finder.run_first) and
+"""The exit search's first sweep (gpumemdoctor/_agent/search/first_sweep.py, search.Finder.run_first) and
 the exit's confirmation of the blocks it took for cuBLAS's workspaces (exit._confirm), on CPU
 tensors: the search matches storages by address, so a CPU tensor is found as a CUDA one is."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpumemdoctor._agent import exit as agent_exit  # noqa: E402
-from gpumemdoctor._agent import first_sweep, search  # noqa: E402
-from gpumemdoctor._agent.blocks import TensorKind, storage_span  # noqa: E402
+from gpumemdoctor._agent.search import first_sweep, search  # noqa: E402
+from gpumemdoctor._agent.search.blocks import TensorKind, storage_span  # noqa: E402
 
 KIND = TensorKind(torch)
 MIB = 1 << 20

@@ -26,10 +26,10 @@ import os
 import sys
 import time
 
-from . import parts as parts_of
-from . import streams
-from .events import uncaught
-from .libraries import KNOWN
+from .readings import parts as parts_of
+from .readings import streams
+from .readings.events import uncaught
+from .readings.libraries import KNOWN
 from ..contract import ENV_SNAPSHOT
 
 # A run in which no growth was seen is searched at exit when its live tensors reach this: the
@@ -139,7 +139,7 @@ def _step_gaps(agent) -> dict | None:
 def _libraries(first_pools: list[dict]) -> dict:
     """Other GPU libraries' pools and live arrays, where one of them was imported (libraries.py);
     a pool no longer readable at exit is the one read at PyTorch's first allocation."""
-    from .libraries import KNOWN, foreign_arrays, pools
+    from .readings.libraries import KNOWN, foreign_arrays, pools
 
     if not any(name in sys.modules for name in KNOWN):
         return {}
@@ -300,7 +300,7 @@ def program_devices(end: list) -> list[int]:
 def _collect_garbage(agent, torch) -> int:
     """gc.collect(), having looked at what it frees: the types and the CUDA tensors in the cycles."""
     try:
-        from .blocks import Spans, live_blocks
+        from .search.blocks import Spans, live_blocks
         from .garbage import collect_garbage
 
         frames_of = None
@@ -317,7 +317,7 @@ def _collect_garbage(agent, torch) -> int:
 def _dump_snapshot(agent, torch) -> None:
     path = os.path.join(agent.run_dir, f"snapshot-{agent.pid}.pickle")
     try:
-        from .blocks import no_inductor_import
+        from .search.blocks import no_inductor_import
 
         with no_inductor_import(torch):
             torch.cuda.memory._dump_snapshot(path)
