@@ -203,7 +203,8 @@ def test_the_exit_probes_allocate_only_where_the_program_reserved_memory(agent_a
     worked = [1, 40 * MiB, 40 * MiB, 64 * MiB, 40 * MiB, 64 * MiB + CONTEXT, 48 * MiB, 64 * MiB]
     emptied = [2, 0, 0, 0, 0, CONTEXT, 8 * MiB, 16 * MiB]  # used, then given back before exit
     assert exit_probes.program_devices([stray, worked, emptied]) == [1, 2]
-    exit_probes._probe(agent, torch, [stray, worked, emptied], lambda name: None, skip_gc="a test")
+    exit_probes._probe(torch, [stray, worked, emptied], lambda name: None, agent.sampler.read_devices,
+                       agent.channel.write, None, skip_gc="a test")
     assert touched == [("synchronize", 1), ("empty", "cuda:1"), ("synchronize", 2), ("empty", "cuda:2")]
 
 
@@ -225,7 +226,7 @@ def test_the_exit_collection_is_skipped_only_where_no_garbage_can_hold_gpu_memor
     if library:
         monkeypatch.setitem(sys.modules, library, SimpleNamespace())
     calls = []
-    monkeypatch.setattr(exit_probes, "_collect_garbage", lambda agent, torch: calls.append(1) or 0)
+    monkeypatch.setattr(exit_probes, "_collect_garbage", lambda torch, trace, kind, write: calls.append(1) or 0)
     agent.at_exit()
     (probe,) = [r for r in records(tmp_path, agent) if r.get("type") == "p" and r["phase"] == "gc"]
     assert bool(calls) is collected

@@ -327,7 +327,7 @@ class Attachment:
 
         agent = self.agent
         channel = agent.channel
-        channel.write(exit_record(agent, None, None, collector_state(agent), {}))
+        channel.write(exit_record(agent, None, None, collector_state(agent.sampler, agent.history), {}))
         if agent.server is not None:
             agent.server.close()
             self.restored.append("the agent's socket")
