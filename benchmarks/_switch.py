@@ -94,7 +94,7 @@ class ToolSwitch:
             gc.callbacks.append(self.gc_callback)
         if self.hook_key is not None:
             self.hooks[self.hook_key] = self.agent._on_optimizer_step
-        from gpumemdoctor._agent.sampler import SamplingThread
+        from gpumemdoctor._agent.readings.sampler import SamplingThread
 
         self.agent.timer = SamplingThread(self.agent)
         self.agent.timer.start()

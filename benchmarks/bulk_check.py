@@ -7,9 +7,9 @@ import sys
 
 import torch
 
-from gpumemdoctor._agent import replay
-from gpumemdoctor._agent.history import History
-from gpumemdoctor._agent.reading import NO_POOL
+from gpumemdoctor._agent.peak import replay
+from gpumemdoctor._agent.peak.history import History
+from gpumemdoctor._agent.peak.reading import NO_POOL
 from gpumemdoctor._agent.neutral import Bulk, checked_run
 
 history = History(None)

@@ -49,8 +49,8 @@ def run_workload(script: str) -> None:
 
 
 def searches(torch, repeats: int, profile: int, ran_s: float) -> dict:
-    from gpumemdoctor._agent.blocks import TensorKind
-    from gpumemdoctor._agent.search import Roots, investigate
+    from gpumemdoctor._agent.search.blocks import TensorKind
+    from gpumemdoctor._agent.search.search import Roots, investigate
     from gpumemdoctor._agent.growth_watch import budget_for
 
     kind = TensorKind(torch)
@@ -102,7 +102,7 @@ def main() -> None:
     script = args.script
     started = time.perf_counter()
     if not args.no_stacks:
-        from gpumemdoctor._agent.trace import TRACE_MAX_ENTRIES
+        from gpumemdoctor._agent.readings.trace import TRACE_MAX_ENTRIES
 
         torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python",
                                                  max_entries=TRACE_MAX_ENTRIES)

@@ -31,7 +31,7 @@ def _inside(mode: str) -> None:
         import torch
 
         sys.path.insert(0, ROOT)
-        from gpumemdoctor._agent import history  # (the agent's ring: its smallest size and skipped entries)
+        from gpumemdoctor._agent.peak import history  # (the agent's ring: its smallest size and skipped entries)
 
         entries = history.capacity(history.MIN_EVENTS, True)
         torch.cuda.memory._record_memory_history(enabled="all", context=None if mode == "events" else "state",

@@ -107,7 +107,7 @@ def one(objects: int, modules: int = 0, threads: int = 0, package_root: Path = R
     fake_cuda.restore_clock()
     records = [json.loads(x) for x in Path(run_dir, f"agent-{agent.pid}.jsonl").read_text().splitlines()]
     search = next(r for r in records if r["type"] == "investigation" and r["when"] == "phase")
-    from gpumemdoctor._agent import forked
+    from gpumemdoctor._agent.search import forked
 
     cost = agent.cost
     # Before issue 31 search_pause_max_s was the fork alone; since, the whole pause (search_fork_max_s the fork)

@@ -21,8 +21,8 @@ def main() -> int:
     torch = cuda_torch_here("ring_cost")
     if torch is None:
         return 0
-    from gpumemdoctor._agent import replay
-    from gpumemdoctor._agent.reading import events_only, py_incref
+    from gpumemdoctor._agent.peak import replay
+    from gpumemdoctor._agent.peak.reading import events_only, py_incref
 
     print("torch", torch.__version__, torch.cuda.get_device_name(0))
     print(inspect.signature(torch.cuda.memory._record_memory_history_impl))

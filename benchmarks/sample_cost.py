@@ -3,7 +3,7 @@
     python benchmarks/sample_cost.py [--calls 2000] [--busy]
 
 A sample reads NVML's process list, PyTorch's allocator statistics, and the process list again
-(gpumemdoctor/_agent/sampler.py). Which call is dear depends on the host and on the process: alone
+(gpumemdoctor/_agent/readings/sampler.py). Which call is dear depends on the host and on the process: alone
 in an idle process one H100 host read the statistics in about 150 us and the process list in 7 us,
 another in 20 us and 38 us (NOTES.md). This times each call alone, then the agent's whole reading
 of the devices.

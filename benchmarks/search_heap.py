@@ -59,7 +59,7 @@ def build(objects: int):
 
 
 def blocks_of(holder) -> list[dict]:
-    from gpumemdoctor._agent.blocks import storage_span
+    from gpumemdoctor._agent.search.blocks import storage_span
 
     out = []
     for t in holder.inner["runs"][0].inner[0]["kept"]:
@@ -71,8 +71,8 @@ def blocks_of(holder) -> list[dict]:
 def search(blocks: list, budget_s: float) -> dict:
     import torch
 
-    from gpumemdoctor._agent import search as holder_search
-    from gpumemdoctor._agent.blocks import TensorKind
+    from gpumemdoctor._agent.search import search as holder_search
+    from gpumemdoctor._agent.search.blocks import TensorKind
 
     collecting = gc.isenabled()
     gc.disable()
@@ -116,7 +116,7 @@ def pause_one(objects: int, fork: bool, steps: int = 300) -> dict:
     copy of the process at the loop's middle."""
     import torch
 
-    from gpumemdoctor._agent import forked
+    from gpumemdoctor._agent.search import forked
 
     dataset, holder = build(objects)
     sys.modules["__main__"].__dict__["_search_heap_holder"] = holder

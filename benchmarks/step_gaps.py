@@ -11,7 +11,7 @@ AdamW; timm ResNet-50 with an EMA) and writes one row a pair:
 
 `*_worst_gap_s` is the longest time between two step ends after the first five steps, as a callback
 of the program stamps it (corpus/_common.py's STEP_GAP_MAX_MS); `tool_reported_pause_s` is the
-report's own figure for the same thing (exit_info.step_gaps.step_gap_max_s, _agent/felt.py), with
+report's own figure for the same thing (exit_info.step_gaps.step_gap_max_s, _agent/readings/felt.py), with
 the collections' and the agent's seconds inside that gap. Bounds (issue 57): the tool adds at most
 2 ms to the worst gap (`added_s`, against the same pair's plain run) and its figure is within 5 ms of
 the program's (`reported_minus_seen_s`). --out defaults to benchmarks/results/<date>-<gpu>-step-gaps.json;

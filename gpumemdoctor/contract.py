@@ -38,7 +38,7 @@ POLL_INTERVAL_MIN_S = 0.001
 POLL_INTERVAL_MAX_S = 10
 
 # The longest the program may pause for a holder search during the run (`run --max-pause`): the copy of
-# the process is made by fork, whose pause grows with the process (see _agent/forked.py). 0: no search
+# the process is made by fork, whose pause grows with the process (see _agent/search/forked.py). 0: no search
 # during the run (the exit search still runs).
 MAX_PAUSE_DEFAULT_S = 0.02
 MAX_PAUSE_MIN_S = 0.0
@@ -51,13 +51,13 @@ TRACE_MODES = ("auto", "on", "events", "off")
 # A holder search's label for a CUDA graph that holds its private memory pool (the pool's segments are
 # searched as blocks of their own, held by the graph): written by the agent, read by the diagnosis.
 GRAPH_POOL_LABEL = " (its CUDA graph's private memory pool)"
-# The parts of the allocated memory at its peak that a `peak_history` record names (_agent/replay.py),
+# The parts of the allocated memory at its peak that a `peak_history` record names (_agent/peak/replay.py),
 # and the stretch of the program it fell in.
 HISTORY_PARTS = ("parameters", "gradients", "optimizer-state", "activations", "temporaries", "gathered",
                  "kept-tensors", "unclassified")
 HISTORY_PHASES = ("backward", "optimizer step", "outside")
 # How far below PyTorch's allocated peak counter the events' highest moment may be and still be called
-# its peak without a word (_agent/replay.py; the report says by how much where it is more).
+# its peak without a word (_agent/peak/replay.py; the report says by how much where it is more).
 HISTORY_COUNTER_SLACK = 16 << 20
 
 # The rules both sides apply. A stretch without steps is a pause in the steps when it lasts

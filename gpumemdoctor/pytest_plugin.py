@@ -33,7 +33,7 @@ says so.
 What filled the peak: during a `vram_limit` test (where the tests have imported torch), PyTorch's
 allocation events are recorded without stacks (from the test's start, or from CUDA's start during
 it; a history the tests turned on is left as it is), backward() and the optimizer steps are marked,
-and the optimizers' storages read at each step's end (_agent/plugin_history.py; all of it undone
+and the optimizers' storages read at each step's end (_agent/peak/plugin_history.py; all of it undone
 after the test). A failure splits the test's allocated peak as `gpumemdoctor run` does, walking the
 events back to it: parameters, gradients, optimizer state, activations, temporaries, gathered, kept
 tensors (reporters/plugin_peak.py). Where the events did not reach back to it, or none were kept, it
@@ -208,7 +208,7 @@ def _record_events() -> Any:
     if torch is None:
         return None
     try:
-        from ._agent.plugin_history import PeakHistory
+        from ._agent.peak.plugin_history import PeakHistory
 
         return PeakHistory.start(torch, sys.modules.get("torch.optim.optimizer"))  # (loaded with torch)
     except Exception:

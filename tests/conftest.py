@@ -138,7 +138,7 @@ def sleeper():
 def _fresh_fork_estimate():
     """Each test's agent stands for a process of its own: the forks of earlier tests in this worker
     (loaded by the others) do not calibrate its pause estimate (forked.calibrate)."""
-    forked = sys.modules.get("gpumemdoctor._agent.forked")
+    forked = sys.modules.get("gpumemdoctor._agent.search.forked")
     if forked is not None:
         forked._measured.clear()
     yield

@@ -21,7 +21,8 @@ fake_cuda = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake_cuda)
 
 from gpumemdoctor import contract
-from gpumemdoctor._agent import sampler, trace, growth_watch as watch
+from gpumemdoctor._agent.readings import sampler, trace
+from gpumemdoctor._agent import growth_watch as watch
 
 MiB = 1 << 20
 HOUR = 3600

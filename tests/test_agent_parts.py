@@ -1,4 +1,4 @@
-"""The exit probes' parts (gpumemdoctor/_agent/parts.py) on the torch test double
+"""The exit probes' parts (gpumemdoctor/_agent/readings/parts.py) on the torch test double
 (tests/doubles/fake_cuda.py): cuBLAS workspaces, CUDA graphs' private pools, NCCL, CUDA's module
 loading, and the exit record that carries them read back into a breakdown. The figures are
 SYNTHETIC (set by the test); what is checked is what the agent reads, writes and leaves alone."""
@@ -17,7 +17,7 @@ fake_cuda = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake_cuda)
 
 from gpumemdoctor._agent import exit as exit_probes  # noqa: E402
-from gpumemdoctor._agent import parts  # noqa: E402
+from gpumemdoctor._agent.readings import parts  # noqa: E402
 from gpumemdoctor.recording.agent_files import read_agent_file  # noqa: E402
 from gpumemdoctor.diagnosis.diagnose import diagnose  # noqa: E402
 from gpumemdoctor.recording.recording import AgentRecording, Recording  # noqa: E402
@@ -203,7 +203,8 @@ def test_the_exit_probes_allocate_only_where_the_program_reserved_memory(agent_a
     worked = [1, 40 * MiB, 40 * MiB, 64 * MiB, 40 * MiB, 64 * MiB + CONTEXT, 48 * MiB, 64 * MiB]
     emptied = [2, 0, 0, 0, 0, CONTEXT, 8 * MiB, 16 * MiB]  # used, then given back before exit
     assert exit_probes.program_devices([stray, worked, emptied]) == [1, 2]
-    exit_probes._probe(agent, torch, [stray, worked, emptied], lambda name: None, skip_gc="a test")
+    exit_probes._probe(torch, [stray, worked, emptied], lambda name: None, agent.sampler.read_devices,
+                       agent.channel.write, None, skip_gc="a test")
     assert touched == [("synchronize", 1), ("empty", "cuda:1"), ("synchronize", 2), ("empty", "cuda:2")]
 
 
@@ -225,7 +226,7 @@ def test_the_exit_collection_is_skipped_only_where_no_garbage_can_hold_gpu_memor
     if library:
         monkeypatch.setitem(sys.modules, library, SimpleNamespace())
     calls = []
-    monkeypatch.setattr(exit_probes, "_collect_garbage", lambda agent, torch: calls.append(1) or 0)
+    monkeypatch.setattr(exit_probes, "_collect_garbage", lambda torch, trace, kind, write: calls.append(1) or 0)
     agent.at_exit()
     (probe,) = [r for r in records(tmp_path, agent) if r.get("type") == "p" and r["phase"] == "gc"]
     assert bool(calls) is collected

@@ -1,4 +1,4 @@
-"""The agent's look at torch.distributed's process groups (gpumemdoctor/_agent/process_groups.py): a
+"""The agent's look at torch.distributed's process groups (gpumemdoctor/_agent/readings/process_groups.py): a
 record when their number changes, with what sizes NCCL's memory, and at exit what NCCL's
 communicators hold. Real torch.distributed (gloo, one rank, on the CPU) under the torch test double's
 agent (tests/doubles/fake_cuda.py); NCCL's own figures are SYNTHETIC (a stand-in backend)."""
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpumemdoctor._agent import process_groups
+from gpumemdoctor._agent.readings import process_groups
 
 _spec = importlib.util.spec_from_file_location("fake_cuda", Path(__file__).parent / "doubles" / "fake_cuda.py")
 fake_cuda = importlib.util.module_from_spec(_spec)

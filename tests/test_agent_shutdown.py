@@ -67,7 +67,7 @@ def test_a_thread_local_tensor_is_named_through_the_thread_local():
     import gc
     import threading
 
-    from gpumemdoctor._agent.edges import labels
+    from gpumemdoctor._agent.search.edges import labels
 
     class Scratch:
         pass

@@ -20,8 +20,8 @@ fake_cuda = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake_cuda)
 
 from gpumemdoctor._agent import exit as exit_probes  # noqa: E402
-from gpumemdoctor._agent.blocks import user_frames  # noqa: E402
-from gpumemdoctor._agent.search import MAX_FRAMES  # noqa: E402
+from gpumemdoctor._agent.search.blocks import user_frames  # noqa: E402
+from gpumemdoctor._agent.search.search import MAX_FRAMES  # noqa: E402
 from gpumemdoctor.diagnosis import judgement, stacks, suspects  # noqa: E402
 from gpumemdoctor.diagnosis.diagnose import diagnose  # noqa: E402
 from gpumemdoctor.recording.agent_files import read_agent_file  # noqa: E402
@@ -411,7 +411,7 @@ class _DeviceArray:  # the shape of a Numba or CuPy array, as its __cuda_array_i
 
 
 def test_other_libraries_arrays_are_found_by_their_interface():
-    from gpumemdoctor._agent.libraries import foreign_arrays
+    from gpumemdoctor._agent.readings.libraries import foreign_arrays
 
     kept = [[_DeviceArray()] for _ in range(3)]  # in lists: instances are tracked through them
     found = {name: (count, size) for name, count, size in foreign_arrays()}
@@ -505,7 +505,7 @@ def test_xlas_pool_is_read_from_the_backends_jax_made_and_kept_from_the_first_al
     PyTorch's first allocation stands. (Seen on an H100: exit's reading found no backend.)"""
     import types
 
-    from gpumemdoctor._agent import libraries
+    from gpumemdoctor._agent.readings import libraries
 
     bridge = types.ModuleType("jax._src.xla_bridge")
     bridge._backends = {"cuda": _FakeXlaBackend([_FakeXlaDevice({"pool_bytes": 12 << 30, "bytes_in_use": 4096})])}

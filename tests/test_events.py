@@ -1,4 +1,4 @@
-"""The agent's event helpers and its neutrality to gc (gpumemdoctor/_agent/events.py, neutral.py) on
+"""The agent's event helpers and its neutrality to gc (gpumemdoctor/_agent/readings/events.py, neutral.py) on
 the CPU: the garbage collector's callback, holding automatic collection off, what an uncaught
 exception leaves behind, and readings that leave the program's collector as they found it."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import sys
 
 from gpumemdoctor.recording import records
-from gpumemdoctor._agent import events
+from gpumemdoctor._agent.readings import events
 from gpumemdoctor._agent.neutral import NO_ROOM, Neutral, _trade, quiet_gc
 
 
@@ -362,7 +362,7 @@ def _agent_with_stand_in_torch(tmp_path):
 
 
 def test_the_agents_samples_and_collection_callback_leave_the_collector_alone(tmp_path, monkeypatch):
-    from gpumemdoctor._agent import sampler
+    from gpumemdoctor._agent.readings import sampler
 
     monkeypatch.setattr(sampler, "SAMPLE_SHARE", 1e9)  # paced all the same, but every step is sampled
     _cycles_program()  # unmeasured, as above

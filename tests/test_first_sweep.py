@@ -1,4 +1,4 @@
-"""The exit search's first sweep (gpumemdoctor/_agent/first_sweep.py, search.Finder.run_first) and
+"""The exit search's first sweep (gpumemdoctor/_agent/search/first_sweep.py, search.Finder.run_first) and
 the exit's confirmation of the blocks it took for cuBLAS's workspaces (exit._confirm), on CPU
 tensors: the search matches storages by address, so a CPU tensor is found as a CUDA one is."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpumemdoctor._agent import exit as agent_exit  # noqa: E402
-from gpumemdoctor._agent import first_sweep, search  # noqa: E402
-from gpumemdoctor._agent.blocks import TensorKind, storage_span  # noqa: E402
+from gpumemdoctor._agent.search import first_sweep, search  # noqa: E402
+from gpumemdoctor._agent.search.blocks import TensorKind, storage_span  # noqa: E402
 
 KIND = TensorKind(torch)
 MIB = 1 << 20
@@ -210,7 +210,7 @@ HELD = {"type": "p", "phase": "gc", "t": 1.0, "collected": None, "d": [], "skipp
 
 def test_workspaces_confirmed_by_what_clearing_them_gave_back_write_the_search_and_the_skipped_collection():
     agent = Agent()
-    agent_exit._confirm(agent, GUESS, HELD, [[0, 2 * WORKSPACE + MIB]], "live")
+    agent_exit._confirm(agent.growth_watch, agent.channel.write, GUESS, HELD, [[0, 2 * WORKSPACE + MIB]], "live")
     assert [r["type"] for r in agent.channel.records] == ["investigation", "p"]
     assert agent.channel.records[0]["workspaces"] == GUESS["workspaces"] and agent.growth_watch.calls == []
 
@@ -219,13 +219,13 @@ def test_workspaces_confirmed_by_what_clearing_them_gave_back_write_the_search_a
 def test_workspaces_not_confirmed_make_the_full_search_whose_completeness_alone_keeps_the_skip(cleared):
     complete = {"complete": True, "groups": []}
     agent = Agent(full=complete)
-    agent_exit._confirm(agent, GUESS, HELD, cleared, "live")
+    agent_exit._confirm(agent.growth_watch, agent.channel.write, GUESS, HELD, cleared, "live")
     assert agent.growth_watch.calls == [("exit", "live", False)]
     assert [r["type"] for r in agent.channel.records] == ["investigation", "p"]
     assert "workspaces" not in agent.channel.records[0]  # the full search's record, not the first sweep's
 
     agent = Agent(full={"complete": False, "groups": []})
-    agent_exit._confirm(agent, GUESS, HELD, cleared, None)
+    agent_exit._confirm(agent.growth_watch, agent.channel.write, GUESS, HELD, cleared, None)
     kinds = [r["type"] for r in agent.channel.records]
     assert kinds == ["investigation", "error"]  # no `gc` probe: what garbage held is not known
     assert "skipped unproven" in agent.channel.records[1]["message"]
@@ -250,11 +250,12 @@ def test_a_held_collection_record_is_returned_not_written(monkeypatch):
     fake = type("T", (), {"cuda": Cuda()})()
     monkeypatch.setattr(agent_exit.streams, "allocate_one", lambda torch, index: None)
     end = [[0, 10, 10, 20, 10, 30]]
-    held = agent_exit._probe(agent, fake, end, lambda name: None, "a reason", hold=True)
+    read, write = agent.sampler.read_devices, agent.channel.write
+    held = agent_exit._probe(fake, end, lambda name: None, read, write, None, "a reason", hold=True)
     assert held["phase"] == "gc" and held["skipped"] == "a reason" and held["d"] == end
     assert [r["phase"] for r in agent.channel.records] == ["sync", "empty_cache"]
     agent.channel.records.clear()
-    assert agent_exit._probe(agent, fake, end, lambda name: None, "a reason") is None
+    assert agent_exit._probe(fake, end, lambda name: None, read, write, None, "a reason") is None
     assert [r["phase"] for r in agent.channel.records] == ["gc", "sync", "empty_cache"]
 
 
@@ -358,7 +359,9 @@ def test_a_probe_that_fails_after_the_search_leaves_no_unconfirmed_workspaces(mo
     monkeypatch.setattr(agent_exit.parts_of, "measure_at_end", lambda *a: {})
     monkeypatch.setattr(agent_exit, "_probe", boom)
     with pytest.raises(RuntimeError):
-        agent_exit._exit_probes(agent, torch, {})
+        agent_exit._exit_probes(torch, {}, sampler=agent.sampler, channel=agent.channel, watch=agent.growth_watch,
+                                peak_watch=agent.peak_watch, history=agent.history, trace=agent.trace,
+                                cost=agent.cost, snapshot_path=None)
     assert calls == [("exit", True, True), ("exit", False, False)]
     assert [r["type"] for r in agent.channel.records] == ["p", "investigation"]  # `end`, then the full search's
     assert "workspaces" not in agent.channel.records[1]

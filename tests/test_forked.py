@@ -1,4 +1,4 @@
-"""The holder search's copy of the process (gpumemdoctor/_agent/forked.py): it sees the heap as it
+"""The holder search's copy of the process (gpumemdoctor/_agent/search/forked.py): it sees the heap as it
 was when it was made, says nothing on the program's output, starts no agent of its own, and is
 reaped or killed by the program's agent."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gpumemdoctor._agent import forked
+from gpumemdoctor._agent.search import forked
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 
@@ -77,7 +77,7 @@ def test_a_copy_ends_soon_after_its_program(tmp_path):
     psutil = pytest.importorskip("psutil")
     code = textwrap.dedent("""
         import os, time
-        from gpumemdoctor._agent import forked
+        from gpumemdoctor._agent.search import forked
 
         def search():  # a long search, on the CPU
             end = time.monotonic() + 30
@@ -158,7 +158,7 @@ def test_the_copy_starts_no_agent_and_leaves_no_trace(tmp_path):
     code = textwrap.dedent("""
         import os, time
         from gpumemdoctor import _agent
-        from gpumemdoctor._agent import forked
+        from gpumemdoctor._agent.search import forked
         _agent.start()
         agent = _agent._agent
         print("buffered once,", end=" ")  # in the buffer of a piped stdout when the copy is made
@@ -189,7 +189,7 @@ def _roots_summary(roots) -> dict:
 def _roots_both_ways() -> tuple[dict, dict]:
     """The roots as the program's thread listed them before the fork (before issue 31), and as the
     copy lists them now from the threads captured before the fork."""
-    from gpumemdoctor._agent.roots import Roots
+    from gpumemdoctor._agent.search.roots import Roots
     from gpumemdoctor._agent.threads import Captured
 
     before = _roots_summary(Roots(set()))

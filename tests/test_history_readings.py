@@ -1,4 +1,4 @@
-"""When history.py reads the allocator's events (gpumemdoctor/_agent/history.py's check): at a new
+"""When history.py reads the allocator's events (gpumemdoctor/_agent/peak/history.py's check): at a new
 high of the allocated peak counter that has come and gone, after the first readings only at larger
 rises, once more when a smaller rise has stayed (a gathering loop's last concatenation), and again
 when a reading's ring did not reach back to its peak. The reading itself is replaced here: it needs
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gpumemdoctor._agent import history as H, reading
+from gpumemdoctor._agent.peak import history as H, reading
 from gpumemdoctor._agent.neutral import top_up
 
 GiB = 1 << 30
@@ -215,7 +215,7 @@ def test_the_step_that_reads_the_modules_step_makes_no_reading_nor_walk_of_its_o
     """At the step whose end reads the step recorded with module hooks (saved_by.py), a new high's
     reading, and a walk put off to that step, wait for the next step: the program pauses for one
     part a step (a GPT-2 run paused 16.9 ms where a walk and that reading fell on one step)."""
-    from gpumemdoctor._agent.saved_by import DONE, RECORDING
+    from gpumemdoctor._agent.peak.saved_by import DONE, RECORDING
 
     h, agent, lines = _reading_agent()
     agent.forward_watch.state = RECORDING

@@ -78,7 +78,7 @@ def test_out_of_memory_is_found_with_its_cause_and_figures():
 def test_a_deep_library_stack_keeps_the_programs_own_line():
     """An error deep in a library (a model's 16th nested call): the program's own innermost frame is
     added beyond the 16 frames kept, so the error's line is the program's."""
-    from gpumemdoctor._agent.events import MAX_STACK, program_stack
+    from gpumemdoctor._agent.readings.events import MAX_STACK, program_stack
 
     code = compile("import sys\n"
                    "def library(depth, grab):\n"

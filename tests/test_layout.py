@@ -39,9 +39,14 @@ LAYERS = (
 # `load_ipython_extension` the notebook's magic, when IPython loads it): the one
 # way up, so that a program can import gpumemdoctor without loading anything of the tool.
 UPWARD_ALLOWED = {("gpumemdoctor", "gpumemdoctor._agent"), ("gpumemdoctor", "gpumemdoctor.notebook")}
-# The packages whose docstring names each of their modules (the agent's and the CLI's say what their
-# modules are as a whole: the parts of `core.Agent`, one module per subcommand).
-LISTING_PACKAGES = ("app", "diagnosis", "files", "live", "recording", "reporters", "supervise", "system")
+# The packages whose docstring names each of their modules (the agent's top and the CLI's say what
+# their modules are as a whole: the parts of `core.Agent`, one module per subcommand).
+LISTING_PACKAGES = ("app", "diagnosis", "files", "live", "recording", "reporters", "supervise", "system",
+                    "_agent/search", "_agent/peak", "_agent/readings")
+# The agent's shape (ARCHITECTURE.md, "The agent"): its life cycle at the top, a few modules, and its
+# parts grouped by job one level down.
+AGENT_PACKAGES = ("peak", "readings", "search")
+MAX_AGENT_TOP_MODULES = 16
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -174,6 +179,19 @@ def test_the_top_level_is_layer_packages_and_a_few_basics():
                     "gpumemdoctor.units"]
 
 
+def test_the_agent_is_its_life_cycle_and_a_few_packages_by_job():
+    """`ls gpumemdoctor/_agent` shows a short top and the sub-packages: a new module goes into one of
+    them (or the top, if it is part of the agent's life cycle), never a level deeper."""
+    agent = PACKAGE / "_agent"
+    top = sorted(p.stem for p in agent.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_AGENT_TOP_MODULES, f"{len(top)} modules at _agent's top: {top}"
+    folders = sorted(p.name for p in agent.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert folders == sorted(AGENT_PACKAGES)
+    for name in AGENT_PACKAGES:
+        assert (agent / name / "__init__.py").exists()
+        assert not [p for p in (agent / name).iterdir() if p.is_dir() and p.name != "__pycache__"]
+
+
 def test_no_module_imports_itself_back():
     found = circles(import_graph())
     assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)
@@ -182,7 +200,7 @@ def test_no_module_imports_itself_back():
 def test_the_graph_reads_module_and_function_level_imports():
     graph = import_graph()
     assert "gpumemdoctor._agent.core" in graph["gpumemdoctor._agent"]  # from .core import Agent
-    assert "gpumemdoctor._agent.search" in graph["gpumemdoctor._agent.growth_watch"]  # inside a method
+    assert "gpumemdoctor._agent.search.search" in graph["gpumemdoctor._agent.growth_watch"]  # inside a method
     assert "gpumemdoctor._agent" in graph["gpumemdoctor"]  # from . import _agent, inside step()
     assert "gpumemdoctor.recording.records" in graph["gpumemdoctor.recording.recording"]  # from . import records
 
@@ -271,5 +289,5 @@ def test_a_package_docstring_names_its_modules_as_ls_shows_them(package):
                 defined.add(node.name)
             elif isinstance(node, ast.Assign):
                 defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
-    beside = {p.stem for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    beside = {p.stem for p in folder.parent.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
     assert sorted(named - present - defined - beside) == [], f"{package}/__init__.py names no such module"

@@ -1,4 +1,4 @@
-"""Who holds a library loop's gathered result (gpumemdoctor/_agent/loop_holder.py): the name in the
+"""Who holds a library loop's gathered result (gpumemdoctor/_agent/search/loop_holder.py): the name in the
 loop's frame, or a frame it called, that holds the tensor at the concatenation's address, read one
 level down, with the frame's line. CPU tensors stand in for the GPU's (the storage's address is what
 is compared)."""
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from gpumemdoctor._agent.reading import loop_of
-from gpumemdoctor._agent.loop_holder import holder
+from gpumemdoctor._agent.peak.reading import loop_of
+from gpumemdoctor._agent.search.loop_holder import holder
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch (a CPU build will do)")
 

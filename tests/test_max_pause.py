@@ -20,7 +20,7 @@ def test_the_limit_is_read_from_the_environment_with_bounds(given, used):
 def test_the_run_passes_the_limit_to_the_agent_and_the_agent_keeps_it(tmp_path, cli, script):
     script(tmp_path, "t.py", """
         import os
-        from gpumemdoctor._agent import forked
+        from gpumemdoctor._agent.search import forked
         print("limit", os.environ["GPUMEMDOCTOR_MAX_PAUSE_S"], forked.MAX_PAUSE_S, forked.MAX_OOM_PAUSE_S)
     """)
     result = cli("run", "--allow-no-gpu", "--max-pause", "0.25", "-o", "r.json", "t.py", cwd=tmp_path)
@@ -32,7 +32,7 @@ def test_the_run_passes_the_limit_to_the_agent_and_the_agent_keeps_it(tmp_path, 
 
 def test_zero_makes_no_copy_and_says_how_to_allow_one():
     code = ("import os; os.environ['GPUMEMDOCTOR_MAX_PAUSE_S'] = '0'\n"
-            "from gpumemdoctor._agent import forked\n"
+            "from gpumemdoctor._agent.search import forked\n"
             "why = forked.start(lambda: None, 1.0)\n"
             "print(why['why'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

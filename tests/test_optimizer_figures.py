@@ -1,4 +1,4 @@
-"""The optimizers' parts of a peak (gpumemdoctor/_agent/peak.py's optimizer_figures, issue 40 item 2):
+"""The optimizers' parts of a peak (gpumemdoctor/_agent/peak/peak.py's optimizer_figures, issue 40 item 2):
 every optimizer that stepped, with all its parameter groups, each storage counted once, in the first
 of parameters, gradients and optimizer state it belongs to. CPU tensors stand in for one device's
 (index -1, as `Tensor.get_device()` gives them)."""
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpumemdoctor._agent.peak import PeakWatch
+from gpumemdoctor._agent.peak.peak import PeakWatch
 
 torch = pytest.importorskip("torch")
 CPU = -1

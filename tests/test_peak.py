@@ -1,4 +1,4 @@
-"""What made the peak (issue 31): the agent's captures at new highs (_agent/peak.py) over the torch
+"""What made the peak (issue 31): the agent's captures at new highs (_agent/peak/peak.py) over the torch
 test double, its probe of the program's names over real CPU tensors, and the composition the
 diagnosis makes of them (diagnosis/peak.py). The allocator figures here are SYNTHETIC; the parts
 measured on a GPU are checked in tests/gpu/test_scenarios.py against the programs' own sums."""
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gpumemdoctor._agent import peak as agent_peak
+from gpumemdoctor._agent.peak import peak as agent_peak
 from gpumemdoctor._agent import probe as agent_probe
 from gpumemdoctor.diagnosis import peak
 from gpumemdoctor.diagnosis.findings import PEAK_CATEGORIES, Breakdown

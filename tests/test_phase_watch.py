@@ -1,4 +1,4 @@
-"""The search at a pause's height (gpumemdoctor/_agent/phase_watch.py): a real `Agent` over the torch
+"""The search at a pause's height (gpumemdoctor/_agent/peak/phase_watch.py): a real `Agent` over the torch
 test double and a clock the test advances. The allocator figures are SYNTHETIC; what is checked is
 when the agent asks for the search, that it runs on the main thread (Py_AddPendingCall) in a copy
 of the process, and what the program waits for."""
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from gpumemdoctor._agent import phase_watch
+from gpumemdoctor._agent.peak import phase_watch
 from tests.test_agent_long import fake_cuda, records
 
 MiB = 1 << 20
@@ -83,7 +83,7 @@ def test_the_pause_counts_the_work_before_the_fork_and_is_within_its_parts(agent
 
 def test_a_search_whose_copy_would_pause_the_program_past_the_limit_is_declined_with_why(
         agent_and_clock, tmp_path, monkeypatch):
-    from gpumemdoctor._agent import forked
+    from gpumemdoctor._agent.search import forked
 
     monkeypatch.setattr(forked, "private_bytes", lambda: int(2.4 * GiB))  # 72 ms at 30 ms/GiB
     agent, clock = agent_and_clock
@@ -118,7 +118,7 @@ def test_stacks_are_recorded_from_the_pause_s_rise_to_its_next_step_then_it_is_s
 
 
 def test_one_search_per_pause_and_at_most_two_in_a_run(agent_and_clock, tmp_path, monkeypatch):
-    from gpumemdoctor._agent import forked
+    from gpumemdoctor._agent.search import forked
 
     # When searches are asked for, not what a fork costs: on a loaded machine the first fork's measured
     # pause can put the second past the 20 ms limit (tested apart, below).
@@ -277,7 +277,7 @@ def test_a_rising_pause_is_sampled_at_least_every_rising_interval(agent_and_cloc
     """A paced interval longer than a validation left it one sample on the H100: while a pause
     rises above the steps, the agent's thread samples at least every RISING_INTERVAL_S, and at its
     own pace again once the steps come back."""
-    from gpumemdoctor._agent.sampler import SamplingThread
+    from gpumemdoctor._agent.readings.sampler import SamplingThread
 
     agent, clock = agent_and_clock
     thread = SamplingThread(agent)

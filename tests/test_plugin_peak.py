@@ -1,5 +1,5 @@
 """What filled a pytest vram_limit test's peak, from PyTorch's allocation events, without a GPU
-(gpumemdoctor/_agent/plugin_history.py, gpumemdoctor/reporters/plugin_peak.py).
+(gpumemdoctor/_agent/peak/plugin_history.py, gpumemdoctor/reporters/plugin_peak.py).
 
 The words from a split; the walk back started after the peak, where the test's lasting tensors were
 still alive, on small traces whose answer is known and on the recorded GPT-2 history
@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 import types
 
-from gpumemdoctor._agent import replay as R
-from gpumemdoctor._agent.plugin_history import CAPACITY, PeakHistory, peak_split, storages_of
+from gpumemdoctor._agent.peak import replay as R
+from gpumemdoctor._agent.peak.plugin_history import CAPACITY, PeakHistory, peak_split, storages_of
 from gpumemdoctor.reporters.plugin_peak import what_filled
 
 from .test_pytest_plugin import FAKE_OPTIM, _need_torch
@@ -216,7 +216,7 @@ def test_the_storages_replay_wants_from_optimizers():
 
 STORAGES_CPU = """
 import torch
-from gpumemdoctor._agent.plugin_history import storages_of
+from gpumemdoctor._agent.peak.plugin_history import storages_of
 
 model = torch.nn.Linear(4, 4)  # 16 + 4 float32: 80 bytes
 adam = torch.optim.Adam(model.parameters())

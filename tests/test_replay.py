@@ -1,4 +1,4 @@
-"""The allocated peak told from the allocator's events (gpumemdoctor/_agent/replay.py), on a real
+"""The allocated peak told from the allocator's events (gpumemdoctor/_agent/peak/replay.py), on a real
 recording: transformers' GPT-2 124M, four AdamW steps on an H100 (tests/fixtures/history/, made by
 benchmarks/peak_history.py), against PyTorch's MemTracker on the same steps; and on small traces
 whose answer is known."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpumemdoctor._agent import replay as R
+from gpumemdoctor._agent.peak import replay as R
 from gpumemdoctor.contract import HISTORY_PARTS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "history" / "gpt2-124m-h100.json.gz"
@@ -61,7 +61,7 @@ def test_gpt2s_peak_is_split_as_memtracker_splits_it(first_entry):
 def test_the_entries_history_skips_change_nothing_in_the_split():
     """history.py asks PyTorch not to record SKIPPED (a free's completion, a snapshot's mark): the
     recorded GPT-2 steps without them, 30% fewer entries, give the same peak and the same parts."""
-    from gpumemdoctor._agent.history import SKIPPED
+    from gpumemdoctor._agent.peak.history import SKIPPED
 
     d, trace, times, kinds, storages, sizes = gpt2_recording()
     kept = [e for e in trace if e["action"] not in SKIPPED]
@@ -107,7 +107,7 @@ def test_an_evaluation_without_a_backward_is_gathered_and_a_peak_before_the_even
 
 
 def test_the_marks_kept_are_those_from_the_last_before_the_events_on_in_order():
-    from gpumemdoctor._agent.history import Marks
+    from gpumemdoctor._agent.peak.history import Marks
 
     marks = Marks()
     for i, kind in enumerate([R.BACKWARD, R.BACKWARD_END, R.STEP, R.STEP_END] * 3):

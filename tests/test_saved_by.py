@@ -1,4 +1,4 @@
-"""What saved a step's activations (gpumemdoctor/_agent/saved_by.py): the pure attribution of a
+"""What saved a step's activations (gpumemdoctor/_agent/peak/saved_by.py): the pure attribution of a
 step's events to the modules running when each block was made, the names, and the hooks themselves
 on a CPU model (the events need CUDA: tests/gpu/test_allocated_peak.py reads them on a GPU)."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpumemdoctor._agent import replay as R
-from gpumemdoctor._agent import saved_by as S
+from gpumemdoctor._agent.peak import replay as R
+from gpumemdoctor._agent.peak import saved_by as S
 
 
 def _e(action, addr, size, t):

@@ -1,4 +1,4 @@
-"""The holder search and the garbage look-up (gpumemdoctor/_agent/search.py, heap.py, edges.py,
+"""The holder search and the garbage look-up (gpumemdoctor/_agent/search/search.py, heap.py, edges.py,
 graphs.py, garbage.py) on CPU tensors: they match storages by address, so a CPU tensor is found the
 same way a CUDA one is on the GPU."""
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpumemdoctor._agent import edges, garbage, search  # noqa: E402
-from gpumemdoctor._agent.blocks import Spans, TensorKind, storage_span, thread_entry, user_frames  # noqa: E402
+from gpumemdoctor._agent import garbage  # noqa: E402
+from gpumemdoctor._agent.search import edges, search  # noqa: E402
+from gpumemdoctor._agent.search.blocks import Spans, TensorKind, storage_span, thread_entry, user_frames  # noqa: E402
 
 KIND = TensorKind(torch)
 HISTORY: list = []
@@ -188,7 +189,7 @@ def test_a_saved_weight_changed_in_place_does_not_stop_the_walk():
 
 
 def test_a_graph_node_read_from_a_reached_head_is_not_read_again():
-    from gpumemdoctor._agent import graphs
+    from gpumemdoctor._agent.search import graphs
 
     w = torch.ones(8, 8, requires_grad=True)
     shared = torch.tanh(torch.ones(4, 8) @ w)  # saved once, in the node both graphs share
@@ -327,7 +328,7 @@ def test_blocks_that_share_a_stack_group_together_each_with_its_own_holder():
 
 
 def test_a_relative_file_name_is_not_kept_as_library_or_not(tmp_path, monkeypatch):
-    from gpumemdoctor._agent import blocks
+    from gpumemdoctor._agent.search import blocks
 
     site = tmp_path / "site-packages"
     site.mkdir()
@@ -641,7 +642,7 @@ def test_a_librarys_global_is_reached_by_the_climb():
 def test_a_climb_starts_no_heap_scan_that_would_pass_the_budget():
     """A scan of a big heap cannot be stopped midway: one expected to take longer than the budget
     has left is not started (the search stays within its budget and says why it stopped)."""
-    from gpumemdoctor._agent import heap
+    from gpumemdoctor._agent.search import heap
 
     held = [torch.ones(5)]
     roots = {id(held)}
@@ -792,7 +793,7 @@ def test_a_snapshot_does_not_import_torch_inductor_into_the_program(monkeypatch)
     import sys
     import types
 
-    from gpumemdoctor._agent.blocks import no_inductor_import
+    from gpumemdoctor._agent.search.blocks import no_inductor_import
 
     # a program that has not imported it (an earlier test's optimizer step may have, in this process)
     monkeypatch.delitem(sys.modules, "torch._inductor", raising=False)
@@ -816,7 +817,7 @@ def test_tensors_nothing_refers_to_are_unreachable_without_a_climb_each(monkeypa
     one scan before the climb says so for many at once. (The scan asks about at most
     PREPASS_REFERENCES // heap objects of them: lifted here, so that the test suite's own heap, over
     500,000 objects in a serial run, does not decide how many that is.)"""
-    from gpumemdoctor._agent import search as search_module
+    from gpumemdoctor._agent.search import search as search_module
 
     monkeypatch.setattr(search_module, "PREPASS_REFERENCES", 1 << 40)
     kept = [torch.ones(3) for _ in range(40)]
@@ -901,7 +902,7 @@ def test_a_cuda_graphs_pool_is_held_by_the_graph_with_its_capture_line(monkeypat
     """Issue 56: each segment of a CUDA graph's private pool is a block of its own, held by the graph
     whose pool it is (not by the static output inside it), with the stack of the capture's allocation;
     the default pool's blocks are searched as before."""
-    from gpumemdoctor._agent import blocks as blocks_module
+    from gpumemdoctor._agent.search import blocks as blocks_module
     from gpumemdoctor.contract import GRAPH_POOL_LABEL
 
     segment = torch.ones(4096)  # the pool's segment; the static output lies inside it

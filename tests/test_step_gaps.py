@@ -1,10 +1,10 @@
-"""The pause the program feels (issue 57): the agent's step-gap figures (_agent/felt.py) and the
+"""The pause the program feels (issue 57): the agent's step-gap figures (_agent/readings/felt.py) and the
 report's note on a gap that stands out (diagnosis/step_gaps.py)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gpumemdoctor._agent.felt import STEP_RING, WARMUP_STEPS, Felt
+from gpumemdoctor._agent.readings.felt import STEP_RING, WARMUP_STEPS, Felt
 from gpumemdoctor.diagnosis import step_gaps
 
 

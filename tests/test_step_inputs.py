@@ -1,4 +1,4 @@
-"""What each step was given (gpumemdoctor/_agent/step_inputs.py), on CPU modules: the first module call
+"""What each step was given (gpumemdoctor/_agent/readings/step_inputs.py), on CPU modules: the first module call
 after a step's end is read once and its hook removed; an out-of-memory error's record says the steps
 before the running one, never the running one's own."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpumemdoctor._agent.step_inputs import StepInputs  # noqa: E402
+from gpumemdoctor._agent.readings.step_inputs import StepInputs  # noqa: E402
 
 
 class Model(torch.nn.Module):
@@ -76,7 +76,7 @@ def test_a_step_end_and_the_read_cost_well_under_a_millisecond():
 
 
 def test_the_hook_never_breaks_the_program(monkeypatch):
-    from gpumemdoctor._agent import step_inputs
+    from gpumemdoctor._agent.readings import step_inputs
 
     watch = StepInputs(torch)
     try:

@@ -1,5 +1,5 @@
 """Freed blocks held for stream work at exit (issue 42): the agent's `pending` record
-(_agent/streams.py) on a stand-in allocator, and how the diagnosis reads it (diagnosis/streams.py,
+(_agent/readings/streams.py) on a stand-in allocator, and how the diagnosis reads it (diagnosis/streams.py,
 the judgement's row 15). The figures here are made up for the logic; the recordings that show it on
 a GPU are tests/fixtures/reports/pending_stream.json and the clean_* ones named in the GPU tests."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from gpumemdoctor._agent import streams as agent_streams
+from gpumemdoctor._agent.readings import streams as agent_streams
 from gpumemdoctor.diagnosis import judgement, streams
 from gpumemdoctor.diagnosis.evidence import Evidence
 

@@ -4,15 +4,18 @@ The bootstrap sitecustomize calls `start()` in every Python process of a run; it
 nothing unless GPUMEMDOCTOR_RUN_DIR is set. `watch --attach` brings the same agent into a running
 program and takes it out again (attach.py). `enable()` and `step()` are behind
 gpumemdoctor.enable() and gpumemdoctor.step(). The agent itself is `core.Agent`, whose
-docstring says what happens when; its parts are the other modules of this package. Every
-entry point is guarded: a failure disables the agent, never the program.
+docstring says what happens when. Its life cycle and what its parts share are the modules beside
+this one; its parts are grouped by job in three packages: readings/ (samples, and the records made
+at moments of the run or at its exit), peak/ (what made the peaks) and search/ (the holder search).
+Every entry point is guarded: a failure disables the agent, never the program.
 """
 from __future__ import annotations
 
 import os
 import time
 
-from . import forked, threads
+from . import threads
+from .search import forked
 from .core import Agent
 from .exit import install_hard_exit
 from ..contract import ENV_RUN_DIR, interval_from_env

@@ -39,7 +39,8 @@ import sys
 import threading
 import time
 
-from . import forked, main_thread
+from . import main_thread
+from .search import forked
 from ..contract import INTERVAL_DEFAULT_S
 
 PROTOCOL = 1  # what the watch and the payload agree on: the files and arrive()'s arguments
@@ -292,7 +293,7 @@ class Attachment:
         torch = agent.torch
         restored, left = self.restored, self.left
         if agent.history.on or agent.trace.on:
-            from .events import import_in_progress
+            from .readings.events import import_in_progress
 
             if self.main_where != "the main thread" and import_in_progress():
                 left.append("PyTorch's memory history (an import was under way on another thread: "
@@ -326,7 +327,7 @@ class Attachment:
 
         agent = self.agent
         channel = agent.channel
-        channel.write(exit_record(agent, None, None, collector_state(agent), {}))
+        channel.write(exit_record(agent, None, None, collector_state(agent.sampler, agent.history), {}))
         if agent.server is not None:
             agent.server.close()
             self.restored.append("the agent's socket")
@@ -375,7 +376,7 @@ def _remove_hooks(agent, torch, restored: list) -> None:
     if collections is not None and collections.callback in gc.callbacks:
         gc.callbacks.remove(collections.callback)
         restored.append("the garbage collector's callback")
-    from .libraries import LibraryWatcher
+    from .readings.libraries import LibraryWatcher
     from .startup import TorchImportWatcher
 
     ours = [f for f in sys.meta_path if isinstance(f, (LibraryWatcher, TorchImportWatcher))]

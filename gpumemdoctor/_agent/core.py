@@ -8,7 +8,7 @@
    observer (oom.py) and the collector's callback (events.py) attached, the sampling thread
    started.
 3. Sampling (sampler.py): at each optimizer step or gpumemdoctor.step() (`on_step`), or on the
-   sampling thread's timer while no step comes. Each sample goes to the growth watch (watch.py);
+   sampling thread's timer while no step comes. Each sample goes to the growth watch (growth_watch.py);
    a change in torch.distributed's process groups is written then too (process_groups.py).
 4. Growth suspected: allocation stacks on (trace.py), and a holder search (search.py) due some
    steps later, made at that step boundary (`on_step`) in a copy of the process (forked.py).
@@ -32,23 +32,23 @@ import time
 from . import startup
 from ..contract import ENV_SOCKET
 from .channel import Channel
-from .events import Collections, cuda_origin
-from .felt import Felt
+from .readings.events import Collections, cuda_origin
+from .readings.felt import Felt
 from .exit import finish
 from .neutral import quiet_gc
-from .oom import OomObserver
-from .process_groups import ProcessGroups, install_context_reading
-from .sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
+from .readings.oom import OomObserver
+from .readings.process_groups import ProcessGroups, install_context_reading
+from .readings.sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
 from .threads import ThreadWatch
-from .trace import Trace
+from .readings.trace import Trace
 from .growth_watch import GrowthWatch
-from .phase_watch import PhaseWatch
-from .peak import PeakWatch
-from .history import History
-from .saved_by import ForwardWatch
-from .step_inputs import StepInputs
-from .replay import STEP, STEP_END
-from .libraries import KNOWN, LibraryWatcher, record as library_record
+from .peak.phase_watch import PhaseWatch
+from .peak.peak import PeakWatch
+from .peak.history import History
+from .peak.saved_by import ForwardWatch
+from .readings.step_inputs import StepInputs
+from .peak.replay import STEP, STEP_END
+from .readings.libraries import KNOWN, LibraryWatcher, record as library_record
 
 
 class Agent:

@@ -26,10 +26,10 @@ import os
 import sys
 import time
 
-from . import parts as parts_of
-from . import streams
-from .events import uncaught
-from .libraries import KNOWN
+from .readings import parts as parts_of
+from .readings import streams
+from .readings.events import uncaught
+from .readings.libraries import KNOWN
 from ..contract import ENV_SNAPSHOT
 
 # A run in which no growth was seen is searched at exit when its live tensors reach this: the
@@ -65,24 +65,30 @@ def hard_exit(agent, status) -> None:
     if agent.pid != os.getpid() or agent.finished:
         return
     agent.finished = True
-    sampler = agent.sampler
-    rows = []
-    if agent.devices and sampler.neutral is not None:
-        locked = sampler.lock.acquire(timeout=0.05)
-        try:
-            rows = sampler.read_devices()
-        except Exception:
-            rows = []
-        finally:
-            if locked:
-                sampler.lock.release()
-        if agent.history.taken is not None:  # a reading whose walk was put off to a later step
-            try:
-                agent.history.finish()
-            except Exception:
-                pass
+    rows = _last_reading(agent.sampler, agent.history) if agent.devices else []
     agent.channel.write({"type": "hard-exit", "t": time.monotonic(), "status": status if isinstance(status, int)
                          else None, "steps": agent.steps, "d": rows})
+
+
+def _last_reading(sampler, history) -> list:
+    """The devices' rows read once more (the sampler's lock waited for briefly, never long), and a
+    history reading whose walk was put off to a later step made now."""
+    if sampler.neutral is None:
+        return []
+    locked = sampler.lock.acquire(timeout=0.05)
+    try:
+        rows = sampler.read_devices()
+    except Exception:
+        rows = []
+    finally:
+        if locked:
+            sampler.lock.release()
+    if history.taken is not None:  # a reading whose walk was put off to a later step
+        try:
+            history.finish()
+        except Exception:
+            pass
+    return rows
 
 
 def finish(agent) -> None:
@@ -93,14 +99,17 @@ def finish(agent) -> None:
         return
     agent.finished = True
     parts: dict = {}
-    collector = collector_state(agent)  # before the probes hold automatic collection off
+    collector = collector_state(agent.sampler, agent.history)  # before the probes hold automatic collection off
     if agent.collections is not None:
         agent.collections.paused = True  # the exit probes' own collections are not the program's
     try:
         agent.timer.stop()
         torch = agent.torch
         if torch is not None and agent.devices and torch.cuda.is_initialized():
-            _exit_probes(agent, torch, parts)
+            snapshot = os.path.join(agent.run_dir, f"snapshot-{agent.pid}.pickle") if agent.run_dir else None
+            _exit_probes(torch, parts, sampler=agent.sampler, channel=agent.channel, watch=agent.growth_watch,
+                         peak_watch=agent.peak_watch, history=agent.history, trace=agent.trace, cost=agent.cost,
+                         snapshot_path=snapshot)
     except Exception as exc:
         agent.channel.write({"type": "error", "where": "exit probes", "message": repr(exc)[:500]})
     died_of = None
@@ -122,14 +131,13 @@ def exit_record(agent, parts: dict | None, died_of: dict | None, collector: dict
             "uncaught": died_of, "samples": sampler.samples, "samples_skipped": sampler.samples_skipped,
             "collections": agent.collections.summary() if agent.collections is not None else None,
             "out_of_memory": agent.oom.records, "collector": collector, **libraries,
-            "shutdown": getattr(agent, "shutdown", None), "step_gaps": _step_gaps(agent),
+            "shutdown": getattr(agent, "shutdown", None), "step_gaps": _step_gaps(getattr(agent, "felt", None)),
             "cost": {k: round(v, 6) for k, v in {**agent.cost, **sampler.cost.windows(),
                                                  "interval_at_exit_s": sampler.interval_s}.items()}}
 
 
-def _step_gaps(agent) -> dict | None:
+def _step_gaps(felt) -> dict | None:
     """The longest step gap as the program felt it (felt.py), where steps were counted."""
-    felt = getattr(agent, "felt", None)
     try:
         return felt.record() if felt is not None and felt.gaps else None
     except Exception:
@@ -139,7 +147,7 @@ def _step_gaps(agent) -> dict | None:
 def _libraries(first_pools: list[dict]) -> dict:
     """Other GPU libraries' pools and live arrays, where one of them was imported (libraries.py);
     a pool no longer readable at exit is the one read at PyTorch's first allocation."""
-    from .libraries import KNOWN, foreign_arrays, pools
+    from .readings.libraries import KNOWN, foreign_arrays, pools
 
     if not any(name in sys.modules for name in KNOWN):
         return {}
@@ -149,21 +157,26 @@ def _libraries(first_pools: list[dict]) -> dict:
         return {"libraries": first_pools} if first_pools else {}
 
 
-def collector_state(agent) -> dict | None:
+def collector_state(sampler, history) -> dict | None:
     """The garbage collector as the program left it, how often the samples found it off, and how the
     agent's own readings stayed neutral to it (neutral.py): the readings after which the count could
     not be put back (no ballast left), and the ballast left."""
     try:
-        neutral, bulk = agent.sampler.neutral, agent.history.bulk
+        neutral, bulk = sampler.neutral, history.bulk
         short = (neutral.short if neutral is not None else 0) + (bulk.short if bulk is not None else 0)
         return {"enabled_at_exit": gc.isenabled(), "threshold": gc.get_threshold()[0],
-                "off_samples": agent.sampler.collector_off, "samples": agent.sampler.samples,
+                "off_samples": sampler.collector_off, "samples": sampler.samples,
                 "count_left_higher": short, "ballast": None if neutral is None else len(neutral.ballast)}
     except Exception:
         return None
 
 
-def _exit_probes(agent, torch, parts: dict) -> None:
+def _exit_probes(torch, parts: dict, *, sampler, channel, watch, peak_watch, history, trace, cost: dict,
+                 snapshot_path: str | None) -> None:
+    """The probes in order (the module's docstring), with the agent's parts they use: the sampler's
+    readings, the record file, the growth watch (its searches), the peak watch and the history (the
+    end as a new high), the trace (its mode, whether stacks were on), the costs (each probe's time)
+    and where --snapshot's file goes (None without a run folder)."""
     # No automatic collection until the garbage has been looked at: the snapshot and the
     # search allocate, and a collection they set off would free the cycles unseen.
     collecting = gc.isenabled()
@@ -173,40 +186,40 @@ def _exit_probes(agent, torch, parts: dict) -> None:
     def took(name: str) -> None:
         nonlocal mark
         now = time.perf_counter()
-        agent.cost[f"exit_{name}_s"] = now - mark
+        cost[f"exit_{name}_s"] = now - mark
         mark = now
 
     try:
-        end = agent.sampler.read_devices()  # the memory as the program left it
-        agent.channel.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
-        agent.peak_watch.at_exit()  # the end as a new high: a leak's peak is often its end
-        agent.history.at_exit()  # the last steps' allocated peak, if it rose past the last reading
+        end = sampler.read_devices()  # the memory as the program left it
+        channel.write({"type": "p", "phase": "end", "t": time.monotonic(), "d": end})
+        peak_watch.at_exit()  # the end as a new high: a leak's peak is often its end
+        history.at_exit()  # the last steps' allocated peak, if it rose past the last reading
         took("peak")
-        stats = agent.sampler.stats_fn or torch.cuda.memory_stats_as_nested_dict
+        stats = sampler.stats_fn or torch.cuda.memory_stats_as_nested_dict
         # Freed blocks still held for stream work: finished work not yet processed, or unfinished
         # work (streams.py). Told apart now, before the probes below give the work time to finish.
-        streams.settle(torch, stats, program_devices(end), agent.channel.write)
+        streams.settle(torch, stats, program_devices(end), channel.write)
         took("streams")
         touched = [row[0] for row in end]
         parts.update(parts_of.measure_at_end(torch, stats, touched))
         took("parts")
-        agent.growth_watch.wait_for_copies()  # a search still under way in a copy of the process
-        if os.environ.get(ENV_SNAPSHOT) == "1" and agent.run_dir:
-            _dump_snapshot(agent, torch)
+        watch.wait_for_copies()  # a search still under way in a copy of the process
+        if os.environ.get(ENV_SNAPSHOT) == "1" and snapshot_path:
+            _dump_snapshot(torch, snapshot_path, trace, channel.write)
             took("snapshot")
         # One search at exit covers every live block, those new since the baseline (a
         # leak's) and the rest (what a program that grew nothing still holds).
         searched = budget = None
-        if agent.growth_watch.suspected or agent.trace.mode == "on":
-            searched = agent.growth_watch.search("exit", hold=True)
-        elif agent.channel.fd is not None and any((row[1] or 0) >= LIVE_SEARCH_MIN_BYTES for row in end):
+        if watch.suspected or trace.mode == "on":
+            searched = watch.search("exit", hold=True)
+        elif channel.fd is not None and any((row[1] or 0) >= LIVE_SEARCH_MIN_BYTES for row in end):
             budget = "live"
-            searched = agent.growth_watch.search("exit", budget=budget, hold=True)
+            searched = watch.search("exit", budget=budget, hold=True)
         took("search")
         # Blocks the search took for cuBLAS's workspaces (first_sweep.py): confirmed below.
         guessed = searched.get("workspaces") if searched else None
         if searched and not guessed:
-            agent.growth_watch.write_exit_search(searched)
+            watch.write_exit_search(searched)
         if searched and searched.get("complete"):
             skip_gc = "the exit search found no CUDA memory that only garbage could hold"
         elif guessed:
@@ -218,19 +231,21 @@ def _exit_probes(agent, torch, parts: dict) -> None:
             skip_gc = None
         held = None
         try:
-            held = _probe(agent, torch, end, took, skip_gc, hold=bool(guessed))
+            held = _probe(torch, end, took, sampler.read_devices, channel.write,
+                          lambda: _collect_garbage(torch, trace, watch.tensor_kind, channel.write), skip_gc,
+                          hold=bool(guessed))
             parts["cublas_workspaces"] = parts_of.cublas_workspaces(torch, stats, touched)
             took("cublas")
         finally:
             if guessed:  # also after a probe that failed: then nothing confirms them
-                _confirm(agent, searched, held, parts.get("cublas_workspaces"), budget)
+                _confirm(watch, channel.write, searched, held, parts.get("cublas_workspaces"), budget)
                 took("confirm")
     finally:
         if collecting:
             gc.enable()
 
 
-def _confirm(agent, searched: dict, held: dict | None, cleared: list | None, budget: str | None) -> None:
+def _confirm(watch, write, searched: dict, held: dict | None, cleared: list | None, budget: str | None) -> None:
     """Whether the blocks the exit search took for cuBLAS's workspaces were exactly those: clearing
     the workspaces (after the last reading) gave back, on each device, the bytes of the blocks it
     took. Every workspace is a block no tensor holds, so they are among those blocks, and the same
@@ -238,36 +253,38 @@ def _confirm(agent, searched: dict, held: dict | None, cleared: list | None, bud
     skipped are written. Else the full search is made now (its blocks are those of the skipped
     collection less the cleared workspaces) and written instead: where it places every block, or
     finds it held by no Python object, the skip is proven all the same; where not, no `gc` probe is
-    written (what garbage held is not known) and an error says why."""
+    written (what garbage held is not known) and an error says why. `watch`: the growth watch, which
+    searches and writes the search's record; `write`: the record file's."""
     given = {index: n for index, n in cleared or []}
     if all(given.get(device) == n for device, n, _count in searched["workspaces"]):
-        agent.growth_watch.write_exit_search(searched)
+        watch.write_exit_search(searched)
         if held is not None:
-            agent.channel.write(held)
+            write(held)
         return
-    full = agent.growth_watch.search("exit", budget=budget, first=False)
+    full = watch.search("exit", budget=budget, first=False)
     if full is not None and full.get("complete"):
         if held is not None:
-            agent.channel.write(held)
+            write(held)
         return
     took = ", ".join(f"{n} bytes in {count} blocks on device {device}" for device, n, count in searched["workspaces"])
-    agent.channel.write({"type": "error", "where": "exit probes", "message": (
+    write({"type": "error", "where": "exit probes", "message": (
         f"the exit search took {took} for cuBLAS's workspaces, but clearing them gave back "
         f"{cleared if cleared is not None else 'nothing that could be read'}, and the full search then "
         "left blocks it could not place: the exit's collection was skipped unproven, and what garbage held "
         "is not known")})
 
 
-def _probe(agent, torch, end: list, took, skip_gc: str | None = None, hold: bool = False) -> dict | None:
+def _probe(torch, end: list, took, read, write, collect, skip_gc: str | None = None,
+           hold: bool = False) -> dict | None:
     """Re-measure after each thing that can give memory back, to say what held it. The collection
     is skipped (`skip_gc` says why) when no garbage can hold CUDA memory: the exit search placed
     every block on a reachable object or found it held by no Python object, or no tensor was
     allocated at all and no other GPU library (CuPy's arrays in a cycle) was imported. A full
     collection of a big heap (0.6 s at a million objects on an H100 machine, 0.38 s at the end of
     a Lightning run that had freed everything) would only delay the end for nothing. With `hold`,
-    a skipped collection's record is returned, not written (exit._confirm writes it)."""
-    write = agent.channel.write
-    read = agent.sampler.read_devices
+    a skipped collection's record is returned, not written (exit._confirm writes it). `read`: the
+    sampler's reading of the devices; `write`: the record file's; `collect`: the collection, having
+    looked at what it frees (`_collect_garbage`), which returns how many objects it collected."""
     touched = program_devices(end)  # never allocate on a device the program left alone
     held = None
     if skip_gc:
@@ -277,7 +294,7 @@ def _probe(agent, torch, end: list, took, skip_gc: str | None = None, hold: bool
             write(held)
             held = None
     else:
-        collected = _collect_garbage(agent, torch)
+        collected = collect()
         write({"type": "p", "phase": "gc", "t": time.monotonic(), "collected": collected, "d": read()})
     took("garbage")
     for index in touched:
@@ -297,34 +314,35 @@ def program_devices(end: list) -> list[int]:
     return [row[0] for row in end if row[3] or (len(row) > 7 and row[7])]
 
 
-def _collect_garbage(agent, torch) -> int:
-    """gc.collect(), having looked at what it frees: the types and the CUDA tensors in the cycles."""
+def _collect_garbage(torch, trace, tensor_kind, write) -> int:
+    """gc.collect(), having looked at what it frees: the types and the CUDA tensors in the cycles
+    (their stacks where the trace was on; `tensor_kind`: the growth watch's, which tells tensors)."""
     try:
-        from .blocks import Spans, live_blocks
+        from .search.blocks import Spans, live_blocks
         from .garbage import collect_garbage
 
         frames_of = None
-        if agent.trace.on or agent.trace.was_on:
+        if trace.on or trace.was_on:
             frames_of = Spans((b["address"], b["size"], b["frames"]) for b in live_blocks(torch) if b["frames"])
-        report = collect_garbage(agent.growth_watch.tensor_kind(), frames_of)
+        report = collect_garbage(tensor_kind(), frames_of)
     except Exception as exc:
-        agent.channel.write({"type": "error", "where": "garbage", "message": repr(exc)[:500]})
+        write({"type": "error", "where": "garbage", "message": repr(exc)[:500]})
         return gc.collect()
-    agent.channel.write({"type": "garbage", "t": time.monotonic(), **report})
+    write({"type": "garbage", "t": time.monotonic(), **report})
     return report["collected"]
 
 
-def _dump_snapshot(agent, torch) -> None:
-    path = os.path.join(agent.run_dir, f"snapshot-{agent.pid}.pickle")
+def _dump_snapshot(torch, path: str, trace, write) -> None:
+    """PyTorch's allocator snapshot into the run folder (--snapshot), and a record that says where."""
     try:
-        from .blocks import no_inductor_import
+        from .search.blocks import no_inductor_import
 
         with no_inductor_import(torch):
             torch.cuda.memory._dump_snapshot(path)
         os.chmod(path, 0o600)
-        agent.channel.write({"type": "snapshot", "t": time.monotonic(), "path": path, "trace": agent.trace.on})
+        write({"type": "snapshot", "t": time.monotonic(), "path": path, "trace": trace.on})
     except Exception as exc:
-        agent.channel.write({"type": "error", "where": "snapshot", "message": repr(exc)[:500]})
+        write({"type": "error", "where": "snapshot", "message": repr(exc)[:500]})
 
 
 def _cupy_pool():

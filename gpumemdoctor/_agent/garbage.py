@@ -7,10 +7,10 @@ from __future__ import annotations
 import collections
 import gc
 
-from .blocks import Spans, TensorKind, storage_span, tensor_field, user_frames
-from .edges import pattern
-from .referents import ATOMIC, children
-from .search import MAX_FRAMES, MAX_GROUPS
+from .search.blocks import Spans, TensorKind, storage_span, tensor_field, user_frames
+from .search.edges import pattern
+from .search.referents import ATOMIC, children
+from .search.search import MAX_FRAMES, MAX_GROUPS
 
 
 def collect_garbage(kind: TensorKind, frames_of: Spans | None, cuda_only: bool = True) -> dict:

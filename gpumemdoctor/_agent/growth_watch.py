@@ -22,9 +22,9 @@ import gc
 import threading
 import time
 
-from . import forked
+from .search import forked
 from .threads import Captured
-from .events import import_in_progress
+from .readings.events import import_in_progress
 from .neutral import quiet_gc
 from ..contract import WARMUP_STEPS  # --trace on: what is alive after these many steps is not new
 
@@ -145,13 +145,13 @@ class GrowthWatch:
     # -- the searches -----------------------------------------------------------------
     def tensor_kind(self):
         if self.kind is None:
-            from .blocks import TensorKind
+            from .search.blocks import TensorKind
 
             self.kind = TensorKind(self.agent.torch)
         return self.kind
 
     def take_baseline(self, why: str) -> None:
-        from .blocks import take_baseline
+        from .search.blocks import take_baseline
 
         agent = self.agent
         started = time.monotonic()
@@ -182,7 +182,7 @@ class GrowthWatch:
         budget_s = budget_for(budget or when, time.monotonic() - agent.born)
         if when != "exit":
             return self._search_in_copy(when, baseline, budget_s, started)
-        from .search import Roots, investigate
+        from .search.search import Roots, investigate
 
         own = {t.ident for t in threading.enumerate() if t.name.startswith("gpumemdoctor-")}
         own.add(threading.get_ident())  # our frames at exit hold nothing of the program's
@@ -225,7 +225,7 @@ class GrowthWatch:
 
             def in_copy() -> None:
                 try:
-                    from .search import Roots, investigate
+                    from .search.search import Roots, investigate
 
                     roots = Roots(threads.own, threads)
                     result = investigate(agent.torch, self.tensor_kind(), baseline, budget_s, roots,

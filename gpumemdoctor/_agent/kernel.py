@@ -94,7 +94,7 @@ def _places(user_ns: dict, shell):
 
 def _last_error(shell):
     """The locals of the frames of the last error's traceback, with what holds that traceback."""
-    from .blocks import is_library_file
+    from .search.blocks import is_library_file
 
     holders = [name for name in LAST_ERROR if getattr(sys, name.split(".")[1], None) is not None]
     tb = getattr(sys, "last_traceback", None)

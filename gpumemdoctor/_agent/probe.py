@@ -72,7 +72,7 @@ class Probe:
         modules' parameters first (a module's weights are parameters wherever else they appear), then
         the tensors. It makes few containers of its own (no list of the names it walks), so that it
         moves the collector's count little."""
-        from .blocks import is_library_file
+        from .search.blocks import is_library_file
 
         frames = []
         if sys.gettrace() is None and sys.getprofile() is None:  # a tracer refreshes and writes back f_locals

@@ -1,6 +1,6 @@
 """What filled the GPU at PyTorch's allocated peak, wherever it fell, between two samples too: the
-composition of the best `peak_history` reading (_agent/history.py: the allocator's events walked
-back to the peak, _agent/replay.py says how each part is told), and the finding it makes. Pure.
+composition of the best `peak_history` reading (_agent/peak/history.py: the allocator's events walked
+back to the peak, _agent/peak/replay.py says how each part is told), and the finding it makes. Pure.
 
 The reading's parts are the allocated memory at that moment; beside them the CUDA context (the
 breakdown's), the segments' bytes then less the allocated (the allocator's cache), and memory
@@ -212,7 +212,7 @@ def autograd_at(agent, torch_index: int, step: int | None, t: float) -> str | No
 
 def saved_by(agent, torch_index: int) -> tuple[list[dict], str] | None:
     """The modules whose forward made the activations of the step recorded with module hooks
-    (_agent/saved_by.py), as holders of the activations part, each with the line that called the
+    (_agent/peak/saved_by.py), as holders of the activations part, each with the line that called the
     outermost forward; and the note that says where they come from. None without that record."""
     r = next((r for r in agent.root.get("forward_modules", [])
               if r["device"] == torch_index and "error" not in r and r.get("modules")), None)

@@ -3,7 +3,7 @@ and what to say when that memory grows. Pure: no NVML, no torch, no files.
 
 NCCL allocates outside PyTorch's allocator: when a communicator is created and at the first
 collectives of each kind (the buffers of each connection, sized by `NCCL_BUFFSIZE` and the number
-of channels; see _agent/process_groups.py). A clean NCCL job holds hundreds of MiB there for as long
+of channels; see _agent/readings/process_groups.py). A clean NCCL job holds hundreds of MiB there for as long
 as its communicators live (about 588 MiB per rank in a 2-rank DDP job on two H100s, all of it in
 the first moments: docs/gpu-facts.md), beyond the allowance for CUDA's libraries; that is no growth.
 

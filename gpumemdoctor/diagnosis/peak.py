@@ -1,6 +1,6 @@
 """What made the peak: one process's highest observed moment on one GPU, split into parts that add
 up to it, and the findings where that peak could be lower. Pure: it reads the agent's `peak`
-records (a capture at each new high of the process's memory) and their probes (_agent/peak.py).
+records (a capture at each new high of the process's memory) and their probes (_agent/peak/peak.py).
 
 How each part is recognised:
 - context: the breakdown's CUDA context (read at the first allocation);

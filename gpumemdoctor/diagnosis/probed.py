@@ -2,7 +2,7 @@
 
 By default the tool makes no copy of the process during the run: a fork of a CUDA process pauses it
 longer than the 20 ms allowed (`run --max-pause`; forked.py). What the agent read of the program's
-names at its new highs (the probe, on the main thread, within 8 ms: _agent/peak.py) then names the
+names at its new highs (the probe, on the main thread, within 8 ms: _agent/peak/peak.py) then names the
 holders:
 - of an accumulation a pause in the steps let go of (judgement row 13): the names that held the
   most at the pause's highest probe, or, when none held much, the name whose autograd graph chains
@@ -88,7 +88,7 @@ def found(probe: dict) -> int:
 
 def probe_of(agent, n: int) -> dict | None:
     """The probe of capture n that found the most (a capture can have two: one as it was asked, one
-    once a call's result was named; _agent/peak.py), or None."""
+    once a call's result was named; _agent/peak/peak.py), or None."""
     return max((p for p in agent.root.get("peak_probes", []) if p["n"] == n), key=found, default=None)
 
 

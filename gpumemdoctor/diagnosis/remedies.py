@@ -270,7 +270,7 @@ OUT_OF_MEMORY: dict[str, str] = {
 }
 
 
-# The library loops that gather a model's outputs on the GPU (_agent/reading.py's LIBRARY_LOOPS: the
+# The library loops that gather a model's outputs on the GPU (_agent/peak/reading.py's LIBRARY_LOOPS: the
 # main thread's stack at a reading), each with its own switches, in the library's own terms.
 _TRAINER = ("The Trainer gathers every batch's predictions on the GPU, concatenated to the ones before, until the "
             "evaluation ends: set TrainingArguments(eval_accumulation_steps=N) to move them to the CPU every N "

@@ -1,7 +1,7 @@
 """The longest gap between two step ends, as the program felt it, where it stands out. Pure.
 
 The agent stamps each step's end and keeps the longest gap after the first five steps, with what
-ran inside it: its own work, and the collections timed by its collector callback (_agent/felt.py).
+ran inside it: its own work, and the collections timed by its collector callback (_agent/readings/felt.py).
 A gap is told when it is at least STANDS_OUT_S and STANDS_OUT_TIMES the median of the gaps before
 it: a stall a user notices. The note says what the gap held, from those figures only; where the
 agent's work and the collections leave most of it unexplained, it says so.

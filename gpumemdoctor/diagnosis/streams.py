@@ -6,7 +6,7 @@ DDP's communication streams) as *active* until the CUDA events it recorded there
 looks at those events only when it next allocates. So `active - allocated` at the program's end
 mixes two things: work that had not finished (the memory is truly held for it), and work that had
 finished long before (the memory is the allocator's cache a moment late; every clean FSDP rank
-ends with some). The agent tells them apart at exit (_agent/streams.py, the `pending` record):
+ends with some). The agent tells them apart at exit (_agent/readings/streams.py, the `pending` record):
 one small allocation lets the allocator process every completed event, and what is still held
 after it is held for work unfinished then, which the agent then waits for, stream by stream.
 

@@ -1,6 +1,6 @@
 """The survey of GPU processes (`gpumemdoctor ps`): who holds each GPU's memory right now.
 
-Not the holder search inside a target (`_agent/search.py`): this looks from outside, at
+Not the holder search inside a target (`_agent/search/search.py`): this looks from outside, at
 processes. `gather()` reads NVML and /proc; `diagnose_holders()` is pure: from those facts
 to flags (memory nobody accounts for among them), each with the next step to take.
 """

@@ -111,7 +111,7 @@ OOM = Shape({"t": SECONDS, "step": opt(INT), "device": INT, "request_bytes": SIZ
              "optimizers": may(list_of(row(STR, SIZE, SIZE, SIZE))), "inside": may(opt(STR)),
              "grad_enabled": may(BOOL), "paused": may(BOOL),
              "inputs": may(list_of(row(STR, list_of(INT), STR))), "memory_fraction": may(opt(NUM)),
-             # the earlier steps' inputs (_agent/step_inputs.py): [name, largest shape, dtype, steps read]
+             # the earlier steps' inputs (_agent/readings/step_inputs.py): [name, largest shape, dtype, steps read]
              "earlier_inputs": may(list_of(row(STR, list_of(INT), STR, COUNT)))})
 # Where a process started CUDA, and what kind of process it is.
 CUDA_ORIGIN = Shape({"thread": opt(STR), "stack": opt(list_of(frame)),
@@ -120,7 +120,7 @@ CUDA_ORIGIN = Shape({"thread": opt(STR), "stack": opt(list_of(frame)),
 UNCAUGHT = Shape({"exc_type": STR, "message": STR, "stack": list_of(frame)})
 COLLECTIONS_SUMMARY = Shape({"measured": COUNT, "skipped": COUNT, "freeing": COUNT, "freed_bytes": SIZE,
                              "max_freed_bytes": SIZE, "cost_s": DURATION})
-# What the exit probes measured of the parts PyTorch's totals do not name (_agent/parts.py), each
+# What the exit probes measured of the parts PyTorch's totals do not name (_agent/readings/parts.py), each
 # null where it could not be read: bytes per torch index freed by clearing the cuBLAS workspaces,
 # and reserved in private pools (CUDA graphs); the default process group's backend; the value of
 # CUDA_MODULE_LOADING. Recordings from before it have none.
@@ -143,7 +143,7 @@ PARTS = Shape({"cublas_workspaces": _PER_DEVICE, "private_pools": _PER_DEVICE, "
 # (none left neutral.py's ballast to), and the ballast left (null before CUDA started).
 COLLECTOR = Shape({"enabled_at_exit": opt(BOOL), "threshold": opt(INT), "off_samples": opt(COUNT),
                    "samples": opt(COUNT), "count_left_higher": may(INT), "ballast": may(opt(INT))})
-# Other GPU libraries (_agent/libraries.py): one imported, and when; a preallocating library's pool on
+# Other GPU libraries (_agent/readings/libraries.py): one imported, and when; a preallocating library's pool on
 # a device, from its own statistics; the live arrays of other libraries by type, [type, count, bytes].
 LIBRARY = Shape({"t": SECONDS, "name": STR})
 LIBRARY_POOL = Shape({"name": STR, "device": INT, "bytes": SIZE, "field": STR, "in_use_bytes": opt(SIZE)})
@@ -153,7 +153,7 @@ LIBRARY_POOL = Shape({"name": STR, "device": INT, "bytes": SIZE, "field": STR, "
 # work (`waiting` names it), from the agent's atexit hook after the joins. Absent from recordings
 # before it, and null where the shutdown's hook did not run.
 SHUTDOWN = Shape({"before_shutdown": BOOL, "threads_joined": COUNT, "waiting": list_of(STR)})
-# The longest time between two step ends after the first five, as the program felt it (_agent/felt.py):
+# The longest time between two step ends after the first five, as the program felt it (_agent/readings/felt.py):
 # the step it ended at, the agent's work inside it, the collections that ran inside it (seconds, and the
 # oldest generation among them, null where none ran), the median of the 16 gaps before it (null where
 # none), and the gaps counted. Absent from recordings before issue 57.
@@ -170,13 +170,13 @@ SUSPECT = Shape({"kind": one_of(*SUSPECT_KINDS), "bytes": SIZE, "count": opt(COU
                  "where": opt(frame), "stack": list_of(frame), "thread": opt(list_of(STR)),
                  "holders": list_of(HOLDER), "unheld_bytes": opt(SIZE), "summary": STR, "remedy": STR})
 
-# torch.distributed's process groups changed in number (_agent/process_groups.py): the count, the
+# torch.distributed's process groups changed in number (_agent/readings/process_groups.py): the count, the
 # backends; the first record with groups also the world size, NCCL's version and the NCCL_* variables
 # that size its memory. Recordings from before issue 29 have none.
 GROUPS = Shape({"t": SECONDS, "step": opt(INT), "groups": COUNT, "backends": list_of(STR), "world_size": opt(COUNT),
                 "nccl_version": opt(STR), "nccl_env": opt(dict_of(STR, STR))})
 
-# A new high of the process's memory on one device (_agent/peak.py): the allocator's figures, the
+# A new high of the process's memory on one device (_agent/peak/peak.py): the allocator's figures, the
 # optimizers' parameters, gradients and state ([class, parameters, gradients, state] each), where
 # the main thread was. Its probe: what the program's names held then, by category, [holder, bytes,
 # line] each. Recordings from before issue 31 have none.
@@ -195,7 +195,7 @@ PEAK_PROBE = Shape({"n": INT, "t": SECONDS, "elapsed_s": DURATION, "stopped": ma
                     "error": may(STR),
                     **{k: may(_HELD) for k in ("parameters", "temporaries", "kept-tensors")},
                     **{f"{k}_bytes": may(SIZE) for k in ("parameters", "temporaries", "kept-tensors")}})
-# A holder search during the run that was not made (_agent/forked.py `declined`): why, and for a copy
+# A holder search during the run that was not made (_agent/search/forked.py `declined`): why, and for a copy
 # that would have paused the program too long, the estimate, the limit and the process's own memory.
 # Recordings from before issue 31 have none (the reason was an agent error then).
 DECLINED = Shape({"t": SECONDS, "step": opt(INT), "when": one_of("growth", "oom", "phase"), "why": STR,
@@ -204,7 +204,7 @@ DECLINED = Shape({"t": SECONDS, "step": opt(INT), "when": one_of("growth", "oom"
 # the agent's) thread; absent from recordings from before issue 31.
 TRACE = Shape({"t": SECONDS, "step": opt(INT), "why": STR, "ok": BOOL, "error": opt(STR), "elapsed_s": may(DURATION)})
 
-# Freed blocks held for stream work at exit, on one device (_agent/streams.py): the gap `active -
+# Freed blocks held for stream work at exit, on one device (_agent/readings/streams.py): the gap `active -
 # allocated` at the end, what was still held once the allocator had processed its completed events
 # (work unfinished at exit), the streams holding it ([handle, bytes, the program's name for it, seconds
 # from then until it finished]), the wait for the device's work and the gap after it. Recordings from
@@ -212,15 +212,15 @@ TRACE = Shape({"t": SECONDS, "step": opt(INT), "why": STR, "ok": BOOL, "error": 
 PENDING = Shape({"t": SECONDS, "device": INT, "before_bytes": SIZE, "unfinished_bytes": SIZE,
                  "streams": list_of(row(INT, SIZE, opt(STR), opt(SECONDS))), "wait_s": opt(DURATION),
                  "after_sync_bytes": opt(SIZE)})
-# Where a process's CUDA context was read before NCCL could set up (_agent/process_groups.py): the
+# Where a process's CUDA context was read before NCCL could set up (_agent/readings/process_groups.py): the
 # device, NVML's figure for the process and PyTorch's reserved bytes then; device -1 and no figures
 # where init_process_group had no device_id (NCCL then sets up after the first allocation).
 # Recordings from before issue 42 have none.
 CONTEXT = Shape({"t": SECONDS, "device": INT, "nvml": opt(SIZE), "reserved": opt(SIZE), "why": STR})
 
-# PyTorch's allocation events kept from CUDA's start (_agent/history.py): whether they could be, the
+# PyTorch's allocation events kept from CUDA's start (_agent/peak/history.py): whether they could be, the
 # ring's size, whether backward() is marked. A reading at a new high of the allocated peak counter
-# (_agent/replay.py): the highest allocated total the events lead back to, the segments' bytes then,
+# (_agent/peak/replay.py): the highest allocated total the events lead back to, the segments' bytes then,
 # how long before the reading it came (`peak_before_s`), what part of a step it fell in, whether the events reached back to it (`complete`),
 # and what was live then by part: bytes, blocks and when the first and last were made (seconds before
 # the reading); `joined`, a gathered block as large as the gathered ones made before it (a
@@ -241,7 +241,7 @@ PEAK_HISTORY = Shape({"n": INT, "t": SECONDS, "step": may(opt(INT)), "device": I
                       "snapshot_s": may(DURATION), "figures_s": may(DURATION), "replay_s": may(DURATION),
                       "freed_s": may(DURATION), "taken_s": may(DURATION), "put_off": may(BOOL), "walked_step": may(INT),
                       "elapsed_s": may(DURATION)})
-# What saved one step's activations (_agent/saved_by.py): the modules whose forward made them, by
+# What saved one step's activations (_agent/peak/saved_by.py): the modules whose forward made them, by
 # folded name, largest first, the rest's bytes, what no module made, and the line that called the
 # outermost forward; `read_step`, the step whose end read it. Recordings from before it have none, and
 # those before 2026-11-28 no `read_step`.

@@ -1,5 +1,5 @@
 """The words of the pytest plugin's vram_limit failure for what filled the test's peak: the split at
-the peak itself from PyTorch's allocation events (_agent/plugin_history.py), in the parts' labels
+the peak itself from PyTorch's allocation events (_agent/peak/plugin_history.py), in the parts' labels
 and the CI gate's list (`parts_text`), the largest first (those under 1 MiB counted at the end);
 where the events did not reach back to the peak, why, and the words the plugin had before them
 (the parts read at the last optimizer step).

@@ -123,7 +123,7 @@ class FakeTorch:
 
 # The agent's modules whose clock is the agent's own bookkeeping (samples, the growth watch, the
 # trace window, the exit record); the holder search and the event helpers keep the real clock.
-_CLOCKED = ("core", "startup", "sampler", "growth_watch", "trace", "threads", "exit", "peak")
+_CLOCKED = ("core", "startup", "readings.sampler", "growth_watch", "readings.trace", "threads", "exit", "peak.peak")
 
 
 def _set_clock(clock) -> None:

@@ -6,8 +6,8 @@
 # gdb_from_debs.py: into .gdb/root, a folder of their own, with .gdb/gdb, a wrapper that runs that gdb
 # through the unpacked loader with only the unpacked libraries, so that it needs nothing of the machine
 # but the kernel) and running it. .gdb/ is listed in .git/info/exclude. Carry .gdb/debs (15 MB) to the
-# GPU machine (`run`'s carry: [".gdb/debs"]): tests/gpu/conftest.py unpacks it there and sets
-# GPUMEMDOCTOR_GDB to the wrapper, where no GPUMEMDOCTOR_GDB is set.
+# GPU machine (`run`'s carry: [".gdb/debs"]): tests/gpu/test_attach_gpu.py unpacks it there and
+# attaches through it where ptrace alone is not the way (not x86-64 Linux, or GPUMEMDOCTOR_GDB set).
 #
 # Usage: bash tests/gpu/fetch_gdb.sh   (then: .gdb/gdb --version)
 set -euo pipefail

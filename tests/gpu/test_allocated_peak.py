@@ -1,5 +1,5 @@
 """The peak at PyTorch's allocated peak, wherever it falls (issue 40, item 3): the allocator's events
-walked back to it (_agent/history.py, replay.py), on a fast evaluation and a concatenation that no
+walked back to it (_agent/peak/history.py, replay.py), on a fast evaluation and a concatenation that no
 sample sees, and on transformers' GPT-2 124M against PyTorch's MemTracker on the same steps (its
 split made by benchmarks/peak_history.py, never inside the tool). Set GPUMEMDOCTOR_FIXTURE_DIR to
 keep the reports (tests/fixtures/reports/)."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 
-from ..contract import reaches_counter
+from ...contract import reaches_counter
 
 # The walk's highest total against the counter (contract.reaches_counter): the history's sizes are
 # the blocks' and add up to allocated memory exactly (3.5 MiB above the counter on GPT-2's 14.7 GiB,

@@ -12,7 +12,7 @@ import os
 import sys
 
 from . import process_groups
-from .blocks import snapshot
+from ..search.blocks import snapshot
 
 DEFAULT_POOL = (0, 0)  # the allocator's own pool; any other id is a private pool
 

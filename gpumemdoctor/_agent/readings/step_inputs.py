@@ -89,6 +89,6 @@ class StepInputs:
 
 
 def _compiled() -> bool:
-    from .saved_by import _compiled as compiled
+    from ..peak.saved_by import _compiled as compiled
 
     return compiled()

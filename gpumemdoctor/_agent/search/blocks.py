@@ -14,7 +14,7 @@ import sys
 import sysconfig
 
 # gpumemdoctor's own folder, not this package's: its frames are never the program's.
-PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _LIBRARY_DIRS = tuple({os.path.abspath(p) for p in (sysconfig.get_paths().get("stdlib"),
                                                     sysconfig.get_paths().get("platstdlib"),
                                                     sysconfig.get_paths().get("purelib"),

@@ -13,11 +13,11 @@ import sys
 import threading
 import time
 
-from .blocks import is_library_file
-from .neutral import Neutral, top_up
+from ..search.blocks import is_library_file
+from ..neutral import Neutral, top_up
 
 # gpumemdoctor's own folder, not this package's: frames of gpumemdoctor.step() are ours too.
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # gpumemdoctor/
 MIN_FREED_RECORD_BYTES = 1 << 20  # a collection that freed less CUDA memory is only counted
 MAX_COLLECTION_RECORDS = 1000  # then collections are only added up
 GC_COST_SHARE = 0.01  # the callback stops measuring while it has cost more than this share of the run

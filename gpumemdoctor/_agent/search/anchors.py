@@ -12,7 +12,7 @@ import itertools
 import sys
 
 from . import blocks, edges
-from ..contract import GRAPH_POOL_LABEL
+from ...contract import GRAPH_POOL_LABEL
 from .blocks import Spans, storage_span, subclasses, tensor_field
 
 

@@ -24,7 +24,7 @@ import sys
 import time
 import warnings
 
-from ..contract import max_pause_from_env
+from ...contract import max_pause_from_env
 
 ORPHAN_CHECK_S = 0.05  # of the copy's CPU time, between two looks at whether its program still runs
 # The longest pause a copy may cost the program (issue 31): the work on its thread before the fork

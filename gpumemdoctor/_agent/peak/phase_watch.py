@@ -27,8 +27,8 @@ from __future__ import annotations
 import sys
 import time
 
-from . import main_thread
-from ..contract import PAUSE_MIN_S, PAUSE_STEPS, PEAK_MIN_BYTES as PHASE_RISE_BYTES  # the diagnosis's too
+from .. import main_thread
+from ...contract import PAUSE_MIN_S, PAUSE_STEPS, PEAK_MIN_BYTES as PHASE_RISE_BYTES  # the diagnosis's too
 
 MAX_PHASE_SEARCHES = 2
 MIN_STEP_SAMPLES = 8  # step samples before a pause can be told from a slow step

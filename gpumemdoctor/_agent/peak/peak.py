@@ -35,13 +35,13 @@ import time
 import weakref
 from json.encoder import encode_basestring
 
-from . import main_thread
+from .. import main_thread
 # Imported with the agent, not at the first probe: an import there (compiled from source where
 # PYTHONDONTWRITEBYTECODE is set) would be part of the program's pause, as the search's once was.
-from .blocks import is_library_file
-from .felt import count_since
-from .probe import Probe
-from .neutral import NO_ROOM, quiet_gc
+from ..search.blocks import is_library_file
+from ..readings.felt import count_since
+from ..probe import Probe
+from ..neutral import NO_ROOM, quiet_gc
 
 _TORCH_DIR = os.sep + "torch" + os.sep
 

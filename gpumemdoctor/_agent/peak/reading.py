@@ -20,8 +20,9 @@ import sys
 import time
 from json.encoder import encode_basestring
 
-from . import loop_holder, replay, saved_by
-from .neutral import HELD_SPARE
+from . import replay, saved_by
+from ..search import loop_holder
+from ..neutral import HELD_SPARE
 from .peak import place
 
 RETRIES = 3  # readings made again because the ring did not reach back to the peak

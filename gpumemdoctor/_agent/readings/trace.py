@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import time
 
-from .neutral import quiet_gc
-from ..contract import ENV_SNAPSHOT, ENV_TRACE, TRACE_MODES
+from ..neutral import quiet_gc
+from ...contract import ENV_SNAPSHOT, ENV_TRACE, TRACE_MODES
 
 TRACE_MAX_ENTRIES = 100_000  # of PyTorch's allocation history (a ring: old entries drop off)
 # --trace auto records stacks once growth is seen until the growth search has been made (growth

@@ -386,5 +386,5 @@ def _count() -> int:
 
 
 def _put_back(bulk, c0: int) -> None:
-    from .neutral import _put_back as put_back
+    from ..neutral import _put_back as put_back
     put_back(bulk.ballast, _count(), c0)

@@ -15,7 +15,7 @@ import gc
 import sys
 import time
 
-from .startup import _NotifyingLoader
+from ..startup import _NotifyingLoader
 
 KNOWN = ("jax", "cupy", "numba", "tensorflow")
 MAX_ARRAY_TYPES = 8

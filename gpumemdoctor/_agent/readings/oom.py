@@ -11,9 +11,9 @@ import sys
 import threading
 import time
 
-from .blocks import snapshot
+from ..search.blocks import snapshot
 from .events import program_stack
-from .neutral import quiet_gc
+from ..neutral import quiet_gc
 
 MAX_OOM_RECORDS = 20  # out-of-memory errors recorded per process; the first is searched for holders
 

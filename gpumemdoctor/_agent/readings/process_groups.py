@@ -29,7 +29,7 @@ import os
 import sys
 import time
 
-from .neutral import quiet_gc
+from ..neutral import quiet_gc
 from .streams import allocate_one
 
 MAX_RECORDS = 256  # then only the exit record says how many groups are alive

@@ -17,7 +17,7 @@ import types
 
 from . import edges
 from .blocks import PACKAGE_DIR, is_library_file
-from .threads import Captured
+from ..threads import Captured
 
 
 def _is_user_module(name: str, module) -> bool:

@@ -14,7 +14,7 @@ import os
 import sys
 
 from .blocks import PACKAGE_DIR
-from .probe import release_locals
+from ..probe import release_locals
 
 MAX_LOOKED = 4000  # values looked at in all
 MAX_ITEMS = 64  # of one container

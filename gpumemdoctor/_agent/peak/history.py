@@ -36,12 +36,13 @@ import threading
 import time
 from array import array
 
-from . import main_thread, reading, replay
-from .felt import count_since
-from .neutral import BULK_BALLAST, Bulk, quiet_gc
+from . import reading, replay
+from .. import main_thread
+from ..readings.felt import count_since
+from ..neutral import BULK_BALLAST, Bulk, quiet_gc
 from .peak import new_high
 from .saved_by import AT_STEP_END
-from ..contract import ENV_SNAPSHOT
+from ...contract import ENV_SNAPSHOT
 
 TRANSIENT_BYTES = 64 << 20  # a high that came and went since the last sample: this far above allocated now
 TRANSIENT_SHARE = 0.05

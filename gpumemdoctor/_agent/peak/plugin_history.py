@@ -101,7 +101,7 @@ class PeakHistory:
         torch = self.torch
         original = torch.autograd.backward
         if getattr(original, "__gpumemdoctor__", False):  # the agent's (gpumemdoctor run): its marks
-            from . import _current
+            from .. import _current
 
             agent = _current()
             self.marks = agent.history.marks if agent is not None else None
@@ -158,7 +158,7 @@ class PeakHistory:
         if self.own:
             self.own = False
             try:
-                from . import _current
+                from .. import _current
 
                 agent = _current()
                 if agent is None or not agent.history.on:

@@ -17,9 +17,9 @@ import threading
 import time
 
 from .events import import_in_progress
-from .neutral import BALLAST, NO_ROOM, Neutral
-from .phase_watch import RISING_INTERVAL_S
-from ..contract import interval_ceiling
+from ..neutral import BALLAST, NO_ROOM, Neutral
+from ..peak.phase_watch import RISING_INTERVAL_S
+from ...contract import interval_ceiling
 
 SAMPLES_PER_DOUBLING = 1000  # long runs sample more slowly so a recording stays small
 FIRST_ALLOCATION_WAIT_S = 10.0
