@@ -70,15 +70,15 @@ def _until_next(interval: float, duration: float | None, watcher) -> float:
 @click.option("--no-tui", is_flag=True, help="Plain lines, one per sample (the default when not a terminal).")
 @click.option("--attach", is_flag=True,
               help="Bring gpumemdoctor's agent into the running Python program (gpumemdoctor and torch must be "
-                   "importable there; gdb for Python before 3.14): PyTorch's split, the leak's holder and line; "
+                   "importable there; before Python 3.14, ptrace alone on x86-64 Linux, gdb elsewhere): PyTorch's split, the leak's holder and line; "
                    "at the stop the agent is taken out and the report written, as `run` writes it.")
 @click.option("-o", "--output", type=FileName(), default=None,
               help="With --attach: where to write the JSON report [default: gpumemdoctor-<script>.<pid>.json].")
 @click.option("--html", "html", type=FileName(), metavar="PATH", default=None,
               help="With --attach: also write the report as an HTML page (needs plotly).")
 @click.option("--debugger", type=FileName(), metavar="PATH", default=None,
-              help="With --attach: the gdb (or lldb) binary to attach with [default: $GPUMEMDOCTOR_GDB, else gdb, "
-                   "else lldb on PATH].")
+              help="With --attach: attach through this gdb (or lldb) binary, not ptrace alone [default on x86-64 "
+                   "Linux: none; elsewhere $GPUMEMDOCTOR_GDB, else gdb, else lldb on PATH].")
 @click.option("--max-pause", type=Seconds(contract.MAX_PAUSE_MIN_S, contract.MAX_PAUSE_MAX_S),
               default=contract.MAX_PAUSE_DEFAULT_S, show_default=True, metavar="SECONDS",
               help="With --attach: the longest the program may pause for a holder search (a copy of the process), "
