@@ -7,7 +7,8 @@ Runs corpus.py's interleaved pairs (plain, tool, plain, tool, ...) over four wor
 AdamW; timm ResNet-50 with an EMA) and writes one row a pair:
 
     {"workload", "pair", "plain_worst_gap_s", "tool_worst_gap_s", "tool_reported_pause_s",
-     "tool_reported_collection_s", "tool_reported_agent_s", "added_s", "reported_minus_seen_s"}
+     "tool_reported_collection_s", "tool_reported_agent_s", "tool_reported_start_gap_s", "added_s",
+     "reported_minus_seen_s"}
 
 `*_worst_gap_s` is the longest time between two step ends after the first five steps, as a callback
 of the program stamps it (corpus/_common.py's STEP_GAP_MAX_MS); `tool_reported_pause_s` is the
@@ -54,6 +55,7 @@ def rows(raw: dict) -> list[dict]:
                         "tool_worst_gap_s": round(seen, 6), "tool_reported_pause_s": reported,
                         "tool_reported_collection_s": gaps.get("step_gap_collection_s"),
                         "tool_reported_agent_s": gaps.get("step_gap_agent_s"),
+                        "tool_reported_start_gap_s": gaps.get("step_start_gap_max_s"),
                         "added_s": round(seen - plain["gap_max_ms"] / 1000, 6),
                         "reported_minus_seen_s": None if reported is None else round(reported - seen, 6)})
     return out

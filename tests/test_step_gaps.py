@@ -81,3 +81,32 @@ def test_an_ordinary_gap_is_not_told():
     assert step_gaps.note(_agent(step_gap_max_s=0.012)) is None  # under 50 ms
     assert step_gaps.note(_agent(step_gap_max_s=0.06, step_gap_typical_s=0.03)) is None  # twice the median
     assert step_gaps.note(SimpleNamespace(pid=7, exit_info={})) is None  # a recording from before
+
+
+def test_the_longest_gap_between_steps_starts():
+    """Each step's first module call stamps its start (step_inputs.py calls step_start): the longest gap
+    between two starts after the warm-up, and the step it began; a second call in one step is not a
+    start; without starts the figures are null."""
+    felt = Felt()
+    assert felt.record()["step_start_gap_max_s"] is None
+    t = 100.0
+    for step in range(1, 40):
+        wait = 0.040 if step == 20 else 0.010  # the program's sync after step 19's optimizer took long
+        felt.step_start(t)
+        felt.step_start(t + 0.001)  # a later module call of the same step: not a start
+        t += 0.005
+        felt.step_end(t, step)  # the optimizer's hook
+        t += wait
+    r = felt.record()
+    assert r["step_start_gap_max_step"] == 21 and abs(r["step_start_gap_max_s"] - 0.045) < 1e-9, r
+    assert r["step_gaps"] == 39 - WARMUP_STEPS - 1
+
+
+def test_the_agents_step_inputs_hook_stamps_the_start():
+    from gpumemdoctor._agent.readings import step_inputs
+
+    felt = Felt()
+    s = step_inputs.StepInputs(SimpleNamespace(), felt)
+    s.handle = SimpleNamespace(remove=lambda: None)
+    s._read(None, ())
+    assert felt.started == 1 and felt.last_start > 0

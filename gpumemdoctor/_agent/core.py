@@ -103,7 +103,7 @@ class Agent:
     def on_torch(self, torch) -> None:
         try:
             if self.step_inputs is None and self.run_dir:
-                self.step_inputs = StepInputs(torch)
+                self.step_inputs = StepInputs(torch, self.felt)
             self.torch = torch
             self.channel.write({"type": "torch", "t": time.monotonic(), "version": str(torch.__version__)})
             try:

@@ -156,10 +156,13 @@ SHUTDOWN = Shape({"before_shutdown": BOOL, "threads_joined": COUNT, "waiting": l
 # The longest time between two step ends after the first five, as the program felt it (_agent/readings/felt.py):
 # the step it ended at, the agent's work inside it, the collections that ran inside it (seconds, and the
 # oldest generation among them, null where none ran), the median of the 16 gaps before it (null where
-# none), and the gaps counted. Absent from recordings before issue 57.
+# none), and the gaps counted; where each step's first module call was read, the longest gap between two
+# steps' starts and the step it began (absent before 2026-12-02's fifteenth session, null where none
+# was read). Absent from recordings before issue 57.
 STEP_GAPS = Shape({"step_gap_max_s": DURATION, "step_gap_max_step": COUNT, "step_gap_agent_s": DURATION,
                    "step_gap_collection_s": DURATION, "step_gap_collection_generation": opt(INT),
-                   "step_gap_typical_s": opt(DURATION), "step_gaps": COUNT})
+                   "step_gap_typical_s": opt(DURATION), "step_gaps": COUNT,
+                   "step_start_gap_max_s": may(opt(DURATION)), "step_start_gap_max_step": may(opt(COUNT))})
 EXIT_INFO = Shape({"uncaught": opt(UNCAUGHT), "samples": opt(COUNT), "samples_skipped": opt(COUNT),
                    "collections": opt(COLLECTIONS_SUMMARY), "out_of_memory": opt(COUNT),
                    "cost": opt(_NUMBERS), "parts": opt(PARTS), "collector": may(opt(COLLECTOR)),

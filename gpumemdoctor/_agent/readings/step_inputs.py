@@ -15,6 +15,7 @@ nothing of it may break the program: every part is guarded.
 from __future__ import annotations
 
 import sys
+import time
 
 from .oom import module_inputs
 
@@ -24,8 +25,9 @@ MAX_NAMES = 8  # inputs kept (as oom.MAX_INPUTS)
 class StepInputs:
     """The largest shape of each input name the steps' first module calls were given."""
 
-    def __init__(self, torch):
+    def __init__(self, torch, felt=None):
         self.torch = torch
+        self.felt = felt  # felt.py: each step's start stamped, for the gaps between steps' starts
         self.handle = None
         self.current: list | None = None  # [[name, shape, dtype]] of the running step, read by the hook
         self.largest: dict = {}  # name -> [shape, dtype, numel, steps read]
@@ -50,6 +52,8 @@ class StepInputs:
     def _read(self, module, args) -> None:
         """The first module call of the step: its inputs, then the hook is gone."""
         try:
+            if self.felt is not None:
+                self.felt.step_start(time.perf_counter())
             handle, self.handle = self.handle, None
             if handle is not None:
                 handle.remove()
