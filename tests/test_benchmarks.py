@@ -286,7 +286,7 @@ def test_step_gaps_writes_one_row_a_pair_with_the_reported_figure(monkeypatch):
 
     felt = {"step_gap_max_s": 0.0071, "step_gap_max_step": 40, "step_gap_agent_s": 0.0011,
             "step_gap_collection_s": 0.0, "step_gap_collection_generation": None, "step_gap_typical_s": 0.006,
-            "step_gaps": 250}
+            "step_gaps": 250, "step_start_gap_max_s": 0.0079}
     raw = {"workloads": {"lightning_clean": {"runs": [
         {"mode": "plain", "pair": 0, "gap_max_ms": 7.0}, {"mode": "tool", "pair": 0, "gap_max_ms": 8.0,
                                                            "step_gaps": felt},
@@ -296,5 +296,6 @@ def test_step_gaps_writes_one_row_a_pair_with_the_reported_figure(monkeypatch):
     assert [r["pair"] for r in got] == [1, 2]
     assert got[0] == {"workload": "lightning_clean", "pair": 1, "plain_worst_gap_s": 0.007, "tool_worst_gap_s": 0.008,
                       "tool_reported_pause_s": 0.0071, "tool_reported_collection_s": 0.0,
-                      "tool_reported_agent_s": 0.0011, "added_s": 0.001, "reported_minus_seen_s": -0.0009}
+                      "tool_reported_agent_s": 0.0011, "tool_reported_start_gap_s": 0.0079, "added_s": 0.001,
+                      "reported_minus_seen_s": -0.0009}
     assert step_gaps.within(got[0]) and not step_gaps.within(got[1])  # 333 ms added; its figure 10 ms short
