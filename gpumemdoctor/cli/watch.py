@@ -94,22 +94,13 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
     q or Ctrl-C stops and prints a summary. Needs nothing installed in the process; with --attach,
     gpumemdoctor's agent goes into it for the watch and comes out at the stop.
     """
-    from ..system import nvml, procs
+    from ..system import nvml
     from ..files.outputs import check_log, open_log
     from ..reporters.console import make_console
     from ..reporters import watch as reporter
-    from ..live.watch import Watcher, alerts, is_watch_log, judgement
+    from ..live.watch import Watcher, is_watch_log, judgement
 
-    if pid <= 0 or procs.info(pid) is None:
-        raise UsageError(f"no process with PID {pid} here (it may have exited, or live in "
-                         "another PID namespace)")
-    if not attach:
-        given = [name for name, value in (("-o", output), ("--html", html), ("--debugger", debugger)) if value]
-        given += [f"--{name.replace('_', '-')}" for name in ("max_pause", "attach_timeout")
-                  if click.get_current_context().get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
-        if given:
-            raise UsageError(f"{', '.join(given)} go with --attach (the report of the agent in the process): add "
-                             "--attach, or leave them out")
+    _check_process_and_options(pid, attach, output, html, debugger)
     replace = check_log(jsonl, force, is_watch_log) if jsonl is not None else False
     if attach:
         from ._attach import check_outputs
@@ -126,8 +117,44 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
         inside = Inside.open(pid, watcher, devices, debugger, max_pause, attach_timeout)
     log = open_log(jsonl, replace) if jsonl else None
     raised: dict[str, list] = {}  # limit -> [its first Alert, samples over it]: bounded over hours
+    ended = _watch(watcher, inside, log, console, tui, interval, duration, max_vram, max_growth, exit_on_alert,
+                   raised)
+    rate = watcher.floor_rate_per_min()
+    full = watcher.time_to_full(rate) if ended != "exited" else None  # an ended process fills nothing
+    reporter.summary(console, watcher, ended, judgement(rate, full), [(a, n) for a, n in raised.values()])
+    if inside is not None:
+        inside.report(ended, output, html, force)
+    return EXIT_WATCH_ALERT if ended == "alert" else 0
+
+
+def _check_process_and_options(pid: int, attach: bool, output: str | None, html: str | None,
+                               debugger: str | None) -> None:
+    """UsageError where no process PID is here, or where options that go with --attach are given
+    without it."""
+    from ..system import procs
+
+    if pid <= 0 or procs.info(pid) is None:
+        raise UsageError(f"no process with PID {pid} here (it may have exited, or live in "
+                         "another PID namespace)")
+    if not attach:
+        given = [name for name, value in (("-o", output), ("--html", html), ("--debugger", debugger)) if value]
+        given += [f"--{name.replace('_', '-')}" for name in ("max_pause", "attach_timeout")
+                  if click.get_current_context().get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            raise UsageError(f"{', '.join(given)} go with --attach (the report of the agent in the process): add "
+                             "--attach, or leave them out")
+
+
+def _watch(watcher, inside, log, console, tui: bool, interval: float, duration: float | None,
+           max_vram: int | None, max_growth: float | None, exit_on_alert: bool, raised: dict) -> str:
+    """The samples until the watch ends, each checked against the limits (`raised` counts each limit's
+    alerts), written to the `log` and shown; how it ended: "exited", "alert", "duration" or "stopped"
+    (q, Ctrl-C, or SIGTERM with an agent `inside`). However it ended, the log is closed and the agent
+    taken out."""
+    from ..reporters import watch as reporter
+    from ..live.watch import alerts, judgement
+
     ended = "stopped"
-    status = 0
     try:
         with _keys(tui) as fd, reporter.view(console, tui) as show, _terminate_as_interrupt(inside is not None):
             while True:
@@ -147,14 +174,10 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
                 show(watcher, s, judgement(rate, full), now, inside.view() if inside is not None else None)
                 if not s.alive:
                     ended = "exited"
-                    for _ in range(10):  # NVML drops an exited process within about 0.5 s
-                        if watcher.pid not in s.pids:
-                            break
-                        time.sleep(0.1)
-                        s = watcher.sample()
+                    _until_dropped(watcher, s)
                     break
                 if now and exit_on_alert:
-                    ended, status = "alert", EXIT_WATCH_ALERT
+                    ended = "alert"
                     break
                 if duration is not None and s.t >= duration:
                     ended = "duration"
@@ -168,12 +191,17 @@ def watch_command(pid: int, interval: float, duration: float | None, jsonl: str 
             log.close()
         if inside is not None:
             inside.stop(ended)  # the agent taken out, whatever ended the watch
-    rate = watcher.floor_rate_per_min()
-    full = watcher.time_to_full(rate) if ended != "exited" else None  # an ended process fills nothing
-    reporter.summary(console, watcher, ended, judgement(rate, full), [(a, n) for a, n in raised.values()])
-    if inside is not None:
-        inside.report(ended, output, html, force)
-    return status
+    return ended
+
+
+def _until_dropped(watcher, s) -> None:
+    """After the process exited (sample `s`), samples again for up to a second until NVML no longer
+    lists it (it drops an exited process within about 0.5 s)."""
+    for _ in range(10):
+        if watcher.pid not in s.pids:
+            break
+        time.sleep(0.1)
+        s = watcher.sample()
 
 
 @contextlib.contextmanager

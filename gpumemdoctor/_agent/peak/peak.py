@@ -192,43 +192,9 @@ class PeakWatch:
             f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(not self.exiting and self.paused())}}}')
 
     def optimizer_figures(self, index: int, figures: list, seen: dict | None = None, sizes: dict | None = None) -> str:
-        """The JSON rows `["class",p,g,s],...` of every optimizer that has stepped, on one device, and
-        their parameters, gradients and optimizer state added up into `figures` (three items): each
-        storage counted once, in the first of those categories it belongs to (`seen`, when given, is
-        left with {storage address: 1, 2 or 3}, and `sizes` with their bytes: history.py's readings). It makes no container but
-        its `seen` dict and strings (not even a tuple to return): a capture runs inside the program's
-        step and must leave the collector's count as it was."""
-        if seen is None:
-            seen = {}  # storage address -> category: each storage counted once
-        params = grads = state = 0
-        names = ""
-        for ref in self.optimizers:
-            opt = ref()
-            if opt is None:
-                continue
-            p_bytes = g_bytes = s_bytes = 0
-            try:
-                for group in opt.param_groups:
-                    for p in group["params"]:
-                        p_bytes += _count(p, index, seen, 1, sizes)
-                        g = p.grad
-                        if g is not None:
-                            g_bytes += _count(g, index, seen, 2, sizes)
-                        st = opt.state.get(p)
-                        if st:
-                            for v in st.values():
-                                s_bytes += _count(v, index, seen, 3, sizes)
-            except Exception:
-                pass
-            params += p_bytes
-            grads += g_bytes
-            state += s_bytes
-            name = _text(type(opt).__name__)
-            names = (f'{names},[{name},{p_bytes},{g_bytes},{s_bytes}]' if names
-                     else f'[{name},{p_bytes},{g_bytes},{s_bytes}]')
-            del opt
-        figures[0], figures[1], figures[2] = params, grads, state
-        return names
+        """optimizer_figures() of the optimizers that have stepped, on one device: for the captures,
+        history.py's readings and oom.py's."""
+        return optimizer_figures(self.optimizers, index, figures, seen, sizes)
 
     def paused(self) -> bool:
         """Whether the program's steps have paused (an evaluation between them)."""
@@ -335,6 +301,48 @@ def place(frame) -> tuple[str | None, str | None]:
             where = f"{os.path.basename(name)}:{frame.f_lineno} in {code.co_name}()"
         frame = frame.f_back
     return where, inside
+
+
+def optimizer_figures(optimizers: list, index: int, figures: list, seen: dict | None = None,
+                      sizes: dict | None = None) -> str:
+    """The JSON rows `["class",p,g,s],...` of every optimizer in `optimizers` (weak references: the
+    ones that have stepped) on one device, and their parameters, gradients and optimizer state added
+    up into `figures` (three items): each storage counted once, in the first of those categories it
+    belongs to (`seen`, when given, is left with {storage address: 1, 2 or 3}, and `sizes` with their
+    bytes: history.py's readings). It makes no container but its `seen` dict and strings (not even a
+    tuple to return): a capture runs inside the program's step and must leave the collector's count
+    as it was."""
+    if seen is None:
+        seen = {}  # storage address -> category: each storage counted once
+    params = grads = state = 0
+    names = ""
+    for ref in optimizers:
+        opt = ref()
+        if opt is None:
+            continue
+        p_bytes = g_bytes = s_bytes = 0
+        try:
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    p_bytes += _count(p, index, seen, 1, sizes)
+                    g = p.grad
+                    if g is not None:
+                        g_bytes += _count(g, index, seen, 2, sizes)
+                    st = opt.state.get(p)
+                    if st:
+                        for v in st.values():
+                            s_bytes += _count(v, index, seen, 3, sizes)
+        except Exception:
+            pass
+        params += p_bytes
+        grads += g_bytes
+        state += s_bytes
+        name = _text(type(opt).__name__)
+        names = (f'{names},[{name},{p_bytes},{g_bytes},{s_bytes}]' if names
+                 else f'[{name},{p_bytes},{g_bytes},{s_bytes}]')
+        del opt
+    figures[0], figures[1], figures[2] = params, grads, state
+    return names
 
 
 def _count(t, index: int, seen: dict, category: int, sizes: dict | None = None) -> int:

@@ -53,16 +53,55 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
     peak counter, read with the trace. None when the trace holds no allocation or free. Makes no
     tuple: it runs inside a reading whose containers neutral.Bulk accounts for (dicts and lists)."""
     n = len(trace)
-    total = allocated
-    best = allocated
-    best_i = n  # the state before entry best_i
-    segments = reserved or 0
-    best_segments = segments
-    seen = False
-    # One walk back: each free met waits (by address) for the allocation that made its block; each
-    # allocation is written into `blocks` as two indices, its own and its free's (n: not freed).
     waiting: dict = {}
     blocks: list = []
+    peak = [allocated, n, reserved or 0]  # the highest total, the entry it was before, the segments then
+    if not _walk_back(trace, waiting, blocks, peak):
+        return None
+    best = peak[0]
+    best_i = peak[1]  # the state before entry best_i
+    # The blocks made within the recorded events and live at the peak, and when each was freed.
+    made: dict = {}
+    freed: dict = {}
+    later: dict = {}  # made after the peak and still allocated
+    _live_at(trace, blocks, best_i, made, freed, later)
+    old_freed = _freed_since(trace, waiting, best_i)
+    peak_t = trace[best_i - 1]["time_us"] if best_i > 0 else trace[0]["time_us"]
+    parts: dict = {}
+    unbacked: list = []  # made outside backward and the steps, freed since with no backward in between
+    held: list = []  # kept tensors made within the events: a concatenation's result may be one
+    stretch = _last(times, kinds, peak_t, STEP_END)  # the stretch of the program the peak fell in began here
+    end_t = trace[n - 1]["time_us"] + 1  # "still held" (for _gathered)
+    known = _split_made(made, freed, storages, times, kinds, stretch, peak_t, end_t, parts, unbacked, held)
+    # With no optimizer step before an outside peak (an evaluation, inference), what is still held and
+    # was made after the oldest gathered block is the same gathering's (a concatenation's result, the
+    # last batch's outputs): gathered too.
+    joined = _gathered(parts, unbacked, held, stretch is None and _phase(times, kinds, peak_t) == "outside", end_t)
+    _split_older(parts, storages, sizes, made, later, best - known - old_freed, old_freed)
+    out = {}
+    for name in parts:
+        p = parts[name]
+        out[name] = {"bytes": p[0], "blocks": p[1], "first_us": p[2], "last_us": p[3]}
+    return {"allocated_peak": best, "reserved_at_peak": peak[2] if reserved is not None else None,
+            "peak_time_us": peak_t, "allocated_now": allocated,
+            "complete": reaches_counter(best, counter), "ring_full": ring_full,
+            "events": len(trace), "phase": _phase(times, kinds, peak_t),
+            "joined": joined, "parts": out}
+
+
+def _walk_back(trace: list, waiting: dict, blocks: list, peak: list) -> bool:
+    """The one walk back through `trace`, newest entry first, each event undone: an allocation
+    subtracts its block, a free adds it back, a segment's event changes the reserved bytes. `peak`
+    holds [the allocated bytes now, len(trace), the reserved bytes now] and is left holding the highest
+    allocated total met, the index of the entry it was the state before, and the reserved bytes then.
+    Each free met waits in `waiting` (address: its index) for the allocation that made its block; each
+    allocation is appended to `blocks` as two indices, its own and its free's (len(trace): not freed).
+    Whether the trace holds an allocation or a free."""
+    n = len(trace)
+    total = best = peak[0]
+    best_i = n
+    segments = best_segments = peak[2]
+    seen = False
     append = blocks.append
     pop = waiting.pop
     sign = _SIGN
@@ -87,12 +126,17 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
                 segments += e["size"] if s == 2 else -e["size"]
             continue
         seen = True
-    if not seen:
-        return None
-    # The blocks made within the recorded events and live at the peak, and when each was freed.
-    made: dict = {}
-    freed: dict = {}
-    later: dict = {}  # made after the peak and still allocated
+    peak[0] = best
+    peak[1] = best_i
+    peak[2] = best_segments
+    return seen
+
+
+def _live_at(trace: list, blocks: list, best_i: int, made: dict, freed: dict, later: dict) -> None:
+    """Of the allocations in `blocks` (_walk_back's pairs of indices), those live at the state before
+    entry `best_i` put in `made` (address: the allocation's entry) and, where freed since, in `freed`
+    (address: the free's time_us); those made after it and still allocated put in `later`."""
+    n = len(trace)
     for k in range(0, len(blocks), 2):
         j = blocks[k]
         f = blocks[k + 1]
@@ -103,18 +147,25 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
                 freed[address] = trace[f]["time_us"]
         elif f == n:
             later[trace[j]["addr"]] = True
-    old_freed = 0  # blocks made before the events began, live at the peak, freed since
+
+
+def _freed_since(trace: list, waiting: dict, best_i: int) -> int:
+    """The bytes of the blocks made before the events began, live at the state before entry `best_i`,
+    and freed since (the frees left `waiting` for an allocation the events do not hold)."""
+    old_freed = 0
     for address in waiting:
         f = waiting[address]
         if f >= best_i:
             old_freed += trace[f]["size"]
-    peak_t = trace[best_i - 1]["time_us"] if best_i > 0 else trace[0]["time_us"]
-    parts: dict = {}
+    return old_freed
+
+
+def _split_made(made: dict, freed: dict, storages: dict, times: list, kinds: list, stretch, peak_t: int,
+                end_t: int, parts: dict, unbacked: list, held: list) -> int:
+    """The blocks made within the events and live at the peak (`made`) added to `parts` by their part
+    (_part); those _part leaves to _gathered appended to `unbacked`, and the kept tensors to `held`,
+    each as [size, made, freed (end_t: not yet), address]. Returns their bytes."""
     known = 0
-    unbacked: list = []  # made outside backward and the steps, freed since with no backward in between
-    held: list = []  # kept tensors made within the events: a concatenation's result may be one
-    stretch = _last(times, kinds, peak_t, STEP_END)  # the stretch of the program the peak fell in began here
-    end_t = trace[n - 1]["time_us"] + 1  # "still held" (for _gathered)
     for address in made:
         e = made[address]
         size = e["size"]
@@ -128,12 +179,14 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
             _add(parts, part, size, t)
             if part == "kept-tensors":
                 held.append([size, t, end_t, address])
-    # With no optimizer step before an outside peak (an evaluation, inference), what is still held and
-    # was made after the oldest gathered block is the same gathering's (a concatenation's result, the
-    # last batch's outputs): gathered too.
-    joined = _gathered(parts, unbacked, held, stretch is None and _phase(times, kinds, peak_t) == "outside", end_t)
-    # Made before the events began and still allocated: the storages the optimizers name, the rest kept.
-    old_alive = best - known - old_freed
+    return known
+
+
+def _split_older(parts: dict, storages: dict, sizes: dict, made: dict, later: dict, old_alive: int,
+                 old_freed: int) -> None:
+    """The blocks made before the events began added to `parts`: of the `old_alive` bytes still
+    allocated, the storages the optimizers name (by their addresses, none made within the events) and
+    the rest `kept-tensors`; the `old_freed` bytes freed since, `unclassified`."""
     if old_alive < 0:  # (sizes rounded apart by a few bytes)
         old_alive = 0
     for address in storages:
@@ -149,15 +202,6 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
         _add(parts, "kept-tensors", old_alive, None)
     if old_freed > 0:
         _add(parts, "unclassified", old_freed, None)
-    out = {}
-    for name in parts:
-        p = parts[name]
-        out[name] = {"bytes": p[0], "blocks": p[1], "first_us": p[2], "last_us": p[3]}
-    return {"allocated_peak": best, "reserved_at_peak": best_segments if reserved is not None else None,
-            "peak_time_us": peak_t, "allocated_now": allocated,
-            "complete": reaches_counter(best, counter), "ring_full": ring_full,
-            "events": len(trace), "phase": _phase(times, kinds, peak_t),
-            "joined": joined, "parts": out}
 
 
 def _add(parts: dict, name: str, size: int, made) -> None:

@@ -139,10 +139,20 @@ def named(parent, child) -> bool:
 
 def edge(parent, child, after) -> tuple:
     """(label of the reference parent -> child, how many steps it takes: 1, or 2 where it names
-    `after` through a plumbing object such as an instance's __dict__). None: no name known."""
+    `after` through a plumbing object such as an instance's __dict__). None: no name known. Each
+    kind of parent is asked in turn, the first that names the reference (or knows it names nothing)
+    answering."""
     t = type(parent)
     if issubclass(t, _THREAD_LOCAL) and type(child) is dict and type(after) is dict:
         return " (a thread's own)", 2  # the threads' dicts, then one thread's: its attributes follow
+    return (_container_edge(t, parent, child) or _running_edge(t, parent, child, after)
+            or _callable_edge(t, parent, child, after) or _member_edge(t, parent, child, after)
+            or _attribute_edge(t, parent, child, after))
+
+
+def _container_edge(t: type, parent, child):
+    """edge() where the parent is a dict (always answered: its key, or the key itself), a list, tuple
+    or deque (its index), a set or frozenset; None where another kind of parent may name it."""
     if issubclass(t, dict):
         for k, v in _items(parent):
             if v is child:
@@ -157,6 +167,12 @@ def edge(parent, child, after) -> tuple:
                 return f"[{j}]", 1
     if issubclass(t, (set, frozenset)):
         return "{…}", 1
+    return None
+
+
+def _running_edge(t: type, parent, child, after):
+    """edge() where the parent is running code: a frame (always answered: a local, its caller), a
+    traceback, a suspended generator or coroutine (a local of its frame); else None."""
     if t is types.FrameType:
         name = _local(parent, child)
         if name is not None:
@@ -179,6 +195,12 @@ def edge(parent, child, after) -> tuple:
                 return (f" -> suspended {what} {parent.__qualname__}() at "
                         f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} local {name}"), \
                     2 if via_frame else 1
+    return None
+
+
+def _callable_edge(t: type, parent, child, after):
+    """edge() where the parent is a function (a closure's variable, its defaults), a cell, a bound
+    method, an lru_cache (always answered) or a functools.partial; else None."""
     if t is types.FunctionType:
         if child is parent.__closure__ and after is not None:
             for name, cell in zip(parent.__code__.co_freevars, parent.__closure__):
@@ -208,6 +230,12 @@ def edge(parent, child, after) -> tuple:
         for name in ("func", "args", "keywords"):
             if child is getattr(parent, name, None):
                 return f".{name}", 1
+    return None
+
+
+def _member_edge(t: type, parent, child, after):
+    """edge() where the parent is an exception (its traceback, context, cause, args) or a class (an
+    attribute of its own __dict__, read raw); else None."""
     if issubclass(t, BaseException):
         for name in ("__traceback__", "__context__", "__cause__", "args"):
             if child is getattr(parent, name, None):
@@ -218,6 +246,12 @@ def edge(parent, child, after) -> tuple:
             for k, v in raw.items():
                 if v is after:
                     return f".{k}", 2
+    return None
+
+
+def _attribute_edge(t: type, parent, child, after) -> tuple:
+    """edge() for any object, last: an attribute in its own __dict__, a slot, its class; always
+    answered ((None, 1): no name known)."""
     attrs = instance_dict(parent)
     if attrs is not None:
         if child is attrs and after is not None:
