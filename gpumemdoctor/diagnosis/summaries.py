@@ -131,6 +131,35 @@ def _leak_unheld(where: str, total_bytes: int, unheld: dict, short: dict) -> str
             "reference cycle through autograd does.")
 
 
+# -- an out-of-memory error (row 5, out_of_memory.py) -----------------------------------------
+
+# How the program went on after the error: it ended with it, it caught it, or neither is known.
+OOM_ENDED = {"uncaught": " The program ended with this error.", "caught": " The program caught the error and went on.",
+             None: ""}
+
+
+@_summary("out-of-memory")
+def _out_of_memory(where: str, line: str | None, thread: str, cause: Claim | None, ended: str | None,
+                   said: list[Claim]) -> str:
+    why = words.say(cause) if cause is not None else "the figures at the error do not say why"
+    return f"{where} ran out of GPU memory at {at_line(line, thread)}: {why}.{OOM_ENDED[ended]}{sentences(said)}"
+
+
+@_summary("oom-figures")
+def _oom_figures(request_bytes: int, device_free_bytes: int | None, headroom_bytes: int, limit_bytes: int,
+                 limit_source: str | None, allocated_bytes: int | None, unallocated_bytes: int | None,
+                 largest_free_block_bytes: int | None, others: list[int | None]) -> str:
+    """The error's figures, as the finding's evidence keeps them (`others`: what each other process held)."""
+    under = f" ({words.limit_words(limit_bytes, limit_source)} in force)" if limit_source == "memory-fraction" else ""
+    text = (f"Tried to allocate {fb(request_bytes)} with {fb(device_free_bytes)} free of the device and "
+            f"{fb(headroom_bytes)} of room under the limit of {fb(limit_bytes)}{under}; "
+            f"PyTorch had {fb(allocated_bytes)} allocated and {fb(unallocated_bytes)} reserved but unallocated "
+            f"(largest free piece {fb(largest_free_block_bytes)})")
+    if others:
+        text += f"; {len(others)} other process{'es' if len(others) > 1 else ''} held {fb(sum(u or 0 for u in others))}"
+    return text
+
+
 # -- garbage, what is still held, the peak a pause made (rows 6-8, 13) -------------------------------------
 
 @_summary("garbage-cycle")
