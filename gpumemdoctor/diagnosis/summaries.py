@@ -2,37 +2,26 @@
 
 A row (judgement.py) decides; it never words. It names the summary it found and hands over the
 facts the summary is made of: figures, the records it read (an accumulation, a growth), the claims
-it made (claims.py). `tell(name, **facts)` makes the sentences: SUMMARIES holds one function per
-summary, whose keyword arguments are the facts it declares (a missing or unknown fact is a
-TypeError, never a guess). Where a summary says what a claim says, it says it with words.py's
+it made (claims.py). `tell(name, **facts)` makes the sentences: SUMMARIES (summaries_registry.py)
+holds one function per summary, whose keyword arguments are the facts it declares (a missing or
+unknown fact is a TypeError, never a guess). A family of findings may have its own module in the
+same registry (summaries_peak.py: the peak's parts and notes, the probes' holders); importing
+this one loads them all. Where a summary says what a claim says, it says it with words.py's
 sentence for that claim, so that the two cannot part. The report keeps the sentences as before.
 """
 from __future__ import annotations
 
-from typing import Callable
-
-from . import probed, words
+from . import summaries_peak  # noqa: F401 (registers the peak's words)
+from . import words
+from .summaries_registry import SUMMARIES, tell  # noqa: F401 (tell: the one entry, every family loaded)
+from .summaries_registry import summary as _summary
 from .words import alike, at_line
 from .claims import Claim
 from ..growth import MIN_POINTS
 from ..units import format_bytes as fb
 
-SUMMARIES: dict[str, Callable[..., str]] = {}
 # Why no copy of the process was searched at a pause's height, where the search says nothing.
 NO_PAUSE_SEARCH = "no search was made at a pause's height"
-
-
-def tell(name: str, **facts) -> str:
-    """The summary `name`, in words, from its facts."""
-    return SUMMARIES[name](**facts)
-
-
-def _summary(name: str):
-    def register(fn: Callable[..., str]) -> Callable[..., str]:
-        SUMMARIES[name] = fn
-        return fn
-    return register
-
 
 # -- the phrases the summaries share -----------------------------------------------------------
 
@@ -202,7 +191,7 @@ def _avoidable_peak(where: str, rises: list[int], held: dict | None, declined: s
     heights = ", ".join(fb(r) for r in rises[:6]) + (" ..." if n > 6 else "")
     at_height = ""
     if held is not None and held.get("probed"):
-        at_height = (f" At its height the probe of the program's names found {probed.summary(held)}; no copy of "
+        at_height = (f" At its height the probe of the program's names found {tell('probed-holder', holder=held)}; no copy of "
                      f"the process was searched there ({declined or NO_PAUSE_SEARCH}).")
     elif held is not None:
         at_height = f" At its height {alike(held)} were held by {held['pattern']}."
