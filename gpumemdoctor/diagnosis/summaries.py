@@ -201,6 +201,45 @@ def _avoidable_peak(where: str, rises: list[int], held: dict | None, declined: s
             f"peak.{at_height}{sentences(said)}")
 
 
+# -- memory held for stream work at exit (row 15, streams.py) ---------------------------------
+
+def _seconds(s: float) -> str:
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def stream_words(found: dict) -> str:
+    """'side stream `side` (1.00 GiB, finished 1.93 s after the end)' for each stream the main module
+    names, and the rest under one row (the agent's handle -1)."""
+    parts = []
+    for _, size, name, waited in found["streams"]:
+        what = f"side stream `{name}`" if name else "streams the program's main module does not name"
+        when = f", finished {_seconds(waited)} after the end" if waited is not None else ""
+        parts.append(f"{what} ({fb(size)}{when})")
+    return "; ".join(parts)
+
+
+@_summary("pending-stream")
+def _pending_stream(where: str, size_bytes: int, told_apart: bool, streams: list, waited_s: float) -> str:
+    """Freed memory held for another stream's work at exit; `told_apart`: whether the recording tells
+    unfinished work from finished work the allocator had not yet processed."""
+    if not told_apart:
+        return (f"{fb(size_bytes)} in {where} was freed in Python but is held until unfinished work on another "
+                f"stream completes (record_stream). This recording does not tell unfinished work from "
+                f"finished work the allocator had not yet processed.")
+    named = stream_words({"streams": streams})
+    return (f"{fb(size_bytes)} in {where} was freed in Python but still held when the program ended, for work "
+            f"queued on another stream that had not finished: " + (named or f"done {_seconds(waited_s)} later")
+            + " (record_stream).")
+
+
+@_summary("finished-stream-work")
+def _finished_stream_work(where: str, settled_bytes: int) -> str:
+    """The note on finished work's blocks still counted active at exit."""
+    return (f"{where}: {fb(settled_bytes)} freed in Python was still marked in use at exit for stream work that "
+            f"had already finished (the allocator releases such blocks at its next allocation; FSDP and "
+            f"record_stream leave them at every step): counted as cache, not as pending.")
+
+
 # -- the rest of the table (rows 9, 10, 14, 16; 11, 17, 18's words) -----------------------------------
 
 @_summary("context")
