@@ -240,6 +240,60 @@ def _finished_stream_work(where: str, settled_bytes: int) -> str:
             f"record_stream leave them at every step): counted as cache, not as pending.")
 
 
+# -- what the machine did to the run (machine_faults.py) ------------------------------------------
+
+@_summary("host-memory-cgroup")
+def _host_memory_cgroup(kills: int) -> str:
+    """Killed by SIGKILL, with no host memory readings, its memory cgroup counting kills."""
+    return (f"The target was killed by SIGKILL, and its memory cgroup counted {kills} out-of-memory kill(s) during "
+            "the run: the kernel ended it for lack of host memory (RAM), not GPU memory.")
+
+
+@_summary("host-memory")
+def _host_memory(rose: bool, from_bytes: int, last_bytes: int, over_s: float, kills: int | None) -> str:
+    """Killed by SIGKILL while its host memory `rose` (from_bytes to last_bytes in its last over_s)."""
+    why = (f"its memory cgroup counted {kills} out-of-memory kill(s) during the run: the kernel's out-of-memory "
+           "killer ended it" if kills else
+           "most likely the kernel's out-of-memory killer, for host memory (RAM), not GPU memory")
+    rise = f"rose from {fb(from_bytes)} to {fb(last_bytes)} in its last {over_s:.1f} s" if rose else f"was {fb(last_bytes)}"
+    return f"The target was killed by SIGKILL while its host memory {rise}: {why}."
+
+
+@_summary("nvml-failed")
+def _nvml_failed(device: int, from_t: float, to_t: float | None, error: str, failed_calls: int) -> str:
+    """One NVML outage: from when, on which GPU, what it said, and what the judgement rests on instead."""
+    until = "to the end of the run" if to_t is None else f"to {to_t:.1f} s"
+    after = "" if to_t is None else " and after"
+    return (f"NVML failed on GPU {device} from {from_t:.1f} s {until} ({error}; {failed_calls} failed reads): the "
+            "run went on; NVML figures (the process totals, the context, memory outside PyTorch) are judged on the "
+            f"readings before{after} it, PyTorch's allocator figures on the whole run")
+
+
+# -- memory outside PyTorch (non_torch.py; row 11's decision is "outside-pytorch" below) ----------
+
+@_summary("non-torch")
+def _non_torch(where: str, outside_bytes: int, why: str, nccl_growth: str | None, nccl_bytes: int | None) -> str:
+    """`why`: "outside-pytorch"'s words; `nccl_growth`: nccl.py's, where it grew with NCCL's groups."""
+    text = f"{fb(outside_bytes)} in {where} lies outside PyTorch's allocator, {why}."
+    if nccl_growth is not None:
+        return text + nccl_growth
+    if nccl_bytes:
+        text += f" {fb(nccl_bytes)} of it came with NCCL's communicators, and is not counted against that."
+    return text
+
+
+@_summary("non-torch-too-short")
+def _non_torch_too_short(where: str, at_end_bytes: int | None, by: str, ran: float, points: int, warmup: float,
+                         span: float) -> str:
+    """The note on memory outside PyTorch that rose in a run too short to tell growth from warm-up."""
+    unit = "steps" if by == "step" else "s"
+    took = f"{ran:.0f} steps" if by == "step" else f"{ran:.1f} s"
+    return (f"memory outside PyTorch in {where} ({fb(at_end_bytes)} at exit) rose while the program ran, but its "
+            f"GPU work was too short to tell growth from warm-up ({took} from its first allocation; {points} "
+            f"samples after a warm-up of {warmup} {unit}, where judging needs 8 over {span} {unit}): kernels and "
+            "libraries load on first use, so it was not called growing")
+
+
 # -- the rest of the table (rows 9, 10, 14, 16; 11, 17, 18's words) -----------------------------------
 
 @_summary("context")
