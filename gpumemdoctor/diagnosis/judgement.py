@@ -337,7 +337,8 @@ def _pending_stream(e: Evidence) -> Judged | None:
     if told_apart and waited < streams.MIN_WAIT_S:  # the last step's own work, done moments after the end
         return None
     return Judged(kind="pending-stream", bytes=e.pending_stream_bytes,
-                  summary=streams.summary(e.pending_stream_bytes, e.where, e.pending),
+                  summary=tell("pending-stream", where=e.where, size_bytes=e.pending_stream_bytes, told_apart=told_apart,
+                               streams=e.pending.get("pending_streams") or [], waited_s=waited),
                   evidence={"active_at_end": e.active_bytes, "allocated_at_end": e.allocated_bytes,
                             "pending_after_synchronize": e.pending_after_sync_bytes,
                             "decided_by": "unfinished-work" if told_apart else "active-at-end", **e.pending},

@@ -9,9 +9,9 @@ import signal
 
 from .judgement import Judged
 from .remedies import FINDINGS
+from .summaries import tell
 from ..recording.recording import Recording
 from ..units import MIB
-from ..units import format_bytes as fb
 
 HOST_RISE_BYTES = 64 * MIB  # the least rise of the target's RSS that counts as "rising"
 NEAR_PEAK = 0.9  # the last reading within this share of the peak: still rising, or at its top
@@ -30,8 +30,7 @@ def host_memory(rec: Recording) -> Judged | None:
             return None
         return Judged(
             kind="host-memory", bytes=0,
-            summary=f"The target was killed by SIGKILL, and its memory cgroup counted {kills} out-of-memory "
-                    f"kill(s) during the run: the kernel ended it for lack of host memory (RAM), not GPU memory.",
+            summary=tell("host-memory-cgroup", kills=kills),
             evidence={"signal": int(signal.SIGKILL), "cgroup_oom_kills": kills, "curve": []},
             remedy=FINDINGS["host-memory"])
     start_t, start = points[0]
@@ -43,15 +42,10 @@ def host_memory(rec: Recording) -> Judged | None:
     rose = last - ref >= max(HOST_RISE_BYTES, ref // 10) and last >= NEAR_PEAK * peak
     if not rose and not kills:
         return None
-    why = (f"its memory cgroup counted {kills} out-of-memory kill(s) during the run: the kernel's "
-           f"out-of-memory killer ended it" if kills else
-           "most likely the kernel's out-of-memory killer, for host memory (RAM), not GPU memory")
-    rise = (f"rose from {fb(ref)} to {fb(last)} in its last {last_t - ref_t:.1f} s" if rose
-            else f"was {fb(last)}")
     tree_peak = max((tree for _, _, tree in rec.host_rss if tree), default=None)
     return Judged(
         kind="host-memory", bytes=last,
-        summary=f"The target was killed by SIGKILL while its host memory {rise}: {why}.",
+        summary=tell("host-memory", rose=rose, from_bytes=ref, last_bytes=last, over_s=last_t - ref_t, kills=kills),
         evidence={"signal": int(signal.SIGKILL), "start_bytes": start, "start_t": start_t,
                   "rise_from_bytes": ref, "rise_from_t": ref_t, "last_bytes": last, "last_t": last_t,
                   "peak_bytes": peak, "peak_t": peak_t, "tree_peak_bytes": tree_peak,
@@ -72,13 +66,5 @@ def curve(points: list[tuple[float, int]], size: int = CURVE_POINTS) -> list[lis
 def nvml_notes(rec: Recording) -> list[str]:
     """One sentence per NVML outage: from when, on which GPU, what it said, and what the
     judgement rests on instead."""
-    notes = []
-    for f in rec.nvml_failures:
-        until = "to the end of the run" if f["to_t"] is None else f"to {f['to_t']:.1f} s"
-        after = "" if f["to_t"] is None else " and after"
-        notes.append(
-            f"NVML failed on GPU {f['device']} from {f['from_t']:.1f} s {until} ({f['error']}; "
-            f"{f['failed_calls']} failed reads): the run went on; NVML figures (the process totals, the "
-            f"context, memory outside PyTorch) are judged on the readings before{after} it, PyTorch's "
-            f"allocator figures on the whole run")
-    return notes
+    return [tell("nvml-failed", device=f["device"], from_t=f["from_t"], to_t=f["to_t"], error=f["error"],
+                 failed_calls=f["failed_calls"]) for f in rec.nvml_failures]

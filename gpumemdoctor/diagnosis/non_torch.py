@@ -34,6 +34,7 @@ from ..units import MIB
 from ..units import format_bytes as fb
 from . import nccl, suspects
 from .remedies import FINDINGS, NON_TORCH_MORE
+from .summaries import tell
 
 PEAK_READINGS = 4  # a rise counts when this many readings in a row held it (their lowest is the level)
 # Kernels and library state (cuBLAS, cuDNN, NCCL) loaded after CUDA starts grow the memory
@@ -86,12 +87,10 @@ def too_short(xs: list[float], ys: list[int | None], judged: AfterWarmup | None)
 
 
 def too_short_note(where: str, by: str, xs: list[float], judged: AfterWarmup, at_end: int | None) -> str:
-    unit, warmup, span = ("steps", WARMUP_STEPS, MIN_SPAN_STEPS) if by == "step" else ("s", WARMUP_S, MIN_SPAN_S)
-    ran = f"{xs[-1] - xs[0]:.0f} steps" if by == "step" else f"{xs[-1] - xs[0]:.1f} s"
-    return (f"memory outside PyTorch in {where} ({fb(at_end)} at exit) rose while the program ran, but "
-            f"its GPU work was too short to tell growth from warm-up ({ran} from its first allocation; "
-            f"{judged.points} samples after a warm-up of {warmup} {unit}, where judging needs 8 over "
-            f"{span} {unit}): kernels and libraries load on first use, so it was not called growing")
+    """What the summaries say of a rise too short to judge: the warm-up and span judging needs, in `by`'s unit."""
+    warmup, span = (WARMUP_STEPS, MIN_SPAN_STEPS) if by == "step" else (WARMUP_S, MIN_SPAN_S)
+    return tell("non-torch-too-short", where=where, at_end_bytes=at_end, by=by, ran=xs[-1] - xs[0],
+                points=judged.points, warmup=warmup, span=span)
 
 
 def itemise(b: Breakdown, agent: AgentRecording, torch_index: int, xs: list[float], ys: list[int | None],
@@ -167,16 +166,14 @@ def finding(agent: AgentRecording, torch_index: int, nvml_index: int | None, whe
     pool = agent.cupy_pool
     if pool and pool.get("total_bytes"):
         remedy += NON_TORCH_MORE["cupy-pool"].format(total=fb(pool["total_bytes"]), used=fb(pool.get("used_bytes")))
-    summary = f"{fb(b.non_torch_bytes)} in {where} lies outside PyTorch's allocator, {why}."
-    if judged is not None and judged.fit is not None and nccl.arrival(agent) is not None:
-        summary += nccl.growth_words(agent)  # growing, with NCCL's groups coming and going
+    growing = judged is not None and judged.fit is not None and nccl.arrival(agent) is not None
+    summary = tell("non-torch", where=where, outside_bytes=b.non_torch_bytes, why=why,
+                   nccl_growth=nccl.growth_words(agent) if growing else None,  # growing, NCCL's groups coming and going
+                   nccl_bytes=b.non_torch_nccl_bytes)
+    if growing:
         remedy = NON_TORCH_MORE["nccl-growth"] + remedy
-    else:
-        if b.non_torch_nccl_bytes:
-            summary += (f" {fb(b.non_torch_nccl_bytes)} of it came with NCCL's communicators, and is not "
-                        f"counted against that.")
-        if b.nccl:
-            remedy += NON_TORCH_MORE["nccl"]
+    elif b.nccl:
+        remedy += NON_TORCH_MORE["nccl"]
     return Finding(
         kind="non-torch", bytes=size, pid=agent.pid, device=nvml_index, summary=summary,
         evidence={"non_torch_at_end_bytes": b.non_torch_bytes, "library_allowance_bytes": LIBRARY_ALLOWANCE_BYTES,

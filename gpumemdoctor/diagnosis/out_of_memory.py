@@ -7,6 +7,7 @@ from . import claims, fit, words
 from .claims import Claim
 from .evidence import Evidence, Judged, line_of, oom_brief
 from .remedies import FINDINGS, OUT_OF_MEMORY
+from .summaries import tell
 from ..units import format_bytes as fb
 
 OOM_ACCUMULATION_SHARE = 0.5  # of the allocated memory at the error, held by one accumulation
@@ -70,23 +71,18 @@ def finding(e: Evidence, oom: dict, cause: str) -> Judged:
     allocated, reserved = oom["allocated_bytes"], oom["reserved_bytes"]
     unallocated = None if allocated is None or reserved is None else reserved - allocated
     others = [[pid, used] for pid, used in oom["processes"] if pid != e.pid]
-    under = f" ({words.limit_words(limit, e.limit_source)} in force)" if e.limit_source == "memory-fraction" else ""
-    figures = (f"Tried to allocate {fb(request)} with {fb(oom['device_free_bytes'])} free of the device and "
-               f"{fb(fit.headroom(oom))} of room under the limit of {fb(limit)}{under}; "
-               f"PyTorch had {fb(allocated)} allocated and {fb(unallocated)} reserved but unallocated "
-               f"(largest free piece {fb(oom['largest_free_block_bytes'])})")
-    if others:
-        figures += f"; {len(others)} other process{'es' if len(others) > 1 else ''} held " \
-                   f"{fb(sum(u or 0 for _, u in others))}"
+    figures = tell("oom-figures", request_bytes=request, device_free_bytes=oom["device_free_bytes"],
+                   headroom_bytes=fit.headroom(oom), limit_bytes=limit, limit_source=e.limit_source,
+                   allocated_bytes=allocated, unallocated_bytes=unallocated,
+                   largest_free_block_bytes=oom["largest_free_block_bytes"], others=[u for _, u in others])
     if e.uncaught is not None and "OutOfMemoryError" in e.uncaught["exc_type"]:
-        caught = " The program ended with this error."
+        ended = "uncaught"
     elif e.exited_normally and e.uncaught is None:
-        caught = " The program caught the error and went on."
+        ended = "caught"
     else:
-        caught = ""
+        ended = None
     cause_claim = cause_and_claim(e, oom)[1]
     said = [cause_claim] if cause_claim is not None else []
-    why = words.say(cause_claim) if cause_claim is not None else "the figures at the error do not say why"
     suspects = e.oom_suspects if cause in ("full", "accumulation") else []
     larger = _larger_step(e, oom) if cause == "full" else []
     grown = next((c for c in larger if c.name == "larger-step"), None)
@@ -104,9 +100,6 @@ def finding(e: Evidence, oom: dict, cause: str) -> Judged:
         if (oom["free_in_segments_bytes"] or 0) < request:  # (the pieces could not have served it anyway)
             larger = [c for c in larger if c.name != "split-not-the-cause"]
     said += larger
-    ends = "".join(f" {words.sentence(words.say(c))}" for c in larger)
-    if fit_claim is not None:
-        ends += f" {words.sentence(words.say(fit_claim))}"
     if fits and fits["fits"] and cause == "full":
         remedy = fits["remedy"]
     elif grown is not None:
@@ -115,7 +108,8 @@ def finding(e: Evidence, oom: dict, cause: str) -> Judged:
         remedy = OUT_OF_MEMORY[cause]
     return Judged(
         kind="out-of-memory", bytes=request,
-        summary=f"{e.where} ran out of GPU memory at {words.at_line(line_of(oom['stack']), oom['thread'])}: {why}.{caught}{ends}",
+        summary=tell("out-of-memory", where=e.where, line=line_of(oom["stack"]), thread=oom["thread"],
+                     cause=cause_claim, ended=ended, said=larger + ([fit_claim] if fit_claim is not None else [])),
         evidence={"decided_by": "out-of-memory", "cause": cause, "figures": figures, "errors": len(e.ooms),
                   "first": oom_brief(oom), "root_cause": e.oom_search, "what_would_fit": fits,
                   "limit_bytes": limit, "limit_source": e.limit_source},

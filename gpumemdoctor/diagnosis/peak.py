@@ -27,9 +27,10 @@ import functools
 from . import allocated_peak, cache_filled, fit, probed
 from .peak_warnings import findings
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
+from .summaries import tell
+from .summaries_peak import HOW, NO_CONTEXT, NO_PARAMETERS, NO_PROBE, READ_AT_EXIT
 from .words import unclassified_told  # noqa: F401 (its words are words.py's; named here as before)
 from ..units import MAX_SIZE_BYTES
-from ..units import format_bytes as fb
 
 MIN_HOLDER_BYTES = 64 << 10  # a holder smaller than this is not named (a scalar loss, a step count)
 PROBE_PARTS = ("parameters", "temporaries", "kept-tensors")
@@ -39,23 +40,6 @@ ONE_MOMENT = 0.8  # of the highest's reserved memory, that PyTorch's allocated p
 HIGHEST_CACHE_SHARE = 0.5  # of the highest's total, its cache
 EARLIER_S = 1.0  # a probe made this long before a capture without one still tells its pause's graph
 
-HOW = {
-    "context": "the CUDA context, read at the process's first allocation",
-    "outside-pytorch": "NVML's figure for the process less the context and PyTorch's reserved memory",
-    "fragmentation": "free memory inside the allocator's split segments (inactive_split_bytes), CUDA graphs' "
-                     "private pools left out",
-    "graph-pools": "free memory inside CUDA graphs' private pools, reserved for their replays: the graphs' own "
-                   "(their pools as measured at exit)",
-    "cache": "reserved by PyTorch, neither allocated nor split: free for its next allocations",
-    "parameters": "the parameters of the optimizers that stepped and of modules the program's names hold",
-    "gradients": "the .grad of those parameters",
-    "optimizer-state": "the optimizers' state (AdamW: exp_avg and exp_avg_sq)",
-    "graphs-kept": "saved by autograd graphs that the program's names hold, found by the holder search in a copy "
-                   "of the process during the same pause",
-    "temporaries": "held by the locals of functions running at that moment",
-    "kept-tensors": "held by the main module's globals",
-    "unclassified": "allocated, and held by nothing the readings name",
-}
 
 
 def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComposition | None, list[Finding]]:
@@ -73,8 +57,7 @@ def compose(agent, torch_index: int, b: Breakdown, where: str) -> tuple[PeakComp
     _graphs(split, agent, torch_index, best)
     _probed(split, probe)
     if not best["optimizers"] and not (probe and probe.get("parameters_bytes")):
-        split.notes.append("no optimizer stepped and no module was found in the program's names: parameters are "
-                           "unclassified")
+        split.notes.append(NO_PARAMETERS)
     _unclassified(split, agent, best, probe, b.cublas_workspace_bytes or 0)
     split.notes += _moment_notes(best, highest, len(captures), total)
     ordered = [split.parts[c] for c in PEAK_CATEGORIES if c in split.parts]
@@ -109,8 +92,8 @@ def _or_allocated_peak(agent, torch_index: int, b: Breakdown, where: str, compos
                                       where)
     if replayed is not None and _told_more(replayed[0], composition):
         c = replayed[0]
-        c.notes.append(f"the busiest of the samples' readings had {fb(_in_use(composition))} in use "
-                       f"({fb(composition.total_bytes)} in all, at {composition.t:.1f} s)")
+        c.notes.append(tell("busiest-reading", in_use_bytes=_in_use(composition), total_bytes=composition.total_bytes,
+                            t=composition.t))
         # NVML's highest reading, where it was higher than this moment, still ranks the process (peak_bytes).
         highest = composition.highest or {"t": composition.t, "total_bytes": composition.total_bytes,
                                           "cache_bytes": composition.bytes_of("cache")}
@@ -146,8 +129,7 @@ def _optimizers_named(c: PeakComposition, agent, torch_index: int) -> None:
         if len(holders) == 1:
             holders[0]["bytes"] = part.bytes
         elif holders and abs(then - part.bytes) > max(part.bytes // 10, 1 << 20):
-            c.notes.append(f"{category.replace('-', ' ')}: the optimizers' figures as the reading at "
-                           f"{nearest['t']:.1f} s found them ({fb(then)} then)")
+            c.notes.append(tell("optimizers-read-apart", category=category, t=nearest["t"], then_bytes=then))
         part.holders = holders
 
 
@@ -196,13 +178,12 @@ def _outside_allocated(split: _Split, agent, capture: dict, peak_total: int, con
     reserved memory that is not allocated (fragmentation, cache)."""
     ctx = min(context or 0, peak_total)
     if context is None:
-        split.notes.append("the CUDA context was not read: it is counted in memory outside PyTorch")
+        split.notes.append(NO_CONTEXT)
     split.add("context", ctx)
     outside = peak_total - ctx - split.reserved
     if capture["nvml"] and outside < 0:
-        split.notes.append(f"NVML read {fb(peak_total)}, less than the context and PyTorch's reserved memory "
-                           f"({fb(ctx + split.reserved)}): the readings were not of one moment")
-    split.add("outside-pytorch", max(0, outside), how=HOW["outside-pytorch"] + _libraries(agent))
+        split.notes.append(tell("nvml-below-pytorch", nvml_bytes=peak_total, pytorch_bytes=ctx + split.reserved))
+    split.add("outside-pytorch", max(0, outside), how=tell("outside-how", libraries=_libraries(agent)))
     free = split.reserved - split.allocated
     fragmented = min(capture["inactive_split"] or 0, free)
     # CUDA graphs' private pools: their free memory is the graphs', kept for their replays, not free pieces
@@ -247,19 +228,16 @@ def _graphs(split: _Split, agent, torch_index: int, capture: dict) -> None:
         return
     split.take("graphs-kept", graphs, holders)
     if search["t"] < capture["t"] - 0.05:
-        split.notes.append(f"graphs kept: read by the holder search at {search['t']:.1f} s, "
-                           f"{capture['t'] - search['t']:.1f} s before this moment; what they held more by then "
-                           "is unclassified")
+        split.notes.append(tell("graphs-read-earlier", search_t=search["t"], before_s=capture["t"] - search["t"]))
 
 
 def _probed(split: _Split, probe: dict | None) -> None:
     """The probe's parts (PROBE_PARTS): its modules' parameters join the optimizers'; or why there are none."""
     if probe is None:
-        split.notes.append("no probe of the program's names was made at this moment: graphs, temporaries and "
-                           "kept tensors are not told apart")
+        split.notes.append(NO_PROBE)
         return
     if "error" in probe:
-        split.notes.append(f"the probe of the program's names failed ({probe['error']})")
+        split.notes.append(tell("probe-failed", error=probe["error"]))
         return
     cut = False
     for category in PROBE_PARTS:
@@ -278,12 +256,10 @@ def _probed(split: _Split, probe: dict | None) -> None:
         else:
             split.add(category, size, holders)
     if cut:
-        split.notes.append(f"the probe ran {probe['elapsed_s'] * 1000:.0f} ms after the reading and found more "
-                           "than its allocated memory: its parts are cut to fit")
+        split.notes.append(tell("probe-cut", elapsed_s=probe["elapsed_s"]))
     if probe.get("stopped"):
         read = probe.get("graph_links", probe.get("graph_nodes", 0))
-        split.notes.append(f"the probe stopped at its budget ({probe['stopped']}, {read:,} graph nodes read): "
-                           "what it did not reach is unclassified")
+        split.notes.append(tell("probe-stopped", stopped=probe["stopped"], read=read))
 
 
 def _unclassified(split: _Split, agent, capture: dict, probe: dict | None, cublas: int) -> None:
@@ -302,16 +278,13 @@ def _moment_notes(best: dict, highest: dict | None, captures: int, total) -> lis
     """Which reading this is: the busiest beside NVML's highest, the exit's, one of several."""
     notes = []
     if highest is not None:
-        whose = "NVML's highest" if highest["nvml"] else "the highest reading"
-        notes.append(f"the reading with the most memory in use: {whose}, {fb(total(highest))} at "
-                     f"{highest['t']:.1f} s, held {fb(_cache(highest))} of PyTorch's cache (memory freed and kept "
-                     "for reuse)" + _risen(best, highest))
+        notes.append(tell("highest-reading", by_nvml=bool(highest["nvml"]), total_bytes=total(highest), t=highest["t"],
+                          cache_bytes=_cache(highest), counter_bytes=highest["allocated_peak"] or 0,
+                          seen_bytes=max(best["allocated"] or 0, best["allocated_peak"] or 0)))
     if best.get("inside") == "exit":
-        notes.append("read at the program's end, by the exit's first reading: the memory rose after the last "
-                     "sample; the running functions' locals were gone by then")
+        notes.append(READ_AT_EXIT)
     if captures > 1:
-        which = "one" if highest is not None else "the highest"
-        notes.append(f"{which} of {captures} readings made at new highs of this process's memory")
+        notes.append(tell("readings-at-highs", captures=captures, highest=highest is None))
     return notes
 
 
@@ -340,16 +313,6 @@ def _busiest(captures: list[dict], total) -> tuple[dict, dict | None]:
     if mostly_cache and once and more > max(BUSIER_BYTES, BUSIER_SHARE * total(highest)):
         return busiest, highest
     return highest, None
-
-
-def _risen(busiest: dict, highest: dict) -> str:
-    """What PyTorch's allocated peak counter, read at NVML's highest, says of the moments between."""
-    seen = max(busiest["allocated"] or 0, busiest["allocated_peak"] or 0)
-    counter = highest["allocated_peak"] or 0
-    if counter <= seen:
-        return ""
-    return (f"; PyTorch's allocated peak counter, {fb(counter)} there, says its allocated memory rose "
-            f"{fb(counter - seen)} above this reading's at a moment between the two")
 
 
 def _graphs_from_search(agent, torch_index: int, capture: dict) -> tuple[int, list, dict | None]:
@@ -390,40 +353,25 @@ def _unclassified_how(capture: dict, cublas: int = 0, rest: int | None = None, p
     the main thread was when the rest was read, or the name whose autograd graph the probe found
     repeating one operation, or, with no probe at this moment, one made earlier in the same pause
     found (`earlier`: its capture and probe). Each after '; ', the terminal shows them."""
-    out = HOW["unclassified"]
-    if cublas:
-        out += ("; of it, cuBLAS's workspaces, as measured at exit (kept from a stream's first matrix "
-                "product on; not read at this moment)")
+    how = functools.partial(tell, "unclassified-how", cublas=bool(cublas))
     if rest is not None and rest < MIN_HOLDER_BYTES:  # all of it the workspaces
-        return out
-    rest_read = "; the rest read" if cublas else "; read"
+        return how(read=None)
     if earlier is not None:
-        graph = _graph_said(earlier[1], "carrying")
-        if graph:
-            return out + f"{rest_read} {capture['t'] - earlier[0]['t']:.2f} s after a probe in the same pause found {graph}"
+        graph = probed.longest_graph(probed.holders(earlier[1]))
+        if graph is not None:
+            return how(read="earlier-probe", after_s=capture["t"] - earlier[0]["t"], graph=graph)
     if not probe or "error" in probe:  # kept tensors, graphs and temporaries not told apart: no guess
-        return out
+        return how(read=None)
     inside = capture.get("inside")
     if inside == "backward":
-        return (out + f"{rest_read} while the program was inside backward(): activations saved for backward, "
-                "gradients being made and backward's temporaries")
+        return how(read="backward")
     if inside == "optimizer step":
         own = (capture.get("parameters") or 0) + (capture.get("gradients") or 0) + (capture.get("optimizer_state") or 0)
         if rest is None or rest <= own:
-            return out + f"{rest_read} inside an optimizer's step: its temporaries"
-        return out + (f"{rest_read} inside an optimizer's step, more than its parameters, gradients and state "
-                      f"together ({fb(own)}): held further than the probe reads (names, and one level below them)")
-    graph = _graph_said(probe, "carried")
-    return out + f"{rest_read} while {graph}" if graph else out
-
-
-def _graph_said(probe: dict, verb: str) -> str:
-    """'evaluate() at e.py:34 local total carried an autograd graph that chains 32+ operations of one
-    kind': the probe's name whose graph repeats one operation the most, or ''."""
+            return how(read="optimizer-temporaries")
+        return how(read="optimizer-beyond", own_bytes=own)
     graph = probed.longest_graph(probed.holders(probe))
-    if graph is None:
-        return ""
-    return f"{graph['path'].removeprefix(probed.MAIN_THREAD)} {verb} {probed.graph_words(graph)}"
+    return how(read="graph", graph=graph) if graph is not None else how(read=None)
 
 
 def _earlier_probe(agent, capture: dict) -> tuple[dict, dict] | None:
@@ -436,11 +384,12 @@ def _earlier_probe(agent, capture: dict) -> tuple[dict, dict] | None:
     return same[-1] if same else None  # (in time order)
 
 
-def _libraries(agent) -> str:
+def _libraries(agent) -> list[str]:
+    """The libraries with memory of their own in this process."""
     names = [r["name"] for r in agent.root.get("libraries", [])]
     if agent.root.get("groups"):
         names.append("NCCL (process groups)")
-    return f"; libraries with memory of their own in this process: {', '.join(names)}" if names else ""
+    return names
 
 
 def _nvml_index(agent, torch_index: int) -> int | None:

@@ -17,14 +17,13 @@ in the recordings of 2026-11-25 that counted them, its graph's nodes).
 """
 from __future__ import annotations
 
+from .summaries import tell
+from .summaries_peak import MAIN_THREAD, graph_words  # noqa: F401 (their words are summaries_peak.py's)
 from .suspects import MAX_SUSPECTS, accumulation_suspect, declined
-from ..contract import MAX_CHAIN as CHAIN_CAP  # a chain this long may go on further
 from ..contract import MIN_GROWTH_BYTES as MIN_BYTES  # a name must hold, or have grown by, this much
-from ..units import format_bytes as fb
 
 GRAPH_MARK = " (holds its autograd graph)"
 LOCAL = "() local "
-MAIN_THREAD = "thread 'MainThread': "  # how a probed local's path starts: the probe reads that thread alone
 MIN_CHAIN = 8  # links of one operation a name's graph must repeat to be named as an accumulation
 MIN_NODES = 64  # graph nodes, in recordings that counted them (2026-11-25's), for the same
 GROWTH_SHARE = 0.5  # of what allocated memory grew between two probes, that one name's growth must be
@@ -162,8 +161,7 @@ def growth_suspects(searched: dict, agent, torch_index: int, released: bool) -> 
     if at_exit:
         why = declined(agent.root, "growth")
         cause = {"searched": False, "probed": meta, "exit_search_t": searched["t"],
-                 "why_not": f"the search at exit came after the memory was let go of"
-                            f"{f'; the one during the run was not made ({why})' if why else ''}"}
+                 "why_not": tell("exit-search-late", declined=why)}
     else:
         cause = {**searched, "probed": meta}
     return [suspect(a, released=released) for a in grew[:MAX_SUSPECTS]], cause
@@ -180,29 +178,9 @@ def longest_graph(found: list[dict]) -> dict | None:
     return min((h for h in found if _accumulates(h)), key=lambda h: (-h["chain"], -h["nodes"]), default=None)
 
 
-def graph_words(a: dict) -> str:
-    """'an autograd graph that chains 32+ operations of one kind' (or, in older recordings, 'of N nodes')."""
-    if a["chain"] > 1:
-        return f"an autograd graph that chains {a['chain']}{'+' if a['chain'] >= CHAIN_CAP else ''} operations of one kind"
-    return f"an autograd graph of {a['nodes']:,} nodes"
-
-
 def summary(a: dict) -> str:
-    """A probed holder in words: what it held, and how that was read."""
-    at = f" ({a['line']})" if a.get("line") and a["line"] not in a["path"] else ""
-    if a["kind"] == "autograd-graph" and a["chain"] > 1:
-        text = (f"{a['path']}{at} carried {graph_words(a)} (a running sum or a concatenation: each link keeps "
-                "its batch's graph; the saved tensors not measured)")
-    elif a["kind"] == "autograd-graph" and a["nodes"]:
-        text = f"{a['path']}{at} carried {graph_words(a)} (its saved tensors not measured)"
-    else:
-        text = f"{fb(a['bytes'])} in {a['count']} tensor{'s' if a['count'] != 1 else ''} held by {a['path']}{at}"
-    if a.get("grew_bytes", 0) >= MIN_BYTES:
-        text += f"; it grew by {fb(a['grew_bytes'])} from the probe at {a['first_t']:.1f} s to a later one"
-    elif a.get("grew_chain") or a.get("grew_nodes"):
-        more = f"{a['grew_chain']} links" if a.get("grew_chain") else f"{a['grew_nodes']:,} graph nodes"
-        text += f"; its graph grew by {more} from the probe at {a['first_t']:.1f} s to a later one"
-    return text
+    """A probed holder in words: what it held, and how that was read (summaries_peak.py words it)."""
+    return tell("probed-holder", holder=a)
 
 
 def suspect(a: dict, phase: bool = False, released: bool = False) -> dict:

@@ -15,8 +15,8 @@ counted as pending, as it was then.
 """
 from __future__ import annotations
 
+from .summaries import stream_words, tell  # noqa: F401 (stream_words: its words are summaries.py's)
 from ..recording.recording import AgentRecording
-from ..units import format_bytes as fb
 
 NOTE_MIN_BYTES = 64 << 20  # finished work's blocks worth a note in the report
 MIN_WAIT_S = 0.1  # unfinished work that ended sooner than this after the program is its last step's own
@@ -40,38 +40,12 @@ def finished_bytes(found: dict | None) -> int:
     return max(0, found["before_bytes"] - found["unfinished_bytes"])
 
 
-def stream_words(found: dict) -> str:
-    """'side stream `side` (1.00 GiB, finished 1.93 s after the end)' for each stream the main module
-    names, and the rest under one row (the agent's handle -1)."""
-    parts = []
-    for _, size, name, waited in found["streams"]:
-        what = f"side stream `{name}`" if name else "streams the program's main module does not name"
-        when = f", finished {_seconds(waited)} after the end" if waited is not None else ""
-        parts.append(f"{what} ({fb(size)}{when})")
-    return "; ".join(parts)
-
-
 def note(where: str, found: dict | None) -> str | None:
     """Where finished work's blocks were still counted active at exit, a note that says so."""
     settled = finished_bytes(found)
     if settled < NOTE_MIN_BYTES:
         return None
-    return (f"{where}: {fb(settled)} freed in Python was still marked in use at exit for stream work that "
-            f"had already finished (the allocator releases such blocks at its next allocation; FSDP and "
-            f"record_stream leave them at every step): counted as cache, not as pending.")
-
-
-def summary(size: int, where: str, told: dict) -> str:
-    """The pending-stream finding's words, from `evidence`'s figures."""
-    if not told.get("pending_told_apart"):
-        return (f"{fb(size)} in {where} was freed in Python but is held until unfinished work on another "
-                f"stream completes (record_stream). This recording does not tell unfinished work from "
-                f"finished work the allocator had not yet processed.")
-    named = stream_words({"streams": told.get("pending_streams") or []})
-    waited = told.get("pending_wait_s") or 0.0
-    return (f"{fb(size)} in {where} was freed in Python but still held when the program ended, for work "
-            f"queued on another stream that had not finished: " + (named or f"done {_seconds(waited)} later")
-            + " (record_stream).")
+    return tell("finished-stream-work", where=where, settled_bytes=settled)
 
 
 def evidence(found: dict | None) -> dict:
@@ -82,7 +56,3 @@ def evidence(found: dict | None) -> dict:
     return {"pending_told_apart": True, "pending_wait_s": found["wait_s"],
             "pending_streams": [list(s) for s in found["streams"]],
             "pending_finished_bytes": finished_bytes(found)}
-
-
-def _seconds(s: float) -> str:
-    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"

@@ -2,37 +2,26 @@
 
 A row (judgement.py) decides; it never words. It names the summary it found and hands over the
 facts the summary is made of: figures, the records it read (an accumulation, a growth), the claims
-it made (claims.py). `tell(name, **facts)` makes the sentences: SUMMARIES holds one function per
-summary, whose keyword arguments are the facts it declares (a missing or unknown fact is a
-TypeError, never a guess). Where a summary says what a claim says, it says it with words.py's
+it made (claims.py). `tell(name, **facts)` makes the sentences: SUMMARIES (summaries_registry.py)
+holds one function per summary, whose keyword arguments are the facts it declares (a missing or
+unknown fact is a TypeError, never a guess). A family of findings may have its own module in the
+same registry (summaries_peak.py: the peak's parts and notes, the probes' holders); importing
+this one loads them all. Where a summary says what a claim says, it says it with words.py's
 sentence for that claim, so that the two cannot part. The report keeps the sentences as before.
 """
 from __future__ import annotations
 
-from typing import Callable
-
-from . import probed, words
+from . import summaries_peak  # noqa: F401 (registers the peak's words)
+from . import words
+from .summaries_registry import SUMMARIES, tell  # noqa: F401 (tell: the one entry, every family loaded)
+from .summaries_registry import summary as _summary
 from .words import alike, at_line
 from .claims import Claim
 from ..growth import MIN_POINTS
 from ..units import format_bytes as fb
 
-SUMMARIES: dict[str, Callable[..., str]] = {}
 # Why no copy of the process was searched at a pause's height, where the search says nothing.
 NO_PAUSE_SEARCH = "no search was made at a pause's height"
-
-
-def tell(name: str, **facts) -> str:
-    """The summary `name`, in words, from its facts."""
-    return SUMMARIES[name](**facts)
-
-
-def _summary(name: str):
-    def register(fn: Callable[..., str]) -> Callable[..., str]:
-        SUMMARIES[name] = fn
-        return fn
-    return register
-
 
 # -- the phrases the summaries share -----------------------------------------------------------
 
@@ -131,6 +120,35 @@ def _leak_unheld(where: str, total_bytes: int, unheld: dict, short: dict) -> str
             "reference cycle through autograd does.")
 
 
+# -- an out-of-memory error (row 5, out_of_memory.py) -----------------------------------------
+
+# How the program went on after the error: it ended with it, it caught it, or neither is known.
+OOM_ENDED = {"uncaught": " The program ended with this error.", "caught": " The program caught the error and went on.",
+             None: ""}
+
+
+@_summary("out-of-memory")
+def _out_of_memory(where: str, line: str | None, thread: str, cause: Claim | None, ended: str | None,
+                   said: list[Claim]) -> str:
+    why = words.say(cause) if cause is not None else "the figures at the error do not say why"
+    return f"{where} ran out of GPU memory at {at_line(line, thread)}: {why}.{OOM_ENDED[ended]}{sentences(said)}"
+
+
+@_summary("oom-figures")
+def _oom_figures(request_bytes: int, device_free_bytes: int | None, headroom_bytes: int, limit_bytes: int,
+                 limit_source: str | None, allocated_bytes: int | None, unallocated_bytes: int | None,
+                 largest_free_block_bytes: int | None, others: list[int | None]) -> str:
+    """The error's figures, as the finding's evidence keeps them (`others`: what each other process held)."""
+    under = f" ({words.limit_words(limit_bytes, limit_source)} in force)" if limit_source == "memory-fraction" else ""
+    text = (f"Tried to allocate {fb(request_bytes)} with {fb(device_free_bytes)} free of the device and "
+            f"{fb(headroom_bytes)} of room under the limit of {fb(limit_bytes)}{under}; "
+            f"PyTorch had {fb(allocated_bytes)} allocated and {fb(unallocated_bytes)} reserved but unallocated "
+            f"(largest free piece {fb(largest_free_block_bytes)})")
+    if others:
+        text += f"; {len(others)} other process{'es' if len(others) > 1 else ''} held {fb(sum(u or 0 for u in others))}"
+    return text
+
+
 # -- garbage, what is still held, the peak a pause made (rows 6-8, 13) -------------------------------------
 
 @_summary("garbage-cycle")
@@ -173,7 +191,7 @@ def _avoidable_peak(where: str, rises: list[int], held: dict | None, declined: s
     heights = ", ".join(fb(r) for r in rises[:6]) + (" ..." if n > 6 else "")
     at_height = ""
     if held is not None and held.get("probed"):
-        at_height = (f" At its height the probe of the program's names found {probed.summary(held)}; no copy of "
+        at_height = (f" At its height the probe of the program's names found {tell('probed-holder', holder=held)}; no copy of "
                      f"the process was searched there ({declined or NO_PAUSE_SEARCH}).")
     elif held is not None:
         at_height = f" At its height {alike(held)} were held by {held['pattern']}."
@@ -181,6 +199,99 @@ def _avoidable_peak(where: str, rises: list[int], held: dict | None, declined: s
             f"a validation, the work after the last step) by up to {fb(max(rises))} ({heights}), above all that "
             f"the steps had reached, and was let go of at each pause's end: not a leak, but what made the "
             f"peak.{at_height}{sentences(said)}")
+
+
+# -- memory held for stream work at exit (row 15, streams.py) ---------------------------------
+
+def _seconds(s: float) -> str:
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def stream_words(found: dict) -> str:
+    """'side stream `side` (1.00 GiB, finished 1.93 s after the end)' for each stream the main module
+    names, and the rest under one row (the agent's handle -1)."""
+    parts = []
+    for _, size, name, waited in found["streams"]:
+        what = f"side stream `{name}`" if name else "streams the program's main module does not name"
+        when = f", finished {_seconds(waited)} after the end" if waited is not None else ""
+        parts.append(f"{what} ({fb(size)}{when})")
+    return "; ".join(parts)
+
+
+@_summary("pending-stream")
+def _pending_stream(where: str, size_bytes: int, told_apart: bool, streams: list, waited_s: float) -> str:
+    """Freed memory held for another stream's work at exit; `told_apart`: whether the recording tells
+    unfinished work from finished work the allocator had not yet processed."""
+    if not told_apart:
+        return (f"{fb(size_bytes)} in {where} was freed in Python but is held until unfinished work on another "
+                f"stream completes (record_stream). This recording does not tell unfinished work from "
+                f"finished work the allocator had not yet processed.")
+    named = stream_words({"streams": streams})
+    return (f"{fb(size_bytes)} in {where} was freed in Python but still held when the program ended, for work "
+            f"queued on another stream that had not finished: " + (named or f"done {_seconds(waited_s)} later")
+            + " (record_stream).")
+
+
+@_summary("finished-stream-work")
+def _finished_stream_work(where: str, settled_bytes: int) -> str:
+    """The note on finished work's blocks still counted active at exit."""
+    return (f"{where}: {fb(settled_bytes)} freed in Python was still marked in use at exit for stream work that "
+            f"had already finished (the allocator releases such blocks at its next allocation; FSDP and "
+            f"record_stream leave them at every step): counted as cache, not as pending.")
+
+
+# -- what the machine did to the run (machine_faults.py) ------------------------------------------
+
+@_summary("host-memory-cgroup")
+def _host_memory_cgroup(kills: int) -> str:
+    """Killed by SIGKILL, with no host memory readings, its memory cgroup counting kills."""
+    return (f"The target was killed by SIGKILL, and its memory cgroup counted {kills} out-of-memory kill(s) during "
+            "the run: the kernel ended it for lack of host memory (RAM), not GPU memory.")
+
+
+@_summary("host-memory")
+def _host_memory(rose: bool, from_bytes: int, last_bytes: int, over_s: float, kills: int | None) -> str:
+    """Killed by SIGKILL while its host memory `rose` (from_bytes to last_bytes in its last over_s)."""
+    why = (f"its memory cgroup counted {kills} out-of-memory kill(s) during the run: the kernel's out-of-memory "
+           "killer ended it" if kills else
+           "most likely the kernel's out-of-memory killer, for host memory (RAM), not GPU memory")
+    rise = f"rose from {fb(from_bytes)} to {fb(last_bytes)} in its last {over_s:.1f} s" if rose else f"was {fb(last_bytes)}"
+    return f"The target was killed by SIGKILL while its host memory {rise}: {why}."
+
+
+@_summary("nvml-failed")
+def _nvml_failed(device: int, from_t: float, to_t: float | None, error: str, failed_calls: int) -> str:
+    """One NVML outage: from when, on which GPU, what it said, and what the judgement rests on instead."""
+    until = "to the end of the run" if to_t is None else f"to {to_t:.1f} s"
+    after = "" if to_t is None else " and after"
+    return (f"NVML failed on GPU {device} from {from_t:.1f} s {until} ({error}; {failed_calls} failed reads): the "
+            "run went on; NVML figures (the process totals, the context, memory outside PyTorch) are judged on the "
+            f"readings before{after} it, PyTorch's allocator figures on the whole run")
+
+
+# -- memory outside PyTorch (non_torch.py; row 11's decision is "outside-pytorch" below) ----------
+
+@_summary("non-torch")
+def _non_torch(where: str, outside_bytes: int, why: str, nccl_growth: str | None, nccl_bytes: int | None) -> str:
+    """`why`: "outside-pytorch"'s words; `nccl_growth`: nccl.py's, where it grew with NCCL's groups."""
+    text = f"{fb(outside_bytes)} in {where} lies outside PyTorch's allocator, {why}."
+    if nccl_growth is not None:
+        return text + nccl_growth
+    if nccl_bytes:
+        text += f" {fb(nccl_bytes)} of it came with NCCL's communicators, and is not counted against that."
+    return text
+
+
+@_summary("non-torch-too-short")
+def _non_torch_too_short(where: str, at_end_bytes: int | None, by: str, ran: float, points: int, warmup: float,
+                         span: float) -> str:
+    """The note on memory outside PyTorch that rose in a run too short to tell growth from warm-up."""
+    unit = "steps" if by == "step" else "s"
+    took = f"{ran:.0f} steps" if by == "step" else f"{ran:.1f} s"
+    return (f"memory outside PyTorch in {where} ({fb(at_end_bytes)} at exit) rose while the program ran, but its "
+            f"GPU work was too short to tell growth from warm-up ({took} from its first allocation; {points} "
+            f"samples after a warm-up of {warmup} {unit}, where judging needs 8 over {span} {unit}): kernels and "
+            "libraries load on first use, so it was not called growing")
 
 
 # -- the rest of the table (rows 9, 10, 14, 16; 11, 17, 18's words) -----------------------------------
