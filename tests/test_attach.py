@@ -190,6 +190,9 @@ def test_attach_and_detach_leave_the_program_as_it_was(cli, folder):
     assert report["recording"]["target"]["attached"]["detached"]["where"] == "the main thread"
     notes = " ".join(report["recording"]["notes"])
     assert "starts at the attach" in notes and "without the exit probes" in notes
+    if METHOD == "ptrace":  # how long its main thread was stopped for the attach, in the report's words
+        stopped = report["recording"]["target"]["attached"]["stopped_s"]
+        assert 0 < stopped < 5 and f"its main thread stopped {stopped * 1000:.1f} ms for it" in notes
     read = cli("report", str(folder / "r1.json"), cwd=folder)
     assert read.returncode == 0, read.stderr
     compared = cli("compare", str(folder / "r1.json"), str(folder / "r2.json"), cwd=folder)

@@ -50,6 +50,7 @@ class Attached:
     attach_s: float  # how long the attach took, the debugger's and the agent's start together
     detached: dict | None = None
     notes: list[str] = field(default_factory=list)
+    stopped_s: float | None = None  # through ptrace: how long the program's main thread was stopped for it
 
 
 def check(pid: int, debugger: str | None = None) -> tuple[str, inject.PythonOf, inject.Debugger | None]:
@@ -168,7 +169,8 @@ class Attach:
             inject.debugger_exec(self.debugger, self.pid, code, self.timeout_s, executable=self.python.executable)
         status = self._await_status(started)
         self.attached = Attached(pid=self.pid, method=self.method, python=status.get("python"), status=status,
-                                 t=round(time.monotonic() - self.t0, 6), attach_s=round(time.monotonic() - started, 3))
+                                 t=round(time.monotonic() - self.t0, 6), attach_s=round(time.monotonic() - started, 3),
+                                 stopped_s=self.queued.get("seconds") if self.queued else None)
         self.agents = AgentFiles(self.run_dir, self.t0, self.pid)
         self.tree = TreeWatch(self.pid, self.t0, devices, measure_gpu)
         return self.attached
@@ -279,7 +281,8 @@ class Attach:
         attached = self.attached
         recording.target.update({"exit_code": None, "signal": None, "cwd": procs.cwd(self.pid) or recording.target["cwd"],
                                  "attached": {"method": attached.method, "at_s": attached.t,
-                                              "attach_s": attached.attach_s, "ended": ended,
+                                              "attach_s": attached.attach_s, "stopped_s": attached.stopped_s,
+                                              "ended": ended,
                                               "detached": attached.detached}})
         recording.notes[:0] = self.notes(ended)
         return recording
@@ -287,8 +290,10 @@ class Attach:
     def notes(self, ended: str) -> list[str]:
         """What the report says of an attached recording, before anything else."""
         a = self.attached
+        stopped = (f" (its main thread stopped {a.stopped_s * 1000:.1f} ms for it)"
+                   if a.stopped_s is not None else "")
         out = [f"attached to a running process (PID {self.pid}, Python {a.python}) through {a.method} at "
-               f"{a.t:.1f} s, in {a.attach_s:.2f} s; everything here starts at the attach: the allocator's "
+               f"{a.t:.1f} s, in {a.attach_s:.2f} s{stopped}; everything here starts at the attach: the allocator's "
                "history, and so the allocating lines, covers only what was allocated since, and the context's "
                "figure (NVML's less PyTorch's at the first readings) holds whatever lay outside PyTorch then"]
         if ended != "exited":
