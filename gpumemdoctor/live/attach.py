@@ -7,7 +7,8 @@ Nothing is changed in the program until every check has passed: the process exis
 to the target's user when root attaches to another user's program), the payload: a few lines that
 import gpumemdoctor's agent in the target and call `_agent.attach.arrive` with the folder, run on the
 target's main thread through sys.remote_exec (3.14+), a pending call queued through ptrace alone
-(system/ptrace.py, x86-64 Linux), or a debugger (gdb, lldb: elsewhere, or where --debugger names one). The agent answers in the folder:
+(system/ptrace.py, x86-64 Linux), or a debugger (gdb, lldb: elsewhere, or where --debugger names
+one). The agent answers in the folder:
 `attach.json` (started, or why not: no torch, an agent already, gpumemdoctor not importable there),
 then its record file as under `run`, read as it grows (`poll`: recording/agent_files.py, with the
 process tree's NVML figures from supervise/tree.py's TreeWatch, as `run`'s supervisor reads them).
