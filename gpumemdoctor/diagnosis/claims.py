@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ..contract import PEAK_MIN_BYTES
+
 # A few bytes of slack in comparisons of figures read at one moment (rounding of 512-byte blocks).
 SLACK_BYTES = 1 << 20
 
@@ -125,16 +127,13 @@ def _time_to_full(e: dict) -> str | None:
 def _fragmented_peak(e: dict) -> str | None:
     if e["split_bytes"] + e["graph_pool_free_bytes"] > e["inactive_split_bytes"] + SLACK_BYTES:
         return "more was called split than the allocator's split memory"
+    # Split free pieces cost memory only where the allocator reserved beyond PyTorch's allocated peak
+    # counter (by a peak part's least, PEAK_MIN_BYTES): within it they are the peak's own tensors,
+    # freed (a metric's compute(), H200: 704 MiB split at one reading, 18 MiB reserved beyond the peak).
     reserved, peak = e.get("reserved_bytes"), e.get("allocated_peak_bytes")
-    if reserved is not None and peak is not None and reserved - peak < FRAGMENTED_BEYOND_BYTES:
+    if reserved is not None and peak is not None and reserved - peak < PEAK_MIN_BYTES:
         return "the allocator never reserved much beyond what was allocated at once: the split pieces were its peak's own"
     return None
-
-
-# Split free pieces cost memory only where the allocator reserved beyond PyTorch's allocated peak
-# counter: within it, they are the peak's own tensors, freed (a metric's compute(), H200: 704 MiB split
-# at one reading, 18 MiB reserved beyond the allocated peak).
-FRAGMENTED_BEYOND_BYTES = 256 << 20
 
 
 def _graph_pools(e: dict) -> str | None:

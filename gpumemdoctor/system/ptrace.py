@@ -36,7 +36,6 @@ import struct
 import time
 from dataclasses import dataclass
 
-PTRACE_PEEKUSER = 3
 PTRACE_CONT = 7
 PTRACE_GETREGS = 12
 PTRACE_SETREGS = 13
@@ -139,11 +138,11 @@ def dynamic_symbols(data: bytes, names: set[str]) -> tuple[dict[str, int], int, 
             raise ValueError("the dynamic string table lies outside the file")
         for at in range(offset, offset + size - 23, entsize):
             st_name, st_info, _, st_shndx, st_value = struct.unpack_from("<IBBHQ", data, at)
-            if not st_value or st_shndx == 0 or (st_info & 0xF) not in (2, 10) or st_name >= str_size:
-                continue  # not a defined function (STT_FUNC, STT_GNU_IFUNC: not wanted here)
+            if not st_value or st_shndx == 0 or (st_info & 0xF) != 2 or st_name >= str_size:
+                continue  # not a defined function (STT_FUNC)
             end = data.find(b"\0", str_off + st_name, str_off + str_size)
             name = data[str_off + st_name:end if end >= 0 else str_off + str_size].decode("ascii", "replace")
-            if name in names and (st_info & 0xF) == 2:
+            if name in names:
                 found.setdefault(name, st_value)
     return found, e_type, base_vaddr or 0
 
@@ -209,12 +208,6 @@ def _ptrace(request: int, pid: int, addr=None, data=None, what: str = "ptrace") 
     return rc
 
 
-@dataclass
-class Stop:
-    signal: int  # the signal of a signal-delivery stop (0: a ptrace event stop)
-    status: int
-
-
 class Tracee:
     """The target's main thread, seized and stopped, its state read; `close` puts it back and lets go."""
 
@@ -229,16 +222,16 @@ class Tracee:
         _ptrace(PTRACE_SEIZE, self.pid, None, None, what=f"PTRACE_SEIZE of process {self.pid}")
         self.seized = True
         _ptrace(PTRACE_INTERRUPT, self.pid, what="PTRACE_INTERRUPT")
-        stop = self._wait(STOP_TIMEOUT_S, "stop")
-        self._keep_signal(stop)
+        self._keep_signal(self._wait(STOP_TIMEOUT_S, "stop"))
         self.saved = self.regs()
         self.xstate = self._read_xstate()
 
-    def _keep_signal(self, stop: Stop) -> None:
-        if stop.signal and stop.signal not in (signal.SIGTRAP, signal.SIGSTOP):
-            self.pending_signal = stop.signal
+    def _keep_signal(self, sig: int) -> None:
+        if sig and sig not in (signal.SIGTRAP, signal.SIGSTOP):
+            self.pending_signal = sig
 
-    def _wait(self, timeout_s: float, what: str) -> Stop:
+    def _wait(self, timeout_s: float, what: str) -> int:
+        """The next stop's signal (0 for a ptrace event stop, as PTRACE_INTERRUPT's)."""
         deadline = time.monotonic() + timeout_s
         while True:
             got, status = os.waitpid(self.pid, os.WNOHANG | WALL)
@@ -248,7 +241,7 @@ class Tracee:
                     raise PtraceError(f"process {self.pid} ended while it was stopped", errno.ESRCH)
                 if os.WIFSTOPPED(status):
                     event = status >> 16
-                    return Stop(0 if event == PTRACE_EVENT_STOP else os.WSTOPSIG(status), status)
+                    return 0 if event == PTRACE_EVENT_STOP else os.WSTOPSIG(status)
             if time.monotonic() > deadline:
                 raise TimeoutError(what)
             time.sleep(0.0005)
@@ -308,20 +301,20 @@ class Tracee:
         deadline = time.monotonic() + CALL_TIMEOUT_S
         while True:
             try:
-                stop = self._wait(max(0.0, deadline - time.monotonic()), "call")
+                sig = self._wait(max(0.0, deadline - time.monotonic()), "call")
             except TimeoutError:
                 _ptrace(PTRACE_INTERRUPT, self.pid, what="PTRACE_INTERRUPT")
                 self._wait(STOP_TIMEOUT_S, "stop")
                 self.set_regs(self.saved)
                 raise PtraceError(f"a call in process {self.pid} did not return within {CALL_TIMEOUT_S:.0f} s") from None
-            if stop.signal == signal.SIGSEGV:
+            if sig == signal.SIGSEGV:
                 now = self.regs()
                 if now.rip == 0 or _si_code(self.pid) == SEGV_CPERR:
                     self.set_regs(self.saved)
                     return now.rax
                 self.set_regs(self.saved)
                 raise PtraceError(f"a call in process {self.pid} faulted at {now.rip:#x}")
-            self._keep_signal(stop)  # another signal came meanwhile: kept for the end, not delivered now
+            self._keep_signal(sig)  # another signal came meanwhile: kept for the end, not delivered now
             _ptrace(PTRACE_CONT, self.pid, None, None, what="PTRACE_CONT")
 
     def close(self) -> None:
