@@ -12,10 +12,10 @@ EXIT_MISSING_EXTRA = 5  # an optional extra is not installed (--html without plo
 EXIT_CHECK_FAILED = 10  # a CI check failed (and the target itself succeeded)
 EXIT_GPU_BUSY = 11  # `ps --expect-free`: a GPU holds more than allowed
 EXIT_WATCH_ALERT = 12  # `watch --exit-on-alert`: a limit was crossed
-EXIT_NO_DEBUGGER = 13  # `watch --attach` needs gdb (or lldb) and there is none
+EXIT_NO_DEBUGGER = 13  # `watch --attach` needs gdb (or lldb) here, and there is none
 EXIT_ATTACH_REFUSED = 14  # `watch --attach`: not allowed to trace the process (ptrace, another user)
 EXIT_NOT_ATTACHABLE = 15  # `watch --attach`: the process cannot take the agent (not Python, no torch, ...)
-EXIT_ATTACH_FAILED = 16  # `watch --attach`: the debugger ran, the agent did not start (no safe point in time)
+EXIT_ATTACH_FAILED = 16  # `watch --attach`: the attach was tried, the agent did not start (no safe point in time)
 EXIT_INTERNAL = 70
 
 
