@@ -96,6 +96,15 @@ def run_scenario(path: Path, tmp_path: Path, env: dict | None = None, args: tupl
     return data
 
 
+def keep_run(path: Path, report: Path, run: int, subdir: str = "") -> None:
+    """With GPUMEMDOCTOR_FIXTURE_DIR set, keep one of several runs' reports as DIR[/subdir]/<stem>.run<N>.json."""
+    keep = os.environ.get("GPUMEMDOCTOR_FIXTURE_DIR")
+    if keep:
+        folder = Path(keep) / subdir if subdir else Path(keep)
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(report, folder / f"{path.stem}.run{run}.json")
+
+
 def check_suspect(path: Path, report: dict) -> None:
     """The finding the program's lines name carries a suspect with the named holder (and, with
     allocation stacks, the marked allocating line)."""

@@ -23,8 +23,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent.parent
-WARM_S = 5.0  # the program runs this long before the attach
 WATCH_S = 10.0
+# The program runs this long before the attach: long enough that its steps before the attach span as long a
+# stretch as the ones while the agent is in (the worst of twice as many gaps is no fair measure).
+WARM_S = WATCH_S + 2.0
 
 # A training loop that marks its steps with an optimizer, writes each step's end (CLOCK_MONOTONIC, which
 # the test shares) to a file when it is told to stop, and leaks or fills the cache as asked.

@@ -13,7 +13,7 @@ import pytest
 from pathlib import Path
 
 from tests.expect import corpus, expectations, root_cause
-from tests.gpu.runs import check_suspect, run_scenario
+from tests.gpu.runs import check_suspect, keep_run, run_scenario
 
 WORKLOADS = corpus()
 CLEAN = ("clean", "allocator-cache")  # a clean program may end with memory in the cache
@@ -51,3 +51,18 @@ def test_the_trainers_evaluation_inside_train_gets_the_trainers_switches(tmp_pat
     text = " ".join(f["summary"] + " " + f["remedy"] for f in report["findings"])
     assert "no_grad" not in text, text
     assert not [p for f in report["findings"] for p in problems(f)]
+
+
+def test_the_trainers_evaluation_gets_the_same_verdict_and_claims_every_run(tmp_path):
+    """Issue 56's done-when: three runs of the Trainer's workload, the same verdict, findings and claims."""
+    path = Path(__file__).resolve().parents[2] / "corpus" / "hf_trainer_train_eval_logits.py"
+    seen = []
+    for i in range(3):
+        (tmp_path / str(i)).mkdir()
+        report = run_scenario(path, tmp_path / str(i), subdir="corpus", timeout=600)
+        assert report["_returncode"] == 0, report["_stderr"]
+        seen.append((report["verdict"], sorted((f["kind"], tuple(sorted(c["claim"] for c in f.get("claims") or [])))
+                                               for f in report["findings"] if f["kind"] != "context")))
+        keep_run(path, tmp_path / str(i) / "report.json", i, subdir="corpus")
+    print(path.stem, seen)  # shown with -rA: the three runs' verdicts and claims
+    assert seen[0] == seen[1] == seen[2], seen

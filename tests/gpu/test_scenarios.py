@@ -16,7 +16,7 @@ import pytest
 
 from gpumemdoctor.growth import MIN_POINTS
 from tests.expect import exit_status, expectations, header, root_cause, scenarios
-from tests.gpu.runs import cached_report, check_suspect, gpu_turn, run_scenario
+from tests.gpu.runs import cached_report, check_suspect, gpu_turn, keep_run, run_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = scenarios()
@@ -628,4 +628,6 @@ def test_the_same_verdict_and_claims_every_run(name, tmp_path):
         report = run_scenario(path, tmp_path / str(i))
         seen.append((report["verdict"], sorted((f["kind"], tuple(sorted(claim_names(f))))
                                                for f in report["findings"] if f["kind"] != "context")))
+        keep_run(path, tmp_path / str(i) / "report.json", i)
+    print(path.stem, seen)  # shown with -rA: the three runs' verdicts and claims
     assert seen[0] == seen[1] == seen[2], seen
