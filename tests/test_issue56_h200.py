@@ -270,3 +270,34 @@ def test_every_recording_of_a_shape_gets_the_same_verdict_and_claims(name):
         seen.append((report["verdict"], sorted((f["kind"], tuple(sorted(gpu.claim_names(f))))
                                                for f in report["findings"] if f["kind"] != "context")))
     assert seen[0] == seen[1] == seen[2], seen
+
+
+CALL3 = Path(__file__).parent / "fixtures" / "issue56_h200_call3"  # three runs each, 2026-12-03 (README.md)
+KNOWN_TO_DIFFER = {  # the finding that explains the peak depends on when a reading or search fell
+    "peak_single_cat": "run 1's phase search came 26 ms into the pause, before the chunks were held: "
+                       "`not-seen` instead of the holder",
+    "corpus/hf_trainer_train_eval_logits": "run 1's peak reading saw the concatenation (`temporary-peak`), runs 0 "
+                                           "and 2 only the gathered tensors (`avoidable-peak`)",
+}
+
+
+def _claims_of_three(stem: str) -> list:
+    seen = []
+    for i in range(3):
+        report = rejudged(CALL3 / f"{stem}.run{i}.json")
+        seen.append((report["verdict"], sorted((f["kind"], tuple(sorted(c["claim"] for c in f.get("claims") or [])))
+                                               for f in report["findings"] if f["kind"] != "context")))
+    return seen
+
+
+@pytest.mark.parametrize("stem", [n for n in gpu.ISSUE_56 if n not in KNOWN_TO_DIFFER])
+def test_three_h200_runs_of_a_shape_get_the_same_verdict_and_claims(stem):
+    seen = _claims_of_three(stem)
+    assert seen[0] == seen[1] == seen[2], seen
+
+
+@pytest.mark.parametrize("stem", sorted(KNOWN_TO_DIFFER))
+@pytest.mark.xfail(strict=True, reason="issue 56, open: the explanation of these peaks depends on timing")
+def test_three_h200_runs_that_differed_on_the_gpu(stem):
+    seen = _claims_of_three(stem)
+    assert seen[0] == seen[1] == seen[2], (KNOWN_TO_DIFFER[stem], seen)
