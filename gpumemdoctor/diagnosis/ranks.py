@@ -21,9 +21,10 @@ from __future__ import annotations
 from . import libraries, stacks
 from .judgement import Judged
 from .remedies import FINDINGS
+from .summaries import tell
+from .summaries_ranks import rank_words, ranges, who  # noqa: F401 (the ranks' words, named here as before)
 from ..recording.recording import AgentRecording, Dist, Recording
 from ..stray_rule import own_gpu, stray_reason
-from ..units import format_bytes as fb
 
 GIB = 1 << 30
 # rank-imbalance: the highest rank's peak reserved is above the median of the other ranks' peaks by
@@ -49,35 +50,6 @@ def rank_processes(rec: Recording) -> dict[int, Dist]:
             continue  # it starts processes with ranks of their own: a launcher
         out[pid] = dist
     return out
-
-
-def rank_words(dist: Dist | None) -> str:
-    """'rank 1, local rank 1', or '' for a process that is not a rank."""
-    if dist is None:
-        return ""
-    parts = []
-    if dist.rank is not None:
-        parts.append(f"rank {dist.rank}")
-    if dist.local_rank is not None:
-        parts.append(f"local rank {dist.local_rank}")
-    return ", ".join(parts)
-
-
-def who(pid: int, dist: Dist | None) -> str:
-    """'process 123 (rank 1, local rank 1)', or 'process 123'."""
-    words = rank_words(dist)
-    return f"process {pid} ({words})" if words else f"process {pid}"
-
-
-def ranges(numbers: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2, 5'."""
-    out: list[str] = []
-    for n in sorted(set(numbers)):
-        if out and out[-1].split("-")[-1] == str(n - 1):
-            out[-1] = f"{out[-1].split('-')[0]}-{n}"
-        else:
-            out.append(str(n))
-    return ", ".join(out)
 
 
 # -- what a process held ------------------------------------------------------------------
@@ -183,21 +155,9 @@ def _stray(agent: AgentRecording, dist: Dist | None, nvml_index: int, torch_inde
     origin = agent.cuda_origin or {}
     line = stacks.user_line(origin.get("stack") or [])
     at = stacks.at(line) if line else None
-    gpus_text = ", ".join(f"GPU {n}" for n in works_on)
-    there = f"GPU {nvml_index} (its cuda:{torch_index})"
-    if owner is not None and owner.rank is not None:
-        there += f", rank {owner.rank}'s GPU"
-    if reserved_there:
-        what = (f"where PyTorch reserved only {fb(reserved_there)}, while it works on {gpus_text}: a CUDA "
-                f"context it did not need, made by a tensor or CUDA call on cuda:0 before "
-                f"torch.cuda.set_device, or by a library (gloo staging a CUDA tensor on the current device).")
-    else:
-        what = (f"where PyTorch never allocated anything, while it works on {gpus_text}: a CUDA context it "
-                f"did not need, made by a CUDA call before torch.cuda.set_device (or by a barrier or "
-                f"collective without device_ids).")
-    summary = f"{who(agent.pid, dist).capitalize()} holds {fb(held)} on {there}, {what}"
-    if at:
-        summary += f" CUDA started in it at {at}."
+    summary = tell("stray-context", pid=agent.pid, dist=dist, held=held, nvml_index=nvml_index,
+                   torch_index=torch_index, owner_rank=owner.rank if owner else None, works_on=works_on,
+                   reserved_there=reserved_there, at=at)
     return Judged(
         kind="stray-context", bytes=held, summary=summary,
         evidence={"pid": agent.pid, "rank": dist.rank if dist else None,
@@ -228,14 +188,9 @@ def imbalance(per_rank: list[dict]) -> tuple[dict, Judged] | None:
         return None
     top, median, excess = max(over, key=lambda o: (o[0]["peak_reserved_bytes"], -o[0]["rank"]))
     share = excess / median if median else None
-    gpu = f" on GPU {top['device']}" if top["device"] is not None else ""
-    summary = (f"Rank {top['rank']}'s peak of PyTorch's reserved memory, {fb(top['peak_reserved_bytes'])}{gpu}, "
-               f"is {fb(excess)}" + (f" ({share:.0%})" if share is not None else "")
-               + f" above the median of the other {len(known) - 1} ranks, {fb(median)}: with the same GPU "
-               f"on every rank, the job runs out of memory on this one first.")
-    others = sorted(o[0]["rank"] for o in over if o[0] is not top)
-    if others:
-        summary += f" Rank{'s' if len(others) > 1 else ''} {ranges(others)} {'are' if len(others) > 1 else 'is'} above the others too."
+    summary = tell("rank-imbalance", rank=top["rank"], peak_reserved_bytes=top["peak_reserved_bytes"],
+                   device=top["device"], excess=excess, share=share, others_count=len(known) - 1, median=median,
+                   also_over=sorted(o[0]["rank"] for o in over if o[0] is not top))
     return top, Judged(
         kind="rank-imbalance", bytes=excess, summary=summary,
         evidence={"rank": top["rank"], "local_rank": top["local_rank"], "pid": top["pid"],
@@ -259,22 +214,4 @@ def job_summary(count: int, hosts: list[str | None], world_size: int | None, mis
                 with_leak: list[int]) -> str:
     """'2 ranks on 1 host (node-a); leak on rank 1 only, of 2 ranks: ...', from the number of rank
     processes, their hosts, the world size, the ranks not seen and the ranks with a leak."""
-    named = sorted({h for h in hosts if h})
-    places = len(set(hosts))
-    text = f"{count} rank{'s' if count != 1 else ''} on {places} host{'s' if places != 1 else ''}"
-    if named:
-        text += f" ({', '.join(named[:4])}{', ...' if len(named) > 4 else ''})"
-    if with_leak:
-        if count > 1 and len(with_leak) >= count:
-            text += f"; leak on every rank ({count}): in code that all ranks run"
-        elif count > 1:
-            one = len(with_leak) == 1
-            text += (f"; leak on rank{'' if one else 's'} {ranges(with_leak)} only, of {count} ranks: in what "
-                     f"only {'that rank does' if one else 'those ranks do'}")
-        else:
-            text += f"; leak on rank {ranges(with_leak)}"
-    if missing:
-        text += (f"; world size {world_size}, but rank{'s' if len(missing) > 1 else ''} {ranges(missing)} "
-                 f"{'are' if len(missing) > 1 else 'is'} not in {'these reports' if len(set(hosts)) > 1 else 'this report'} "
-                 f"(give every node's report to gpumemdoctor report)")
-    return text
+    return tell("job", count=count, hosts=hosts, world_size=world_size, missing=missing, with_leak=with_leak)

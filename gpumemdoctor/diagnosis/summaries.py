@@ -12,6 +12,7 @@ sentence for that claim, so that the two cannot part. The report keeps the sente
 from __future__ import annotations
 
 from . import summaries_peak  # noqa: F401 (registers the peak's words)
+from . import summaries_ranks, summaries_suspects  # noqa: F401
 from . import words
 from .summaries_registry import SUMMARIES, tell  # noqa: F401 (tell: the one entry, every family loaded)
 from .summaries_registry import summary as _summary

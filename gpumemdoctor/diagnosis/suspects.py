@@ -8,25 +8,17 @@ stacks.py.
 """
 from __future__ import annotations
 
-import os
-
 from . import remedies, stacks
 from .accumulations import DIRECT_SHARE, GRAPH_PART, accumulations
-from .words import alike, gave_up_text  # noqa: F401 (gave_up_text: words.py's, named here as before)
+from .words import gave_up_text  # noqa: F401 (gave_up_text: words.py's, named here as before)
 from .stacks import at, on_device, user_line
+from .summaries import tell
+from .summaries_suspects import WHY_TEXT, unheld_text  # noqa: F401 (the suspects' words, named here as before)
 from ..contract import GRAPH_POOL_LABEL
 from ..units import MIB
-from ..units import format_bytes as fb
 
 THREAD_MIN_BYTES = 1 * MIB  # a thread that changed memory by less is not named
 MAX_SUSPECTS = 5
-# What the search says of blocks without a holder, by its reason (the agent's search.WHY).
-WHY_TEXT = {
-    "no-python-object": "that no Python object holds",
-    "unreachable": "held by an object that nothing the program reaches refers to",
-    "not-reached": "that the search did not reach within its budget",
-    "cublas-workspace": "that cuBLAS keeps as its workspaces",
-}
 
 
 def leak_suspects(root: dict, torch_index: int, released: bool = False) -> tuple[list[dict], dict]:
@@ -122,14 +114,12 @@ def _bytes_on(investigation: dict, torch_index: int) -> int:
 def _why_not(root: dict, torch_index: int) -> str:
     failed = next((t for t in root["traces"] if not t["ok"]), None)
     if not any(s["device"] == torch_index for s in root["suspicions"]):
-        return ("growth was not seen while the program ran (the verdict is judged on the whole run "
-                "afterwards); run again with --trace on to record allocation stacks from the start")
+        return tell("leak-search-why-not", reason="unseen")
     if failed is not None:
-        return f"allocation history could not be turned on ({failed['error']})"
+        return tell("leak-search-why-not", reason="history-failed", error=failed["error"])
     if declined(root, "growth") is not None:
-        return (f"the growth search during the run was not made ({declined(root, 'growth')}), and the "
-                f"exit search found no new memory held")
-    return "the program ended before the holder search ran"
+        return tell("leak-search-why-not", reason="declined", declined=declined(root, "growth"))
+    return tell("leak-search-why-not", reason="ended")
 
 
 def declined(root: dict, when: str) -> str | None:
@@ -144,19 +134,9 @@ def _allocation_suspect(g: dict, released: bool = False) -> dict:
     where = user_line(stack)
     holders = g["holders"]
     threads = g["thread"]
-    parts = [f"{fb(g['bytes'])} in {g['count']} allocation{'s' if g['count'] != 1 else ''}"]
-    parts.append(f"at {at(where)}" if where else
-                 "(no Python stack: allocated before recording began, or by PyTorch's C++ code)")
-    if threads:
-        parts.append(f"in thread {', '.join(threads)}")
-    summary = " ".join(parts)
-    if holders:
-        top = holders[0]
-        summary += f"; held by {top['path']}"
-        if top["count"] > 1:
-            summary += f" and {top['count'] - 1} more like it"
-    elif g["unheld_bytes"]:
-        summary += "; " + unheld_text(g.get("unheld_why")).replace("that ", "", 1)
+    summary = tell("allocation-suspect", bytes=g["bytes"], count=g["count"], where=where, threads=threads,
+                   holder=holders[0] if holders else None, unheld_bytes=g["unheld_bytes"],
+                   unheld_why=g.get("unheld_why"))
     return {"kind": "allocation", "bytes": g["bytes"], "count": g["count"], "where": where, "stack": stack,
             "thread": threads, "holders": holders, "unheld_bytes": g["unheld_bytes"], "summary": summary,
             "remedy": _remedy(holders[0] if holders else None, where, threads, g.get("unheld_why"), released)}
@@ -172,30 +152,14 @@ def _remedy(holder: dict | None, where: list | None, threads: list | None, why: 
                            bool(threads and any("(ended)" in t for t in threads)))
 
 
-def unheld_text(why: list | None) -> str:
-    """What the search says of blocks without a holder, from its biggest reason."""
-    if not why:
-        return "held by no tensor the search reached"
-    reason, _, _, top = why[0]
-    text = WHY_TEXT[reason]
-    if reason == "unreachable" and top:
-        text = f"held by a {top} that nothing the program reaches refers to"
-    return text
-
-
 def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[list[dict], dict]:
     """Who holds the tensors alive on one device at exit (or at the first out-of-memory error,
     `when="oom"`: the search over all live memory made then), biggest first, and what the
     search was."""
     found = [i for i in root["investigations"] if i["when"] == when and i["all_live"]]
     if not found:
-        why = ("the program ended before the exit search ran, or the recording predates it" if when == "exit"
-               else "no search was made at the out-of-memory error")
-        if when == "oom" and declined(root, "oom") is not None:
-            why = f"the search at the out-of-memory error was not made: {declined(root, 'oom')}"
-        if when == "exit" and not root["investigations"]:
-            why = ("less than 64 MiB of tensors was alive at exit and no growth was seen, so no search "
-                   "was made; run again with --trace on for allocation stacks")
+        why = tell("live-search-why-not", when=when, declined=declined(root, when) if when == "oom" else None,
+                   searched_any=bool(root["investigations"]))
         return [], {"searched": False, "why_not": why}
     chosen = found[-1]
     suspects = []
@@ -207,9 +171,7 @@ def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[lis
             continue
         # No allocation stacks: one suspect per holder, which is what the user can act on.
         for h in g["holders"]:
-            summary = f"{fb(h['bytes'])} in {h['count']} tensor{'s' if h['count'] != 1 else ''} held by {h['path']}"
-            if h["count"] > 1:
-                summary += f" and {h['count'] - 1} more like it"
+            summary = tell("holder-suspect", holder=h)
             suspects.append({"kind": "allocation", "bytes": h["bytes"], "count": h["count"], "where": None,
                              "stack": [], "thread": g["thread"], "holders": [h], "unheld_bytes": None,
                              "summary": summary, "remedy": _live_remedy(h, None)})
@@ -217,7 +179,7 @@ def live_suspects(root: dict, torch_index: int, when: str = "exit") -> tuple[lis
             why = g.get("unheld_why")
             suspects.append({"kind": "allocation", "bytes": g["unheld_bytes"], "count": None, "where": None,
                              "stack": [], "thread": g["thread"], "holders": [], "unheld_bytes": g["unheld_bytes"],
-                             "summary": f"{fb(g['unheld_bytes'])} {unheld_text(why)}",
+                             "summary": tell("unheld-bytes-suspect", bytes=g["unheld_bytes"], why=why),
                              "remedy": _live_remedy(None, None, why)})
     # What someone holds comes first; blocks without a holder (mostly PyTorch's own buffers)
     # come last, and keep at least one line.
@@ -265,9 +227,7 @@ def garbage_suspects(root: dict) -> tuple[list[dict], dict]:
         where = user_line(t["frames"])
         holder = {"path": t["holder"], "pattern": t["holder"], "kind": "cycle", "count": t["count"],
                   "bytes": t["bytes"]}
-        summary = (f"{fb(t['bytes'])} in {t['count']} tensor{'s' if t['count'] != 1 else ''} held by "
-                   f"{t['holder']}" + (f", in the cycle {t['cycle']}" if t["cycle"] else "")
-                   + (f"; allocated at {at(where)}" if where else ""))
+        summary = tell("garbage-suspect", tensor=t, where=where)
         suspects.append({"kind": "garbage", "bytes": t["bytes"], "count": t["count"], "where": where,
                          "stack": t["frames"], "thread": None, "holders": [holder], "unheld_bytes": None,
                          "summary": summary, "remedy": _remedy(holder, where, None)})
@@ -291,13 +251,7 @@ def thread_suspects(root: dict, torch_index: int, series: str) -> list[dict]:
     out = []
     for th, delta in sorted(runs, key=lambda r: -r[1])[:MAX_SUSPECTS]:
         overlapping = [o["name"] for o, _ in runs if o is not th and o["t0"] < th["t"] and th["t0"] < o["t"]]
-        what = "memory outside PyTorch" if series == "non_torch" else "live PyTorch tensors"
-        summary = (f"thread {th['name']!r} raised {what} by {fb(delta)} while it ran "
-                   f"({th['t'] - th['t0']:.2f} s, ended at {th['t']:.1f} s)")
-        if th["entry"]:
-            summary += f", running {os.path.basename(th['entry'][0])} {th['entry'][1]}()"
-        if overlapping:
-            summary += f"; it ran alongside {', '.join(overlapping[:3])}, whose allocations are counted too"
+        summary = tell("thread-suspect", thread=th, series=series, delta=delta, overlapping=overlapping)
         # (The finding's own remedy says which tools give stacks outside PyTorch.)
         out.append({"kind": "thread", "bytes": delta, "count": None,
                     "where": [th["entry"][0], 0, th["entry"][1]] if th["entry"] else None, "stack": [],
@@ -322,17 +276,9 @@ def accumulation_suspect(a: dict, phase: bool = False, released: bool = False) -
     `released`: held through the loop, let go of after it)."""
     holder = {"path": a["path"], "pattern": a["pattern"], "kind": a["kind"], "count": a["count"],
               "bytes": a["bytes"], "sizes": a["sizes"]}
-    summary = f"{fb(a['bytes'])} in {alike(a)} held by {a['path']}"
-    if a["count"] > 1:
-        summary += f" and {a['count'] - 1} more like it"
-    if a["where"]:
-        summary += f"; allocated at {at(a['where'])}"
-    if a["thread"]:
-        summary += f" in thread {', '.join(a['thread'])}"
+    summary = tell("accumulation-suspect", accumulation=a)
     remedy = _remedy(holder, a["where"], a["thread"], released=released, situation="phase" if phase else "leak")
     if a.get("graph_pool_bytes"):  # CUDA graphs in the container hold their private pools (the search found them)
-        summary += (f"; {fb(a['graph_pool_bytes'])} of it the private memory pools of the CUDA graphs "
-                    f"{a['pattern']} keeps, held by the graphs")
         remedy = remedies.FINDINGS["graph-pools-kept"].format(name=a["pattern"],
                                                                at=f" at {at(a['where'])}" if a["where"] else "")
     return {"kind": "allocation", "bytes": a["bytes"], "count": a["count"], "where": a["where"],
@@ -342,9 +288,8 @@ def accumulation_suspect(a: dict, phase: bool = False, released: bool = False) -
 
 def unheld_suspect(u: dict) -> dict:
     """A suspect made of alike allocations that nothing in Python holds."""
-    where = f" at {at(u['where'])}" if u["where"] else ""
     why = u.get("why")
-    summary = f"{fb(u['bytes'])} in {alike(u)}{where} {unheld_text(why) if why else 'that no Python object holds'}"
+    summary = tell("unheld-suspect", unheld=u)
     remedy = remedies.unheld_remedy(why, u["where"], u.get("graph_grads"))
     return {"kind": "allocation", "bytes": u["bytes"], "count": u["count"], "where": u["where"],
             "stack": [u["where"]] if u["where"] else [], "thread": u["thread"], "holders": [],
@@ -358,9 +303,8 @@ def phase_accumulations(root: dict, torch_index: int, at_exit: list[dict]) -> tu
     if not found:
         why = declined(root, "phase")
         if why is not None:
-            return [], {"searched": False, "declined": why,
-                        "why_not": f"the search at the pause's height was not made: {why}"}
-        return [], {"searched": False, "why_not": "no search was made at a pause's height"}
+            return [], {"searched": False, "declined": why, "why_not": tell("phase-search-why-not", declined=why)}
+        return [], {"searched": False, "why_not": tell("phase-search-why-not", declined=None)}
     gone = {a["pattern"] for a in at_exit}
     best, chosen = [], found[-1]
     for i in found:
