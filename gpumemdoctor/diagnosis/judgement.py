@@ -277,6 +277,14 @@ def _live_at_exit(e: Evidence) -> Judged:
         remedy=remedy, suspects=found)
 
 
+def _searched_after_s(search: dict | None, pause) -> float | None:
+    """How long after the pause's first sample the in-run search ran, where it ran inside that pause."""
+    t = (search or {}).get("t")
+    if not (search or {}).get("searched") or search.get("when") != "phase" or t is None:
+        return None
+    return t - pause.t0 if pause.t0 <= t <= pause.t1 else None
+
+
 def _phase_bound_peak(e: Evidence) -> Judged | None:
     """Row 13: pauses whose memory rose and was let go of at their end. Not a leak; the peak."""
     bound = [p for p in e.pauses if p.rise >= PEAK_MIN_BYTES and p.kept is not None
@@ -296,8 +304,10 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
         made.append(loop)
         said.append(loop)
         remedy = remedy if suspects and suspects[0].get("holders") else LIBRARY_LOOPS[loop.evidence["loop"]]
+    after_s = _searched_after_s(e.phase_search, top)
     if not suspects:
-        unseen = claims.not_seen("what held it", declined or summaries.NO_PAUSE_SEARCH)
+        unseen = claims.not_seen("what held it", declined or (
+            summaries.NO_PAUSE_SEARCH if after_s is None else tell("phase-search-found-nothing", after_s=after_s)))
         made.append(unseen)
         if loop is None:
             said.append(unseen)
@@ -306,7 +316,7 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
         kind="avoidable-peak", bytes=top.rise,
         summary=tell("avoidable-peak", where=e.where, rises=[p.rise for p in bound],
                      held=e.phase_accumulations[0] if e.phase_accumulations else None, declined=declined,
-                     said=said),
+                     searched_after_s=after_s, said=said),
         evidence={"decided_by": "phases", "pauses": [p.to_json() for p in bound],
                   "highest_bytes": top.height, "root_cause": e.phase_search},
         remedy=remedy, suspects=suspects, claims=made)

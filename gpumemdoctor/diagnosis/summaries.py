@@ -187,19 +187,27 @@ def _live_at_exit(where: str, live_bytes: int, short: dict | None) -> str:
 
 @_summary("avoidable-peak")
 def _avoidable_peak(where: str, rises: list[int], held: dict | None, declined: str | None,
-                    said: list[Claim]) -> str:
+                    searched_after_s: float | None, said: list[Claim]) -> str:
     n = len(rises)
     heights = ", ".join(fb(r) for r in rises[:6]) + (" ..." if n > 6 else "")
     at_height = ""
     if held is not None and held.get("probed"):
         at_height = (f" At its height the probe of the program's names found {tell('probed-holder', holder=held)}; no copy of "
                      f"the process was searched there ({declined or NO_PAUSE_SEARCH}).")
+    elif held is not None and searched_after_s is not None:  # the search came when it came, not at the height
+        at_height = (f" A search {searched_after_s * 1000:.0f} ms after the pause's first sample found {alike(held)} "
+                     f"held by {held['pattern']}.")
     elif held is not None:
         at_height = f" At its height {alike(held)} were held by {held['pattern']}."
     return (f"In {where}, memory rose during {n} pause{'s' if n > 1 else ''} in the loop's steps (an evaluation, "
             f"a validation, the work after the last step) by up to {fb(max(rises))} ({heights}), above all that "
             f"the steps had reached, and was let go of at each pause's end: not a leak, but what made the "
             f"peak.{at_height}{sentences(said)}")
+
+
+@_summary("phase-search-found-nothing")
+def _phase_search_found_nothing(after_s: float) -> str:
+    return f"the search made {after_s * 1000:.0f} ms after the pause's first sample found nothing that held it"
 
 
 # -- memory held for stream work at exit (row 15, streams.py) ---------------------------------
