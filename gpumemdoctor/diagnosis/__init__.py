@@ -10,8 +10,9 @@ and `remedies` the one table of what to do. Every sentence a finding acts on is 
 evidence (`claims`), made only where that evidence was seen, and `words` turns claims into words
 (the one words API the reporters import); `summaries` makes the findings' summaries from the facts
 the rows found (the rows decide, they do not word), `summaries_peak` the peak's and the probes' words,
-`summaries_ranks` the ranks' and `summaries_suspects` the suspects', all in `summaries_registry`'s one
-registry;
+`summaries_allocated` the words of the findings at PyTorch's allocated peak and of the peaks that could
+be lower, `summaries_ranks` the ranks' and `summaries_suspects` the suspects', all in
+`summaries_registry`'s one registry;
 `limits` is the limit in force (the device, or a per-process memory fraction) that every "would fit"
 and headroom figure is held to. The evidence comes from `suspects` (the
 agent's searches as holders), `accumulations` (many alike tensors in a search: a leak not watched

@@ -13,34 +13,15 @@ import os
 from . import claims, fit, probed, words
 from .findings import PEAK_CATEGORIES, Breakdown, Finding, PeakComposition, PeakPart
 from .remedies import FINDINGS, LIBRARY_LOOPS
+from .summaries import tell
+from .summaries_allocated import AUTOGRAD_UNSEEN, ERROR_HOW, HOW, INCOMPLETE, NO_BACKWARD_MARK  # (their words)
 from ..contract import HISTORY_COUNTER_SLACK as COUNTER_SLACK, reaches_counter
 from ..contract import PEAK_MIN_BYTES as MIN_FINDING_BYTES
-from ..units import format_bytes as fb
 
 GATHERED_SHARE = 0.20  # of the allocated memory at the peak: an evaluation's gathered graphs or outputs
 # An evaluation's graphs are a few tensors a batch over several batches: fewer gathered tensors (a
 # metric's torch.cat of outputs kept elsewhere, and its result) are not called one.
 MIN_GATHERED_BLOCKS = 8
-
-HOW = {
-    "parameters": "the storages of the optimizers' parameter groups",
-    "gradients": "the .grad of those parameters, or made in backward() and kept after it ended",
-    "optimizer-state": "the optimizers' state (AdamW: exp_avg and exp_avg_sq)",
-    "activations": "made outside backward() and freed while a later backward() ran: saved by a forward for its "
-                   "backward",
-    "gathered": "made outside backward() with no backward() after them, held as long as the oldest of them and "
-                "freed since: an evaluation's graphs or gathered outputs, a concatenation's pieces and its result",
-    "temporaries": "made and freed within one part of a step: a forward's before its backward(), backward()'s "
-                   "own (the gradients of activations), an optimizer step's, or made after the gathered tensors "
-                   "and freed before them",
-    "kept-tensors": "allocated before this moment and still allocated when it was read, not the optimizers'",
-    "unclassified": "made before the recorded events began and freed since",
-    "cache": "reserved by PyTorch then and not allocated: free for its next allocations",
-    "request": "the allocation PyTorch could not serve at the out-of-memory error: the moment's need, never allocated",
-    "context": "the CUDA context, read at the process's first allocation",
-    "outside-pytorch": "NVML's figure for the process less the context and PyTorch's reserved memory, at the "
-                       "nearest reading",
-}
 
 
 def reading(agent, torch_index: int) -> dict | None:
@@ -61,8 +42,7 @@ def incomplete_note(agent, torch_index: int) -> str | None:
     """Said where every reading of this device missed its peak (the events did not reach back to it)."""
     readings = [r for r in agent.root.get("peak_histories", []) if r["device"] == torch_index and "error" not in r]
     if readings and not any(complete(r) for r in readings):
-        return ("PyTorch's allocation events did not reach back to its allocated peak (more events between two "
-                "samples than the ring kept): that peak is not split")
+        return INCOMPLETE
     return None
 
 
@@ -100,16 +80,14 @@ def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | N
     t = r["t"] - (r["peak_before_s"] or 0.0)
     # The step count then: the reading's may be a step later (it came at the next step's sample).
     step = max((s.step for s in agent.samples if s.t <= t and s.step is not None), default=r.get("step"))
-    notes = [f"split at PyTorch's allocated peak, {fb(allocated)}, from its allocation events walked back from a "
-             f"reading {r['peak_before_s'] or 0:.3f} s later; it came {words.PHASES[r['phase']]}"]
+    notes = [tell("allocated-split", allocated_bytes=allocated, before_s=r["peak_before_s"] or 0, phase=r["phase"])]
     short = (r["counter"] or 0) - allocated
     if short > COUNTER_SLACK:
-        notes.append(f"the events' highest moment is {fb(short)} below PyTorch's allocated peak counter "
-                     f"({fb(r['counter'])}): that much was allocated then that the events do not show")
+        notes.append(tell("allocated-below-counter", short_bytes=short, counter_bytes=r["counter"]))
     if saved is not None and "activations" in parts:
         notes.append(saved[1])
     if not r.get("backward_marked", True):
-        notes.append("backward() could not be marked in this PyTorch: activations and temporaries are not told apart")
+        notes.append(NO_BACKWARD_MARK)
     if error is not None:
         notes.append(error_note(error))
     composition = PeakComposition(
@@ -143,11 +121,6 @@ def error_moment(agent, torch_index: int, r: dict) -> dict | None:
     return None
 
 
-ERROR_HOW = ("made outside backward() in the step running at the out-of-memory error, with grad mode on, and "
-             "freed as the error unwound: that step's activations (what its forward saved) and temporaries, at "
-             "its input's shape")
-
-
 def _at_the_error(parts: dict, oom: dict) -> None:
     """The error's moment: what its events call gathered (made with no backward() after them, freed
     together) is the failing step's forward, let go of as the error unwound; and the request."""
@@ -171,17 +144,13 @@ def error_at(oom: dict) -> str | None:
 def error_note(oom: dict) -> str:
     """The composition's note at the error's moment: the request, and this step's input against the
     earlier steps' where the agent read them."""
-    note = (f"the out-of-memory error at {error_at(oom) or 'its line'} is the run's peak: what was allocated then "
-            f"and the {fb(oom['request_bytes'])} it asked for")
     inputs = oom.get("inputs") or []
-    if inputs:
-        note += "; this step's input: " + ", ".join(f"{n} {words.shape_words(s)}" for n, s, _ in inputs)
+    earlier = []
+    if inputs:  # (the earlier steps' shapes that this step's input did not have)
         shapes = {n: s for n, s, _ in inputs}
         earlier = [(n, s, k) for n, s, _, k in oom.get("earlier_inputs") or [] if shapes.get(n) != s]
-        if earlier:
-            note += "; the steps before it were given at most " + ", ".join(
-                f"{n} {words.shape_words(s)} ({k} step{'s' if k != 1 else ''})" for n, s, k in earlier)
-    return note
+    return tell("allocated-at-error", at=error_at(oom), request_bytes=oom["request_bytes"], inputs=inputs,
+                earlier=earlier)
 
 
 AUTOGRAD_WITHIN_S = 1.0  # a probe or search this near the peak, in the same step, tells its graphs
@@ -195,7 +164,7 @@ def autograd_at(agent, torch_index: int, step: int | None, t: float) -> str | No
         if capture["step"] == step and abs(capture["t"] - t) <= AUTOGRAD_WITHIN_S:
             graph = probed.longest_graph(probed.holders(probe))
             if graph is not None:
-                return f"the probe of the program's names found {graph['path']} carrying {probed.graph_words(graph)}"
+                return tell("autograd-probed", graph=graph)
     ooms = agent.root.get("ooms", [])
     for search in agent.root.get("investigations", []):
         if search["step"] != step or abs(search["t"] - t) > AUTOGRAD_WITHIN_S:
@@ -206,7 +175,7 @@ def autograd_at(agent, torch_index: int, step: int | None, t: float) -> str | No
             graph = next((h for h in group["holders"] if h["kind"] == "autograd-graph"
                           and not (oom is not None and fit.running_step(oom, h))), None)
             if graph is not None and group.get("device") in (None, torch_index):
-                return f"the holder search at {search['t']:.1f} s found memory held through {graph['path']}"
+                return tell("autograd-searched", t=search["t"], path=graph["path"])
     return None
 
 
@@ -221,10 +190,8 @@ def saved_by(agent, torch_index: int) -> tuple[list[dict], str] | None:
     line = r.get("line")
     where = f"{os.path.basename(line['file'])}:{line['line']}" if line else None
     holders = [{"name": m["name"], "bytes": m["bytes"], "line": where} for m in r["modules"][:4]]
-    outside = f"; {fb(r['outside_modules'])} made with no module running" if r.get("outside_modules") else ""
-    called = f"; the outermost forward called at {where}" if where else ""
-    note = f"activations by the module whose forward made them, in step {r['step'] + 1} (module hooks for that step){outside}{called}"
-    return holders, note
+    return holders, tell("allocated-saved-by", step=r["step"] + 1, outside_bytes=r.get("outside_modules"),
+                         called_at=where)
 
 
 PROBE_BEFORE_S = 1.0  # a probe this long before the peak, at the same step, names its holders
@@ -250,8 +217,7 @@ def name_from_probe(agent, torch_index: int, c: PeakComposition) -> None:
     if not rows or part is None:
         return
     part.holders = [{"name": h[0], "bytes": h[1], "line": h[2]} for h in sorted(rows, key=lambda h: -h[1])[:4]]
-    c.notes.append(f"its holders as the probe of the program's names found them {c.t - capture['t']:.3f} s "
-                   "before it, in the same step")
+    c.notes.append(tell("allocated-holders-probed", before_s=c.t - capture["t"]))
 
 
 NEAR_PEAK_SHARE = 0.95  # of the allocated peak: a capture this full saw the peak's tensors still there
@@ -273,9 +239,7 @@ def _graph_after(agent, torch_index: int, c: PeakComposition, made: list) -> Non
     for capture, probe in after:
         graph = probed.longest_graph(probed.holders(probe))
         if graph is not None:
-            c.notes.append(f"what kept the gathered tensors: the probe of the program's names "
-                           f"{capture['t'] - c.t:.3f} s after the peak, in the same step, found {graph['path']} "
-                           f"carrying {probed.graph_words(graph)}")
+            c.notes.append(tell("allocated-graph-after", after_s=capture["t"] - c.t, graph=graph))
             return
 
 
@@ -300,30 +264,20 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
     if gathered.bytes < max(MIN_FINDING_BYTES, GATHERED_SHARE * c.allocated_bytes):
         return []
     p = r["parts"]["gathered"]
-    span = ""
-    if p["first_before_s"] is not None and p["last_before_s"] is not None:
-        span = f" over {(p['first_before_s'] - p['last_before_s']) * 1000:.0f} ms"
-    moment = f"At the peak of {where} ({fb(c.total_bytes)}{f', step {c.step}' if c.step else ''}, between two samples)"
+    moment = {"where": where, "total_bytes": c.total_bytes, "step": c.step}
     evidence = {"decided_by": "peak", "peak_t": c.t, "peak_step": c.step, "peak_bytes": c.total_bytes,
                 "gathered_bytes": gathered.bytes, "gathered_blocks": p["blocks"], "phase": r["phase"]}
     joined = r.get("joined")
     if joined and joined["bytes"] + joined["pieces_bytes"] >= 0.5 * gathered.bytes:
         grown = _grown(readings, r)
-        said = ""
-        if len(grown) >= 3:
-            said = (f"; the concatenation's result grew reading after reading ({len(grown)} readings: "
-                    f"{fb(grown[0])} to {fb(grown[-1])}), each larger result needing new memory while the "
-                    "smaller ones freed before it stayed in PyTorch's cache")
-        cache = c.part("cache")
-        if said and cache is not None and cache.bytes >= 0.25 * c.total_bytes:
-            said += f" ({fb(cache.bytes)} of cache at this moment)"
+        grown_told = grown if len(grown) >= 3 else []  # (told over three readings or more, the cache beside it)
+        cache = c.bytes_of("cache") if grown_told and c.bytes_of("cache") >= 0.25 * c.total_bytes else None
         # (the best reading may come after the loop ended: at exit; the growth's readings came in it)
         inside = next((x for x in [r, *readings] if x.get("loop") in LOOP_REMEDIES
                        and (x is r or (x.get("joined") and x["t"] <= r["t"]))), None)
         loop = inside["loop"] if inside else None
         if inside:
             called = inside.get("loop_called_at")
-            said += f"; the reading came while {loop} ran" + (f", called at {called}" if called else "")
             evidence["loop"] = loop
             if called:
                 evidence["loop_called_at"] = called
@@ -331,7 +285,6 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
             holder = next((x["loop_holder"] for x in [r, *reversed(readings)] if x.get("loop_holder")
                            and x["t"] <= r["t"]), None)
             if holder:
-                said += f"; at the reading the result was held by {holder} (the line the loop was on)"
                 evidence["loop_holder"] = holder
         if grown:
             evidence["grown_bytes"] = grown
@@ -345,15 +298,14 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
         # The probe's names before the peak, where one name held as much as the pieces: who held them.
         pieces = next((h for h in gathered.holders
                        if abs(h["bytes"] - joined["pieces_bytes"]) <= max(1 << 20, joined["pieces_bytes"] // 10)), None)
-        held_by = ""
         if pieces is not None:
-            held_by = f"; the pieces were held by {pieces['name']}" + (f" ({pieces['line']})" if pieces["line"] else "")
             evidence["pieces_holder"] = pieces["name"]
         made = [m for m in made if m is not None]
-        joined_words = words.say(made[0]) if made and made[0].name == "concatenation" else (
-            f"a tensor of {fb(joined['bytes'])} was made while {joined['pieces']} tensors made before it were held")
+        concatenation = made[0] if made and made[0].name == "concatenation" else None
         return [Finding(kind="temporary-peak", bytes=joined["bytes"], pid=c.pid, device=c.device,
-                        summary=f"{moment}, {joined_words}{held_by}{said}",
+                        summary=tell("allocated-concatenation", **moment, concatenation=concatenation, joined=joined,
+                                     pieces=pieces, grown=grown_told, cache_bytes=cache, loop=loop,
+                                     called_at=evidence.get("loop_called_at"), loop_holder=evidence.get("loop_holder")),
                         evidence={**evidence, "joined": joined},
                         remedy=LOOP_REMEDIES.get(loop) or FINDINGS["concatenation-at-peak"],
                         claims=[words.as_json(m) for m in made])]
@@ -361,43 +313,39 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
         return []
     made = [claims.make("gathered", bytes=gathered.bytes, blocks=p["blocks"], phase=r["phase"])]
     loop = r.get("loop") if r.get("loop") in LOOP_REMEDIES else None
-    in_loop = ""
+    loop_claim = loop_joined = None
     if loop:  # the reading came inside a library's gathering loop: its own switches govern what it gathers
-        made.append(claims.make("library-loop", loop=loop, called_at=r.get("loop_called_at"), t=r["t"]))
-        in_loop = f"; {words.say(made[-1])}{_joined_in_loop(r, readings, evidence)}"
+        made.append(loop_claim := claims.make("library-loop", loop=loop, called_at=r.get("loop_called_at"), t=r["t"]))
+        loop_joined = _joined_in_loop(r, readings, evidence)
         evidence["loop"] = loop
     graphs = claims.make("without-no-grad", autograd=autograd)
-    if graphs is not None:
-        made.append(graphs)
-        how = f", {words.say(graphs)}, until its result is dropped (outputs kept in a list do the same)"
-    else:
-        made.append(claims.not_seen("whether autograd kept them", "no probe or holder search near the peak found "
-                                    "an autograd graph holding memory, and the allocator's events do not say"))
-        how = f". {words.sentence(words.say(made[-1]))[:-1]}"
+    unseen = claims.not_seen(*AUTOGRAD_UNSEEN) if graphs is None else None  # (said where autograd was not seen)
+    made.append(graphs if graphs is not None else unseen)
     made = [m for m in made if m is not None]
     if loop:
         remedy = LOOP_REMEDIES[loop]
     else:
         remedy = FINDINGS["graphs-at-peak"] if graphs is not None else FINDINGS["gathered-at-peak"]
     return [Finding(kind="avoidable-peak", bytes=gathered.bytes, pid=c.pid, device=c.device,
-                    summary=f"{moment}, {fb(gathered.bytes)} in {p['blocks']} tensors had been gathered{span} with "
-                            f"no backward() after them, and were let go of together after it{in_loop}{how}",
+                    summary=tell("allocated-gathered", **moment, gathered_bytes=gathered.bytes, blocks=p["blocks"],
+                                 first_before_s=p["first_before_s"], last_before_s=p["last_before_s"],
+                                 loop_claim=loop_claim, loop_joined=loop_joined, reading_t=r["t"], graphs=graphs,
+                                 unseen=unseen),
                     evidence={**evidence, "autograd": autograd},
                     remedy=remedy, claims=[words.as_json(m) for m in made])]
 
 
-def _joined_in_loop(r: dict, readings: list, evidence: dict) -> str:
+def _joined_in_loop(r: dict, readings: list, evidence: dict) -> dict | None:
     """What an earlier reading in the same run of the library's loop (same loop, same calling line,
     same step) found: a concatenation of pieces still held, and the name in the loop that held its
-    result: the loop gathering batch after batch. '' where none did."""
+    result: the loop gathering batch after batch (kept as the evidence's `loop_joined`). None where
+    none did."""
     earlier = [x for x in readings if x.get("joined") and x["t"] < r["t"] and x.get("loop") == r.get("loop")
                and x.get("loop_called_at") == r.get("loop_called_at") and x.get("step") == r.get("step")]
     if not earlier:
-        return ""
+        return None
     x = earlier[-1]
     joined = x["joined"]
     evidence["loop_joined"] = {"t": x["t"], "bytes": joined["bytes"], "pieces": joined["pieces"],
                                "holder": x.get("loop_holder")}
-    held = f", its result held by {x['loop_holder']}" if x.get("loop_holder") else ""
-    return (f"; a reading {r['t'] - x['t']:.1f} s earlier in that loop found a tensor of {fb(joined['bytes'])} "
-            f"concatenated from the {joined['pieces']} before it{held}: the loop gathering batch after batch")
+    return evidence["loop_joined"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 from . import claims, words
 from .findings import Finding, PeakComposition
 from .remedies import FINDINGS
+from .summaries import tell
 from ..contract import PEAK_MIN_BYTES as MIN_FINDING_BYTES
-from ..units import format_bytes as fb
 
 FRAGMENTED_SHARE = 0.10  # of the peak: free memory in split segments
 TEMPORARY_SHARE = 0.25  # of the allocated memory: one running function's local
@@ -19,8 +19,7 @@ GRAPHS_SHARE = 0.20  # of the allocated memory: graphs kept by the program's nam
 def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
     """The peaks that could be lower; each a warning, never a verdict."""
     out: list[Finding] = []
-    busiest = ", the reading with the most memory in use" if c.highest else ""
-    moment = f"At the peak of {where} ({fb(c.total_bytes)}{f', step {c.step}' if c.step else ''}{busiest})"
+    moment = {"where": where, "total_bytes": c.total_bytes, "step": c.step, "highest": c.highest}
     evidence = {"decided_by": "peak", "peak_t": c.t, "peak_step": c.step, "peak_bytes": c.total_bytes}
 
     split = c.bytes_of("fragmentation")
@@ -31,7 +30,7 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
                            allocated_peak_bytes=capture.get("allocated_peak"))
         if said is not None:
             out.append(Finding(kind="fragmented-peak", bytes=split, pid=c.pid, device=c.device,
-                               summary=f"{moment}, {words.say(said)}",
+                               summary=tell("warning-fragmented-peak", **moment, claim=said),
                                evidence={**evidence, "inactive_split_bytes": split, "reserved_bytes": c.reserved_bytes,
                                          "graph_pool_free_bytes": pools},
                                remedy=FINDINGS["fragmented-peak"], claims=[words.as_json(said)]))
@@ -44,17 +43,17 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
     if single:
         top = single[0]
         if top["bytes"] >= max(MIN_FINDING_BYTES, TEMPORARY_SHARE * c.allocated_bytes):
-            at = f" ({top['line']})" if top["line"] else ""
             out.append(Finding(kind="temporary-peak", bytes=top["bytes"], pid=c.pid, device=c.device,
-                               summary=f"{moment}, {top['name']}{at} held {fb(top['bytes'])} of its own",
+                               summary=tell("warning-temporary-peak", **moment, holder=top["name"], line=top["line"],
+                                            bytes=top["bytes"]),
                                evidence={**evidence, "holder": top["name"], "line": top["line"]},
                                remedy=FINDINGS["temporary-peak"]))
     state = c.bytes_of("gradients") + c.bytes_of("optimizer-state")
     if c.in_pause and state >= max(MIN_FINDING_BYTES, STATE_SHARE * c.total_bytes):
         out.append(Finding(kind="state-at-evaluation", bytes=state, pid=c.pid, device=c.device,
-                           summary=f"{moment}, during a pause in the steps (an evaluation, a validation), gradients "
-                                   f"({fb(c.bytes_of('gradients'))}) and optimizer state "
-                                   f"({fb(c.bytes_of('optimizer-state'))}) were held",
+                           summary=tell("warning-state-at-evaluation", **moment,
+                                        gradients_bytes=c.bytes_of("gradients"),
+                                        optimizer_state_bytes=c.bytes_of("optimizer-state")),
                            evidence={**evidence, "gradients_bytes": c.bytes_of("gradients"),
                                      "optimizer_state_bytes": c.bytes_of("optimizer-state")},
                            remedy=FINDINGS["state-at-evaluation"]))
@@ -62,15 +61,12 @@ def findings(c: PeakComposition, capture: dict, where: str) -> list[Finding]:
     if (graphs and (c.in_pause or not c.step)
             and graphs.bytes >= max(MIN_FINDING_BYTES, GRAPHS_SHARE * c.allocated_bytes)):
         top = graphs.holders[0] if graphs.holders else None
-        held = f" by {top['name']}" + (f" ({top['line']})" if top and top["line"] else "") if top else ""
         kept = claims.make("graphs-kept", holder=top["name"] if top else "the program's names",
                            holder_kind="autograd-graph", bytes=graphs.bytes, running_step=False)
         out.append(Finding(kind="avoidable-peak", bytes=graphs.bytes, pid=c.pid, device=c.device,
                            claims=[words.as_json(kept)] if kept else [],
-                           summary=f"{moment}, autograd graphs held{held} kept {fb(graphs.bytes)} of saved "
-                                   "tensors, " + ("during a pause in the steps (an evaluation, a validation, the "
-                                                  "work after the last step)" if c.in_pause
-                                                  else "in a program that marks no steps"),
+                           summary=tell("warning-graphs-kept", **moment, holder=top, bytes=graphs.bytes,
+                                        in_pause=c.in_pause),
                            evidence={**evidence, "holder": top["name"] if top else None,
                                      "line": top["line"] if top else None},
                            remedy=FINDINGS["graphs-at-peak"]))

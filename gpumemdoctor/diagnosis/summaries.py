@@ -5,13 +5,15 @@ facts the summary is made of: figures, the records it read (an accumulation, a g
 it made (claims.py). `tell(name, **facts)` makes the sentences: SUMMARIES (summaries_registry.py)
 holds one function per summary, whose keyword arguments are the facts it declares (a missing or
 unknown fact is a TypeError, never a guess). A family of findings may have its own module in the
-same registry (summaries_peak.py: the peak's parts and notes, the probes' holders); importing
-this one loads them all. Where a summary says what a claim says, it says it with words.py's
+same registry (summaries_peak.py: the peak's parts and notes, the probes' holders;
+summaries_allocated.py: the findings at PyTorch's allocated peak and the peaks that could be lower);
+importing this one loads them all. Where a summary says what a claim says, it says it with words.py's
 sentence for that claim, so that the two cannot part. The report keeps the sentences as before.
 """
 from __future__ import annotations
 
 from . import summaries_peak  # noqa: F401 (registers the peak's words)
+from . import summaries_allocated  # noqa: F401
 from . import summaries_ranks, summaries_suspects  # noqa: F401
 from . import words
 from .summaries_registry import SUMMARIES, tell  # noqa: F401 (tell: the one entry, every family loaded)
