@@ -15,6 +15,7 @@ from __future__ import annotations
 from . import summaries_peak  # noqa: F401 (registers the peak's words)
 from . import summaries_allocated  # noqa: F401
 from . import summaries_ranks, summaries_suspects  # noqa: F401
+from .summaries_suspects import NO_PAUSE_SEARCH  # (judgement.py's too)
 from . import words
 from .summaries_registry import SUMMARIES, tell  # noqa: F401 (tell: the one entry, every family loaded)
 from .summaries_registry import summary as _summary
@@ -23,8 +24,6 @@ from .claims import Claim
 from ..growth import MIN_POINTS
 from ..units import format_bytes as fb
 
-# Why no copy of the process was searched at a pause's height, where the search says nothing.
-NO_PAUSE_SEARCH = "no search was made at a pause's height"
 
 # -- the phrases the summaries share -----------------------------------------------------------
 
@@ -205,11 +204,6 @@ def _avoidable_peak(where: str, rises: list[int], held: dict | None, declined: s
             f"a validation, the work after the last step) by up to {fb(max(rises))} ({heights}), above all that "
             f"the steps had reached, and was let go of at each pause's end: not a leak, but what made the "
             f"peak.{at_height}{sentences(said)}")
-
-
-@_summary("phase-search-found-nothing")
-def _phase_search_found_nothing(after_s: float) -> str:
-    return f"the search made {after_s * 1000:.0f} ms after the pause's first sample found nothing that held it"
 
 
 # -- memory held for stream work at exit (row 15, streams.py) ---------------------------------

@@ -68,12 +68,22 @@ def _live_search_why_not(when: str, declined: str | None, searched_any: bool) ->
     return why
 
 
+# Why no copy of the process was searched at a pause's height, where the search says nothing.
+NO_PAUSE_SEARCH = "no search was made at a pause's height"
+
+
 @_summary("phase-search-why-not")
 def _phase_search_why_not(declined: str | None) -> str:
     """Why no search was made at a pause's height."""
     if declined is not None:
         return f"the search at the pause's height was not made: {declined}"
-    return "no search was made at a pause's height"
+    return NO_PAUSE_SEARCH
+
+
+@_summary("phase-search-found-nothing")
+def _phase_search_found_nothing(after_s: float) -> str:
+    """A search made during the pause (`after_s` after its first sample) that found nothing it let go of."""
+    return f"the search made {after_s * 1000:.0f} ms after the pause's first sample found nothing that held it"
 
 
 # -- the suspects ---------------------------------------------------------------------------
