@@ -7,13 +7,16 @@ Runs corpus.py's interleaved pairs (plain, tool, plain, tool, ...) over four wor
 AdamW; timm ResNet-50 with an EMA) and writes one row a pair:
 
     {"workload", "pair", "plain_worst_gap_s", "tool_worst_gap_s", "tool_reported_pause_s",
-     "tool_reported_collection_s", "tool_reported_agent_s", "tool_reported_start_gap_s", "added_s",
+     "tool_reported_between", "tool_reported_collection_s", "tool_reported_agent_s",
+     "tool_reported_agent_parts", "tool_reported_end_gap_s", "tool_reported_start_gap_s", "added_s",
      "reported_minus_seen_s"}
 
 `*_worst_gap_s` is the longest time between two step ends after the first five steps, as a callback
 of the program stamps it (corpus/_common.py's STEP_GAP_MAX_MS); `tool_reported_pause_s` is the
-report's own figure for the same thing (exit_info.step_gaps.step_gap_max_s, _agent/readings/felt.py), with
-the collections' and the agent's seconds inside that gap. Bounds (issue 57): the tool adds at most
+report's own figure for the same thing, the one its note leads with (diagnosis/step_gaps.py): the
+longest gap between two steps' starts where the agent read them (`tool_reported_between`), else
+between two optimizer steps' ends (_agent/readings/felt.py), with the collections' and the agent's
+seconds inside that gap, and the agent's split by its part. Bounds (issue 57): the tool adds at most
 2 ms to the worst gap (`added_s`, against the same pair's plain run) and its figure is within 5 ms of
 the program's (`reported_minus_seen_s`). --out defaults to benchmarks/results/<date>-<gpu>-step-gaps.json;
 --raw keeps corpus.py's whole JSON (wall split, exit costs). Needs a CUDA GPU; prints a line and
@@ -49,16 +52,27 @@ def rows(raw: dict) -> list[dict]:
             if plain is None or tool is None:
                 continue
             gaps = tool.get("step_gaps") or {}
-            reported = gaps.get("step_gap_max_s")
+            # What the report leads with (diagnosis/step_gaps.py): the starts' gap where it was read.
+            starts = gaps.get("step_start_gap_agent_s") is not None
+            kind = "step_start_gap" if starts else "step_gap"
+            reported = gaps.get(f"{kind}_max_s")
             seen = tool["gap_max_ms"] / 1000
             out.append({"workload": name, "pair": pair + 1, "plain_worst_gap_s": round(plain["gap_max_ms"] / 1000, 6),
                         "tool_worst_gap_s": round(seen, 6), "tool_reported_pause_s": reported,
-                        "tool_reported_collection_s": gaps.get("step_gap_collection_s"),
-                        "tool_reported_agent_s": gaps.get("step_gap_agent_s"),
+                        "tool_reported_between": "starts" if starts else "ends",
+                        "tool_reported_collection_s": gaps.get(f"{kind}_collection_s"),
+                        "tool_reported_agent_s": gaps.get(f"{kind}_agent_s"),
+                        "tool_reported_agent_parts": gaps.get(f"{kind}_agent_parts"),
+                        "tool_reported_end_gap_s": gaps.get("step_gap_max_s"),
                         "tool_reported_start_gap_s": gaps.get("step_start_gap_max_s"),
                         "added_s": round(seen - plain["gap_max_ms"] / 1000, 6),
                         "reported_minus_seen_s": None if reported is None else round(reported - seen, 6)})
     return out
+
+
+def _parts(row: dict) -> str:
+    parts = sorted((row.get("tool_reported_agent_parts") or {}).items(), key=lambda kv: -kv[1])[:3]
+    return ", ".join(f"{name} {s * 1000:.1f}" for name, s in parts)
 
 
 def within(row: dict) -> bool:
@@ -87,13 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     with open(out, "w", encoding="utf-8") as f:
         json.dump(table, f, indent=1)
         f.write("\n")
-    print(f"\n{'workload':28s} pair  plain ms   tool ms  reported ms  in it: gc ms, agent ms  added ms  ok")
+    print(f"\n{'workload':28s} pair  plain ms   tool ms  reported ms  in it: gc ms, agent ms  added ms  ok  "
+          "the agent's largest parts in it")
     for r in table:
         rep = r["tool_reported_pause_s"]
         print(f"{r['workload']:28s} {r['pair']:4d} {r['plain_worst_gap_s'] * 1000:9.1f} {r['tool_worst_gap_s'] * 1000:9.1f}"
               f" {'-' if rep is None else f'{rep * 1000:12.1f}'}"
               f"  {(r['tool_reported_collection_s'] or 0) * 1000:9.1f}, {(r['tool_reported_agent_s'] or 0) * 1000:8.1f}"
-              f"  {r['added_s'] * 1000:+8.1f}  {'yes' if within(r) else 'NO'}")
+              f"  {r['added_s'] * 1000:+8.1f}  {'yes' if within(r) else 'NO ':3s} {_parts(r)}")
     print(f"rows: {out}")
     return status
 

@@ -56,6 +56,9 @@ GRAPH_POOL_LABEL = " (its CUDA graph's private memory pool)"
 HISTORY_PARTS = ("parameters", "gradients", "optimizer-state", "activations", "temporaries", "gathered",
                  "kept-tensors", "unclassified")
 HISTORY_PHASES = ("backward", "optimizer step", "outside")
+# The parts of the agent whose work a step gap holds (_agent/readings/felt.py; the report names them).
+AGENT_PARTS = ("step_end", "sample", "growth_watch", "phase_watch", "peak_watch", "history", "history_read",
+               "peak_probe", "phase_search", "growth_search", "collector")
 # How far below PyTorch's allocated peak counter the events' highest moment may be and still be called
 # its peak without a word (_agent/peak/replay.py; the report says by how much where it is more).
 HISTORY_COUNTER_SLACK = 16 << 20

@@ -135,6 +135,18 @@ def test_trace_auto_records_stacks_for_a_start_up_window_by_steps(agent_and_cloc
     assert agent.trace.was_on and not agent.trace.on
 
 
+def test_growth_seen_inside_the_start_up_window_extends_it_without_a_second_call(agent_and_clock, tmp_path):
+    """Issue 57: turning PyTorch's history on again while it is on costs the program's step its time for
+    nothing; growth suspected while the start-up window is open only moves the window's end."""
+    agent, clock = agent_and_clock
+    agent.trace.start("start-up")
+    agent.trace.start("growth", until_step=40)
+    assert [c["enabled"] for c in agent.torch.cuda.memory.history_calls] == ["state"]
+    assert agent.trace.on and agent.trace.window == "growth" and agent.trace.stop_step == 40
+    traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]
+    assert [t["why"] for t in traces] == ["start-up", "growth"] and all(t["ok"] for t in traces)
+
+
 def test_the_window_closing_at_a_step_leaves_the_collectors_count_as_it_was(agent_and_clock, tmp_path):
     """The start-up window closes in the middle of the program's loop, on its thread: the collector's
     count after that step is what it was before it (scenarios/garbage_cycles_neutral.py on the H100:

@@ -286,16 +286,24 @@ def test_step_gaps_writes_one_row_a_pair_with_the_reported_figure(monkeypatch):
 
     felt = {"step_gap_max_s": 0.0071, "step_gap_max_step": 40, "step_gap_agent_s": 0.0011,
             "step_gap_collection_s": 0.0, "step_gap_collection_generation": None, "step_gap_typical_s": 0.006,
-            "step_gaps": 250, "step_start_gap_max_s": 0.0079}
+            "step_gaps": 250, "step_start_gap_max_s": 0.0079, "step_start_gap_max_step": 41,
+            "step_start_gap_agent_s": 0.0012, "step_start_gap_agent_parts": {"sample": 0.0012},
+            "step_start_gap_collection_s": 0.0}
     raw = {"workloads": {"lightning_clean": {"runs": [
         {"mode": "plain", "pair": 0, "gap_max_ms": 7.0}, {"mode": "tool", "pair": 0, "gap_max_ms": 8.0,
                                                            "step_gaps": felt},
         {"mode": "plain", "pair": 1, "gap_max_ms": 7.0}, {"mode": "tool", "pair": 1, "gap_max_ms": 340.0,
-                                                           "step_gaps": {**felt, "step_gap_max_s": 0.33}}]}}}
+                                                           "step_gaps": {**felt, "step_start_gap_max_s": 0.33}}]}}}
     got = step_gaps.rows(raw)
     assert [r["pair"] for r in got] == [1, 2]
     assert got[0] == {"workload": "lightning_clean", "pair": 1, "plain_worst_gap_s": 0.007, "tool_worst_gap_s": 0.008,
-                      "tool_reported_pause_s": 0.0071, "tool_reported_collection_s": 0.0,
-                      "tool_reported_agent_s": 0.0011, "tool_reported_start_gap_s": 0.0079, "added_s": 0.001,
-                      "reported_minus_seen_s": -0.0009}
+                      "tool_reported_pause_s": 0.0079, "tool_reported_between": "starts",
+                      "tool_reported_collection_s": 0.0, "tool_reported_agent_s": 0.0012,
+                      "tool_reported_agent_parts": {"sample": 0.0012}, "tool_reported_end_gap_s": 0.0071,
+                      "tool_reported_start_gap_s": 0.0079, "added_s": 0.001, "reported_minus_seen_s": -0.0001}
     assert step_gaps.within(got[0]) and not step_gaps.within(got[1])  # 333 ms added; its figure 10 ms short
+    older = step_gaps.rows({"workloads": {"w": {"runs": [  # a recording without the starts' attribution
+        {"mode": "plain", "pair": 0, "gap_max_ms": 7.0},
+        {"mode": "tool", "pair": 0, "gap_max_ms": 8.0, "step_gaps": {k: v for k, v in felt.items()
+                                                                       if not k.startswith("step_start")}}]}}})
+    assert older[0]["tool_reported_between"] == "ends" and older[0]["tool_reported_pause_s"] == 0.0071

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gpumemdoctor._agent.readings.felt import STEP_RING, WARMUP_STEPS, Felt
+from gpumemdoctor._agent.readings.felt import GROWTH_WATCH, SAMPLE, STEP_END, STEP_RING, WARMUP_STEPS, Felt
 from gpumemdoctor.diagnosis import step_gaps
 
 
@@ -21,7 +21,8 @@ def test_the_longest_gap_after_warm_up_with_what_ran_in_it():
     t = 100.0
     for step, gap in enumerate(gaps, 1):
         if gap == 0.3:
-            felt.busy += 0.002  # the agent's work inside the gap
+            felt.add(SAMPLE, 0.0005)  # the agent's work inside the gap, by part
+            felt.add(GROWTH_WATCH, 0.0015)
             felt.collection_start(t + 0.01)
             felt.collection_stop(t + 0.29, 2)
             felt.collection_start(t + 0.291)
@@ -31,6 +32,7 @@ def test_the_longest_gap_after_warm_up_with_what_ran_in_it():
     r = felt.record()
     assert r["step_gap_max_step"] == WARMUP_STEPS + 1 + 31  # the warm-up's 2 s gaps are not counted
     assert abs(r["step_gap_max_s"] - 0.3) < 1e-9 and abs(r["step_gap_agent_s"] - 0.002) < 1e-9
+    assert r["step_gap_agent_parts"] == {"sample": 0.0005, "growth_watch": 0.0015}
     assert abs(r["step_gap_collection_s"] - 0.281) < 1e-9 and r["step_gap_collection_generation"] == 2
     assert abs(r["step_gap_typical_s"] - 0.005) < 1e-9
     assert r["step_gaps"] == len(gaps) - WARMUP_STEPS - 1
@@ -39,13 +41,14 @@ def test_the_longest_gap_after_warm_up_with_what_ran_in_it():
 def test_what_ran_in_a_gap_is_counted_in_that_gap_only():
     felt = Felt()
     _steps(felt, [0.01] * 10)
-    felt.busy += 0.5  # work in the gap that ends at step 11, which is short
+    felt.add(STEP_END, 0.5)  # work in the gap that ends at step 11, which is short
     felt.collection_start(1.0)
     felt.collection_stop(1.2, 1)
     felt.step_end(felt.last_end + 0.011, 11)
     felt.step_end(felt.last_end + 0.05, 12)  # the longest: nothing of the agent's in it
     r = felt.record()
     assert r["step_gap_max_step"] == 12 and r["step_gap_agent_s"] == 0 and r["step_gap_collection_s"] == 0
+    assert r["step_gap_agent_parts"] == {} and felt.busy == 0
     assert r["step_gap_collection_generation"] is None
 
 
@@ -110,3 +113,42 @@ def test_the_agents_step_inputs_hook_stamps_the_start():
     s.handle = SimpleNamespace(remove=lambda: None)
     s._read(None, ())
     assert felt.started == 1 and felt.last_start > 0
+
+
+def test_what_ran_between_two_starts_is_kept_beside_the_ends():
+    """The agent's work at a step's end falls in both the gap that ends there and the starts' gap
+    around it; work after the end and before the next start falls in the next end's gap too, but
+    in the starts' gap that it lies in."""
+    felt = Felt()
+    t = 100.0
+    for step in range(1, 30):
+        felt.step_start(t)
+        t += 0.004
+        if step == 20:
+            felt.add(GROWTH_WATCH, 0.003)  # at step 20's end: the growth watch's suspicion
+            t += 0.003
+        felt.step_end(t, step)
+        t += 0.001
+    r = felt.record()
+    assert r["step_gap_max_step"] == 20 and r["step_gap_agent_parts"] == {"growth_watch": 0.003}
+    assert r["step_start_gap_max_step"] == 21 and abs(r["step_start_gap_max_s"] - 0.008) < 1e-9
+    assert r["step_start_gap_agent_parts"] == {"growth_watch": 0.003} and r["step_start_gap_agent_s"] == 0.003
+    assert abs(r["step_start_gap_typical_s"] - 0.005) < 1e-9 and r["step_start_gaps"] == 29 - WARMUP_STEPS - 1
+    assert r["step_start_gap_collection_s"] == 0 and r["step_start_gap_collection_generation"] is None
+
+
+def test_the_note_leads_with_the_starts_gap_and_names_the_agents_parts():
+    text = step_gaps.note(_agent(step_start_gap_max_s=0.2, step_start_gap_max_step=230, step_start_gap_agent_s=0.004,
+                                 step_start_gap_agent_parts={"growth_watch": 0.003, "sample": 0.0009,
+                                                             "collector": 0.00005},
+                                 step_start_gap_collection_s=0.0, step_start_gap_collection_generation=None,
+                                 step_start_gap_typical_s=0.006, step_start_gaps=249))
+    assert text == ("process 7: the longest gap between two steps' starts was 200 ms, at step 230 (the median of "
+                    "the gaps before it: 6.0 ms); in it: gpumemdoctor's own work 4.0 ms (its growth watch 3.0 ms, "
+                    "its samples 0.9 ms), 196 ms that was neither (the program's own work, or a wait outside Python)")
+
+
+def test_every_part_has_its_words():
+    from gpumemdoctor.contract import AGENT_PARTS
+
+    assert set(step_gaps.PART_WORDS) == set(AGENT_PARTS)

@@ -33,7 +33,7 @@ from . import startup
 from ..contract import ENV_SOCKET
 from .channel import Channel
 from .readings.events import Collections, cuda_origin
-from .readings.felt import Felt
+from .readings.felt import GROWTH_SEARCH, STEP_END as AT_STEP_END, Felt
 from .exit import finish
 from .neutral import quiet_gc
 from .readings.oom import OomObserver
@@ -238,6 +238,7 @@ class Agent:
 
     def on_step(self, explicit: bool) -> None:
         started = time.perf_counter()
+        apart = 0.0  # of this step end's work, what felt counted by its own part
         try:
             if explicit and not self.explicit_steps:
                 self.explicit_steps = True
@@ -249,7 +250,9 @@ class Agent:
             # must not take the place of the step boundary's.
             if self.devices and (self.steps <= EVERY_STEP_UNTIL
                                  or now - sampler.last_step_sample_t >= sampler.interval_s):
+                sampled = time.perf_counter()
                 sampler.sample("step")
+                apart += time.perf_counter() - sampled  # (the sample counts its own parts in felt)
             watch = self.growth_watch
             trace = self.trace
             if self.step_inputs is not None:
@@ -260,7 +263,11 @@ class Agent:
                 with quiet_gc():
                     watch.poll_copies()
             if watch.search_at is not None and self.steps >= watch.search_at:
+                searched = time.perf_counter()
                 watch.search("growth")  # here, on the program's own thread, between steps
+                searched = time.perf_counter() - searched
+                apart += searched
+                self.felt.add(GROWTH_SEARCH, searched)
             elif trace.stop_at is not None and (now >= trace.stop_at or self.steps >= trace.stop_step) \
                     and watch.search_at is None:
                 trace.stop(on_program_thread=True)
@@ -273,7 +280,7 @@ class Agent:
             self.cost["step_pause_max_s"] = spent
             self.cost["step_pause_max_step"] = self.steps
         felt = self.felt
-        felt.busy += spent
+        felt.add(AT_STEP_END, spent - apart if spent > apart else 0.0)
         felt.step_end(ended, self.steps)
 
     # -- the end of the run ----------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..files.schema import (BOOL, COUNT, DURATION, INT, NUM, PID, SECONDS, SIZE, STR, Shape, absent, dict_of, frame,
                             list_of, one_of, may, null_as, opt, pair, row, since, then)
-from ..contract import HISTORY_PARTS, HISTORY_PHASES
+from ..contract import AGENT_PARTS, HISTORY_PARTS, HISTORY_PHASES
 
 SUSPECT_KINDS = ("allocation", "garbage", "thread")
 HOLDER_KINDS = ("global", "attribute", "frame-local", "kept-exception", "hook", "closure",
@@ -158,11 +158,18 @@ SHUTDOWN = Shape({"before_shutdown": BOOL, "threads_joined": COUNT, "waiting": l
 # oldest generation among them, null where none ran), the median of the 16 gaps before it (null where
 # none), and the gaps counted; where each step's first module call was read, the longest gap between two
 # steps' starts and the step it began (absent before 2026-12-02's fifteenth session, null where none
-# was read). Absent from recordings before issue 57.
+# was read). Absent from recordings before issue 57. Since 2026-12-03's seventeenth session: the agent's
+# work in each gap by its part (AGENT_PARTS, only those that ran), and for the starts' gap what ran in it,
+# the median before it and the gaps counted, as for the ends' (absent where no start was read).
+_AGENT_PARTS = dict_of(one_of(*AGENT_PARTS), DURATION)
 STEP_GAPS = Shape({"step_gap_max_s": DURATION, "step_gap_max_step": COUNT, "step_gap_agent_s": DURATION,
+                   "step_gap_agent_parts": may(_AGENT_PARTS),
                    "step_gap_collection_s": DURATION, "step_gap_collection_generation": opt(INT),
                    "step_gap_typical_s": opt(DURATION), "step_gaps": COUNT,
-                   "step_start_gap_max_s": may(opt(DURATION)), "step_start_gap_max_step": may(opt(COUNT))})
+                   "step_start_gap_max_s": may(opt(DURATION)), "step_start_gap_max_step": may(opt(COUNT)),
+                   "step_start_gap_agent_s": may(DURATION), "step_start_gap_agent_parts": may(_AGENT_PARTS),
+                   "step_start_gap_collection_s": may(DURATION), "step_start_gap_collection_generation": may(opt(INT)),
+                   "step_start_gap_typical_s": may(opt(DURATION)), "step_start_gaps": may(COUNT)})
 EXIT_INFO = Shape({"uncaught": opt(UNCAUGHT), "samples": opt(COUNT), "samples_skipped": opt(COUNT),
                    "collections": opt(COLLECTIONS_SUMMARY), "out_of_memory": opt(COUNT),
                    "cost": opt(_NUMBERS), "parts": opt(PARTS), "collector": may(opt(COLLECTOR)),

@@ -168,6 +168,12 @@ def test_attach_calls_a_filled_cache_cache_and_leaves_the_steps_alone(tmp_path, 
     inside, n_inside = _worst_gap(ends, marks["in"] + 1.0, marks["out"])
     print(f"worst step gap: plain {plain * 1000:.2f} ms ({n_plain} steps), attached {inside * 1000:.2f} ms "
           f"({n_inside} steps)")
+    window = [t for t in ends if marks["in"] + 1.0 <= t <= marks["out"]]
+    worst = max(range(1, len(window)), key=lambda i: window[i] - window[i - 1], default=None)
+    if worst is not None:
+        print(f"the attached stretch's worst gap ends {window[worst] - marks['in']:.3f} s after the agent came in")
+    for agent in report["recording"]["agents"]:  # what the agent saw in its worst gap, by its part
+        print("the agent's step gaps:", json.dumps((agent.get("exit_info") or {}).get("step_gaps")))
     assert n_inside > 100 and n_plain > 100
     assert inside <= plain + 0.002
 

@@ -38,7 +38,7 @@ from array import array
 
 from . import reading, replay
 from .. import main_thread
-from ..readings.felt import count_since
+from ..readings.felt import HISTORY_READ, count_since
 from ..neutral import BULK_BALLAST, Bulk, quiet_gc
 from .peak import new_high
 from .saved_by import AT_STEP_END
@@ -299,7 +299,7 @@ class History:
                 steps = self.agent.steps  # (in the middle of a step: its walk after the next one)
                 with quiet_gc():
                     self.read(self.pending, steps + 2 if steps else 0)
-                count_since(self.agent, started)
+                count_since(self.agent, HISTORY_READ, started)
         except Exception:
             pass
         return 0

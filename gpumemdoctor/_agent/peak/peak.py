@@ -39,7 +39,7 @@ from .. import main_thread
 # Imported with the agent, not at the first probe: an import there (compiled from source where
 # PYTHONDONTWRITEBYTECODE is set) would be part of the program's pause, as the search's once was.
 from ..search.blocks import is_library_file
-from ..readings.felt import count_since
+from ..readings.felt import PEAK_PROBE, count_since
 from ..probe import Probe
 from ..neutral import NO_ROOM, quiet_gc
 
@@ -246,7 +246,7 @@ class PeakWatch:
                 self.probe(self.pending_capture)
         except Exception:
             pass
-        count_since(self.agent, started)
+        count_since(self.agent, PEAK_PROBE, started)
         return 0
 
     def probe(self, capture: int, device: int | None = None) -> None:

@@ -28,6 +28,7 @@ import sys
 import time
 
 from .. import main_thread
+from ..readings.felt import PHASE_SEARCH
 from ...contract import PAUSE_MIN_S, PAUSE_STEPS, PEAK_MIN_BYTES as PHASE_RISE_BYTES  # the diagnosis's too
 
 MAX_PHASE_SEARCHES = 2
@@ -151,7 +152,7 @@ class PhaseWatch:
                 cost = self.agent.cost  # what the program waited for: this walk, the threads' capture, the fork
                 spent = time.perf_counter() - started
                 cost["phase_pause_s"] = max(cost.get("phase_pause_s", 0.0), spent)
-                agent.felt.busy += spent  # (felt.py: what the program waited for)
+                agent.felt.add(PHASE_SEARCH, spent)  # (felt.py: what the program waited for)
         except Exception:
             pass
         return 0

@@ -14,6 +14,7 @@ import threading
 import time
 
 from ..search.blocks import is_library_file
+from .felt import COLLECTOR
 from ..neutral import Neutral, top_up
 
 # gpumemdoctor's own folder, not this package's: frames of gpumemdoctor.step() are ours too.
@@ -118,7 +119,7 @@ class Collections:
                 self._start(now, info)
                 if felt is not None:
                     ended = time.perf_counter()
-                    felt.busy += ended - now
+                    felt.add(COLLECTOR, ended - now)
                     felt.collection_start(ended)
                 return
             if felt is not None:
@@ -126,7 +127,7 @@ class Collections:
             if self.measuring:
                 self._stop(now, info)
                 if felt is not None:
-                    felt.busy += time.perf_counter() - now
+                    felt.add(COLLECTOR, time.perf_counter() - now)
         except Exception:
             self.measuring = False
 

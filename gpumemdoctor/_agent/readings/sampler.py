@@ -17,6 +17,7 @@ import threading
 import time
 
 from .events import import_in_progress
+from .felt import GROWTH_WATCH, HISTORY, PEAK_WATCH, PHASE_WATCH, SAMPLE
 from ..neutral import BALLAST, NO_ROOM, Neutral
 from ..peak.phase_watch import RISING_INTERVAL_S
 from ...contract import interval_ceiling
@@ -228,6 +229,7 @@ class Sampler:
         lock.acquire()
         started = time.thread_time()  # the agent's own work, not its waits for the GIL
         apart = 0.0  # of it, a peak's capture: not the samples' pace
+        checks, felt = 0.0, getattr(self.agent, "felt", None)  # of it, the watches after the reading (felt's)
         enabled = gc.isenabled()  # read before the sample holds collection off itself
         if not enabled:  # the program's doing (gc.disable())
             self.collector_off += 1
@@ -261,10 +263,9 @@ class Sampler:
             self.samples += 1
             agent.process_groups.check(now)  # a record only when the count of process groups changed
             if agent.run_dir and (by == "step" or by == "time"):
-                agent.growth_watch.check(now, by)
-                agent.phase_watch.check(now, by)
-                apart = agent.peak_watch.check(now, by)
-                apart += agent.history.check(by)
+                t0 = time.perf_counter()
+                apart = _watch(agent, now, by, felt)
+                checks = time.perf_counter() - t0
             if self.samples % SAMPLES_PER_DOUBLING == 0:
                 self.base_interval_s = min(self.base_interval_s * 2, self.max_interval_s)
         except Exception:
@@ -274,8 +275,8 @@ class Sampler:
                 gc.enable()
             spent = time.thread_time() - started
             self.cost.count(self.last_sample_t, spent)
-            if by != "step" and (felt := getattr(self.agent, "felt", None)) is not None:  # (a step's: in on_step's)
-                felt.busy += spent
+            if felt is not None:  # (the reading itself: the thread's time less the watches' part)
+                felt.add(SAMPLE, spent - checks if spent > checks else 0.0)
             if self.samples > UNPACED_SAMPLES:
                 self._pace(spent - apart)
             lock.release()
@@ -293,6 +294,25 @@ class Sampler:
         if paced > interval:
             interval = paced if paced < most else most
         self.interval_s = interval
+
+
+def _watch(agent, now: float, by: str, felt) -> float:
+    """The watches after a sample, each timed as its part of felt's (the sampler's lock held). Returns
+    the thread time of a peak's capture and a history reading: not the samples' pace."""
+    t0 = time.perf_counter()
+    agent.growth_watch.check(now, by)
+    t1 = time.perf_counter()
+    agent.phase_watch.check(now, by)
+    t2 = time.perf_counter()
+    apart = agent.peak_watch.check(now, by)
+    t3 = time.perf_counter()
+    apart += agent.history.check(by)
+    if felt is not None:
+        felt.add(GROWTH_WATCH, t1 - t0)
+        felt.add(PHASE_WATCH, t2 - t1)
+        felt.add(PEAK_WATCH, t3 - t2)
+        felt.add(HISTORY, time.perf_counter() - t3)
+    return apart
 
 
 class SampleCost:

@@ -59,7 +59,9 @@ class Trace:
             # The call alone is timed (`elapsed_s`): on the program's thread it is a pause in its step.
             # PyTorch's Python side is a plain wrapper; its C++ side registers, at the first call, a
             # RecordFunction callback for annotations and takes each device allocator's lock.
-            if agent.history.on:  # the events go on, without stacks; the live blocks get theirs
+            if self.on:
+                pass  # already recording (the start-up window, still open): the window alone changes
+            elif agent.history.on:  # the events go on, without stacks; the live blocks get theirs
                 agent.history.apply(True)
             else:
                 agent.torch.cuda.memory._record_memory_history(
