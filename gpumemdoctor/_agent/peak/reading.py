@@ -22,6 +22,7 @@ from json.encoder import encode_basestring
 
 from . import replay, saved_by
 from ..search import loop_holder
+from ..search.blocks import py_incref  # noqa: F401  (history.py and plugin_history.py take it from here)
 from ..neutral import HELD_SPARE
 from .peak import place
 
@@ -174,16 +175,6 @@ def loop_of(frame) -> tuple:
         frame = frame.f_back
         depth += 1
     return None, None, None
-
-
-def py_incref():
-    """ctypes' Py_IncRef, for events_only."""
-    import ctypes
-
-    incref = ctypes.pythonapi.Py_IncRef
-    incref.argtypes = [ctypes.py_object]
-    incref.restype = None
-    return incref
 
 
 def events_only(torch, incref) -> dict:
