@@ -941,3 +941,37 @@ def test_a_cuda_graphs_pool_is_held_by_the_graph_with_its_capture_line(monkeypat
     (holder,) = pool["holders"]
     assert holder["path"] == f"{__name__}.HISTORY[0][0]{GRAPH_POOL_LABEL}", holder
     assert by_line[24]["holders"][0]["path"] == f"{__name__}.HISTORY[0][1]"
+
+
+def test_a_snapshot_for_segments_leaves_the_event_ring_out_where_pytorch_can(monkeypatch):
+    """The growth watch's baseline, the searches and the pools read only the segments: they ask
+    PyTorch for every pool's segments without the event ring (0, 0, False), which a full history
+    ring made cost milliseconds at a step; an older PyTorch that refuses the three items is asked
+    for the whole snapshot."""
+    from types import SimpleNamespace
+
+    from gpumemdoctor._agent.search import blocks
+
+    asked, whole = [], []
+    segments = [{"device": 0, "blocks": [{"address": 64, "size": 512, "state": "active_allocated", "frames": []}]}]
+
+    def memory_snapshot(pool):
+        asked.append(pool)
+        return {"segments": segments}
+
+    fake = SimpleNamespace(_C=SimpleNamespace(_cuda_memorySnapshot=memory_snapshot),
+                           cuda=SimpleNamespace(memory=SimpleNamespace(
+                               _snapshot=lambda: whole.append(1) or {"segments": [], "device_traces": [[]]})))
+    given = []
+    monkeypatch.setattr(blocks, "_incref", [given.append])
+    assert blocks.live_blocks(fake) == [{"device": 0, "address": 64, "size": 512, "frames": []}]
+    assert asked == [(0, 0, False)] and whole == []
+    assert given == [0, 0, False]  # the references a PyTorch that takes the items as its own lets go
+
+    def refuses(pool):
+        raise TypeError("mempool_id must be a tuple of two integers")
+
+    fake._C._cuda_memorySnapshot = refuses
+    assert blocks.snapshot(fake) == {"segments": [], "device_traces": [[]]} and whole == [1]
+    del fake._C._cuda_memorySnapshot  # a PyTorch without the binding (a CPU build)
+    assert blocks.snapshot(fake)["segments"] == [] and whole == [1, 1]
