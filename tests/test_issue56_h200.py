@@ -274,8 +274,6 @@ def test_every_recording_of_a_shape_gets_the_same_verdict_and_claims(name):
 
 CALL3 = Path(__file__).parent / "fixtures" / "issue56_h200_call3"  # three runs each, 2026-12-03 (README.md)
 KNOWN_TO_DIFFER = {  # the finding that explains the peak depends on when a reading or search fell
-    "peak_single_cat": "run 1's phase search came 26 ms into the pause, before the chunks were held: "
-                       "`not-seen` instead of the holder",
     "corpus/hf_trainer_train_eval_logits": "run 1's peak reading saw the concatenation (`temporary-peak`), runs 0 "
                                            "and 2 only the gathered tensors (`avoidable-peak`)",
 }

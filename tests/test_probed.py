@@ -157,3 +157,42 @@ def test_a_name_with_and_without_its_graph_mark_is_one_holder():
     assert (h["bytes"], h["count"], h["chain"], h["kind"]) == (96 * MiB, 6, 12, "autograd-graph")
     old = probe(1, 1.0, graphs=[("f() local total (holds its autograd graph)", 4, "f.py:3", 1, 812)])
     assert probed.holders(old)[0]["nodes"] == 812  # a recording that counted the graph's nodes
+
+
+def _joined_pieces(pieces_higher: bool):
+    """A pause that gathers 55 pieces, then joins them into one tensor and drops the pieces: each is
+    held for as long, and which of the two probes fell higher is chance (peak_single_cat, H200)."""
+    recording, _ = evaluation_without_a_copy([
+        probe(2, 1.86, kept=[("build_index() local chunks[*]", 1100 * MiB, "e.py:27", 55, 0)]),
+        probe(3, 1.91, kept=[("build_index() local index", 1100 * MiB, "e.py:38", 1, 0)])])
+    root = recording.agents[0].root
+    root["peaks"].append(capture(3, 1.9, 120, 1700 * MiB + (-MiB if pieces_higher else MiB), True))
+    return recording
+
+
+def test_a_pause_that_gathers_pieces_and_joins_them_names_the_pieces_whichever_probe_fell_higher():
+    for pieces_higher in (True, False):
+        peak = next(f for f in diagnose(_joined_pieces(pieces_higher)).findings if f.kind == "avoidable-peak")
+        first, second = (s["holders"][0]["pattern"] for s in peak.suspects[:2])
+        assert (first, second) == ("thread 'MainThread': build_index() at e.py local chunks[*]",
+                                   "thread 'MainThread': build_index() at e.py local index"), pieces_higher
+        assert peak.evidence["root_cause"]["probed"]["t"] == 1.85  # the probe that found the pieces
+        assert "gathers every batch's tensors" in peak.suspects[0]["remedy"]
+        # one tensor gathers nothing: its remedy does not say that it does
+        assert "gathers" not in peak.suspects[1]["remedy"] and "holds one tensor" in peak.suspects[1]["remedy"]
+
+
+def test_a_search_early_in_the_pause_that_found_less_than_the_probe_gives_way_to_the_probe():
+    """The copy's search ran when the copy was made (26-53 ms into the pause on the H200), before most
+    of it was held; the probe at the height saw more, and says why it, not the search, names it."""
+    recording = synthetic_evaluation_run()  # its search, 1.9 s into the pause, found 1.17 GiB held
+    root = recording.agents[0].root
+    root["peaks"].append(capture(2, 1.85, 120, 1700 * MiB, True))
+    root["peak_probes"].append(probe(2, 1.86, kept=[("global outputs[*]", 1250 * MiB, None, 60, 0)]))
+    peak = next(f for f in diagnose(recording).findings if f.kind == "avoidable-peak")
+    assert peak.suspects[0]["holders"][0]["pattern"] == "__main__.outputs[*]"
+    assert peak.evidence["root_cause"]["searched"] and peak.evidence["root_cause"]["probed"]["t"] == 1.85
+    assert "found less held" in peak.summary
+    root["peak_probes"][-1] = probe(2, 1.86, kept=[("global outputs[*]", 1100 * MiB, None, 60, 0)])
+    peak = next(f for f in diagnose(recording).findings if f.kind == "avoidable-peak")
+    assert "probed" not in peak.evidence["root_cause"]  # the search saw more: it names the holder

@@ -305,6 +305,8 @@ def _phase_bound_peak(e: Evidence) -> Judged | None:
         said.append(loop)
         remedy = remedy if suspects and suspects[0].get("holders") else LIBRARY_LOOPS[loop.evidence["loop"]]
     after_s = _searched_after_s(e.phase_search, top)
+    if (e.phase_search or {}).get("searched") and e.phase_search.get("probed"):  # the probe saw more held
+        declined = tell("phase-search-found-less", after_s=after_s)
     if not suspects:
         unseen = claims.not_seen("what held it", declined or (
             summaries.NO_PAUSE_SEARCH if after_s is None else tell("phase-search-found-nothing", after_s=after_s)))

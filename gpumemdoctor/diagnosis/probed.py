@@ -100,19 +100,28 @@ def probes_of(agent, torch_index: int, paused: bool | None = None) -> list[tuple
 
 
 def phase_holders(agent, torch_index: int, rise: int) -> tuple[list[dict], dict | None]:
-    """What the names held at the highest probe made in a pause in the steps: the holders of at
-    least a quarter of the pause's rise, biggest first; else the one whose graph chains the most
-    operations of one kind (MIN_CHAIN; in older recordings, the most nodes). With the probe's
-    figures (`meta`), or ([], None) when no probe was made in a pause."""
+    """What the names held in a pause in the steps, over all its probes: the holders of at least a
+    quarter of the pause's rise, each as the probe that saw it hold the most found it, many alike
+    tensors (what a pause gathers) before single ones, then biggest first; else the one whose graph
+    chains the most operations of one kind at the highest probe (MIN_CHAIN; in older recordings, the
+    most nodes). A pause that gathers pieces and then joins them holds either, for as long, so the
+    highest probe alone named the one or the other by when it fell (peak_single_cat, H200). With
+    the figures (`meta`) of the probe that found the first, or ([], None) when no probe was made in a
+    pause."""
     made = probes_of(agent, torch_index, paused=True)
     if not made:
         return [], None
+    best: dict = {}  # pattern -> (holder, capture, probe) where it held the most
+    for capture, probe in made:
+        for h in holders(probe):
+            if h["bytes"] >= max(MIN_BYTES, rise // 4) and h["bytes"] > best.get(h["pattern"], ({"bytes": -1},))[0]["bytes"]:
+                best[h["pattern"]] = (h, capture, probe)
+    if best:
+        chosen = sorted(best.values(), key=lambda hcp: (hcp[0]["count"] <= 1, -hcp[0]["bytes"], hcp[1]["t"]))
+        return [h for h, _, _ in chosen], _meta(chosen[0][1], chosen[0][2])
     capture, probe = max(made, key=lambda cp: (cp[0]["allocated"] or 0, cp[0]["t"]))
-    held = holders(probe)
-    big = sorted((h for h in held if h["bytes"] >= max(MIN_BYTES, rise // 4)), key=lambda h: -h["bytes"])
-    graph = longest_graph(held)
-    chosen = big or ([graph] if graph is not None else [])
-    return chosen, _meta(capture, probe)
+    graph = longest_graph(holders(probe))
+    return ([graph] if graph is not None else []), _meta(capture, probe)
 
 
 def growth_holders(agent, torch_index: int) -> tuple[list[dict], dict | None]:

@@ -87,6 +87,10 @@ REMEDIES: dict[tuple[str, str], tuple[str, str]] = {
         "(cupy.asarray, from_dlpack, __cuda_array_interface__) shares its memory and keeps it alive as "
         "long as the array lives.",
         "Drop the array, or copy what you need."),
+    ("*", "phase-one"): (
+        "{path} holds one tensor of the pause's memory{at}, let go of when the pause ended.",
+        "Drop it (del, or set it to None) as soon as it has been used, or keep it on the CPU where the "
+        "GPU does not need it, to lower the peak."),
     ("*", "live"): (
         "{path} still references it{at}.",
         "If the program no longer needs it, drop that reference (del it or set it to None; an optimizer "

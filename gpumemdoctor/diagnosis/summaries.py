@@ -193,7 +193,7 @@ def _avoidable_peak(where: str, rises: list[int], held: dict | None, declined: s
     heights = ", ".join(fb(r) for r in rises[:6]) + (" ..." if n > 6 else "")
     at_height = ""
     if held is not None and held.get("probed"):
-        at_height = (f" At its height the probe of the program's names found {tell('probed-holder', holder=held)}; no copy of "
+        at_height = (f" In the pause the probe of the program's names found {tell('probed-holder', holder=held)}; no copy of "
                      f"the process was searched there ({declined or NO_PAUSE_SEARCH}).")
     elif held is not None and searched_after_s is not None:  # the search came when it came, not at the height
         at_height = (f" A search {searched_after_s * 1000:.0f} ms after the pause's first sample found {alike(held)} "

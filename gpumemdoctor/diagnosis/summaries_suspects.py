@@ -80,6 +80,14 @@ def _phase_search_why_not(declined: str | None) -> str:
     return NO_PAUSE_SEARCH
 
 
+@_summary("phase-search-found-less")
+def _phase_search_found_less(after_s: float | None) -> str:
+    """A search (made during the pause, `after_s` after its first sample, or outside it: None) that
+    found less held than the pause's probe."""
+    when = f" made {after_s * 1000:.0f} ms after the pause's first sample" if after_s is not None else ""
+    return f"the search{when} found less held"
+
+
 @_summary("phase-search-found-nothing")
 def _phase_search_found_nothing(after_s: float) -> str:
     """A search made during the pause (`after_s` after its first sample) that found nothing it let go of."""

@@ -277,7 +277,9 @@ def accumulation_suspect(a: dict, phase: bool = False, released: bool = False) -
     holder = {"path": a["path"], "pattern": a["pattern"], "kind": a["kind"], "count": a["count"],
               "bytes": a["bytes"], "sizes": a["sizes"]}
     summary = tell("accumulation-suspect", accumulation=a)
-    remedy = _remedy(holder, a["where"], a["thread"], released=released, situation="phase" if phase else "leak")
+    one = a["count"] == 1 and a["kind"] != "autograd-graph"  # one tensor gathers nothing
+    remedy = _remedy(holder, a["where"], a["thread"], released=released,
+                     situation=("phase-one" if one else "phase") if phase else "leak")
     if a.get("graph_pool_bytes"):  # CUDA graphs in the container hold their private pools (the search found them)
         remedy = remedies.FINDINGS["graph-pools-kept"].format(name=a["pattern"],
                                                                at=f" at {at(a['where'])}" if a["where"] else "")
