@@ -273,10 +273,6 @@ def test_every_recording_of_a_shape_gets_the_same_verdict_and_claims(name):
 
 
 CALL3 = Path(__file__).parent / "fixtures" / "issue56_h200_call3"  # three runs each, 2026-12-03 (README.md)
-KNOWN_TO_DIFFER = {  # the finding that explains the peak depends on when a reading or search fell
-    "corpus/hf_trainer_train_eval_logits": "run 1's peak reading saw the concatenation (`temporary-peak`), runs 0 "
-                                           "and 2 only the gathered tensors (`avoidable-peak`)",
-}
 
 
 def _claims_of_three(stem: str) -> list:
@@ -288,14 +284,7 @@ def _claims_of_three(stem: str) -> list:
     return seen
 
 
-@pytest.mark.parametrize("stem", [n for n in gpu.ISSUE_56 if n not in KNOWN_TO_DIFFER])
+@pytest.mark.parametrize("stem", gpu.ISSUE_56)
 def test_three_h200_runs_of_a_shape_get_the_same_verdict_and_claims(stem):
     seen = _claims_of_three(stem)
     assert seen[0] == seen[1] == seen[2], seen
-
-
-@pytest.mark.parametrize("stem", sorted(KNOWN_TO_DIFFER))
-@pytest.mark.xfail(strict=True, reason="issue 56, open: the explanation of these peaks depends on timing")
-def test_three_h200_runs_that_differed_on_the_gpu(stem):
-    seen = _claims_of_three(stem)
-    assert seen[0] == seen[1] == seen[2], (KNOWN_TO_DIFFER[stem], seen)

@@ -269,46 +269,7 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
                 "gathered_bytes": gathered.bytes, "gathered_blocks": p["blocks"], "phase": r["phase"]}
     joined = r.get("joined")
     if joined and joined["bytes"] + joined["pieces_bytes"] >= 0.5 * gathered.bytes:
-        grown = _grown(readings, r)
-        grown_told = grown if len(grown) >= 3 else []  # (told over three readings or more, the cache beside it)
-        cache = c.bytes_of("cache") if grown_told and c.bytes_of("cache") >= 0.25 * c.total_bytes else None
-        # (the best reading may come after the loop ended: at exit; the growth's readings came in it)
-        inside = next((x for x in [r, *readings] if x.get("loop") in LOOP_REMEDIES
-                       and (x is r or (x.get("joined") and x["t"] <= r["t"]))), None)
-        loop = inside["loop"] if inside else None
-        if inside:
-            called = inside.get("loop_called_at")
-            evidence["loop"] = loop
-            if called:
-                evidence["loop_called_at"] = called
-            # The name that held the result in the loop, with the library's line, as the latest reading found it.
-            holder = next((x["loop_holder"] for x in [r, *reversed(readings)] if x.get("loop_holder")
-                           and x["t"] <= r["t"]), None)
-            if holder:
-                evidence["loop_holder"] = holder
-        if grown:
-            evidence["grown_bytes"] = grown
-        made = [claims.make("concatenation", bytes=joined["bytes"], pieces=joined["pieces"],
-                            # (the pieces are gathered blocks of the peak: allocated at its moment, by the events)
-                            pieces_bytes=joined["pieces_bytes"], pieces_live_at_peak=True,
-                            result_held_at_reading=joined.get("held"))]
-        if loop:
-            made.append(claims.make("library-loop", loop=loop, called_at=evidence.get("loop_called_at"),
-                                    t=inside["t"]))
-        # The probe's names before the peak, where one name held as much as the pieces: who held them.
-        pieces = next((h for h in gathered.holders
-                       if abs(h["bytes"] - joined["pieces_bytes"]) <= max(1 << 20, joined["pieces_bytes"] // 10)), None)
-        if pieces is not None:
-            evidence["pieces_holder"] = pieces["name"]
-        made = [m for m in made if m is not None]
-        concatenation = made[0] if made and made[0].name == "concatenation" else None
-        return [Finding(kind="temporary-peak", bytes=joined["bytes"], pid=c.pid, device=c.device,
-                        summary=tell("allocated-concatenation", **moment, concatenation=concatenation, joined=joined,
-                                     pieces=pieces, grown=grown_told, cache_bytes=cache, loop=loop,
-                                     called_at=evidence.get("loop_called_at"), loop_holder=evidence.get("loop_holder")),
-                        evidence={**evidence, "joined": joined},
-                        remedy=LOOP_REMEDIES.get(loop) or FINDINGS["concatenation-at-peak"],
-                        claims=[words.as_json(m) for m in made])]
+        return _concatenation(c, r, gathered, readings, moment, evidence, autograd)
     if p["blocks"] < MIN_GATHERED_BLOCKS:
         return []
     made = [claims.make("gathered", bytes=gathered.bytes, blocks=p["blocks"], phase=r["phase"])]
@@ -321,18 +282,74 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
     graphs = claims.make("without-no-grad", autograd=autograd)
     unseen = claims.not_seen(*AUTOGRAD_UNSEEN) if graphs is None else None  # (said where autograd was not seen)
     made.append(graphs if graphs is not None else unseen)
+    kind = "avoidable-peak"
+    if loop_joined is not None:  # an earlier reading in the loop saw it concatenate: the same finding as there
+        kind = "temporary-peak"
+        made.insert(0, claims.make("concatenation", bytes=loop_joined["bytes"], pieces=loop_joined["pieces"],
+                                   pieces_bytes=loop_joined["pieces_bytes"], pieces_live_at_peak=True,
+                                   result_held_at_reading=loop_joined["held"]))
     made = [m for m in made if m is not None]
     if loop:
         remedy = LOOP_REMEDIES[loop]
     else:
         remedy = FINDINGS["graphs-at-peak"] if graphs is not None else FINDINGS["gathered-at-peak"]
-    return [Finding(kind="avoidable-peak", bytes=gathered.bytes, pid=c.pid, device=c.device,
+    return [Finding(kind=kind, bytes=gathered.bytes, pid=c.pid, device=c.device,
                     summary=tell("allocated-gathered", **moment, gathered_bytes=gathered.bytes, blocks=p["blocks"],
                                  first_before_s=p["first_before_s"], last_before_s=p["last_before_s"],
                                  loop_claim=loop_claim, loop_joined=loop_joined, reading_t=r["t"], graphs=graphs,
                                  unseen=unseen),
                     evidence={**evidence, "autograd": autograd},
                     remedy=remedy, claims=[words.as_json(m) for m in made])]
+
+
+def _concatenation(c: PeakComposition, r: dict, gathered, readings: list, moment: dict, evidence: dict,
+                   autograd: str | None) -> list[Finding]:
+    """The peak's reading at a concatenation made while its pieces were held (`joined`): a temporary
+    peak, in a library's loop with its loop's remedy and claims."""
+    joined = r["joined"]
+    p = r["parts"]["gathered"]
+    grown = _grown(readings, r)
+    grown_told = grown if len(grown) >= 3 else []  # (told over three readings or more, the cache beside it)
+    cache = c.bytes_of("cache") if grown_told and c.bytes_of("cache") >= 0.25 * c.total_bytes else None
+    # (the best reading may come after the loop ended: at exit; the growth's readings came in it)
+    inside = next((x for x in [r, *readings] if x.get("loop") in LOOP_REMEDIES
+                   and (x is r or (x.get("joined") and x["t"] <= r["t"]))), None)
+    loop = inside["loop"] if inside else None
+    if inside:
+        called = inside.get("loop_called_at")
+        evidence["loop"] = loop
+        if called:
+            evidence["loop_called_at"] = called
+        # The name that held the result in the loop, with the library's line, as the latest reading found it.
+        holder = next((x["loop_holder"] for x in [r, *reversed(readings)] if x.get("loop_holder")
+                       and x["t"] <= r["t"]), None)
+        if holder:
+            evidence["loop_holder"] = holder
+    if grown:
+        evidence["grown_bytes"] = grown
+    made = [claims.make("concatenation", bytes=joined["bytes"], pieces=joined["pieces"],
+                        # (the pieces are gathered blocks of the peak: allocated at its moment, by the events)
+                        pieces_bytes=joined["pieces_bytes"], pieces_live_at_peak=True,
+                        result_held_at_reading=joined.get("held"))]
+    if loop:
+        made.append(claims.make("library-loop", loop=loop, called_at=evidence.get("loop_called_at"),
+                                t=inside["t"]))
+    # The probe's names before the peak, where one name held as much as the pieces: who held them.
+    pieces = next((h for h in gathered.holders
+                   if abs(h["bytes"] - joined["pieces_bytes"]) <= max(1 << 20, joined["pieces_bytes"] // 10)), None)
+    if pieces is not None:
+        evidence["pieces_holder"] = pieces["name"]
+    if loop and p["blocks"] >= MIN_GATHERED_BLOCKS:  # a library's loop gathering by concatenation
+        made += _loop_gathering(gathered.bytes, p["blocks"], r["phase"], autograd)
+    made = [m for m in made if m is not None]
+    concatenation = made[0] if made and made[0].name == "concatenation" else None
+    return [Finding(kind="temporary-peak", bytes=joined["bytes"], pid=c.pid, device=c.device,
+                    summary=tell("allocated-concatenation", **moment, concatenation=concatenation, joined=joined,
+                                 pieces=pieces, grown=grown_told, cache_bytes=cache, loop=loop,
+                                 called_at=evidence.get("loop_called_at"), loop_holder=evidence.get("loop_holder")),
+                    evidence={**evidence, "joined": joined},
+                    remedy=LOOP_REMEDIES.get(loop) or FINDINGS["concatenation-at-peak"],
+                    claims=[words.as_json(m) for m in made])]
 
 
 def _joined_in_loop(r: dict, readings: list, evidence: dict) -> dict | None:
@@ -347,5 +364,16 @@ def _joined_in_loop(r: dict, readings: list, evidence: dict) -> dict | None:
     x = earlier[-1]
     joined = x["joined"]
     evidence["loop_joined"] = {"t": x["t"], "bytes": joined["bytes"], "pieces": joined["pieces"],
+                               "pieces_bytes": joined["pieces_bytes"], "held": joined.get("held"),
                                "holder": x.get("loop_holder")}
     return evidence["loop_joined"]
+
+
+def _loop_gathering(gathered_bytes: int, blocks: int, phase: str, autograd: str | None) -> list:
+    """The claims a library's loop that gathers batch after batch by concatenation makes beside the
+    concatenation, whichever of its readings fell at the peak: the one at a concatenation, or one between
+    two, with an earlier reading in the loop at a concatenation (the Trainer's evaluation_loop: both, in
+    three runs of one program on the H200). So the same program gets the same finding every run."""
+    graphs = claims.make("without-no-grad", autograd=autograd)
+    return [claims.make("gathered", bytes=gathered_bytes, blocks=blocks, phase=phase),
+            graphs if graphs is not None else claims.not_seen(*AUTOGRAD_UNSEEN)]
