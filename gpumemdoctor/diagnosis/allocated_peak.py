@@ -97,6 +97,7 @@ def compose(agent, torch_index: int, b: Breakdown, outside: int, device: int | N
     if error is not None:  # (the failing step's own tensors: nothing gathered to warn of)
         return composition, []
     readings = [x for x in agent.root.get("peak_histories", []) if x["device"] == torch_index and "error" not in x]
+    name_from_probe(agent, torch_index, composition)  # (before the findings: who held a concatenation's pieces)
     return composition, findings(composition, r, where, readings, autograd_at(agent, torch_index, step, t))
 
 
@@ -335,8 +336,9 @@ def _concatenation(c: PeakComposition, r: dict, gathered, readings: list, moment
         made.append(claims.make("library-loop", loop=loop, called_at=evidence.get("loop_called_at"),
                                 t=inside["t"]))
     # The probe's names before the peak, where one name held as much as the pieces: who held them.
-    pieces = next((h for h in gathered.holders
-                   if abs(h["bytes"] - joined["pieces_bytes"]) <= max(1 << 20, joined["pieces_bytes"] // 10)), None)
+    # (a probe before the last pieces were made saw fewer of them: at least half, at most a tenth more)
+    most = joined["pieces_bytes"] + max(1 << 20, joined["pieces_bytes"] // 10)
+    pieces = next((h for h in gathered.holders if joined["pieces_bytes"] // 2 <= h["bytes"] <= most), None)
     if pieces is not None:
         evidence["pieces_holder"] = pieces["name"]
     if loop and p["blocks"] >= MIN_GATHERED_BLOCKS:  # a library's loop gathering by concatenation

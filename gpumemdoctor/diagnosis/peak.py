@@ -100,7 +100,6 @@ def _or_allocated_peak(agent, torch_index: int, b: Breakdown, where: str, compos
         if highest["total_bytes"] > c.total_bytes:
             c.highest = highest
             c.notes += [n for n in composition.notes if n.startswith("the reading with the most memory in use")]
-        allocated_peak.name_from_probe(agent, torch_index, c)
         _optimizers_named(c, agent, torch_index)
         return replayed
     missed = allocated_peak.incomplete_note(agent, torch_index)
