@@ -288,3 +288,17 @@ def _claims_of_three(stem: str) -> list:
 def test_three_h200_runs_of_a_shape_get_the_same_verdict_and_claims(stem):
     seen = _claims_of_three(stem)
     assert seen[0] == seen[1] == seen[2], seen
+
+
+def test_a_single_cat_s_pieces_and_its_pause_are_named_alike_in_three_h200_runs():
+    """peak_single_cat: the concatenation's pieces were still held while it ran, by the function's local
+    list (the probe before the peak named it in every run, one of them before the last pieces were made),
+    and the pause's holder is that list, whichever of the pause's probes fell higher."""
+    for i in range(3):
+        report = rejudged(CALL3 / f"peak_single_cat.run{i}.json")
+        joined = next(f for f in report["findings"] if f["kind"] == "temporary-peak")
+        assert joined["evidence"]["pieces_holder"] == "build_index() local chunks[*]", i
+        assert joined["summary"].endswith("the pieces were held by build_index() local chunks[*] (peak_single_cat.py:27)")
+        pause = next(f for f in report["findings"] if f["kind"] == "avoidable-peak")
+        assert pause["suspects"][0]["holders"][0]["pattern"].endswith("build_index() at peak_single_cat.py local chunks[*]")
+        assert "gathers every batch's tensors" in pause["suspects"][0]["remedy"]
