@@ -3,12 +3,11 @@ would have made it fit (fit.py), and where the failing step was asked for more t
 Every figure is held to the limit in force (limits.py). Pure."""
 from __future__ import annotations
 
-from . import claims, fit, words
+from . import claims, fit
 from .claims import Claim
 from .evidence import Evidence, Judged, line_of, oom_brief
-from .remedies import FINDINGS, OUT_OF_MEMORY
+from .remedies import OUT_OF_MEMORY
 from .summaries import tell
-from ..units import format_bytes as fb
 
 OOM_ACCUMULATION_SHARE = 0.5  # of the allocated memory at the error, held by one accumulation
 OTHER_PROCESSES_SHARE = 0.25  # of the device, held by other processes, to blame them
@@ -131,15 +130,12 @@ def larger_step_remedy(oom: dict, grown: Claim, inputs: Claim | None) -> str:
     save as the figures at the error say: the earlier steps' peak at their inputs; the step's own
     tensors (allocated less the optimizers' parameters, gradients and state) that checkpointing and
     bf16 autocast shrink."""
-    earlier = fb(grown.evidence["earlier_peak_bytes"])
     given = (inputs.evidence.get("earlier_inputs") or []) if inputs is not None and inputs.name == "inputs-at-error" else []
-    at = (" at inputs of at most " + ", ".join(f"{name} {words.shape_words(shape)}" for name, shape, _, _ in given)
-          if given else "")
     held = sum(row[1] + row[2] + row[3] for row in oom.get("optimizers") or [])
     own = (oom["allocated_bytes"] or 0) - held
-    mine = (f" of the {fb(own)} this step had allocated beyond the optimizers' parameters, gradients and state"
-            if oom.get("optimizers") and own > 0 else "")
-    return FINDINGS["oom-larger-step"].format(earlier=earlier, at=at, own=mine)
+    return tell("oom-larger-step-remedy", earlier_peak_bytes=grown.evidence["earlier_peak_bytes"],
+                earlier_inputs=[(name, shape) for name, shape, _, _ in given],
+                own_bytes=own if oom.get("optimizers") and own > 0 else None)
 
 
 def _larger_step(e: Evidence, oom: dict) -> list[Claim]:

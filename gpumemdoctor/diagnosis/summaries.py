@@ -21,6 +21,7 @@ from .summaries_registry import SUMMARIES, tell  # noqa: F401 (tell: the one ent
 from .summaries_registry import summary as _summary
 from .words import alike, at_line
 from .claims import Claim
+from .remedies import FINDINGS
 from ..growth import MIN_POINTS
 from ..units import format_bytes as fb
 
@@ -149,6 +150,17 @@ def _oom_figures(request_bytes: int, device_free_bytes: int | None, headroom_byt
     if others:
         text += f"; {len(others)} other process{'es' if len(others) > 1 else ''} held {fb(sum(u or 0 for u in others))}"
     return text
+
+
+@_summary("oom-larger-step-remedy")
+def _oom_larger_step_remedy(earlier_peak_bytes: int, earlier_inputs: list, own_bytes: int | None) -> str:
+    """A larger step's remedies (remedies.py's `oom-larger-step`), with the earlier steps' peak at their
+    inputs and what this step had allocated beyond the optimizers' parameters, gradients and state."""
+    at = (" at inputs of at most " + ", ".join(f"{name} {words.shape_words(shape)}" for name, shape in earlier_inputs)
+          if earlier_inputs else "")
+    mine = (f" of the {fb(own_bytes)} this step had allocated beyond the optimizers' parameters, gradients and state"
+            if own_bytes is not None else "")
+    return FINDINGS["oom-larger-step"].format(earlier=fb(earlier_peak_bytes), at=at, own=mine)
 
 
 # -- garbage, what is still held, the peak a pause made (rows 6-8, 13) -------------------------------------
