@@ -252,4 +252,3 @@ def _bytes(held: list[dict]) -> int:
     reads the names at the pause's highest allocation. So of the two the one that saw more explains
     the height, the same in every run."""
     return sum(h.get("bytes") or 0 for h in held)
-

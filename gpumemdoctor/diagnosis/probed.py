@@ -112,9 +112,11 @@ def phase_holders(agent, torch_index: int, rise: int) -> tuple[list[dict], dict 
     if not made:
         return [], None
     best: dict = {}  # pattern -> (holder, capture, probe) where it held the most
+    least = max(MIN_BYTES, rise // 4)
     for capture, probe in made:
         for h in holders(probe):
-            if h["bytes"] >= max(MIN_BYTES, rise // 4) and h["bytes"] > best.get(h["pattern"], ({"bytes": -1},))[0]["bytes"]:
+            known = best.get(h["pattern"])
+            if h["bytes"] >= least and (known is None or h["bytes"] > known[0]["bytes"]):
                 best[h["pattern"]] = (h, capture, probe)
     if best:
         chosen = sorted(best.values(), key=lambda hcp: (hcp[0]["count"] <= 1, -hcp[0]["bytes"], hcp[1]["t"]))
