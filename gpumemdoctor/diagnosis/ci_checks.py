@@ -26,10 +26,10 @@ from .. import __version__
 from .diagnose import FINDING_KINDS, INFORMATIVE, PEAK_CATEGORIES, Diagnosis, PeakComposition
 from .findings import LATER_PEAK_CATEGORIES
 from ..errors import BadReportError, UsageError
-from .ranks import ranges
+from .summaries import tell
+from .summaries_ci import of_rank, tolerance_words
 from ..recording.recording import Recording
 from ..files.schema import SIZE, STR, Shape, absent, dict_of, need_dict, need_int_key, opt, written
-from ..units import format_bytes as fb
 from ..units import parse_size
 
 BASELINE_SCHEMA = "gpumemdoctor.baseline/1"
@@ -48,35 +48,32 @@ class Tolerance:
         return max(int(base * (1 + self.fraction)), base + self.bytes, base + MIN_SLACK_BYTES)
 
     def __str__(self) -> str:
-        return f"{self.fraction * 100:g}%" if self.bytes == 0 else fb(self.bytes)
+        return tolerance_words(self.fraction, self.bytes)
 
 
 def parse_tolerance(text: str) -> Tolerance:
     """'5%' or '64MiB'. A bare number is refused: 5 would be 5 bytes, which nobody means."""
     if text.strip().startswith("-"):
-        raise UsageError(f"tolerance {text!r:.40} must not be negative: give a percentage (5%) or a size (64MiB)")
+        raise UsageError(tell("tolerance-negative", text=text))
     m = re.fullmatch(r"\s*(\d{1,6}(?:\.\d{1,6})?)\s*%\s*", text)
     if m:
         return Tolerance(fraction=float(m.group(1)) / 100)
     if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", text):
-        raise UsageError(f"tolerance {text!r:.40} has no unit: give a percentage ({text.strip()[:20]}%) or a "
-                         f"size ({text.strip()[:20]}MiB)")
+        raise UsageError(tell("tolerance-without-unit", text=text))
     try:
         return Tolerance(bytes=parse_size(text))
     except ValueError:
-        raise UsageError(f"tolerance {text!r:.60} is neither a percentage (5%) nor a size (64MiB)") from None
+        raise UsageError(tell("tolerance-unread", text=text)) from None
 
 
 def parse_kinds(text: str) -> tuple[str, ...]:
     """'leak,non-torch' -> ('leak', 'non-torch'); unknown names are a usage error."""
     kinds = tuple(k.strip() for k in text.split(","))
     if not all(kinds):
-        raise UsageError(f"--fail-on {text!r:.60} has an empty name in it: give finding kinds separated by "
-                         f"single commas, from {', '.join(FAILABLE)}")
+        raise UsageError(tell("fail-on-empty-name", text=text, failable=FAILABLE))
     unknown = [k for k in kinds if k not in FAILABLE]
     if unknown:
-        raise UsageError(f"--fail-on takes a comma-separated list of {', '.join(FAILABLE)}; "
-                         f"not {', '.join(repr(k)[:60] for k in unknown)}")
+        raise UsageError(tell("fail-on-unknown", unknown=unknown, failable=FAILABLE))
     return kinds
 
 
@@ -196,16 +193,16 @@ def evaluate(recording: Recording, diagnosis: Diagnosis, policy: Policy) -> list
                        [_ceiling("max-retained", "memory still held at exit beyond the CUDA context",
                                  figs["retained_bytes"], policy.max_retained_bytes)])
     for kind in policy.fail_on:
+        name = f"fail-on {kind}"
         hits = [f for f in diagnosis.findings if f.kind == kind]
         unseen = _unmeasured_kind(recording, kind)
         if hits:
-            results.append(CheckResult(f"fail-on {kind}", False,
-                                       f"{kind}: {hits[0].summary}", measured=hits[0].bytes))
+            results.append(CheckResult(name, False, tell("fail-on-found", kind=kind, summary=hits[0].summary),
+                                       measured=hits[0].bytes))
         elif unseen is not None:  # no finding on no evidence is no pass: as a figure not measured
-            results.append(CheckResult(f"fail-on {kind}", False, f"{kind}: not measured ({unseen}), so the run "
-                                                                 f"cannot be said to have none"))
+            results.append(CheckResult(name, False, tell("fail-on-unmeasured", kind=kind, why=unseen)))
         else:
-            results.append(CheckResult(f"fail-on {kind}", True, f"no {kind} finding"))
+            results.append(CheckResult(name, True, tell("fail-on-passed", kind=kind)))
     if policy.baseline is not None:
         grew = peak_growth(policy.baseline_peak_parts, peak_parts(diagnosis))
         for key, label in COMPARED.items():
@@ -265,7 +262,7 @@ def _rank_processes(diagnosis: Diagnosis) -> dict[str, set]:
     out: dict[str, set] = {}
     for row in diagnosis.ranks:
         if row.rank is not None:
-            out.setdefault(f"max-peak rank {row.rank}", set()).add((row.host, row.pid))
+            out.setdefault(_rank_check("max-peak", row.rank), set()).add((row.host, row.pid))
     return out
 
 
@@ -282,26 +279,27 @@ def _with_parts(results: list[CheckResult], diagnosis: Diagnosis, ranks: dict[st
 
 def _rank_ceilings(name: str, label: str, ranks: dict[int, dict], key: str, limit: int) -> list[CheckResult]:
     """The job-wide check (the highest rank, naming the ranks over), then one check per rank."""
-    per = [_ceiling(f"{name} rank {r}", f"{label} of rank {r}", figs[key], limit) for r, figs in ranks.items()]
+    per = [_ceiling(_rank_check(name, r), of_rank(label, r), figs[key], limit) for r, figs in ranks.items()]
     measured = [(figs[key], r) for r, figs in ranks.items() if figs[key] is not None]
     top, top_rank = max(measured, key=lambda m: (m[0], -m[1])) if measured else (None, None)
     over = [r for value, r in sorted(measured, key=lambda m: m[1]) if value > limit and r != top_rank]
     unmeasured = [r for r, figs in ranks.items() if figs[key] is None]
     if top is None:
-        job = CheckResult(name, False, f"{label}: not measured on any of the {len(ranks)} ranks, so it cannot "
-                                       f"be checked against {fb(limit)}", None, limit)
+        job = CheckResult(name, False, tell("rank-ceiling-unmeasured", label=label, count=len(ranks), limit=limit),
+                          None, limit)
     elif top > limit or unmeasured:
-        message = f"{label} of each rank: the highest, rank {top_rank}, {fb(top)} " \
-                  f"{'over' if top > limit else 'within'} {fb(limit)}"
-        if over:
-            message += f"; also over: rank{'s' if len(over) > 1 else ''} {ranges(over)}"
-        if unmeasured:
-            message += f"; not measured: rank{'s' if len(unmeasured) > 1 else ''} {ranges(unmeasured)}"
-        job = CheckResult(name, False, message, top, limit)
+        job = CheckResult(name, False, tell("rank-ceiling-failed", label=label, top_rank=top_rank, top=top,
+                                            limit=limit, within=top <= limit, over=over, unmeasured=unmeasured),
+                          top, limit)
     else:
-        job = CheckResult(name, True, f"{label} of each rank: the highest, rank {top_rank}, {fb(top)} within "
-                                      f"{fb(limit)} ({len(ranks)} rank{'s' if len(ranks) > 1 else ''})", top, limit)
+        job = CheckResult(name, True, tell("rank-ceiling-passed", label=label, top_rank=top_rank, top=top,
+                                           limit=limit, count=len(ranks)), top, limit)
     return [job, *per]
+
+
+def _rank_check(check: str, rank: int) -> str:
+    """A check's name for one rank: 'max-peak rank 1' (the max-peak checks' parts are found by it)."""
+    return f"{check} rank {rank}"
 
 
 def _against_baseline_ranks(ranks: dict[int, dict], policy: Policy) -> list[CheckResult]:
@@ -310,45 +308,39 @@ def _against_baseline_ranks(ranks: dict[int, dict], policy: Policy) -> list[Chec
     results = []
     for r in sorted(set(ranks) & set(old)):
         for key, label in COMPARED.items():
-            results.append(_against_baseline(key, f"{label} of rank {r}", ranks[r].get(key), old[r].get(key),
-                                             policy.tolerance, name=f"baseline rank {r} {key}"))
+            results.append(_against_baseline(key, of_rank(label, r), ranks[r].get(key), old[r].get(key),
+                                             policy.tolerance, check=_rank_check("baseline", r)))
     only_new, only_old = sorted(set(ranks) - set(old)), sorted(set(old) - set(ranks))
     if only_new or only_old:
-        parts = ([f"rank{'s' if len(only_new) > 1 else ''} {ranges(only_new)} only in this run"] if only_new else []) + \
-                ([f"rank{'s' if len(only_old) > 1 else ''} {ranges(only_old)} only in the baseline"] if only_old else [])
-        results.append(CheckResult("baseline ranks", True, f"{'; '.join(parts)}: not compared"))
+        results.append(CheckResult("baseline ranks", True, tell("baseline-ranks-not-compared", only_new=only_new,
+                                                                only_old=only_old)))
     return results
 
 
 def _ceiling(name: str, label: str, measured: int | None, limit: int) -> CheckResult:
     if measured is None:
-        return CheckResult(name, False, f"{label}: not measured, so it cannot be checked against "
-                                        f"{fb(limit)}", None, limit)
+        return CheckResult(name, False, tell("ceiling-unmeasured", label=label, limit=limit), None, limit)
     ok = measured <= limit
-    return CheckResult(name, ok, f"{label}: {fb(measured)} {'within' if ok else 'over'} {fb(limit)}",
+    return CheckResult(name, ok, tell("ceiling", label=label, measured=measured, limit=limit, within=ok),
                        measured, limit)
 
 
 def _against_baseline(key: str, label: str, new: int | None, old: int | None,
-                      tolerance: Tolerance, name: str | None = None) -> CheckResult:
-    name = name or f"baseline {key}"
+                      tolerance: Tolerance, check: str = "baseline") -> CheckResult:
+    """The figure `key` against its baseline; the check is named `check` and the key ('baseline
+    peak_allocated_bytes', 'baseline rank 1 peak_allocated_bytes')."""
+    name = f"{check} {key}"
     # A figure not measured on either side fails: a check that cannot be made must not pass unseen.
     if old is None and new is None:
-        return CheckResult(name, False, f"{label}: not measured, in this run nor in the baseline, so it "
-                                        "cannot be compared (a run without a GPU measures no figures)")
+        return CheckResult(name, False, tell("baseline-unmeasured", label=label))
     if old is None:
-        return CheckResult(name, False, f"{label}: {fb(new)} in this run, but not measured in the baseline, "
-                                        "so it cannot be compared; write the baseline again (--update-baseline) "
-                                        "from a run that measures it", new)
+        return CheckResult(name, False, tell("baseline-unmeasured-there", label=label, new=new), new)
     if new is None:
-        return CheckResult(name, False, f"{label}: not measured in this run (baseline {fb(old)})",
-                           None, old)
+        return CheckResult(name, False, tell("baseline-unmeasured-here", label=label, old=old), None, old)
     allowed = tolerance.allowed(old)
-    change = new - old
-    pct = f" ({change / old * 100:+.1f}%)" if old else ""
     ok = new <= allowed
-    return CheckResult(name, ok, f"{label}: {fb(new)} against {fb(old)}, {fb(change, signed=True)}{pct}; "
-                                 f"tolerance {tolerance}", new, allowed)
+    return CheckResult(name, ok, tell("baseline-compared", label=label, new=new, old=old, change=new - old,
+                                      tolerance=str(tolerance)), new, allowed)
 
 
 # -- baseline files --------------------------------------------------------------
@@ -375,7 +367,7 @@ def parse_baseline(obj: Any) -> dict:
     file is read and written by app/baseline_file.py.)"""
     obj = need_dict(obj, "baseline")
     if obj.get("schema") != BASELINE_SCHEMA:
-        raise BadReportError(f"schema {obj.get('schema')!r:.60}, expected {BASELINE_SCHEMA!r}")
+        raise BadReportError(tell("baseline-schema", schema=obj.get("schema"), expected=BASELINE_SCHEMA))
     document = BASELINE(obj, "baseline")
     out: dict = document["figures"]
     if document["ranks"] is not None:
