@@ -34,7 +34,7 @@ def _history():
 def _sample(h, sampler, counter, allocated=0):
     sampler.rows[0][6] = counter
     sampler.rows[0][1] = allocated
-    h.check("step")
+    h.check(0.0, "step")
 
 
 def test_a_gathering_loops_last_small_rise_is_read_once_it_stays():
@@ -184,16 +184,16 @@ def test_a_reading_at_a_steps_sample_walks_at_the_next_steps_and_leaves_the_coll
     states = [None, None, None]
     try:
         c = get()[0]
-        h.check("step")  # the high has gone: read, the walk put off
+        h.check(0.0, "step")  # the high has gone: read, the walk put off
         moved[0] = get()[0] - c
         states[0] = [h.taken is not None, len(lines), agent.cost["history_reads"]]
         c = get()[0]
-        h.check("step")  # the same step: nothing more
+        h.check(0.0, "step")  # the same step: nothing more
         moved[1] = get()[0] - c
         states[1] = [h.taken is not None, len(lines)]
         agent.steps = 6
         c = get()[0]
-        h.check("step")
+        h.check(0.0, "step")
         moved[2] = get()[0] - c
     finally:
         sys.setswitchinterval(interval)
@@ -219,24 +219,24 @@ def test_the_step_that_reads_the_modules_step_makes_no_reading_nor_walk_of_its_o
 
     h, agent, lines = _reading_agent()
     agent.forward_watch.state = RECORDING
-    h.check("step")  # a high to read, but this step's end reads the modules' step
+    h.check(0.0, "step")  # a high to read, but this step's end reads the modules' step
     assert h.taken is None and h.readings == 0 and lines == []
     agent.forward_watch.state = DONE
-    h.check("step")  # the next step: the reading, its walk put off
+    h.check(0.0, "step")  # the next step: the reading, its walk put off
     assert h.taken is not None and h.walk_at == 6 and lines == []
     agent.steps = 6
     agent.forward_watch.state = RECORDING  # (as if the modules' step ended here)
-    h.check("step")
+    h.check(0.0, "step")
     assert h.taken is not None and lines == []  # the walk waits another step
     agent.forward_watch.state = DONE
     agent.steps = 7
-    h.check("step")
+    h.check(0.0, "step")
     assert h.taken is None and len(lines) == 1
 
 
 def test_a_walk_put_off_is_made_at_exit_and_a_reading_outside_a_steps_sample_is_whole():
     h, agent, lines = _reading_agent()
-    h.check("step")
+    h.check(0.0, "step")
     assert h.taken is not None
     agent.finished = True
     h.at_exit()  # the program ends before another step: its walk is made there
@@ -258,10 +258,10 @@ def test_a_reading_in_the_middle_of_a_step_walks_after_the_next_step_and_at_once
     h._on_main_thread(None)  # (the main thread's call between two of its bytecodes, in step 6)
     assert h.taken is not None and h.walk_at == 7
     agent.steps = 6
-    h.check("step")  # the end of the step the reading fell in
+    h.check(0.0, "step")  # the end of the step the reading fell in
     assert h.taken is not None and lines == []
     agent.steps = 7
-    h.check("step")
+    h.check(0.0, "step")
     assert h.taken is None and len(lines) == 1
     h2, agent2, lines2 = _reading_agent()
     agent2.steps = 0
@@ -279,7 +279,7 @@ def test_os_exit_makes_a_walk_that_was_put_off():
     from gpumemdoctor._agent import exit as exit_probes
 
     h, agent, lines = _reading_agent()
-    h.check("step")
+    h.check(0.0, "step")
     assert h.taken is not None
     written: list = []
     agent.pid, agent.history, agent.devices = os.getpid(), h, [{}]
@@ -320,13 +320,13 @@ def test_the_steps_events_are_counted_while_a_walk_waits():
     counted on its own, not as part of the next one."""
     h, agent, lines = _reading_agent()
     agent.sampler.events = [1000]
-    h.check("step")  # the reading, its walk put off
+    h.check(0.0, "step")  # the reading, its walk put off
     assert h.taken is not None
     agent.sampler.events = [1300]  # the same step's sample again: 300 events
-    h.check("step")
+    h.check(0.0, "step")
     agent.steps = 6
     agent.sampler.events = [1600]  # the next step: the walk, and 300 more
-    h.check("step")
+    h.check(0.0, "step")
     assert h.taken is None and h.busiest == 300
 
 
@@ -337,7 +337,7 @@ def test_a_walk_put_off_that_fails_still_puts_the_collectors_count_back(monkeypa
     import json
 
     h, agent, lines = _reading_agent(pad=1500)  # 3,004 entries kept from one step to the next
-    h.check("step")
+    h.check(0.0, "step")
     ballast = len(h.bulk.ballast)
 
     def broken(*args, **kwargs):
@@ -349,7 +349,7 @@ def test_a_walk_put_off_that_fails_still_puts_the_collectors_count_back(monkeypa
     gc.disable()
     try:
         c = gc.get_count()[0]
-        h.check("step")
+        h.check(0.0, "step")
         moved = gc.get_count()[0] - c
     finally:
         if was:

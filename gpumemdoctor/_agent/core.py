@@ -33,7 +33,7 @@ from . import startup
 from ..contract import ENV_SOCKET
 from .channel import Channel
 from .readings.events import Collections, cuda_origin
-from .readings.felt import GROWTH_SEARCH, STEP_END as AT_STEP_END, Felt
+from .readings.felt import GROWTH_SEARCH, GROWTH_WATCH, HISTORY, PEAK_WATCH, PHASE_WATCH, STEP_END as AT_STEP_END, Felt
 from .exit import finish
 from .neutral import quiet_gc
 from .readings.oom import OomObserver
@@ -83,6 +83,9 @@ class Agent:
         self.oom = OomObserver(self)
         self.threads = ThreadWatch(self)
         self.process_groups = ProcessGroups(self)
+        # What runs after each sample, in order, each counted as its part of a step gap (felt.py).
+        self.sampler.after = ((GROWTH_WATCH, self.growth_watch.check), (PHASE_WATCH, self.phase_watch.check),
+                              (PEAK_WATCH, self.peak_watch.check), (HISTORY, self.history.check))
 
     # -- start-up ------------------------------------------------------------
     def begin(self, forked_from: int | None = None) -> None:

@@ -204,7 +204,7 @@ class History:
         record(enabled="all", context=context, stacks="python", max_entries=self.capacity)
 
     # -- at each sample ----------------------------------------------------------------
-    def check(self, by: str) -> float:
+    def check(self, now: float, by: str) -> float:
         """After each sample (the sampler's lock held). Returns the thread time a reading took."""
         if not self.on:
             return 0.0

@@ -17,7 +17,7 @@ import threading
 import time
 
 from .events import import_in_progress
-from .felt import GROWTH_WATCH, HISTORY, PEAK_WATCH, PHASE_WATCH, SAMPLE
+from .felt import SAMPLE
 from ..neutral import BALLAST, NO_ROOM, Neutral
 from ..peak.phase_watch import RISING_INTERVAL_S
 from ...contract import interval_ceiling
@@ -70,6 +70,7 @@ class Sampler:
         self.no_room_count = -1  # the collector's count at the last time sample put off
         self.collector_off = 0  # samples that found automatic collection disabled (gc.disable())
         self.cost = SampleCost(agent.cost)
+        self.after: tuple = ()  # (felt's part, check(now, by)) after each sample, in order: core's watches
 
     def prepare(self) -> None:
         """What every later reading fills in place, made once here on the program's thread (no container later)."""
@@ -244,27 +245,14 @@ class Sampler:
             self.last_sample_t = now
             if by == "step":
                 self.last_step_sample_t = now
-            rows = self.rows
-            live = self.live
-            text = ""
-            for i in range(len(rows)):
-                if not live[i]:
-                    continue
-                row = rows[i]  # [index, allocated, active, reserved, requested, nvml, ...]
-                if self.samples < 5 and row[3] and row[5]:  # the first readings: later ones can catch an NVML dip
-                    gap = row[5] - row[3]
-                    known = self.context.get(row[0])
-                    if known is None or gap < known:
-                        self.context[row[0]] = gap
-                item = (f"[{row[0]},{_json_int(row[1])},{_json_int(row[2])},{_json_int(row[3])},"
-                        f"{_json_int(row[4])},{_json_int(row[5])},{_json_int(row[6])},{_json_int(row[7])}]")
-                text = f"{text},{item}" if text else item
+            # (the first readings set the context's size: later ones can catch an NVML dip)
+            text = _rows_text(self.rows, self.live, self.context if self.samples < 5 else None)
             agent.channel.write_line(f'{{"type":"s","t":{now!r},"by":"{by}","step":{agent.steps},"d":[{text}]}}')
             self.samples += 1
             agent.process_groups.check(now)  # a record only when the count of process groups changed
             if agent.run_dir and (by == "step" or by == "time"):
                 t0 = time.perf_counter()
-                apart = _watch(agent, now, by, felt)
+                apart = _after(self.after, now, by, felt)
                 checks = time.perf_counter() - t0
             if self.samples % SAMPLES_PER_DOUBLING == 0:
                 self.base_interval_s = min(self.base_interval_s * 2, self.max_interval_s)
@@ -296,22 +284,37 @@ class Sampler:
         self.interval_s = interval
 
 
-def _watch(agent, now: float, by: str, felt) -> float:
-    """The watches after a sample, each timed as its part of felt's (the sampler's lock held). Returns
-    the thread time of a peak's capture and a history reading: not the samples' pace."""
-    t0 = time.perf_counter()
-    agent.growth_watch.check(now, by)
-    t1 = time.perf_counter()
-    agent.phase_watch.check(now, by)
-    t2 = time.perf_counter()
-    apart = agent.peak_watch.check(now, by)
-    t3 = time.perf_counter()
-    apart += agent.history.check(by)
-    if felt is not None:
-        felt.add(GROWTH_WATCH, t1 - t0)
-        felt.add(PHASE_WATCH, t2 - t1)
-        felt.add(PEAK_WATCH, t3 - t2)
-        felt.add(HISTORY, time.perf_counter() - t3)
+def _rows_text(rows: list, live: list, context: dict | None) -> str:
+    """The live rows of a reading as the sample record's JSON list items; with `context`, each row's
+    NVML less reserved kept where it is the device's smallest yet (the CUDA context's size)."""
+    text = ""
+    for i in range(len(rows)):
+        if not live[i]:
+            continue
+        row = rows[i]  # [index, allocated, active, reserved, requested, nvml, ...]
+        if context is not None and row[3] and row[5]:
+            gap = row[5] - row[3]
+            known = context.get(row[0])
+            if known is None or gap < known:
+                context[row[0]] = gap
+        item = (f"[{row[0]},{_json_int(row[1])},{_json_int(row[2])},{_json_int(row[3])},"
+                f"{_json_int(row[4])},{_json_int(row[5])},{_json_int(row[6])},{_json_int(row[7])}]")
+        text = f"{text},{item}" if text else item
+    return text
+
+
+def _after(after: tuple, now: float, by: str, felt) -> float:
+    """The watches after a sample (the sampler's lock held), each timed as its part of felt's. Returns
+    the thread time of what a check says it spent apart (a peak's capture, a history reading): not the
+    samples' pace. A tuple made once, bound methods in it: nothing the collector tracks is made."""
+    apart = 0.0
+    for part, check in after:
+        started = time.perf_counter()
+        spent = check(now, by)
+        if spent:
+            apart += spent
+        if felt is not None:
+            felt.add(part, time.perf_counter() - started)
     return apart
 
 
