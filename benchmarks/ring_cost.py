@@ -22,7 +22,8 @@ def main() -> int:
     if torch is None:
         return 0
     from gpumemdoctor._agent.peak import replay
-    from gpumemdoctor._agent.peak.reading import events_only, py_incref
+    from gpumemdoctor._agent.peak.reading import events_only
+    from gpumemdoctor._agent.search.blocks import py_incref
 
     print("torch", torch.__version__, torch.cuda.get_device_name(0))
     print(inspect.signature(torch.cuda.memory._record_memory_history_impl))

@@ -963,7 +963,7 @@ def test_a_snapshot_for_segments_leaves_the_event_ring_out_where_pytorch_can(mon
                            cuda=SimpleNamespace(memory=SimpleNamespace(
                                _snapshot=lambda: whole.append(1) or {"segments": [], "device_traces": [[]]})))
     given = []
-    monkeypatch.setattr(blocks, "_incref", [given.append])
+    monkeypatch.setattr(blocks, "py_incref", lambda: given.append)
     assert blocks.live_blocks(fake) == [{"device": 0, "address": 64, "size": 512, "frames": []}]
     assert asked == [(0, 0, False)] and whole == []
     assert given == [0, 0, False]  # the references a PyTorch that takes the items as its own lets go

@@ -48,7 +48,7 @@ def test_what_ran_in_a_gap_is_counted_in_that_gap_only():
     felt.step_end(felt.last_end + 0.05, 12)  # the longest: nothing of the agent's in it
     r = felt.record()
     assert r["step_gap_max_step"] == 12 and r["step_gap_agent_s"] == 0 and r["step_gap_collection_s"] == 0
-    assert r["step_gap_agent_parts"] == {} and felt.busy == 0
+    assert r["step_gap_agent_parts"] == {} and sum(felt.since_end.parts) == 0
     assert r["step_gap_collection_generation"] is None
 
 

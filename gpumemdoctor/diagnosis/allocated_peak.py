@@ -280,8 +280,7 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
         made.append(loop_claim := claims.make("library-loop", loop=loop, called_at=r.get("loop_called_at"), t=r["t"]))
         loop_joined = _joined_in_loop(r, readings, evidence)
         evidence["loop"] = loop
-    graphs = claims.make("without-no-grad", autograd=autograd)
-    unseen = claims.not_seen(*AUTOGRAD_UNSEEN) if graphs is None else None  # (said where autograd was not seen)
+    graphs, unseen = _autograd(autograd)
     made.append(graphs if graphs is not None else unseen)
     kind = "avoidable-peak"
     if loop_joined is not None:  # an earlier reading in the loop saw it concatenate: the same finding as there
@@ -376,6 +375,13 @@ def _loop_gathering(gathered_bytes: int, blocks: int, phase: str, autograd: str 
     concatenation, whichever of its readings fell at the peak: the one at a concatenation, or one between
     two, with an earlier reading in the loop at a concatenation (the Trainer's evaluation_loop: both, in
     three runs of one program on the H200). So the same program gets the same finding every run."""
-    graphs = claims.make("without-no-grad", autograd=autograd)
+    graphs, unseen = _autograd(autograd)
     return [claims.make("gathered", bytes=gathered_bytes, blocks=blocks, phase=phase),
-            graphs if graphs is not None else claims.not_seen(*AUTOGRAD_UNSEEN)]
+            graphs if graphs is not None else unseen]
+
+
+def _autograd(autograd: str | None) -> tuple:
+    """(`without-no-grad`, None) where autograd was seen at work (autograd_at), else (None, the
+    `not-seen` claim that says it was not)."""
+    graphs = claims.make("without-no-grad", autograd=autograd)
+    return graphs, claims.not_seen(*AUTOGRAD_UNSEEN) if graphs is None else None

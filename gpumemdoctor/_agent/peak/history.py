@@ -39,6 +39,7 @@ from array import array
 from . import reading, replay
 from .. import main_thread
 from ..readings.felt import HISTORY_READ, count_since
+from ..search.blocks import py_incref
 from ..neutral import BULK_BALLAST, Bulk, quiet_gc
 from .peak import new_high
 from .saved_by import AT_STEP_END
@@ -164,7 +165,7 @@ class History:
         self.bulk = Bulk(ballast=0 if self.agent.run_dir else BULK_BALLAST)  # (as the sampler's: neutral.top_up)
         self.callback, self.add_pending = main_thread.pending_call(self._on_main_thread)
         try:
-            self.incref = reading.py_incref()
+            self.incref = py_incref()
         except Exception:
             self.bulk = None  # no readings: the snapshot's call could not be made safe
 

@@ -30,7 +30,8 @@ import weakref
 
 from . import replay
 from .history import Marks, install_backward_marks
-from .reading import events_only, py_incref
+from .reading import events_only
+from ..search.blocks import py_incref
 from .peak import _count
 
 # Entries: 1.5 an allocation or free (GPT-2 124M's step makes 3,200). Measured on an H100 (torch 2.11):

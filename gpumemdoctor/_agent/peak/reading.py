@@ -22,7 +22,6 @@ from json.encoder import encode_basestring
 
 from . import replay, saved_by
 from ..search import loop_holder
-from ..search.blocks import py_incref  # noqa: F401  (history.py and plugin_history.py take it from here)
 from ..neutral import HELD_SPARE
 from .peak import place
 
@@ -183,7 +182,7 @@ def events_only(torch, incref) -> dict:
     in a process imports torch._dynamo (6 s on an H100 machine) where the program has not. PyTorch
     2.11 takes the pool id's two items as its own references and lets them go (a second call with the
     same tuple then read freed ints: "mempool_id elements must be integers", then a crash): each call
-    first gives it the references it will drop (`incref`: py_incref())."""
+    first gives it the references it will drop (`incref`: search.blocks.py_incref())."""
     incref(NO_POOL[0])
     incref(NO_POOL[1])
     return torch._C._cuda_memorySnapshot(NO_POOL)

@@ -119,11 +119,6 @@ class Felt:
         self.starts = _Gaps()  # between two steps' starts
 
     @property
-    def busy(self) -> float:
-        """The agent's work since the last step's end."""
-        return sum(self.since_end.parts)
-
-    @property
     def gaps(self) -> int:
         return self.ends.count
 

@@ -180,20 +180,22 @@ class _NoInductor:
 # stack into Python objects: 2.1-2.8 ms for the growth watch's baseline of 46 blocks on an H200 with
 # the peak's history on (issue 57), hundreds of ms for a ring of 100,000 events.
 SEGMENTS_ONLY = (0, 0, False)
-_incref: list = []  # ctypes' Py_IncRef, made at the first snapshot
+_INCREF: list = []  # ctypes' Py_IncRef, made at its first use (ctypes is not imported with the agent)
 
 
 def py_incref():
-    """ctypes' Py_IncRef. PyTorch 2.11 takes a pool id's items as its own references and lets them
-    go (a second call with the same tuple then read freed ints: "mempool_id elements must be
+    """ctypes' Py_IncRef, made once. PyTorch 2.11 takes a pool id's items as its own references and
+    lets them go (a second call with the same tuple then read freed ints: "mempool_id elements must be
     integers", then a crash): each call with a pool id first gives it the references it will drop.
     Where a PyTorch drops none, the extra references keep a small int or False alive, no more."""
-    import ctypes
+    if not _INCREF:
+        import ctypes
 
-    incref = ctypes.pythonapi.Py_IncRef
-    incref.argtypes = [ctypes.py_object]
-    incref.restype = None
-    return incref
+        incref = ctypes.pythonapi.Py_IncRef
+        incref.argtypes = [ctypes.py_object]
+        incref.restype = None
+        _INCREF.append(incref)
+    return _INCREF[0]
 
 
 def snapshot(torch) -> dict:
@@ -203,10 +205,9 @@ def snapshot(torch) -> dict:
         memory_snapshot = getattr(getattr(torch, "_C", None), "_cuda_memorySnapshot", None)
         if memory_snapshot is not None:
             try:
-                if not _incref:
-                    _incref.append(py_incref())
+                incref = py_incref()
                 for item in SEGMENTS_ONLY:
-                    _incref[0](item)
+                    incref(item)
                 return memory_snapshot(SEGMENTS_ONLY)
             except (TypeError, ValueError, RuntimeError):
                 pass  # an older PyTorch: a pool id of two items, or none
