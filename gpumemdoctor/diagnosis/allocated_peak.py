@@ -287,7 +287,7 @@ def findings(c: PeakComposition, r: dict, where: str, readings: list = (), autog
         kind = "temporary-peak"
         made.insert(0, claims.make("concatenation", bytes=loop_joined["bytes"], pieces=loop_joined["pieces"],
                                    pieces_bytes=loop_joined["pieces_bytes"], pieces_live_at_peak=True,
-                                   result_held_at_reading=loop_joined["held"]))
+                                   result_held_at_reading=loop_joined["held"], reading_t=loop_joined["t"]))
     made = [m for m in made if m is not None]
     if loop:
         remedy = LOOP_REMEDIES[loop]
@@ -330,7 +330,7 @@ def _concatenation(c: PeakComposition, r: dict, gathered, readings: list, moment
     made = [claims.make("concatenation", bytes=joined["bytes"], pieces=joined["pieces"],
                         # (the pieces are gathered blocks of the peak: allocated at its moment, by the events)
                         pieces_bytes=joined["pieces_bytes"], pieces_live_at_peak=True,
-                        result_held_at_reading=joined.get("held"))]
+                        result_held_at_reading=joined.get("held"), reading_t=r["t"])]
     if loop:
         made.append(claims.make("library-loop", loop=loop, called_at=evidence.get("loop_called_at"),
                                 t=inside["t"]))
