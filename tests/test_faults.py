@@ -259,6 +259,7 @@ def test_supervisor_killed_the_target_runs_on_and_its_agent_file_survives(popen_
         while not marker.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert marker.read_text() == "finished"  # not harmed: no signal reached it
+        target.wait(timeout=15)  # its agent writes the exit record after the marker, at exit
     finally:
         if target.is_running():
             target.kill()
