@@ -59,7 +59,7 @@ class ToolSwitch:
             return f"supervisor pid {self.supervisor} only" if self.supervisor else "no supervisor: nothing is switched"
         if self.agent is None:
             return "no agent in this process: nothing is switched (A/A)"
-        parts = [f"agent pid {self.agent.pid}",
+        parts = [f"agent pid {self.agent.shared.pid}",
                  "step hook" if self.hook_key is not None else "NO step hook",
                  "sampling thread" if self.agent.timer.thread is not None else "NO sampling thread",
                  "gc callback" if self.gc_callback is not None else "no gc callback",
@@ -96,7 +96,8 @@ class ToolSwitch:
             self.hooks[self.hook_key] = self.agent._on_optimizer_step
         from gpumemdoctor._agent.readings.sampler import SamplingThread
 
-        self.agent.timer = SamplingThread(self.agent)
+        a = self.agent
+        a.timer = SamplingThread(a.shared, a.sampler, a.trace, a.phase_watch, a.start_devices)
         self.agent.timer.start()
 
 

@@ -60,7 +60,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory() as run_dir:
         agent = Agent(run_dir, args.interval)
-        agent.torch = torch
+        agent.shared.torch = torch
         agent.describe_devices()
         agent.prepare_reading()  # as at CUDA's start: without it no sample is taken
         agent.sampler.interval_s = 1e9  # no sample is ever due: the hook's own cost
@@ -77,7 +77,7 @@ def main() -> int:
             handle.remove()
             without.append(per_call_us(train_step, 2_000, repeats=1))
             torch.cuda.synchronize()
-        os.close(agent.channel.fd)
+        os.close(agent.shared.channel.fd)
 
     step_us = statistics.median(without)
     per_step_us = hook_us + sample_us * step_us / (args.interval * 1e6)

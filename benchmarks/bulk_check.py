@@ -4,6 +4,7 @@ on a real snapshot of a CUDA program: `python benchmarks/bulk_check.py` prints t
 after and exits 1 where one differs. Needs CUDA."""
 import gc
 import sys
+from types import SimpleNamespace
 
 import torch
 
@@ -12,7 +13,7 @@ from gpumemdoctor._agent.peak.history import History
 from gpumemdoctor._agent.peak.reading import NO_POOL
 from gpumemdoctor._agent.neutral import Bulk, checked_run
 
-history = History(None)
+history = History(SimpleNamespace(run_dir=None), None, None, None)  # only its ballast and incref
 history.prepare(1)
 
 

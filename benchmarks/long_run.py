@@ -84,11 +84,12 @@ def agent_phase(hours: float, run_dir: str) -> dict:
 
     agent, clock = fake_cuda.make_agent(run_dir, context_bytes=CONTEXT)
     clock.now = T0
-    agent.channel.write({"type": "hello", "pid": agent.pid, "ppid": os.getppid(), "t": T0, "argv": ["train.py"],
-                 "python": platform.python_version()})
-    agent.channel.write({"type": "torch", "t": T0, "version": agent.torch.__version__})
-    agent.channel.write({"type": "cuda", "t": T0})
-    agent.channel.write({"type": "devices", "t": T0, "allocator_backend": "native", "devices": [
+    write = agent.shared.channel.write
+    write({"type": "hello", "pid": agent.shared.pid, "ppid": os.getppid(), "t": T0, "argv": ["train.py"],
+           "python": platform.python_version()})
+    write({"type": "torch", "t": T0, "version": agent.shared.torch.__version__})
+    write({"type": "cuda", "t": T0})
+    write({"type": "devices", "t": T0, "allocator_backend": "native", "devices": [
         {"index": 0, "uuid": "GPU-synthetic", "pci_bus_id": None, "name": "synthetic", "nvml_index": 0}]})
     rng = random.Random(24)
     steps = int(hours * 3600 / STEP_S)
@@ -103,7 +104,7 @@ def agent_phase(hours: float, run_dir: str) -> dict:
         clock.now = T0 + (step + 1) * STEP_S
         allocated = allocated_at(step, rng, hours)
         reserved = reserved_for(allocated, reserved)
-        agent.torch.set(allocated, reserved)
+        agent.shared.torch.set(allocated, reserved)
         start_of_minute = step - step % per_minute
         if start_of_minute in timed:
             samples = agent.sampler.samples
@@ -123,13 +124,13 @@ def agent_phase(hours: float, run_dir: str) -> dict:
             rss[round(step * STEP_S / 3600, 1)] = rss_of_self()
     wall = time.perf_counter() - started
     clock.now += 1
-    agent.torch.set((1 << 30) + int(LEAK_PER_S * steps * STEP_S), reserved)  # at exit: weights and the leak
+    agent.shared.torch.set((1 << 30) + int(LEAK_PER_S * steps * STEP_S), reserved)  # at exit: weights and the leak
     exit_started = time.perf_counter()
     agent.at_exit()
     exit_s = time.perf_counter() - exit_started
     rss[round(hours, 1)] = rss_of_self()
     fake_cuda.restore_clock()
-    path = os.path.join(run_dir, f"agent-{agent.pid}.jsonl")
+    path = os.path.join(run_dir, f"agent-{agent.shared.pid}.jsonl")
 
     def summary(window: dict) -> dict:
         out = {}
@@ -153,10 +154,10 @@ def agent_phase(hours: float, run_dir: str) -> dict:
         "samples": agent.sampler.samples, "sampling_interval_s_at_end": agent.sampler.interval_s,
         "file_bytes": os.path.getsize(path), "file_lines": lines,
         "suspected_growth": agent.growth_watch.suspected,
-        "history_calls": [c["enabled"] for c in agent.torch.cuda.memory.history_calls],
+        "history_calls": [c["enabled"] for c in agent.shared.torch.cuda.memory.history_calls],
         "window_costs_us": {k: round(v, 3) for k, v in agent.sampler.cost.windows().items()},
         "process_rss_bytes_by_hour": {str(k): v for k, v in rss.items()},
-        "agent_file": path, "agent_pid": agent.pid,
+        "agent_file": path, "agent_pid": agent.shared.pid,
     }
 
 

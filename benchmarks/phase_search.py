@@ -83,8 +83,8 @@ def one(objects: int, modules: int = 0, threads: int = 0, package_root: Path = R
     agent.trace.mode = "off"  # the search at the first sample above the steps (no stacks window first)
     for _ in range(150):
         clock.now += 0.005
-        agent.torch.set(GiB + 200 * MiB, 8 * GiB)
-        agent.torch.set(GiB, 8 * GiB)
+        agent.shared.torch.set(GiB + 200 * MiB, 8 * GiB)
+        agent.shared.torch.set(GiB, 8 * GiB)
         agent.on_step(explicit=True)
     watch = agent.phase_watch
     started = time.perf_counter()
@@ -97,7 +97,7 @@ def one(objects: int, modules: int = 0, threads: int = 0, package_root: Path = R
     check_step_us = (time.perf_counter() - started) / 10_000 * 1e6
     for level in (GiB + 100 * MiB, GiB + 300 * MiB, GiB + 500 * MiB, GiB + 700 * MiB):
         clock.now += 0.02
-        agent.torch.set(level, 8 * GiB)
+        agent.shared.torch.set(level, 8 * GiB)
         sampling = threading.Thread(target=agent.sampler._sample, args=("time", True), name="gpumemdoctor-agent")
         sampling.start()
         sampling.join()
@@ -105,11 +105,11 @@ def one(objects: int, modules: int = 0, threads: int = 0, package_root: Path = R
             pass
     agent.growth_watch.wait_for_copies()
     fake_cuda.restore_clock()
-    records = [json.loads(x) for x in Path(run_dir, f"agent-{agent.pid}.jsonl").read_text().splitlines()]
+    records = [json.loads(x) for x in Path(run_dir, f"agent-{agent.shared.pid}.jsonl").read_text().splitlines()]
     search = next(r for r in records if r["type"] == "investigation" and r["when"] == "phase")
     from gpumemdoctor._agent.search import forked
 
-    cost = agent.cost
+    cost = agent.shared.cost
     # Before issue 31 search_pause_max_s was the fork alone; since, the whole pause (search_fork_max_s the fork)
     fork_ms = cost.get("search_fork_max_s", cost["search_pause_max_s"]) * 1000
     pause_ms = cost["phase_pause_s"] * 1000

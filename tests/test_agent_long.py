@@ -34,13 +34,13 @@ def agent_and_clock(tmp_path):
 
 
 def records(tmp_path, agent) -> list[dict]:
-    return [json.loads(x) for x in (tmp_path / f"agent-{agent.pid}.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in (tmp_path / f"agent-{agent.shared.pid}.jsonl").read_text().splitlines()]
 
 
 def run_steps(agent, clock, steps: int, step_s: float, allocated) -> None:
     for _ in range(steps):
         clock.now += step_s
-        agent.torch.set(allocated(agent.steps, clock.now), 8 << 30)
+        agent.shared.torch.set(allocated(agent.shared.steps, clock.now), 8 << 30)
         agent.on_step(explicit=True)
 
 
@@ -81,7 +81,7 @@ def test_trace_auto_records_stacks_for_a_window_then_stops(agent_and_clock, tmp_
 
     run_steps(agent, clock, 3000, 0.1, leak)  # 300 s
     agent.growth_watch.wait_for_copies()  # the search was made in a copy of the process
-    calls = agent.torch.cuda.memory.history_calls
+    calls = agent.shared.torch.cuda.memory.history_calls
     assert [c["enabled"] for c in calls] == ["state", None]
     traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]
     # growth seen between steps: stacks until the growth search, made INVESTIGATE_AFTER_STEPS later
@@ -99,7 +99,7 @@ def test_trace_on_is_never_stopped(tmp_path):
     try:
         agent.trace.start("flag")
         run_steps(agent, clock, 3000, 0.1, lambda step, now: (1 << 30) + step // 10 * MiB)
-        assert [c["enabled"] for c in agent.torch.cuda.memory.history_calls] == ["state"]
+        assert [c["enabled"] for c in agent.shared.torch.cuda.memory.history_calls] == ["state"]
         assert agent.trace.on
     finally:
         fake_cuda.restore_clock()
@@ -127,7 +127,7 @@ def test_trace_auto_records_stacks_for_a_start_up_window_by_steps(agent_and_cloc
     agent, clock = agent_and_clock
     agent.trace.start("start-up")
     run_steps(agent, clock, trace.STARTUP_STEPS + 50, 0.01, lambda step, now: 1 << 30)  # 1.5 s, no growth
-    assert [c["enabled"] for c in agent.torch.cuda.memory.history_calls] == ["state", None]
+    assert [c["enabled"] for c in agent.shared.torch.cuda.memory.history_calls] == ["state", None]
     traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]
     assert [t["why"] for t in traces] == ["start-up", f"start-up window ended ({trace.STARTUP_WINDOW_S:g} s or "
                                           f"{trace.STARTUP_STEPS} steps)"]
@@ -141,7 +141,7 @@ def test_growth_seen_inside_the_start_up_window_extends_it_without_a_second_call
     agent, clock = agent_and_clock
     agent.trace.start("start-up")
     agent.trace.start("growth", until_step=40)
-    assert [c["enabled"] for c in agent.torch.cuda.memory.history_calls] == ["state"]
+    assert [c["enabled"] for c in agent.shared.torch.cuda.memory.history_calls] == ["state"]
     assert agent.trace.on and agent.trace.window == "growth" and agent.trace.stop_step == 40
     traces = [r for r in records(tmp_path, agent) if r["type"] == "trace"]
     assert [t["why"] for t in traces] == ["start-up", "growth"] and all(t["ok"] for t in traces)
@@ -152,7 +152,7 @@ def test_the_window_closing_at_a_step_leaves_the_collectors_count_as_it_was(agen
     count after that step is what it was before it (scenarios/garbage_cycles_neutral.py on the H100:
     a window closing at step 50 of 120 left one more 16 MiB cycle alive at the end than a plain run)."""
     agent, clock = agent_and_clock
-    memory = agent.torch.cuda.memory
+    memory = agent.shared.torch.cuda.memory
     record, kept = memory._record_memory_history, []
 
     def keeping(*args, **kwargs):  # as PyTorch's may: it leaves an object alive
@@ -197,7 +197,7 @@ def test_growth_seen_over_time_before_any_step_leaves_the_steps_watched(agent_an
     try:
         for i in range(40):
             clock.now += 0.05
-            agent.torch.set((1 << 30) + i * 8 * MiB, 8 << 30)
+            agent.shared.torch.set((1 << 30) + i * 8 * MiB, 8 << 30)
             agent.sampler.sample("time")
     finally:
         gc.enable()
@@ -222,7 +222,7 @@ def test_dear_samples_lengthen_the_interval_to_keep_their_share(agent_and_clock,
     for _ in range(50):
         s._pace(400e-6)
     assert s.interval_s == pytest.approx(0.04)
-    agent.torch.set(64 * MiB, 64 * MiB)
+    agent.shared.torch.set(64 * MiB, 64 * MiB)
     run_steps_spent(agent, clock, steps=sampler.EVERY_STEP_UNTIL, step_s=0.001)  # all sampled
     before = s.samples
     run_steps_spent(agent, clock, steps=1000, step_s=0.001)
@@ -248,7 +248,7 @@ def test_an_interval_asked_above_the_lengthened_ceiling_is_kept_as_asked(agent_a
     the samples' cost lengthen a shorter interval up to 5 s, and never cut a longer one down to it."""
     agent, clock = agent_asked_10_s
     s = agent.sampler
-    agent.torch.set(64 * MiB, 64 * MiB)
+    agent.shared.torch.set(64 * MiB, 64 * MiB)
     s.samples = sampler.SAMPLES_PER_DOUBLING - 1
     s.sample("time")  # the 1000th sample: the base would double
     assert s.samples == sampler.SAMPLES_PER_DOUBLING
@@ -278,7 +278,7 @@ def test_the_first_samples_do_not_set_the_pace(agent_and_clock, monkeypatch):
     s = agent.sampler
     paced = []
     monkeypatch.setattr(s, "_pace", paced.append)
-    agent.torch.set(64 * MiB, 64 * MiB)
+    agent.shared.torch.set(64 * MiB, 64 * MiB)
     for _ in range(sampler.UNPACED_SAMPLES + 2):
         clock.now += 1
         assert s._sample("time", True)

@@ -32,7 +32,7 @@ def agent_and_clock(tmp_path):
 
 
 def records(tmp_path, agent) -> list[dict]:
-    return [json.loads(x) for x in (tmp_path / f"agent-{agent.pid}.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in (tmp_path / f"agent-{agent.shared.pid}.jsonl").read_text().splitlines()]
 
 
 def stats_of(torch):
@@ -89,8 +89,8 @@ def test_exit_record_carries_the_parts_and_the_probes_stay_as_they_were(agent_an
     agent, clock = agent_and_clock
     monkeypatch.setenv("CUDA_MODULE_LOADING", "LAZY")
     monkeypatch.delitem(sys.modules, "torch.distributed.distributed_c10d", raising=False)  # a program without it
-    agent.channel.write({"type": "hello", "pid": agent.pid})  # what Agent.begin writes first
-    torch = agent.torch
+    agent.shared.channel.write({"type": "hello", "pid": agent.shared.pid})  # what Agent.begin writes first
+    torch = agent.shared.torch
     for step in range(30):
         clock.now += 0.05
         torch.set(40 * MiB, 64 * MiB)
@@ -109,7 +109,7 @@ def test_exit_record_carries_the_parts_and_the_probes_stay_as_they_were(agent_an
     assert "exit_cublas_s" in done["cost"] and "exit_parts_s" in done["cost"]
 
     # read back strictly, kept in the recording, and itemised in the breakdown
-    agent_rec = read_agent_file(str(tmp_path / f"agent-{agent.pid}.jsonl"), 0.0)
+    agent_rec = read_agent_file(str(tmp_path / f"agent-{agent.shared.pid}.jsonl"), 0.0)
     assert agent_rec.exit_info["parts"]["cublas_workspaces"] == [[0, 32 * MiB]]
     again = AgentRecording.from_json(json.loads(json.dumps(agent_rec.to_json())))
     assert again.exit_info == agent_rec.exit_info
@@ -124,8 +124,8 @@ def test_a_failing_part_is_null_and_the_exit_record_is_still_written(agent_and_c
     def broken():
         raise RuntimeError("CUDA error")
 
-    agent.torch._C._cuda_clearCublasWorkspaces = broken
-    agent.torch.set(8 * MiB, 20 * MiB)
+    agent.shared.torch._C._cuda_clearCublasWorkspaces = broken
+    agent.shared.torch.set(8 * MiB, 20 * MiB)
     exit_probes.finish(agent)
     (done,) = [r for r in records(tmp_path, agent) if r["type"] == "exit"]
     assert done["parts"]["cublas_workspaces"] is None
@@ -157,7 +157,7 @@ def _recording(agent: AgentRecording) -> Recording:
 def test_a_sample_reads_pytorchs_stats_once_when_nothing_moves(agent_and_clock):
     agent, _ = agent_and_clock
     sampler = agent.sampler
-    agent.torch.set(100 * MiB, 128 * MiB)
+    agent.shared.torch.set(100 * MiB, 128 * MiB)
     calls = []
     real = sampler.stats_fn
     sampler.stats_fn = lambda index: calls.append(index) or real(index)
@@ -171,7 +171,7 @@ def test_a_sample_is_read_again_when_the_allocator_reserved_between_its_reads(ag
     NVML's second figure differs from its first, so the pair would not describe one moment."""
     agent, _ = agent_and_clock
     sampler = agent.sampler
-    torch = agent.torch
+    torch = agent.shared.torch
     torch.set(100 * MiB, 128 * MiB)
     calls = []
     real = sampler.stats_fn
@@ -193,7 +193,7 @@ def test_the_exit_probes_allocate_only_where_the_program_reserved_memory(agent_a
     """Issue 29: rank 1's stray context on GPU 0 (NVML's memory, nothing reserved) got a synchronize
     and a one-element tensor from the exit probes, which then read PyTorch's 2 MiB there."""
     agent, _ = agent_and_clock
-    torch = agent.torch
+    torch = agent.shared.torch
     torch.set(40 * MiB, 64 * MiB)
     touched = []
     torch.cuda.synchronize = lambda index=None: touched.append(("synchronize", index))
@@ -204,7 +204,7 @@ def test_the_exit_probes_allocate_only_where_the_program_reserved_memory(agent_a
     emptied = [2, 0, 0, 0, 0, CONTEXT, 8 * MiB, 16 * MiB]  # used, then given back before exit
     assert exit_probes.program_devices([stray, worked, emptied]) == [1, 2]
     exit_probes._probe(torch, [stray, worked, emptied], lambda name: None, agent.sampler.read_devices,
-                       agent.channel.write, None, skip_gc="a test")
+                       agent.shared.channel.write, None, skip_gc="a test")
     assert touched == [("synchronize", 1), ("empty", "cuda:1"), ("synchronize", 2), ("empty", "cuda:2")]
 
 
@@ -217,7 +217,7 @@ def test_the_exit_probes_allocate_only_where_the_program_reserved_memory(agent_a
 def test_the_exit_collection_is_skipped_only_where_no_garbage_can_hold_gpu_memory(
         agent_and_clock, tmp_path, monkeypatch, allocated, library, collected):
     agent, _ = agent_and_clock
-    agent.torch.set(allocated or 0, 20 * MiB)
+    agent.shared.torch.set(allocated or 0, 20 * MiB)
     if allocated is None:
         read = agent.sampler.read_devices
         monkeypatch.setattr(agent.sampler, "read_devices", lambda: [[r[0], None, *r[2:]] for r in read()])
@@ -239,14 +239,14 @@ def test_an_interrupt_during_the_exit_probes_ends_them_quietly(agent_and_clock):
     """A second Ctrl-C while the program ends (issue 28, row 10) stops the probes; it is not raised
     into the interpreter's exit, which would print "Exception ignored in atexit callback"."""
     agent, _ = agent_and_clock
-    agent.torch.set(8 * MiB, 20 * MiB)
+    agent.shared.torch.set(8 * MiB, 20 * MiB)
 
     def interrupted(record):
         raise KeyboardInterrupt
 
-    agent.channel.write = interrupted
+    agent.shared.channel.write = interrupted
     try:
         agent.at_exit()
     except KeyboardInterrupt:  # caught here, or it would stop the test session
         pytest.fail("the interrupt came out of Agent.at_exit")
-    assert agent.finished
+    assert agent.shared.finished

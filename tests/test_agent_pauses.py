@@ -12,18 +12,18 @@ from gpumemdoctor._agent.core import Agent
 def test_a_steps_pause_is_all_of_the_agents_work_at_its_end(tmp_path):
     agent = Agent(str(tmp_path), 0.0)
     agent.on_step(False)
-    first = agent.cost["step_pause_max_s"]
-    assert agent.cost["step_pause_max_step"] == 1 and 0 < first < 0.5
+    first = agent.shared.cost["step_pause_max_s"]
+    assert agent.shared.cost["step_pause_max_step"] == 1 and 0 < first < 0.5
     agent.forward_watch.state = 1  # (a part that does its work at this step's end)
     agent.forward_watch.at_step = lambda spent_s: time.sleep(0.03)
     agent.on_step(False)
-    assert agent.cost["step_pause_max_s"] >= 0.03 and agent.cost["step_pause_max_step"] == 2
+    assert agent.shared.cost["step_pause_max_s"] >= 0.03 and agent.shared.cost["step_pause_max_step"] == 2
     agent.forward_watch.at_step = lambda spent_s: None
     agent.on_step(False)  # a shorter step keeps the longest
-    assert agent.cost["step_pause_max_s"] >= 0.03 and agent.cost["step_pause_max_step"] == 2
+    assert agent.shared.cost["step_pause_max_s"] >= 0.03 and agent.shared.cost["step_pause_max_step"] == 2
     agent.forward_watch.at_step = lambda spent_s: 1 / 0  # a part that fails is still timed, and never raises
     agent.on_step(False)
-    assert agent.steps == 4
+    assert agent.shared.steps == 4
 
 
 def test_the_agent_times_its_own_start_in_the_program(cli, script, tmp_path):

@@ -29,7 +29,7 @@ def agent_and_clock(tmp_path):
 
 
 def groups_records(tmp_path, agent) -> list[dict]:
-    lines = (tmp_path / f"agent-{agent.pid}.jsonl").read_text().splitlines()
+    lines = (tmp_path / f"agent-{agent.shared.pid}.jsonl").read_text().splitlines()
     return [r for r in map(json.loads, lines) if r["type"] == "groups"]
 
 
@@ -57,8 +57,8 @@ def test_a_record_when_the_groups_change_and_none_between(agent_and_clock, tmp_p
     agent, clock = agent_and_clock
     monkeypatch.setenv("NCCL_BUFFSIZE", "2097152")
     monkeypatch.setenv("NCCL_DEBUG", "WARN")
-    agent.channel.write({"type": "hello", "pid": agent.pid})  # what Agent.begin writes first
-    agent.torch.set(40 * MiB, 64 * MiB)
+    agent.shared.channel.write({"type": "hello", "pid": agent.shared.pid})  # what Agent.begin writes first
+    agent.shared.torch.set(40 * MiB, 64 * MiB)
     agent.on_step(explicit=True)  # torch.distributed imported, no group yet: nothing to say
     assert groups_records(tmp_path, agent) == []
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -83,7 +83,7 @@ def test_a_record_when_the_groups_change_and_none_between(agent_and_clock, tmp_p
     # read back strictly, into the process's records, times from the run's start
     from gpumemdoctor.recording.agent_files import read_agent_file
 
-    back = read_agent_file(str(tmp_path / f"agent-{agent.pid}.jsonl"), 1000.0).root["groups"]
+    back = read_agent_file(str(tmp_path / f"agent-{agent.shared.pid}.jsonl"), 1000.0).root["groups"]
     assert [(r["groups"], r["step"], r["nccl_env"]) for r in back] == [(1, 2, {"NCCL_BUFFSIZE": "2097152"}),
                                                                        (2, 5, None), (0, 6, None)]
     assert back[0]["t"] == pytest.approx(first["t"] - 1000.0)
@@ -125,7 +125,7 @@ def test_the_agent_never_imports_torch_distributed(agent_and_clock, monkeypatch)
     for name in ("torch.distributed", "torch.distributed.distributed_c10d"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     agent.process_groups.check(1.0)
-    assert process_groups.exit_memory(agent.torch) is None
+    assert process_groups.exit_memory(agent.shared.torch) is None
     assert "torch.distributed.distributed_c10d" not in sys.modules
 
 
@@ -194,10 +194,10 @@ def _wrapped(monkeypatch, cuda: _Cuda, pid: int | None = None):
     monkeypatch.setitem(sys.modules, "torch.distributed", dist)
     sampler = SimpleNamespace(neutral=object(), lock=__import__("threading").Lock(),
                               read_devices=lambda: [[0, 0, 0, 2 << 20, 0, 520 << 20, 0, 0]])
-    agent = SimpleNamespace(pid=pid or os.getpid(), finished=False, devices=[{"index": 0}], sampler=sampler,
-                            channel=SimpleNamespace(write=written.append))
+    shared = SimpleNamespace(pid=pid or os.getpid(), finished=False, devices=[{"index": 0}],
+                             channel=SimpleNamespace(write=written.append))
     torch = SimpleNamespace(cuda=cuda, empty=lambda *a, **k: made.append(k.get("device")))
-    process_groups.install_context_reading(agent, torch)
+    process_groups.install_context_reading(shared, sampler, torch)
     assert c10d.init_process_group is dist.init_process_group is not init_process_group
     return c10d.init_process_group, written, calls, made
 

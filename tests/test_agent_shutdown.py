@@ -9,17 +9,18 @@ import sys
 import textwrap
 
 PROGRAM = textwrap.dedent('''
-    import atexit, os, sys, threading, time, weakref
+    import atexit, os, sys, threading, time, types, weakref
     from concurrent.futures import ThreadPoolExecutor
     from gpumemdoctor._agent import threads
 
     freed = []
 
     class Agent:  # a stand-in: what the real agent's at_exit would measure, it prints
-        pid, devices, finished, shutdown = os.getpid(), [0], False, None
+        shared = types.SimpleNamespace(pid=os.getpid(), devices=[0], finished=False)
+        shutdown = None
 
         def at_exit(self):
-            self.finished = True
+            self.shared.finished = True
             print("probes", len(freed), self.shutdown, flush=True)
 
     agent = Agent()
@@ -39,7 +40,7 @@ PROGRAM = textwrap.dedent('''
         pool.submit(work).result()
     if sys.argv[1] == "busy":
         threading.Thread(target=time.sleep, args=(0.3,), name="still-working").start()
-    atexit.register(lambda: print("atexit", len(freed), agent.finished, flush=True))
+    atexit.register(lambda: print("atexit", len(freed), agent.shared.finished, flush=True))
 ''')
 
 

@@ -41,7 +41,7 @@ def agent_and_clock(tmp_path):
 
 
 def records(tmp_path, agent) -> list[dict]:
-    return [json.loads(x) for x in (tmp_path / f"agent-{agent.pid}.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in (tmp_path / f"agent-{agent.shared.pid}.jsonl").read_text().splitlines()]
 
 
 def recording_of(agent: AgentRecording, **target) -> Recording:
@@ -55,16 +55,16 @@ def recording_of(agent: AgentRecording, **target) -> Recording:
 def test_os_exit_writes_a_last_reading_and_the_report_says_the_end_was_not_seen(agent_and_clock, tmp_path,
                                                                                monkeypatch):
     agent, clock = agent_and_clock
-    agent.channel.write({"type": "hello", "pid": agent.pid})  # what Agent.begin writes first
+    agent.shared.channel.write({"type": "hello", "pid": agent.shared.pid})  # what Agent.begin writes first
     real = []
     monkeypatch.setattr(os, "_exit", real.append)  # what the stand-in calls in the end
     exit_probes.install_hard_exit(lambda: agent)
     assert os._exit is not real.append
     for step in range(3):
-        agent.torch.set(64 * MiB * (step + 1), 256 * MiB)
+        agent.shared.torch.set(64 * MiB * (step + 1), 256 * MiB)
         clock.now += 0.02
         agent.on_step(explicit=True)
-    agent.torch.set(2560 * MiB, 2560 * MiB)  # the leak, then os._exit at once: no sample saw it
+    agent.shared.torch.set(2560 * MiB, 2560 * MiB)  # the leak, then os._exit at once: no sample saw it
     os._exit(3)
     assert real == [3]  # the real os._exit, with the program's status, once
     found = records(tmp_path, agent)
@@ -74,7 +74,7 @@ def test_os_exit_writes_a_last_reading_and_the_report_says_the_end_was_not_seen(
     os._exit(4)  # a second call writes nothing more
     assert real == [3, 4] and len([r for r in records(tmp_path, agent) if r["type"] == "hard-exit"]) == 1
 
-    rec = read_agent_file(str(tmp_path / f"agent-{agent.pid}.jsonl"), 0.0)
+    rec = read_agent_file(str(tmp_path / f"agent-{agent.shared.pid}.jsonl"), 0.0)
     assert rec.hard_exit["status"] == 3 and rec.samples[-1].by == "hard-exit"
     again = AgentRecording.from_json(json.loads(json.dumps(rec.to_json())))
     assert again.hard_exit == rec.hard_exit
@@ -92,9 +92,9 @@ def test_the_stand_in_for_os_exit_does_nothing_in_another_process(agent_and_cloc
     real = []
     monkeypatch.setattr(os, "_exit", real.append)
     exit_probes.install_hard_exit(lambda: agent)
-    agent.channel.write({"type": "hello", "pid": agent.pid})
-    path = tmp_path / f"agent-{agent.pid}.jsonl"
-    agent.pid += 1  # as in a forked copy, whose agent is its parent's
+    agent.shared.channel.write({"type": "hello", "pid": agent.shared.pid})
+    path = tmp_path / f"agent-{agent.shared.pid}.jsonl"
+    agent.shared.pid += 1  # as in a forked copy, whose agent is its parent's
     os._exit(0)
     assert real == [0] and [json.loads(x)["type"] for x in path.read_text().splitlines()] == ["hello"]
 
@@ -188,8 +188,8 @@ def test_a_process_alive_after_the_run_is_no_end_not_seen():
 
 def test_the_samples_count_a_disabled_collector_and_the_exit_record_keeps_it(agent_and_clock, tmp_path):
     agent, clock = agent_and_clock
-    agent.channel.write({"type": "hello", "pid": agent.pid})  # what Agent.begin writes first
-    agent.torch.set(8 * MiB, 20 * MiB)
+    agent.shared.channel.write({"type": "hello", "pid": agent.shared.pid})  # what Agent.begin writes first
+    agent.shared.torch.set(8 * MiB, 20 * MiB)
     was = gc.isenabled()
     gc.disable()
     try:
@@ -209,7 +209,7 @@ def test_the_samples_count_a_disabled_collector_and_the_exit_record_keeps_it(age
     assert done["collector"] == {"enabled_at_exit": was, "threshold": gc.get_threshold()[0], "off_samples": 3,
                                  "samples": 4, "count_left_higher": 0}
     assert ballast > 0
-    rec = read_agent_file(str(tmp_path / f"agent-{agent.pid}.jsonl"), 0.0)
+    rec = read_agent_file(str(tmp_path / f"agent-{agent.shared.pid}.jsonl"), 0.0)
     assert rec.exit_info["collector"]["off_samples"] == 3
 
 

@@ -354,8 +354,8 @@ def _agent_with_stand_in_torch(tmp_path):
         _C=types.SimpleNamespace(_cuda_memoryStats=_nested_stats),
         cuda=types.SimpleNamespace(memory_stats_as_nested_dict=_nested_stats))
     agent = Agent(str(tmp_path), 0.0)
-    agent.torch = torch
-    agent.devices = [{"index": 0, "uuid": "GPU-0", "pci_bus_id": None, "name": "stand-in", "nvml_device": None}]
+    agent.shared.torch = torch
+    agent.shared.devices = [{"index": 0, "uuid": "GPU-0", "pci_bus_id": None, "name": "stand-in", "nvml_device": None}]
     agent.prepare_reading()
     agent.attach_observers()  # the collector's callback; PyTorch's out-of-memory observer is absent here
     return agent
@@ -376,7 +376,7 @@ def test_the_agents_samples_and_collection_callback_leave_the_collector_alone(tm
         measured = _cycles_program(read)
     finally:
         gc.callbacks.remove(agent.collections.callback)
-        os.close(agent.channel.fd)
+        os.close(agent.shared.channel.fd)
     assert agent.sampler.samples > 300 and agent.collections.measured >= 10
     assert measured[1] == plain[1]  # as many collections of each generation
     if sys.version_info[:2] in ((3, 11), (3, 12)):  # where it was measured (CI's and the GPU machines')

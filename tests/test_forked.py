@@ -162,7 +162,7 @@ def test_the_copy_starts_no_agent_and_leaves_no_trace(tmp_path):
         _agent.start()
         agent = _agent._agent
         print("buffered once,", end=" ")  # in the buffer of a piped stdout when the copy is made
-        copy = forked.start(lambda: agent.channel.write({"type": "note", "from": "copy"}), 5.0)
+        copy = forked.start(lambda: agent.shared.channel.write({"type": "note", "from": "copy"}), 5.0)
         while not copy.poll():
             time.sleep(0.01)
         print(copy.status)

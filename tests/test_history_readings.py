@@ -15,9 +15,9 @@ GiB = 1 << 30
 
 def _history():
     sampler = SimpleNamespace(rows=[[0, 0, 0, 0, 0, 0, 0, 0]], live=[True], events=[None])
-    agent = SimpleNamespace(sampler=sampler, run_dir="x", trace=SimpleNamespace(mode="auto", on=False), steps=0,
-                            forward_watch=SimpleNamespace(state=0))
-    h = H.History(agent)
+    shared = SimpleNamespace(run_dir="x", steps=0)
+    h = H.History(shared, sampler, SimpleNamespace(mode="auto", on=False), None)
+    h.forward_watch = SimpleNamespace(state=0)
     h.best, h.seen, h.events = [0], [None], [0]
     h.on = True
     done = []
@@ -96,39 +96,39 @@ def _recorder(takes_skip: bool):
         def record(enabled, context, stacks, max_entries):
             calls.append({"context": context, "max_entries": max_entries})
     torch = SimpleNamespace(cuda=SimpleNamespace(memory=SimpleNamespace(_record_memory_history=record)))
-    agent = SimpleNamespace(torch=torch, run_dir="x", trace=SimpleNamespace(mode="auto", on=False))
-    return H.History(agent), calls
+    shared = SimpleNamespace(torch=torch, run_dir="x")
+    return H.History(shared, None, SimpleNamespace(mode="auto", on=False), None), calls
 
 
 def test_the_ring_leaves_out_the_entries_no_walk_reads_and_holds_as_many_events_without_them():
     h, calls = _recorder(True)
-    h.apply(False)
-    h.apply(True)  # trace.py's window: the live blocks' stacks, the same ring
+    h.ring.apply(False)
+    h.ring.apply(True)  # trace.py's window: the live blocks' stacks, the same ring
     assert [c["skip_actions"] for c in calls] == [H.SKIPPED, H.SKIPPED]
     assert calls[0]["max_entries"] == calls[1]["max_entries"] == int(H.MIN_EVENTS * H.ENTRIES_PER_EVENT[1])
     assert (calls[0]["context"], calls[1]["context"]) == (None, "state")
-    assert h.skips
+    assert h.ring.skips
     old, old_calls = _recorder(False)
-    old.apply(False)  # the first call fails on skip_actions; the second records every action
-    assert not old.skips and len(old_calls) == 1
-    assert old_calls[0]["max_entries"] == old.capacity
+    old.ring.apply(False)  # the first call fails on skip_actions; the second records every action
+    assert not old.ring.skips and len(old_calls) == 1
+    assert old_calls[0]["max_entries"] == old.ring.capacity
     # The same events either way: a free's request and its completion are 1.5 entries an event.
-    assert abs(old.capacity / H.ENTRIES_PER_EVENT[0] - h.capacity / H.ENTRIES_PER_EVENT[1]) <= 2
-    assert old.capacity > 1.4 * h.capacity
+    assert abs(old.ring.capacity / H.ENTRIES_PER_EVENT[0] - h.ring.capacity / H.ENTRIES_PER_EVENT[1]) <= 2
+    assert old.ring.capacity > 1.4 * h.ring.capacity
 
 
 def test_the_ring_grows_to_twice_the_busiest_steps_events_within_its_bounds():
     h, calls = _recorder(True)
-    h.apply(False)
-    h.busiest = 4000
-    h.resize()
-    assert h.capacity == H.capacity(8000, True) and calls[-1]["max_entries"] == h.capacity
-    h.busiest = 100_000
-    h.resize()
-    assert h.capacity == H.capacity(H.MAX_EVENTS, True)
+    h.ring.apply(False)
+    h.ring.busiest = 4000
+    h.ring.resize()
+    assert h.ring.capacity == H.capacity(8000, True) and calls[-1]["max_entries"] == h.ring.capacity
+    h.ring.busiest = 100_000
+    h.ring.resize()
+    assert h.ring.capacity == H.capacity(H.MAX_EVENTS, True)
     n = len(calls)
-    h.busiest = 120_000
-    h.resize()  # at its largest already: no new call
+    h.ring.busiest = 120_000
+    h.ring.resize()  # at its largest already: no new call
     assert len(calls) == n
 
 
@@ -153,12 +153,12 @@ def _reading_agent(pad: int = 0):
     sampler = SimpleNamespace(rows=[[0, base, 0, 0, 0, 0, base + 2 * GiB, 0]], live=[True], events=[None],
                               stats_fn=lambda i: stats)
     lines: list = []
-    agent = SimpleNamespace(torch=torch, sampler=sampler, steps=5, cost={}, run_dir="x", finished=False,
-                            trace=SimpleNamespace(mode="auto", on=False),
-                            channel=SimpleNamespace(write_line=lines.append),
-                            peak_watch=SimpleNamespace(optimizer_figures=lambda *a: None),
-                            forward_watch=SimpleNamespace(arm=lambda i: None, state=0))
-    h = H.History(agent)
+    shared = SimpleNamespace(torch=torch, steps=5, cost={}, run_dir="x", finished=False, felt=None,
+                             channel=SimpleNamespace(write_line=lines.append))
+    h = H.History(shared, sampler, SimpleNamespace(mode="auto", on=False),
+                  SimpleNamespace(optimizer_figures=lambda *a: None))
+    h.forward_watch = SimpleNamespace(arm=lambda i: None, state=0)
+    agent = SimpleNamespace(shared=shared, sampler=sampler, forward_watch=h.forward_watch, history=h)
     h.prepare(1)
     while top_up(h.bulk):  # (under `run` the agent's collector callback makes it, at collections' starts)
         pass
@@ -186,12 +186,12 @@ def test_a_reading_at_a_steps_sample_walks_at_the_next_steps_and_leaves_the_coll
         c = get()[0]
         h.check(0.0, "step")  # the high has gone: read, the walk put off
         moved[0] = get()[0] - c
-        states[0] = [h.taken is not None, len(lines), agent.cost["history_reads"]]
+        states[0] = [h.taken is not None, len(lines), agent.shared.cost["history_reads"]]
         c = get()[0]
         h.check(0.0, "step")  # the same step: nothing more
         moved[1] = get()[0] - c
         states[1] = [h.taken is not None, len(lines)]
-        agent.steps = 6
+        agent.shared.steps = 6
         c = get()[0]
         h.check(0.0, "step")
         moved[2] = get()[0] - c
@@ -207,7 +207,7 @@ def test_a_reading_at_a_steps_sample_walks_at_the_next_steps_and_leaves_the_coll
     assert record["allocated_peak"] == 4 * GiB and record["complete"]
     assert sum(p["bytes"] for p in record["parts"].values()) == 4 * GiB
     assert record["elapsed_s"] >= record["taken_s"] > 0
-    assert agent.cost["history_read_max_s"] <= record["elapsed_s"]
+    assert agent.shared.cost["history_read_max_s"] <= record["elapsed_s"]
     assert h.bulk.short == 0 and h.bulk.ready()
 
 
@@ -224,12 +224,12 @@ def test_the_step_that_reads_the_modules_step_makes_no_reading_nor_walk_of_its_o
     agent.forward_watch.state = DONE
     h.check(0.0, "step")  # the next step: the reading, its walk put off
     assert h.taken is not None and h.walk_at == 6 and lines == []
-    agent.steps = 6
+    agent.shared.steps = 6
     agent.forward_watch.state = RECORDING  # (as if the modules' step ended here)
     h.check(0.0, "step")
     assert h.taken is not None and lines == []  # the walk waits another step
     agent.forward_watch.state = DONE
-    agent.steps = 7
+    agent.shared.steps = 7
     h.check(0.0, "step")
     assert h.taken is None and len(lines) == 1
 
@@ -238,7 +238,7 @@ def test_a_walk_put_off_is_made_at_exit_and_a_reading_outside_a_steps_sample_is_
     h, agent, lines = _reading_agent()
     h.check(0.0, "step")
     assert h.taken is not None
-    agent.finished = True
+    agent.shared.finished = True
     h.at_exit()  # the program ends before another step: its walk is made there
     assert h.taken is None and len(lines) == 1
     h2, agent2, lines2 = _reading_agent()
@@ -257,14 +257,14 @@ def test_a_reading_in_the_middle_of_a_step_walks_after_the_next_step_and_at_once
     h.pending = 0
     h._on_main_thread(None)  # (the main thread's call between two of its bytecodes, in step 6)
     assert h.taken is not None and h.walk_at == 7
-    agent.steps = 6
+    agent.shared.steps = 6
     h.check(0.0, "step")  # the end of the step the reading fell in
     assert h.taken is not None and lines == []
-    agent.steps = 7
+    agent.shared.steps = 7
     h.check(0.0, "step")
     assert h.taken is None and len(lines) == 1
     h2, agent2, lines2 = _reading_agent()
-    agent2.steps = 0
+    agent2.shared.steps = 0
     h2.pending = 0
     h2._on_main_thread(None)
     assert h2.taken is None and len(lines2) == 1
@@ -282,10 +282,10 @@ def test_os_exit_makes_a_walk_that_was_put_off():
     h.check(0.0, "step")
     assert h.taken is not None
     written: list = []
-    agent.pid, agent.history, agent.devices = os.getpid(), h, [{}]
+    agent.shared.pid, agent.shared.devices = os.getpid(), [{}]
     agent.sampler.neutral, agent.sampler.lock = object(), threading.Lock()
     agent.sampler.read_devices = lambda: []
-    agent.channel.write = written.append
+    agent.shared.channel.write = written.append
     exit_probes.hard_exit(agent, 3)
     assert h.taken is None and len(lines) == 1 and '"put_off":true' in lines[0]
     assert [r["type"] for r in written] == ["hard-exit"]
@@ -303,13 +303,13 @@ def test_trace_events_keeps_the_allocation_events_and_never_records_stacks(tmp_p
         try:
             agent.cuda_seen = False
             agent.on_cuda()  # (as PyTorch's lazy CUDA start calls it)
-            seen[mode] = ([c.get("context") for c in agent.torch.cuda.memory.history_calls], agent.history.on)
+            seen[mode] = ([c.get("context") for c in agent.shared.torch.cuda.memory.history_calls], agent.history.on)
         finally:
             fake_cuda.restore_clock()
-            if agent.channel.fd is not None:
+            if agent.shared.channel.fd is not None:
                 import os
 
-                os.close(agent.channel.fd)
+                os.close(agent.shared.channel.fd)
     assert seen["auto"] == ([None, "state"], True) and seen["on"] == ([None, "state"], True)
     assert seen["events"] == ([None], True)
     assert seen["off"] == ([], False)
@@ -324,10 +324,10 @@ def test_the_steps_events_are_counted_while_a_walk_waits():
     assert h.taken is not None
     agent.sampler.events = [1300]  # the same step's sample again: 300 events
     h.check(0.0, "step")
-    agent.steps = 6
+    agent.shared.steps = 6
     agent.sampler.events = [1600]  # the next step: the walk, and 300 more
     h.check(0.0, "step")
-    assert h.taken is None and h.busiest == 300
+    assert h.taken is None and h.ring.busiest == 300
 
 
 def test_a_walk_put_off_that_fails_still_puts_the_collectors_count_back(monkeypatch):
@@ -344,7 +344,7 @@ def test_a_walk_put_off_that_fails_still_puts_the_collectors_count_back(monkeypa
         raise KeyError("size")
 
     monkeypatch.setattr(H.reading.replay, "replay", broken)
-    agent.steps = 6
+    agent.shared.steps = 6
     was = gc.isenabled()
     gc.disable()
     try:

@@ -194,6 +194,41 @@ def test_the_agent_is_its_life_cycle_and_a_few_packages_by_job():
         assert not [p for p in (agent / name).iterdir() if p.is_dir() and p.name != "__pycache__"]
 
 
+# The agent's composition root and its life cycle: they make the parts and end them, so they hold the
+# agent (threads.py's and plugin_history.py's process hooks find it through `current()`, a local).
+AGENT_HOLDERS = ("core", "exit", "attach", "__init__")
+
+
+def parts_reaching_the_agent(agent: Path = PACKAGE / "_agent") -> list[str]:
+    """Each place where a part of the agent holds the agent itself, through which it could reach its
+    siblings unseen: an attribute named `agent` (`self.agent`) or a parameter named `agent`."""
+    found = []
+    for path in sorted(agent.rglob("*.py")):
+        relative = path.relative_to(agent).with_suffix("")
+        if str(relative) in AGENT_HOLDERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "agent":
+                found.append(f"{relative}:{node.lineno} .agent")
+            elif isinstance(node, ast.arg) and node.arg == "agent":
+                found.append(f"{relative}:{node.lineno} parameter agent")
+    return found
+
+
+def test_each_part_of_the_agent_is_handed_what_it_uses():
+    """Issue 59 item 2: core.py hands each part the shared state (shared.py) and, by name, the siblings
+    it uses; no part is handed the agent, so every tie between parts is in `Agent.__init__`."""
+    found = parts_reaching_the_agent()
+    assert not found, "; ".join(found)
+
+
+def test_a_part_that_holds_the_agent_is_found(tmp_path):
+    """The check itself can fail: a part that keeps the agent, and a helper that takes it."""
+    (tmp_path / "core.py").write_text("class Agent:\n    pass\n")
+    (tmp_path / "part.py").write_text("class Part:\n    def __init__(self, agent):\n        self.agent = agent\n")
+    assert parts_reaching_the_agent(tmp_path) == ["part:2 parameter agent", "part:3 .agent"]
+
+
 def test_no_module_imports_itself_back():
     found = circles(import_graph())
     assert not found, "import circles: " + "; ".join(" <-> ".join(c) for c in found)

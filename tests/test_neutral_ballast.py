@@ -29,9 +29,9 @@ def _stand_in_agent(tmp_path):
         return out
 
     agent = Agent(str(tmp_path), 0.0)
-    agent.torch = types.SimpleNamespace(_C=types.SimpleNamespace(_cuda_memoryStats=nested),
-                                        cuda=types.SimpleNamespace(memory_stats_as_nested_dict=nested))
-    agent.devices = [{"index": 0, "uuid": "GPU-0", "pci_bus_id": None, "name": "stand-in", "nvml_device": None}]
+    agent.shared.torch = types.SimpleNamespace(_C=types.SimpleNamespace(_cuda_memoryStats=nested),
+                                               cuda=types.SimpleNamespace(memory_stats_as_nested_dict=nested))
+    agent.shared.devices = [{"index": 0, "uuid": "GPU-0", "pci_bus_id": None, "name": "stand-in", "nvml_device": None}]
     return agent
 
 
@@ -66,7 +66,7 @@ def test_the_agents_ballast_is_made_at_collections_and_joins_no_generation(tmp_p
         added = _tracked() - before
     finally:
         gc.callbacks.remove(agent.collections.callback)
-        os.close(agent.channel.fd)
+        os.close(agent.shared.channel.fd)
     if kind == "tracked":
         assert added >= BALLAST + BULK_BALLAST
     else:

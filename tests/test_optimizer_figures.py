@@ -17,7 +17,7 @@ CPU = -1
 
 
 def _watch(*optimizers) -> PeakWatch:
-    watch = PeakWatch(SimpleNamespace())
+    watch = PeakWatch(SimpleNamespace(), None, None, None)
     watch.optimizers = [weakref.ref(o) for o in optimizers]
     return watch
 

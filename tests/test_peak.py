@@ -36,7 +36,7 @@ def test_a_capture_at_each_new_high_and_none_below_it(agent_and_clock, tmp_path)
     agent, clock = agent_and_clock
     for level in (32 * MiB, 512 * MiB, 520 * MiB, GiB, 900 * MiB, 2 * GiB, 2 * GiB):
         clock.now += 0.05
-        agent.torch.set(level, level)
+        agent.shared.torch.set(level, level)
         agent.on_step(explicit=True)
     found = captures(tmp_path, agent)
     # 32 MiB is below MIN_BYTES; 520 MiB is within RISE of 512; 900 MiB and the repeat are no new highs.
@@ -45,7 +45,7 @@ def test_a_capture_at_each_new_high_and_none_below_it(agent_and_clock, tmp_path)
     for c in found:
         records.apply_record(root, "peak", c, 0.0)  # the declared shape reads them
     assert [c["n"] for c in root["peaks"]] == [1, 2, 3]
-    assert agent.cost["peak_capture_max_s"] > 0
+    assert agent.shared.cost["peak_capture_max_s"] > 0
 
 
 def test_captures_stop_at_their_bound_and_late_ones_need_a_larger_rise(agent_and_clock, tmp_path):
@@ -54,7 +54,7 @@ def test_captures_stop_at_their_bound_and_late_ones_need_a_larger_rise(agent_and
     for _ in range(200):
         level = int(level * 1.03) + 17 * MiB  # a new high at every step, 3% up
         clock.now += 0.05
-        agent.torch.set(level, level)
+        agent.shared.torch.set(level, level)
         agent.on_step(explicit=True)
     found = captures(tmp_path, agent)
     assert len(found) == agent_peak.MAX_CAPTURES
@@ -70,10 +70,10 @@ def test_a_rise_after_the_last_sample_is_captured_at_exit(agent_and_clock, tmp_p
     agent, clock = agent_and_clock
     for level in (512 * MiB, GiB):
         clock.now += 0.05
-        agent.torch.set(level, level)
+        agent.shared.torch.set(level, level)
         agent.on_step(explicit=True)
     clock.now += 5.0  # the program grows on after its last step, then ends
-    agent.torch.set(3 * GiB, 3 * GiB)
+    agent.shared.torch.set(3 * GiB, 3 * GiB)
     exit_probes.finish(agent)
     found = captures(tmp_path, agent)
     assert [c["reserved"] for c in found] == [512 * MiB, GiB, 3 * GiB]
@@ -92,9 +92,9 @@ def test_an_end_below_the_highest_capture_is_no_capture(agent_and_clock, tmp_pat
 
     agent, clock = agent_and_clock
     clock.now += 0.05
-    agent.torch.set(2 * GiB, 2 * GiB)
+    agent.shared.torch.set(2 * GiB, 2 * GiB)
     agent.on_step(explicit=True)
-    agent.torch.set(GiB, GiB)
+    agent.shared.torch.set(GiB, GiB)
     exit_probes.finish(agent)
     assert [c["reserved"] for c in captures(tmp_path, agent)] == [2 * GiB]
 
@@ -282,9 +282,9 @@ def test_the_probe_runs_on_the_main_thread_when_the_agent_s_thread_asks(agent_an
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("pending calls run on the main thread")
     agent, clock = agent_and_clock
-    agent.torch.nn = type("nn", (), {"Module": type("Module", (), {})})
+    agent.shared.torch.nn = type("nn", (), {"Module": type("Module", (), {})})
     clock.now += 1
-    agent.torch.set(GiB, GiB)
+    agent.shared.torch.set(GiB, GiB)
     sampling = threading.Thread(target=agent.sampler._sample, args=("time", True), name="gpumemdoctor-agent")
     sampling.start()
     sampling.join()
@@ -361,9 +361,9 @@ def test_the_probe_waits_for_a_new_high_s_tensor_to_be_named(agent_and_clock, tm
         pytest.skip("pending calls run on the main thread")
     torch = pytest.importorskip("torch")
     agent, clock = agent_and_clock
-    agent.torch.nn = torch.nn
-    agent.torch.Tensor = torch.Tensor
-    agent.torch._C = torch._C
+    agent.shared.torch.nn = torch.nn
+    agent.shared.torch.Tensor = torch.Tensor
+    agent.shared.torch._C = torch._C
     watch = agent.peak_watch
     # tensors on the CPU count as the capture's device here
     watch.pending_device = 0
@@ -391,7 +391,7 @@ def test_the_probe_waits_for_a_new_high_s_tensor_to_be_named(agent_and_clock, tm
                 break
             time.sleep(0.001)
         clock.now += 1
-        agent.torch.set(GiB, GiB)
+        agent.shared.torch.set(GiB, GiB)
         agent.sampler._sample("time", True)
         made.set_result(torch.ones(1024))
 
@@ -713,7 +713,7 @@ def test_a_probe_barely_moves_the_collector_s_count(agent_and_clock, tmp_path):
     import gc
 
     agent, clock = agent_and_clock
-    agent.torch.nn = type("nn", (), {"Module": type("Module", (), {})})
+    agent.shared.torch.nn = type("nn", (), {"Module": type("Module", (), {})})
     keep = [[] for _ in range(50)]  # the program's names: what the probe walks
     was = gc.isenabled()
     gc.disable()
@@ -859,7 +859,7 @@ def test_a_capture_s_line_is_written_after_its_reading(agent_and_clock, tmp_path
     `write` makes of dicts, as the trace window's at a step, stays inside its reading, where its
     dicts are put back: on the program's thread only the agent's, which makes none, can run.)"""
     agent, clock = agent_and_clock
-    neutral, channel = agent.sampler.neutral, agent.channel
+    neutral, channel = agent.sampler.neutral, agent.shared.channel
     inside, written_inside = [False], []
     read, write_line = neutral.read, channel.write_line
 
@@ -877,11 +877,11 @@ def test_a_capture_s_line_is_written_after_its_reading(agent_and_clock, tmp_path
     neutral.read, channel.write_line = reading, writing_line
     for step in range(12):
         clock.now += 0.05
-        agent.torch.set((step + 1) * 256 * MiB, (step + 1) * 256 * MiB)
+        agent.shared.torch.set((step + 1) * 256 * MiB, (step + 1) * 256 * MiB)
         agent.on_step(explicit=True)
         if step % 3 == 0:
             clock.now += 0.05
-            agent.torch.set((step + 2) * 256 * MiB, (step + 2) * 256 * MiB)
+            agent.shared.torch.set((step + 2) * 256 * MiB, (step + 2) * 256 * MiB)
             agent.sampler.sample("time")  # as the agent's own thread samples
     assert len(captures(tmp_path, agent)) >= 6
     assert written_inside == []

@@ -27,15 +27,15 @@ def agent_and_clock(tmp_path):
 def steps(agent, clock, n, step_s=0.005, allocated=GiB, activations=200 * MiB):
     for _ in range(n):
         clock.now += step_s
-        agent.torch.set(allocated + activations, 8 * GiB)  # the step's activations set the peak
-        agent.torch.set(allocated, 8 * GiB)
+        agent.shared.torch.set(allocated + activations, 8 * GiB)  # the step's activations set the peak
+        agent.shared.torch.set(allocated, 8 * GiB)
         agent.on_step(explicit=True)
 
 
 def pause(agent, clock, levels, every_s=0.02):
     for level in levels:
         clock.now += every_s
-        agent.torch.set(level, 8 * GiB)
+        agent.shared.torch.set(level, 8 * GiB)
         # As the agent's own thread does while no step comes (never put off here); a search it asks
         # for runs on this, the main thread, while it runs the program's code (this loop).
         sampling = threading.Thread(target=agent.sampler._sample, args=("time", True), name="gpumemdoctor-agent")
@@ -63,8 +63,8 @@ def test_an_evaluation_above_the_steps_is_searched_at_its_height_in_a_copy(agent
     assert s["step"] == 150  # made during the pause, before the steps came back
     assert agent.phase_watch.searches == 1 and not agent.phase_watch.asked
     # What the program waited for: the roots and the fork, on its main thread.
-    assert 0 < agent.cost["phase_pause_s"] < 1.0
-    print(f"phase search: the program paused {agent.cost['phase_pause_s'] * 1000:.1f} ms")
+    assert 0 < agent.shared.cost["phase_pause_s"] < 1.0
+    print(f"phase search: the program paused {agent.shared.cost['phase_pause_s'] * 1000:.1f} ms")
 
 
 def test_the_pause_counts_the_work_before_the_fork_and_is_within_its_parts(agent_and_clock, tmp_path):
@@ -75,7 +75,7 @@ def test_the_pause_counts_the_work_before_the_fork_and_is_within_its_parts(agent
     pause(agent, clock, [GiB + 100 * MiB, GiB + 300 * MiB, GiB + 500 * MiB, GiB + 700 * MiB])
     searched, _ = phase_searches(tmp_path, agent)
     assert len(searched) == 1
-    cost = agent.cost
+    cost = agent.shared.cost
     assert 0 < cost["search_prep_max_s"] < cost["search_pause_max_s"] <= cost["phase_pause_s"]
     assert cost["search_fork_max_s"] < cost["search_pause_max_s"]
     assert cost["search_pause_max_s"] >= cost["search_prep_max_s"] + cost["search_fork_max_s"]
@@ -96,7 +96,7 @@ def test_a_search_whose_copy_would_pause_the_program_past_the_limit_is_declined_
     assert declined["private_bytes"] == int(2.4 * GiB) and 0.072 <= declined["pause_s"] < 0.08
     assert declined["why"].startswith("a copy of this process (2.4 GiB of its own memory) would pause it for "
                                       "about 7") and declined["why"].endswith("ms; the limit is 20 ms (run --max-pause)")
-    assert agent.cost["searches_declined"] == 1 and "search_pause_max_s" not in agent.cost
+    assert agent.shared.cost["searches_declined"] == 1 and "search_pause_max_s" not in agent.shared.cost
     from gpumemdoctor.recording import records as shapes
 
     shapes.DECLINED({k: v for k, v in declined.items() if k != "type"}, "declined")  # its declared shape
@@ -106,7 +106,7 @@ def test_stacks_are_recorded_from_the_pause_s_rise_to_its_next_step_then_it_is_s
     agent, clock = agent_and_clock
     steps(agent, clock, 150)
     pause(agent, clock, [GiB + 300 * MiB] * 4)  # above the steps, but not rising: stacks only
-    assert [c["enabled"] for c in agent.torch.cuda.memory.history_calls] == ["state"]
+    assert [c["enabled"] for c in agent.shared.torch.cuda.memory.history_calls] == ["state"]
     assert agent.trace.on and agent.phase_watch.searches == 0
     pause(agent, clock, [GiB + 400 * MiB])  # TRACED_BYTES more, allocated with stacks: searched
     steps(agent, clock, 3)
@@ -181,7 +181,7 @@ def test_the_sampling_path_makes_no_container_while_it_watches(agent_and_clock):
     assert counted(lambda now: watch.check(now, "time")) == plain
     sink = []
     assert counted(lambda now: sink.append([now])) == plain + 50  # what a container kept would show
-    assert json.dumps(agent.cost)  # the costs stay plain numbers
+    assert json.dumps(agent.shared.cost)  # the costs stay plain numbers
 
 
 def test_a_search_asked_from_the_agents_thread_runs_on_the_main_thread_between_bytecodes(agent_and_clock):
@@ -280,7 +280,7 @@ def test_a_rising_pause_is_sampled_at_least_every_rising_interval(agent_and_cloc
     from gpumemdoctor._agent.readings.sampler import SamplingThread
 
     agent, clock = agent_and_clock
-    thread = SamplingThread(agent)
+    thread = SamplingThread(agent.shared, agent.sampler, agent.trace, agent.phase_watch, agent.start_devices)
     steps(agent, clock, 150)
     agent.sampler.interval_s = 0.2  # paced long
     assert thread._interval() == 0.2
@@ -289,7 +289,7 @@ def test_a_rising_pause_is_sampled_at_least_every_rising_interval(agent_and_cloc
     assert thread._interval() == 0.2
     pause(agent, clock, [GiB + 300 * MiB], every_s=0.06)
     agent.sampler.interval_s = 0.2
-    assert agent.phase_watch.rising_step == agent.steps
+    assert agent.phase_watch.rising_step == agent.shared.steps
     assert thread._interval() == phase_watch.RISING_INTERVAL_S
     clock.now += phase_watch.RISING_FOR_S + 0.1  # a pause that never ends is paced again
     assert thread._interval() == 0.2

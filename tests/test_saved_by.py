@@ -70,8 +70,7 @@ torch = pytest.importorskip("torch")
 
 
 def _watch():
-    agent = SimpleNamespace(torch=torch, steps=3, history=SimpleNamespace(bulk=None))
-    watch = S.ForwardWatch(agent)
+    watch = S.ForwardWatch(SimpleNamespace(torch=torch, steps=3), SimpleNamespace(bulk=None), None)
     watch.torch_dir = __import__("os").path.dirname(torch.__file__) + __import__("os").sep
     return watch
 
@@ -182,8 +181,8 @@ def test_the_recorded_step_keeps_no_model_alive_after_it():
 def _busy_watch(events_then, events_now, ring_events):
     """A watch recording device 0's step, whose allocator's ring holds `ring_events` events."""
     sampler = SimpleNamespace(rows=[[0, 0, 0, 0, 0, 0, 0, 0]], events=[events_then])
-    history = SimpleNamespace(bulk=None, holds=lambda n: n <= ring_events)
-    watch = S.ForwardWatch(SimpleNamespace(torch=torch, steps=3, history=history, sampler=sampler))
+    history = SimpleNamespace(bulk=None, ring=SimpleNamespace(holds=lambda n: n <= ring_events))
+    watch = S.ForwardWatch(SimpleNamespace(torch=torch, steps=3), history, sampler)
     watch.events0 = watch._events()
     sampler.events[0] = events_now
     watch.state = S.RECORDING
@@ -218,7 +217,7 @@ def test_a_ring_that_no_longer_holds_the_recorded_steps_start_gives_an_error_not
     trace = [_e("alloc", 0xB, 1000, 120), _e("free_requested", 0xB, 1000, 130)]
     history = SimpleNamespace(snapshot=lambda torch: {"device_traces": [trace]},
                               marks=SimpleNamespace(ordered=lambda times, kinds, since: None))
-    watch = S.ForwardWatch(SimpleNamespace(torch=torch, steps=3, history=history))
+    watch = S.ForwardWatch(SimpleNamespace(torch=torch, steps=3), history, None)
     watch.since_us = 100  # the recording began before the ring's first event
     record = json.loads(watch._read(0))
     assert record["error"] == "the allocator's ring no longer held the recorded step's start"

@@ -27,7 +27,7 @@ def start(started: float | None = None) -> None:
     """Start the agent in this process if the environment asks for it; twice is harmless.
     `started`: time.perf_counter() before the bootstrap imported the agent (its start's cost)."""
     global _agent
-    if _agent is not None and _agent.pid == os.getpid():
+    if _agent is not None and _agent.shared.pid == os.getpid():
         return
     run_dir = os.environ.get(ENV_RUN_DIR)
     if not run_dir:
@@ -36,7 +36,7 @@ def start(started: float | None = None) -> None:
         agent = Agent(run_dir, interval_from_env(os.environ))
         _begin(agent)
         if started is not None:
-            agent.cost["bootstrap_s"] = time.perf_counter() - started
+            agent.shared.cost["bootstrap_s"] = time.perf_counter() - started
         _agent = agent
     except Exception:
         _agent = None
@@ -46,7 +46,7 @@ def enable() -> None:
     """Start the agent and its local socket in this process (see gpumemdoctor.enable)."""
     global _agent
     try:
-        if _agent is None or _agent.pid != os.getpid():
+        if _agent is None or _agent.shared.pid != os.getpid():
             agent = Agent(os.environ.get(ENV_RUN_DIR), interval_from_env(os.environ))
             _begin(agent)
             _agent = agent
@@ -89,7 +89,7 @@ def _after_fork_in_child() -> None:
     _agent = None
     if parent is None:
         return
-    attachment = getattr(parent, "attachment", None)
+    attachment = parent.attachment
     if attachment is not None:  # brought in by `watch --attach`: not into the program's children
         attachment.leave_in_child()
         return
@@ -99,8 +99,8 @@ def _after_fork_in_child() -> None:
         pass
     try:
         # CUDA cannot be used in a forked child; the child records that it exists.
-        child = Agent(parent.run_dir, parent.sampler.base_interval_s)
-        child.begin(forked_from=parent.pid)
+        child = Agent(parent.shared.run_dir, parent.sampler.base_interval_s)
+        child.begin(forked_from=parent.shared.pid)
         _agent = child
     except Exception:
         _agent = None

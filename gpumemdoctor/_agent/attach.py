@@ -91,16 +91,16 @@ def _arrive(run_dir: str, watcher_pid: int, interval_s: float, max_pause_s: floa
     if torch is None or not hasattr(torch, "cuda"):
         return {"ok": False, "error": "no-torch", "version": __version__}
     present = package._current()
-    if present is not None and present.pid == os.getpid():
-        by = ("watch --attach" if getattr(present, "attachment", None) is not None
-              else "gpumemdoctor run" if present.run_dir else "gpumemdoctor.enable()")
+    if present is not None and present.shared.pid == os.getpid():
+        by = ("watch --attach" if present.attachment is not None
+              else "gpumemdoctor run" if present.shared.run_dir else "gpumemdoctor.enable()")
         return {"ok": False, "error": "agent-present", "by": by, "version": __version__}
     started = time.perf_counter()
     attachment = Attachment(run_dir, watcher_pid, interval_s, max_pause_s)
     attachment.start(torch)
     agent = attachment.agent
     return {"ok": True, "version": __version__, "torch": str(getattr(torch, "__version__", "")),
-            "cuda": bool(torch.cuda.is_initialized()), "devices": len(agent.devices),
+            "cuda": bool(torch.cuda.is_initialized()), "devices": len(agent.shared.devices),
             "trace": agent.trace.on, "history": agent.history.on, "t": time.monotonic(),
             "start_s": round(time.perf_counter() - started, 6)}
 
@@ -202,7 +202,7 @@ class Attachment:
         try:
             while why is None:
                 time.sleep(POLL_S)
-                if agent.finished:
+                if agent.shared.finished:
                     return  # the program is ending: its exit probes wrote the agent's last record
                 if os.access(stop, os.F_OK):
                     why = "asked"
@@ -225,14 +225,14 @@ class Attachment:
         agent = self.agent
         started = time.monotonic()
         sampler = agent.sampler
-        if agent.devices and sampler.neutral is not None:
+        if agent.shared.devices and sampler.neutral is not None:
             end = time.monotonic() + FINAL_SAMPLE_S
             while not sampler.sample("time") and time.monotonic() < end:
                 time.sleep(0.005)
         agent.timer.stop()
         deadline = time.monotonic() + MAIN_WAIT_S
         while not self.main_done.wait(0.02):
-            if agent.finished and not self.left_main:
+            if agent.shared.finished and not self.left_main:
                 return  # the program ended meanwhile: its exit probes ran
             if time.monotonic() > deadline:
                 self._leave_main(f"the attachment's own thread (the main thread ran no Python for "
@@ -268,7 +268,7 @@ class Attachment:
                     self._search()
                 else:
                     self.notes.append("no holder search at the leave: the main thread ran no Python")
-                agent.finished = True  # the agent's callbacks and observers do nothing from here on
+                agent.shared.finished = True  # the agent's callbacks and observers do nothing from here on
                 self._put_back()
             finally:
                 self.main_pause_s = round(time.perf_counter() - started, 6)
@@ -279,7 +279,7 @@ class Attachment:
         is alive (new since the baseline, or all of it where growth was seen over time)."""
         agent = self.agent
         watch = agent.growth_watch
-        if not watch.suspected or agent.torch is None or not agent.devices:
+        if not watch.suspected or agent.shared.torch is None or not agent.shared.devices:
             return
         if watch.suspected_by == "step" and watch.search_at is None:
             return  # made during the attach
@@ -290,7 +290,7 @@ class Attachment:
 
     def _put_back(self) -> None:
         agent = self.agent
-        torch = agent.torch
+        torch = agent.shared.torch
         restored, left = self.restored, self.left
         if agent.history.on or agent.trace.on:
             from .readings.events import import_in_progress
@@ -313,8 +313,8 @@ class Attachment:
         _remove_hooks(agent, torch, restored)
         oom = agent.oom
         oom.records = 1 << 30  # PyTorch keeps its observer: it returns at once now, and holds no agent
-        oom.agent = None
-        if agent.cuda_seen and agent.devices:
+        oom.shared = oom.peak_watch = oom.growth_watch = None
+        if agent.cuda_seen and agent.shared.devices:
             left.append("PyTorch's out-of-memory observer (it cannot be removed: it does nothing now)")
         from .. import _agent as package
 
@@ -326,7 +326,7 @@ class Attachment:
         from .exit import collector_state, exit_record
 
         agent = self.agent
-        channel = agent.channel
+        channel = agent.shared.channel
         channel.write(exit_record(agent, None, None, collector_state(agent.sampler, agent.history), {}))
         if agent.server is not None:
             agent.server.close()
@@ -356,10 +356,10 @@ class Attachment:
         agent = self.agent
         try:
             leave_parent(agent)
-            agent.channel.fd, agent.channel.dead = None, True
-            agent.finished = True
+            agent.shared.channel.fd, agent.shared.channel.dead = None, True
+            agent.shared.finished = True
             self.ledger.put_back([], [])
-            _remove_hooks(agent, agent.torch, [])
+            _remove_hooks(agent, agent.shared.torch, [])
             agent.oom.records = 1 << 30
         except Exception:
             pass
@@ -367,7 +367,7 @@ class Attachment:
 
 def _remove_hooks(agent, torch, restored: list) -> None:
     """The agent's callbacks in the program's and PyTorch's tables, found by identity, removed."""
-    inputs = getattr(agent, "step_inputs", None)
+    inputs = agent.shared.step_inputs
     if inputs is not None:
         if inputs.handle is not None:
             restored.append("PyTorch's global module hook that reads a step's inputs")

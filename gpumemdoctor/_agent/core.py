@@ -18,8 +18,10 @@
 5. An out-of-memory error: its record; the first one is searched too (oom.py).
 6. Exit (exit.py): the exit probes (blocks held for stream work told apart: streams.py), then
    the exit record.
-Threads and forks: threads.py. Each part keeps a reference to the agent for what they share:
-the channel (the record file), torch and its devices, the step count.
+Threads and forks: threads.py. What the parts share (the record file, torch and its devices, the
+step count, the cost) is one `Shared` (shared.py); each part is handed it and, by name, the
+siblings it uses: `Agent.__init__` is the whole wiring. exit.py and attach.py are the agent's own
+end and its attachment: they take the agent.
 """
 from __future__ import annotations
 
@@ -31,14 +33,14 @@ import time
 
 from . import startup
 from ..contract import ENV_SOCKET
-from .channel import Channel
 from .readings.events import Collections, cuda_origin
-from .readings.felt import GROWTH_SEARCH, GROWTH_WATCH, HISTORY, PEAK_WATCH, PHASE_WATCH, STEP_END as AT_STEP_END, Felt
+from .readings.felt import GROWTH_SEARCH, GROWTH_WATCH, HISTORY, PEAK_WATCH, PHASE_WATCH, STEP_END as AT_STEP_END
 from .exit import finish
 from .neutral import quiet_gc
 from .readings.oom import OomObserver
 from .readings.process_groups import ProcessGroups, install_context_reading
 from .readings.sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
+from .shared import Shared
 from .threads import ThreadWatch
 from .readings.trace import Trace
 from .growth_watch import GrowthWatch
@@ -55,48 +57,43 @@ class Agent:
     """This process's agent: what its parts share, and the moments they act on."""
 
     def __init__(self, run_dir: str | None, interval_s: float):
-        self.pid = os.getpid()
-        self.born = time.monotonic()  # the agent's start: about the process's (the exit search's share)
-        self.run_dir = run_dir
-        self.channel = Channel(run_dir, self.pid)
+        # What the parts share (shared.py), then each part with the siblings it uses, by name.
+        self.shared = s = Shared(run_dir)
         self.server = None
-        self.torch = None
-        self.devices: list[dict] = []  # torch index, uuid, nvml device (or None)
-        self.nvml = None
-        self.steps = 0
-        self.explicit_steps = False
-        self.last_step_t = 0.0
         self.cuda_seen = False
-        self.finished = False
         self.collections: Collections | None = None
-        self.cost = {"init_s": 0.0, "sample_s": 0.0, "step_pause_max_s": 0.0, "step_pause_max_step": 0}
-        self.felt = Felt()  # the longest gap between two step ends, as the program felt it
-        self.sampler = Sampler(self, interval_s)
-        self.timer = SamplingThread(self)
-        self.growth_watch = GrowthWatch(self)
-        self.phase_watch = PhaseWatch(self)
-        self.peak_watch = PeakWatch(self)
-        self.history = History(self)
-        self.forward_watch = ForwardWatch(self)  # what saved the activations: one step with module hooks
-        self.step_inputs: StepInputs | None = None  # what each step was given (made once torch is here)
-        self.trace = Trace(self, run_dir)
-        self.oom = OomObserver(self)
-        self.threads = ThreadWatch(self)
-        self.process_groups = ProcessGroups(self)
+        self.attachment = None  # attach.Attachment, where `watch --attach` brought the agent in
+        self.shutdown: dict | None = None  # how the interpreter's shutdown found the threads (threads.py)
+        self.process_groups = ProcessGroups(s)
+        self.sampler = Sampler(s, interval_s, self.process_groups)
+        self.threads = ThreadWatch(s, self.sampler)
+        self.trace = Trace(s, self.sampler, run_dir)
+        self.growth_watch = GrowthWatch(s, self.sampler, self.trace, self.threads)
+        self.phase_watch = PhaseWatch(s, self.sampler, self.trace, self.growth_watch)
+        self.peak_watch = PeakWatch(s, self.sampler, self.phase_watch, self.growth_watch)
+        self.history = History(s, self.sampler, self.trace, self.peak_watch)
+        self.forward_watch = ForwardWatch(s, self.history, self.sampler)  # what saved the activations
+        # Two pairs that read each other: the trace's stacks set the history's ring, and the hooked
+        # step (saved_by.py) holds the history's readings off while it reads the ring.
+        self.trace.history = self.history
+        self.history.forward_watch = self.forward_watch
+        self.oom = OomObserver(s, self.peak_watch, self.growth_watch)
+        self.timer = SamplingThread(s, self.sampler, self.trace, self.phase_watch, self.start_devices)
         # What runs after each sample, in order, each counted as its part of a step gap (felt.py).
         self.sampler.after = ((GROWTH_WATCH, self.growth_watch.check), (PHASE_WATCH, self.phase_watch.check),
                               (PEAK_WATCH, self.peak_watch.check), (HISTORY, self.history.check))
 
     # -- start-up ------------------------------------------------------------
     def begin(self, forked_from: int | None = None) -> None:
-        self.channel.write(startup.hello(self.pid, self.sampler.interval_s, forked_from))
+        channel = self.shared.channel
+        channel.write(startup.hello(self.shared.pid, self.sampler.interval_s, forked_from))
         if forked_from is None:
             atexit.register(self.at_exit)
             # other GPU libraries: when each is imported (libraries.py)
             for name in KNOWN:
                 if name in sys.modules:
-                    self.channel.write(library_record(name))
-            sys.meta_path.insert(0, LibraryWatcher(lambda name: self.channel.write(library_record(name))))
+                    channel.write(library_record(name))
+            sys.meta_path.insert(0, LibraryWatcher(lambda name: channel.write(library_record(name))))
         torch = sys.modules.get("torch")
         if torch is not None and hasattr(torch, "cuda"):
             self.on_torch(torch)
@@ -104,22 +101,23 @@ class Agent:
             sys.meta_path.insert(0, startup.TorchImportWatcher(self.on_torch))
 
     def on_torch(self, torch) -> None:
+        shared = self.shared
         try:
-            if self.step_inputs is None and self.run_dir:
-                self.step_inputs = StepInputs(torch, self.felt)
-            self.torch = torch
-            self.channel.write({"type": "torch", "t": time.monotonic(), "version": str(torch.__version__)})
+            if shared.step_inputs is None and shared.run_dir:
+                shared.step_inputs = StepInputs(torch, shared.felt)
+            shared.torch = torch
+            shared.channel.write({"type": "torch", "t": time.monotonic(), "version": str(torch.__version__)})
             try:
                 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
                 register_optimizer_step_post_hook(self._on_optimizer_step)
-                if self.run_dir:  # known from its first step on: a reading inside that step counts its parts
+                if shared.run_dir:  # known from its first step on: a reading inside that step counts its parts
                     register_optimizer_step_pre_hook(self._on_optimizer_pre_step)
             except Exception:
                 pass
-            if self.run_dir:
+            if shared.run_dir:
                 self.history.install(torch)  # backward()'s marks (history.py)
                 try:  # the context read before NCCL's eager set-up (process_groups.py)
-                    install_context_reading(self, torch)
+                    install_context_reading(shared, self.sampler, torch)
                 except Exception:
                     pass
             if torch.cuda.is_initialized():
@@ -147,56 +145,64 @@ class Agent:
                 origin = cuda_origin()
             except Exception:
                 pass
-            self.channel.write({"type": "cuda", "t": time.monotonic(), **origin})
+            self.shared.channel.write({"type": "cuda", "t": time.monotonic(), **origin})
             self.history.start()  # the allocator's events, for the allocated peak (history.py)
             if self.trace.mode == "on":
                 self.trace.start("flag")
-            elif self.trace.mode == "auto" and self.run_dir:
+            elif self.trace.mode == "auto" and self.shared.run_dir:
                 self.trace.start("start-up")
-            try:
-                self.describe_devices()
-                self.prepare_reading()
-            except Exception:
-                self.devices = []
-            self.attach_observers()
-            self.cost["init_s"] += time.perf_counter() - started
+            self.start_devices()
+            self.shared.cost["init_s"] += time.perf_counter() - started
             self._start_thread()
         except Exception:
             pass
 
+    def start_devices(self) -> None:
+        """The devices read, the readings' rows made, the observers attached: at CUDA's start (or on
+        the sampling thread, where CUDA started without the lazy-init callback)."""
+        try:
+            self.describe_devices()
+            self.prepare_reading()
+        except Exception:
+            self.shared.devices = []
+        self.attach_observers()
+
     def describe_devices(self) -> None:
-        self.nvml = startup.open_nvml()
-        self.devices = startup.read_devices(self.torch, self.nvml)
-        self.channel.write(startup.devices_record(self.torch, self.devices))
+        shared = self.shared
+        shared.nvml = startup.open_nvml()
+        shared.devices = startup.read_devices(shared.torch, shared.nvml)
+        shared.channel.write(startup.devices_record(shared.torch, shared.devices))
 
     def prepare_reading(self) -> None:
         """The sampler's rows and the growth watch's series, made once, on the program's thread."""
         self.sampler.prepare()
-        self.growth_watch.prepare(len(self.devices))
-        self.phase_watch.prepare(len(self.devices))
-        self.peak_watch.prepare(len(self.devices))
-        self.history.prepare(len(self.devices))
+        devices = len(self.shared.devices)
+        self.growth_watch.prepare(devices)
+        self.phase_watch.prepare(devices)
+        self.peak_watch.prepare(devices)
+        self.history.prepare(devices)
 
     def attach_observers(self) -> None:
         """PyTorch's out-of-memory observer and the garbage collector's callback."""
-        if not self.run_dir:
+        shared = self.shared
+        if not shared.run_dir:
             return
         try:
-            self.torch._C._cuda_attach_out_of_memory_observer(self.oom.observe)
+            shared.torch._C._cuda_attach_out_of_memory_observer(self.oom.observe)
         except Exception:
             pass
-        if self.devices and self.collections is None:
-            collections = Collections(self.sampler.neutral, self.sampler.read_allocated, len(self.devices),
-                                      self.channel.write_line, lambda: self.steps, felt=self.felt,
+        if shared.devices and self.collections is None:
+            collections = Collections(self.sampler.neutral, self.sampler.read_allocated, len(shared.devices),
+                                      shared.channel.write_line, lambda: shared.steps, felt=shared.felt,
                                       ballast_of=[h for h in (self.sampler.neutral, self.history.bulk) if h is not None])
-            for i, d in enumerate(self.devices):
+            for i, d in enumerate(shared.devices):
                 collections.indexes[i] = d["index"]
             self.collections = collections
             collections.install()
 
     def _start_thread(self) -> None:
         self.timer.start()
-        if self.run_dir:
+        if self.shared.run_dir:
             self.start_server()
 
     def start_server(self) -> None:
@@ -214,16 +220,17 @@ class Agent:
         """What the socket answers: the latest figures, read now."""
         from gpumemdoctor.system.agent_socket import STATS_SCHEMA
 
-        torch = self.torch
+        shared = self.shared
+        torch = shared.torch
         rows = []
-        if torch is not None and self.devices and torch.cuda.is_initialized():
+        if torch is not None and shared.devices and torch.cuda.is_initialized():
             for row in self.sampler.read_devices():
-                d = next((d for d in self.devices if d["index"] == row[0]), None)
+                d = next((d for d in shared.devices if d["index"] == row[0]), None)
                 nvml_device = d["nvml_device"] if d else None
                 rows.append({"torch_index": row[0], "nvml_index": nvml_device.index if nvml_device else None,
                              "allocated_bytes": row[1], "active_bytes": row[2], "reserved_bytes": row[3],
                              "nvml_bytes": row[5], "context_bytes": self.sampler.context.get(row[0])})
-        return {"schema": STATS_SCHEMA, "pid": self.pid, "steps": self.steps,
+        return {"schema": STATS_SCHEMA, "pid": shared.pid, "steps": shared.steps,
                 "torch_version": str(torch.__version__) if torch is not None else None,
                 "cuda": bool(torch is not None and torch.cuda.is_initialized()), "devices": rows}
 
@@ -234,44 +241,45 @@ class Agent:
 
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
         # PyTorch calls hook(optimizer, args, kwargs): a signature with *args would make a tuple.
-        if self.run_dir:
+        if self.shared.run_dir:
             self.history.marks.add(STEP_END)
-        if not self.explicit_steps:
+        if not self.shared.explicit_steps:
             self.on_step(False)
 
     def on_step(self, explicit: bool) -> None:
         started = time.perf_counter()
+        shared = self.shared
         apart = 0.0  # of this step end's work, what felt counted by its own part
         try:
-            if explicit and not self.explicit_steps:
-                self.explicit_steps = True
-                self.channel.write({"type": "steps", "t": time.monotonic(), "source": "explicit"})
-            self.steps += 1
-            now = self.last_step_t = time.monotonic()
+            if explicit and not shared.explicit_steps:
+                shared.explicit_steps = True
+                shared.channel.write({"type": "steps", "t": time.monotonic(), "source": "explicit"})
+            shared.steps += 1
+            now = shared.last_step_t = time.monotonic()
             sampler = self.sampler
             # Against the last *step* sample: the timer's samples in the middle of a long step
             # must not take the place of the step boundary's.
-            if self.devices and (self.steps <= EVERY_STEP_UNTIL
-                                 or now - sampler.last_step_sample_t >= sampler.interval_s):
+            if shared.devices and (shared.steps <= EVERY_STEP_UNTIL
+                                   or now - sampler.last_step_sample_t >= sampler.interval_s):
                 sampled = time.perf_counter()
                 sampler.sample("step")
                 apart += time.perf_counter() - sampled  # (the sample counts its own parts in felt)
             watch = self.growth_watch
             trace = self.trace
-            if self.step_inputs is not None:
-                self.step_inputs.at_step()
+            if shared.step_inputs is not None:
+                shared.step_inputs.at_step()
             if self.forward_watch.state:
                 self.forward_watch.at_step(time.perf_counter() - started)
             if watch.copies:
                 with quiet_gc():
                     watch.poll_copies()
-            if watch.search_at is not None and self.steps >= watch.search_at:
+            if watch.search_at is not None and shared.steps >= watch.search_at:
                 searched = time.perf_counter()
                 watch.search("growth")  # here, on the program's own thread, between steps
                 searched = time.perf_counter() - searched
                 apart += searched
-                self.felt.add(GROWTH_SEARCH, searched)
-            elif trace.stop_at is not None and (now >= trace.stop_at or self.steps >= trace.stop_step) \
+                shared.felt.add(GROWTH_SEARCH, searched)
+            elif trace.stop_at is not None and (now >= trace.stop_at or shared.steps >= trace.stop_step) \
                     and watch.search_at is None:
                 trace.stop(on_program_thread=True)
         except Exception:
@@ -279,12 +287,12 @@ class Agent:
         # The program's pause at this step's end, all of the agent's work in it together: its longest.
         ended = time.perf_counter()
         spent = ended - started
-        if spent > self.cost["step_pause_max_s"]:
-            self.cost["step_pause_max_s"] = spent
-            self.cost["step_pause_max_step"] = self.steps
-        felt = self.felt
+        if spent > shared.cost["step_pause_max_s"]:
+            shared.cost["step_pause_max_s"] = spent
+            shared.cost["step_pause_max_step"] = shared.steps
+        felt = shared.felt
         felt.add(AT_STEP_END, spent - apart if spent > apart else 0.0)
-        felt.step_end(ended, self.steps)
+        felt.step_end(ended, shared.steps)
 
     # -- the end of the run ----------------------------------------------------
     def at_exit(self) -> None:

@@ -62,12 +62,13 @@ def install_hard_exit(current) -> None:
 def hard_exit(agent, status) -> None:
     """os._exit(status) in the process that started the agent: one last reading (the lock waited
     for briefly, never long) and the record of the hard exit. The exit probes cannot run."""
-    if agent.pid != os.getpid() or agent.finished:
+    shared = agent.shared
+    if shared.pid != os.getpid() or shared.finished:
         return
-    agent.finished = True
-    rows = _last_reading(agent.sampler, agent.history) if agent.devices else []
-    agent.channel.write({"type": "hard-exit", "t": time.monotonic(), "status": status if isinstance(status, int)
-                         else None, "steps": agent.steps, "d": rows})
+    shared.finished = True
+    rows = _last_reading(agent.sampler, agent.history) if shared.devices else []
+    shared.channel.write({"type": "hard-exit", "t": time.monotonic(), "status": status if isinstance(status, int)
+                          else None, "steps": shared.steps, "d": rows})
 
 
 def _last_reading(sampler, history) -> list:
@@ -95,29 +96,30 @@ def finish(agent) -> None:
     """The exit probes, once, in the process that started the agent; then the exit record. Called at
     the start of the interpreter's shutdown (threads.install_shutdown_hook), before it joins the
     program's threads, or else from the agent's atexit hook; the record's `shutdown` says which."""
-    if agent.pid != os.getpid() or agent.finished:
+    shared = agent.shared
+    if shared.pid != os.getpid() or shared.finished:
         return
-    agent.finished = True
+    shared.finished = True
     parts: dict = {}
     collector = collector_state(agent.sampler, agent.history)  # before the probes hold automatic collection off
     if agent.collections is not None:
         agent.collections.paused = True  # the exit probes' own collections are not the program's
     try:
         agent.timer.stop()
-        torch = agent.torch
-        if torch is not None and agent.devices and torch.cuda.is_initialized():
-            snapshot = os.path.join(agent.run_dir, f"snapshot-{agent.pid}.pickle") if agent.run_dir else None
-            _exit_probes(torch, parts, sampler=agent.sampler, channel=agent.channel, watch=agent.growth_watch,
-                         peak_watch=agent.peak_watch, history=agent.history, trace=agent.trace, cost=agent.cost,
+        torch = shared.torch
+        if torch is not None and shared.devices and torch.cuda.is_initialized():
+            snapshot = os.path.join(shared.run_dir, f"snapshot-{shared.pid}.pickle") if shared.run_dir else None
+            _exit_probes(torch, parts, sampler=agent.sampler, channel=shared.channel, watch=agent.growth_watch,
+                         peak_watch=agent.peak_watch, history=agent.history, trace=agent.trace, cost=shared.cost,
                          snapshot_path=snapshot)
     except Exception as exc:
-        agent.channel.write({"type": "error", "where": "exit probes", "message": repr(exc)[:500]})
+        shared.channel.write({"type": "error", "where": "exit probes", "message": repr(exc)[:500]})
     died_of = None
     try:
         died_of = uncaught()
     except Exception:
         pass
-    agent.channel.write(exit_record(agent, parts, died_of, collector, _libraries(agent.sampler.first_pools)))
+    shared.channel.write(exit_record(agent, parts, died_of, collector, _libraries(agent.sampler.first_pools)))
     if agent.server is not None:
         agent.server.close()
 
@@ -125,14 +127,14 @@ def finish(agent) -> None:
 def exit_record(agent, parts: dict | None, died_of: dict | None, collector: dict | None, libraries: dict) -> dict:
     """The process's last record: its steps, samples, collections, errors and costs (and what the exit
     probes measured, `parts`, where they ran; the agent taken out of a running program has none)."""
-    sampler = agent.sampler
-    return {"type": "exit", "t": time.monotonic(), "steps": agent.steps,
-            "explicit_steps": agent.explicit_steps, "cupy": _cupy_pool(), "parts": parts or None,
+    shared, sampler = agent.shared, agent.sampler
+    return {"type": "exit", "t": time.monotonic(), "steps": shared.steps,
+            "explicit_steps": shared.explicit_steps, "cupy": _cupy_pool(), "parts": parts or None,
             "uncaught": died_of, "samples": sampler.samples, "samples_skipped": sampler.samples_skipped,
             "collections": agent.collections.summary() if agent.collections is not None else None,
             "out_of_memory": agent.oom.records, "collector": collector, **libraries,
-            "shutdown": getattr(agent, "shutdown", None), "step_gaps": _step_gaps(getattr(agent, "felt", None)),
-            "cost": {k: round(v, 6) for k, v in {**agent.cost, **sampler.cost.windows(),
+            "shutdown": agent.shutdown, "step_gaps": _step_gaps(shared.felt),
+            "cost": {k: round(v, 6) for k, v in {**shared.cost, **sampler.cost.windows(),
                                                  "interval_at_exit_s": sampler.interval_s}.items()}}
 
 

@@ -57,8 +57,11 @@ def budget_for(kind: str, ran_s: float) -> float:
 class GrowthWatch:
     """The online floor check on the samples, and the searches it schedules."""
 
-    def __init__(self, agent):
-        self.agent = agent
+    def __init__(self, shared, sampler, trace, threads):
+        self.shared = shared
+        self.sampler = sampler
+        self.trace = trace
+        self.threads = threads  # the threads' names, for the stacks a search finds
         self.floor_xs: dict = {}  # by -> per device slot, the online floor check's series
         self.floor_ys: dict = {}
         self.floor_growth = None
@@ -85,18 +88,18 @@ class GrowthWatch:
         (which makes no container while it finds no growth)."""
         if self.suspected and (self.suspected_by == "step" or by == "time"):
             return  # (growth seen over time before any step: the steps are watched all the same)
-        agent = self.agent
-        if (agent.trace.mode == "on" and self.baseline is None and by == "step"
-                and agent.steps >= WARMUP_STEPS):
+        shared = self.shared
+        if (self.trace.mode == "on" and self.baseline is None and by == "step"
+                and shared.steps >= WARMUP_STEPS):
             self.take_baseline("warm-up")
-        if by == "time" and agent.steps:
+        if by == "time" and shared.steps:
             return  # a program that marks steps is judged at its step boundaries only
-        sampler = agent.sampler
+        sampler = self.sampler
         rows = sampler.rows
         live = sampler.live
         all_xs = self.floor_xs[by]
         all_ys = self.floor_ys[by]
-        x = agent.steps if by == "step" else now
+        x = shared.steps if by == "step" else now
         for i in range(len(rows)):
             if not live[i]:
                 continue
@@ -117,16 +120,16 @@ class GrowthWatch:
                 del xs[::2], ys[::2]
 
     def _suspect(self, torch_index: int, by: str, fit) -> None:
-        agent = self.agent
+        shared = self.shared
         self.suspected = True
         self.suspected_by = by
         for series in (*self.floor_xs.values(), *self.floor_ys.values()):
             for points in series:
                 points.clear()
-        agent.channel.write({"type": "suspect", "t": time.monotonic(), "step": agent.steps,
-                             "device": torch_index, "by": by, "grown_bytes": fit.grown_bytes,
+        shared.channel.write({"type": "suspect", "t": time.monotonic(), "step": shared.steps,
+                              "device": torch_index, "by": by, "grown_bytes": fit.grown_bytes,
                              "rate": fit.rate_bytes_per_x})
-        trace = agent.trace
+        trace = self.trace
         if by == "time":
             # Time samples come from the agent's thread. Turning PyTorch's memory history on from
             # it once raced the program's imports (torch 2.11: a circular import in torch._inductor
@@ -138,7 +141,7 @@ class GrowthWatch:
             return
         if self.baseline is None:
             self.take_baseline("growth")
-        self.search_at = agent.steps + INVESTIGATE_AFTER_STEPS
+        self.search_at = shared.steps + INVESTIGATE_AFTER_STEPS
         if trace.mode == "auto":
             trace.start("growth", until_step=self.search_at)
 
@@ -147,17 +150,17 @@ class GrowthWatch:
         if self.kind is None:
             from .search.blocks import TensorKind
 
-            self.kind = TensorKind(self.agent.torch)
+            self.kind = TensorKind(self.shared.torch)
         return self.kind
 
     def take_baseline(self, why: str) -> None:
         from .search.blocks import take_baseline
 
-        agent = self.agent
+        shared = self.shared
         started = time.monotonic()
-        self.baseline = take_baseline(agent.torch, self.tensor_kind())
-        agent.channel.write({"type": "baseline", "t": time.monotonic(), "step": agent.steps, "why": why,
-                             "blocks": len(self.baseline["blocks"]),
+        self.baseline = take_baseline(shared.torch, self.tensor_kind())
+        shared.channel.write({"type": "baseline", "t": time.monotonic(), "step": shared.steps, "why": why,
+                              "blocks": len(self.baseline["blocks"]),
                              "elapsed_s": round(time.monotonic() - started, 4)})
 
     def search(self, when: str, budget: str | None = None, started: float | None = None,
@@ -171,15 +174,15 @@ class GrowthWatch:
         for cuBLAS's workspaces is confirmed."""
         if started is None:
             started = time.perf_counter()
-        agent = self.agent
+        shared = self.shared
         if when in ("growth", "exit"):
             self.search_at = None
-        if agent.torch is None or (self.baseline is None and when == "growth"):
+        if shared.torch is None or (self.baseline is None and when == "growth"):
             return None
         # No baseline at exit or at an out-of-memory error (no growth seen, or seen by time
         # only): all of it counts as new.
         baseline = self.baseline or {"blocks": {}, "storages": set()}
-        budget_s = budget_for(budget or when, time.monotonic() - agent.born)
+        budget_s = budget_for(budget or when, time.monotonic() - shared.born)
         if when != "exit":
             return self._search_in_copy(when, baseline, budget_s, started)
         from .search.search import Roots, investigate
@@ -190,10 +193,10 @@ class GrowthWatch:
         collecting = gc.isenabled()
         gc.disable()  # the search allocates: a collection now would free the program's garbage
         try:
-            result = investigate(agent.torch, self.tensor_kind(), baseline, budget_s, Roots(own),
-                                 agent.threads.names(), all_live=True, first=first)
+            result = investigate(shared.torch, self.tensor_kind(), baseline, budget_s, Roots(own),
+                                 self.threads.names(), all_live=True, first=first)
         except Exception as exc:
-            agent.channel.write({"type": "error", "where": f"investigation ({when})", "message": repr(exc)[:500]})
+            shared.channel.write({"type": "error", "where": f"investigation ({when})", "message": repr(exc)[:500]})
             return None
         finally:
             if collecting:
@@ -204,23 +207,23 @@ class GrowthWatch:
         return result
 
     def write_exit_search(self, result: dict) -> None:
-        agent = self.agent
-        agent.channel.write({"type": "investigation", "when": "exit", "step": agent.steps,
-                             "trace": agent.trace.on or agent.trace.was_on, **result})
+        shared = self.shared
+        shared.channel.write({"type": "investigation", "when": "exit", "step": shared.steps,
+                              "trace": self.trace.on or self.trace.was_on, **result})
 
     def _search_in_copy(self, when: str, baseline: dict, budget_s: float, started: float) -> None:
         """A search during the run, in a copy of the process (forked.py). The program pauses for the
         threads' capture and the fork only: the roots, the modules and the search are the copy's
         work. A copy whose pause would pass forked.MAX_PAUSE_S is not made: a `declined` record."""
-        agent = self.agent
+        shared = self.shared
         self.poll_copies()
         if when in ("growth", "phase") and self.copies:
             return None  # one growth search at a time (an out-of-memory error's is always made)
         with quiet_gc():
             # Taken here: the copy will have only this thread, and the others' locals are roots.
             threads = Captured()
-            step = agent.steps
-            trace = agent.trace.on or agent.trace.was_on
+            step = shared.steps
+            trace = self.trace.on or self.trace.was_on
             t = time.monotonic()
 
             def in_copy() -> None:
@@ -228,14 +231,14 @@ class GrowthWatch:
                     from .search.search import Roots, investigate
 
                     roots = Roots(threads.own, threads)
-                    result = investigate(agent.torch, self.tensor_kind(), baseline, budget_s, roots,
-                                         agent.threads.names(threads.alive), all_live=when in ("oom", "phase"))
+                    result = investigate(shared.torch, self.tensor_kind(), baseline, budget_s, roots,
+                                         self.threads.names(threads.alive), all_live=when in ("oom", "phase"))
                 except Exception as exc:
-                    agent.channel.write({"type": "error", "where": f"investigation ({when}, in a copy)",
-                                         "message": repr(exc)[:500]})
+                    shared.channel.write({"type": "error", "where": f"investigation ({when}, in a copy)",
+                                          "message": repr(exc)[:500]})
                     return
-                agent.channel.write({"type": "investigation", "when": when, "t": t, "step": step,
-                                     "trace": trace, "forked": True, **result})
+                shared.channel.write({"type": "investigation", "when": when, "t": t, "step": step,
+                                      "trace": trace, "forked": True, **result})
 
             prep_s = time.perf_counter() - started
             copy = forked.start(in_copy, budget_s + COPY_SLACK_S, spent_s=prep_s,
@@ -244,10 +247,10 @@ class GrowthWatch:
             # a cycle that, once this returns, would keep the program's frames below, and their locals,
             # until a collection (seen on the H100: an evaluation's 2 GiB of graphs). The copy has its own.
             threads.frames = None
-        cost = agent.cost
+        cost = shared.cost
         if isinstance(copy, dict):
             cost["searches_declined"] = cost.get("searches_declined", 0) + 1
-            agent.channel.write({"type": "declined", "t": t, "step": step, "when": when, **copy})
+            shared.channel.write({"type": "declined", "t": t, "step": step, "when": when, **copy})
             return None
         self.copies.append(copy)
         pause_s = time.perf_counter() - started  # the program's whole pause: the capture and the fork
@@ -274,5 +277,5 @@ class GrowthWatch:
         self.copies.remove(copy)
         if copy.status:
             what = "was killed at its deadline" if copy.status == -9 else f"ended with status {copy.status}"
-            self.agent.channel.write({"type": "error", "where": "investigation (copy)",
-                                      "message": f"the copy of the process searching for holders {what}"})
+            self.shared.channel.write({"type": "error", "where": "investigation (copy)",
+                                       "message": f"the copy of the process searching for holders {what}"})

@@ -40,8 +40,9 @@ class Captured:
 class ThreadWatch:
     """What each thread ran, and the threads that changed GPU memory."""
 
-    def __init__(self, agent):
-        self.agent = agent
+    def __init__(self, shared, sampler):
+        self.shared = shared
+        self.sampler = sampler  # the devices read as a thread starts and ends
         self.entries: dict = {}  # (file, function) -> names of the threads that ran it
         self.records = 0
 
@@ -54,20 +55,20 @@ class ThreadWatch:
             names = self.entries.setdefault(entry, [])
             if len(names) < 100:
                 names.append(thread.name)
-        if not self.agent.devices or self.records >= MAX_THREAD_RECORDS:
+        if not self.shared.devices or self.records >= MAX_THREAD_RECORDS:
             return None
         with quiet_gc():
-            return (time.monotonic(), entry, self.agent.sampler.read_devices())
+            return (time.monotonic(), entry, self.sampler.read_devices())
 
     def ended(self, thread, token) -> None:
         t0, entry, before = token
         with quiet_gc():
-            after = self.agent.sampler.read_devices()
+            after = self.sampler.read_devices()
         if [r[1:4] + r[5:6] for r in before] == [r[1:4] + r[5:6] for r in after]:
             return  # the thread changed nothing on the GPU
         self.records += 1
-        self.agent.channel.write({"type": "thread", "name": thread.name, "entry": list(entry) if entry else None,
-                                  "t0": t0, "t": time.monotonic(), "d0": before, "d1": after})
+        self.shared.channel.write({"type": "thread", "name": thread.name, "entry": list(entry) if entry else None,
+                                   "t0": t0, "t": time.monotonic(), "d0": before, "d1": after})
 
     def names(self, alive: set | None = None) -> dict:
         """(file, function) -> the names of the threads that ran it, for the holder search; `alive`:
@@ -100,7 +101,7 @@ def install_hook(current) -> None:
     def _bootstrap_inner(self):
         agent = current()
         token = None
-        if agent is not None and agent.pid == os.getpid():
+        if agent is not None and agent.shared.pid == os.getpid():
             try:
                 token = agent.threads.started(self)
             except Exception:
@@ -120,8 +121,9 @@ def install_hook(current) -> None:
 
 def leave_parent(parent) -> None:
     """In a forked child: the parent's record file and local socket stay the parent's."""
-    if parent.channel.fd is not None:
-        os.close(parent.channel.fd)
+    channel = parent.shared.channel
+    if channel.fd is not None:
+        os.close(channel.fd)
     if parent.server is not None:
         parent.server.forget()  # the socket is the parent's: the child neither serves nor removes it
 
@@ -143,7 +145,7 @@ def install_shutdown_hook(current) -> None:
 
     def _shutdown():
         agent = current()
-        if agent is not None and agent.pid == os.getpid() and agent.devices and not agent.finished:
+        if agent is not None and agent.shared.pid == os.getpid() and agent.shared.devices and not agent.shared.finished:
             try:
                 busy, idle = threads_at_shutdown()
                 agent.shutdown = {"before_shutdown": not busy, "threads_joined": len(idle) if not busy else 0,

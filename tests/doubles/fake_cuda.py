@@ -143,10 +143,10 @@ def make_agent(run_dir: str, interval_s: float = 0.02, trace: str = "auto", cont
                                time=time.time, sleep=time.sleep))
     agent = Agent(run_dir, interval_s)
     agent.trace.mode = trace
-    agent.torch = FakeTorch()
-    agent.devices = [{"index": 0, "uuid": None, "pci_bus_id": None, "name": "fake", "nvml_device": None}]
+    agent.shared.torch = FakeTorch()
+    agent.shared.devices = [{"index": 0, "uuid": None, "pci_bus_id": None, "name": "fake", "nvml_device": None}]
     if context_bytes is not None:
-        fake = agent.torch
+        fake = agent.shared.torch
 
         class ProcessMemory:  # the shape of gpumemdoctor.system.nvml.ProcessMemory: one reader per device
             def __init__(self, device, pid):
@@ -155,9 +155,9 @@ def make_agent(run_dir: str, interval_s: float = 0.02, trace: str = "auto", cont
             def used(self):
                 return fake.reserved + context_bytes
 
-        agent.nvml = SimpleNamespace(ProcessMemory=ProcessMemory,
-                                     used_by=lambda device, pid: fake.reserved + context_bytes)
-        agent.devices[0]["nvml_device"] = SimpleNamespace(index=0)
+        agent.shared.nvml = SimpleNamespace(ProcessMemory=ProcessMemory,
+                                            used_by=lambda device, pid: fake.reserved + context_bytes)
+        agent.shared.devices[0]["nvml_device"] = SimpleNamespace(index=0)
     agent.cuda_seen = True
     agent.prepare_reading()  # as the agent does when CUDA starts
     from gpumemdoctor._agent.neutral import top_up
@@ -179,5 +179,5 @@ def agent_fixture(run_dir: str, **kwargs):
     agent, clock = make_agent(run_dir, **kwargs)
     yield agent, clock
     restore_clock()
-    if agent.channel.fd is not None:
-        os.close(agent.channel.fd)
+    if agent.shared.channel.fd is not None:
+        os.close(agent.shared.channel.fd)

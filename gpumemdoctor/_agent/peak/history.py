@@ -132,19 +132,20 @@ def install_backward_marks(torch, marks: Marks) -> bool:
 
 
 class History:
-    """The events kept, the marks, and the readings at new highs of the allocated peak counter."""
+    """The marks, the events' ring (Ring), and the readings at new highs of the allocated peak counter."""
 
-    def __init__(self, agent):
-        self.agent = agent
+    def __init__(self, shared, sampler, trace, peak_watch):
+        self.shared = shared
+        self.sampler = sampler
+        self.trace = trace  # the stacks: the ring's setting follows them
+        self.peak_watch = peak_watch  # the optimizers' figures, in each reading (reading.py)
+        self.forward_watch = None  # saved_by.ForwardWatch, which reads this history: core sets it
         self.marks = Marks()
+        self.ring = Ring(shared, trace)  # its setting and size
         self.on = False
         self.backward_marked = False
-        self.skips = True  # whether PyTorch takes skip_actions (2.11 and 2.13 do): entries no walk reads
-        self.capacity = capacity(MIN_EVENTS, True)
         self.best: list = []  # per device slot: the counter at the last reading
         self.seen: list = []
-        self.events: list = []  # per device slot: allocations and frees at the last step sample
-        self.busiest = 0  # most allocations and frees between two step samples
         self.readings = 0
         self.retry = None  # a device slot to read again at the next step sample (check)
         self.retries = 0
@@ -160,9 +161,9 @@ class History:
     def prepare(self, devices: int) -> None:
         """Made once at CUDA's start, on the program's thread."""
         self.best = [0] * devices
+        self.ring.events = [0] * devices
         self.seen = [None] * devices  # per device slot: the counter at the last sample
-        self.events = [0] * devices
-        self.bulk = Bulk(ballast=0 if self.agent.run_dir else BULK_BALLAST)  # (as the sampler's: neutral.top_up)
+        self.bulk = Bulk(ballast=0 if self.shared.run_dir else BULK_BALLAST)  # (as the sampler's: neutral.top_up)
         self.callback, self.add_pending = main_thread.pending_call(self._on_main_thread)
         try:
             self.incref = py_incref()
@@ -178,31 +179,17 @@ class History:
 
     def start(self) -> None:
         """The events, from CUDA's start: --trace auto and on; not with --snapshot (trace.py's, with stacks)."""
-        agent = self.agent
-        if not agent.run_dir or agent.trace.mode == "off" or os.environ.get(ENV_SNAPSHOT) == "1":
+        shared = self.shared
+        if not shared.run_dir or self.trace.mode == "off" or os.environ.get(ENV_SNAPSHOT) == "1":
             return
         error = None
         try:
-            self.apply(False)
+            self.ring.apply(False)
             self.on = True
         except Exception as exc:  # the cudaMallocAsync backend has no history
             error = f"{type(exc).__name__}: {exc}"[:300]
-        agent.channel.write({"type": "history", "t": time.monotonic(), "ok": self.on, "error": error,
-                             "capacity": self.capacity, "backward_marked": self.backward_marked})
-
-    def apply(self, stacks: bool) -> None:
-        """PyTorch's history as this module keeps it, with the live blocks' stacks (trace.py) or without."""
-        record = self.agent.torch.cuda.memory._record_memory_history
-        context = "state" if stacks else None
-        if self.skips:
-            try:
-                record(enabled="all", context=context, stacks="python", max_entries=self.capacity,
-                       skip_actions=SKIPPED)
-                return
-            except TypeError:  # an older PyTorch: every action is recorded, 1.5 entries an event
-                self.skips = False
-                self.capacity = int(self.capacity / ENTRIES_PER_EVENT[1] * ENTRIES_PER_EVENT[0])
-        record(enabled="all", context=context, stacks="python", max_entries=self.capacity)
+        shared.channel.write({"type": "history", "t": time.monotonic(), "ok": self.on, "error": error,
+                              "capacity": self.ring.capacity, "backward_marked": self.backward_marked})
 
     # -- at each sample ----------------------------------------------------------------
     def check(self, now: float, by: str) -> float:
@@ -210,16 +197,16 @@ class History:
         if not self.on:
             return 0.0
         on_main = threading.get_ident() == self.main_ident
-        sampler = self.agent.sampler
+        sampler = self.sampler
         if by == "step":
-            self.count_events(sampler)  # (each step's, also while a walk waits: the ring's size)
-            if self.agent.forward_watch.state in AT_STEP_END:
+            self.ring.count_events(sampler)  # (each step's, also while a walk waits: the ring's size)
+            if self.forward_watch.state in AT_STEP_END:
                 # This step's end reads the module-hooked step (saved_by.py): a walk put off, a retry or a
                 # new high waits a step, one part a step (the ring holds two steps' events).
                 return 0.0
         if self.taken is not None:
             # A walk put off is made at a later step's sample (one part a step), before any reading.
-            if by == "step" and on_main and self.agent.steps >= self.walk_at:
+            if by == "step" and on_main and self.shared.steps >= self.walk_at:
                 started = time.thread_time()
                 self.finish()
                 return time.thread_time() - started
@@ -237,7 +224,7 @@ class History:
                 # events hold a peak as high, which no new high of the counter would ask for.
                 self.retry = None
                 started = time.thread_time()
-                self.read(retry, self.agent.steps + 1)
+                self.read(retry, self.shared.steps + 1)
                 return time.thread_time() - started
         for i in range(len(rows)):
             if not live[i]:
@@ -258,7 +245,7 @@ class History:
                 continue
             if by == "step" and on_main:
                 started = time.thread_time()
-                self.read(i, self.agent.steps + 1)  # (a step sample holds collection off)
+                self.read(i, self.shared.steps + 1)  # (a step sample holds collection off)
                 return time.thread_time() - started
             if not self.asked:
                 self.pending = i
@@ -267,6 +254,122 @@ class History:
                     self.asked = False
             return 0.0
         return 0.0
+
+    def _on_main_thread(self, _) -> int:
+        """Between two of the main thread's bytecodes (main_thread.py). Never raises."""
+        started = time.perf_counter()
+        try:
+            self.asked = False
+            if not self.shared.finished and not main_thread.interrupted(sys._getframe(1)):
+                steps = self.shared.steps  # (in the middle of a step: its walk after the next one)
+                with quiet_gc():
+                    self.read(self.pending, steps + 2 if steps else 0)
+                count_since(self.shared.felt, HISTORY_READ, started)
+        except Exception:
+            pass
+        return 0
+
+    def at_exit(self) -> None:
+        """The exit's reading if the counter rose past the last one (the last steps' peak), after a walk put off."""
+        if self.taken is not None:
+            with quiet_gc():
+                self.finish()
+        if not self.on or self.readings >= MORE_READINGS or not self.best:
+            return
+        sampler = self.sampler
+        for i in range(len(sampler.rows)):
+            row = sampler.rows[i]
+            # (the last chance: any high 2% above the last reading's, as at the first readings)
+            if sampler.live[i] and row[6] and new_high(row[6], self.best[i], 0) and _between(row[6], row[1]):
+                with quiet_gc():
+                    self.read(i)
+                return
+
+    # -- a reading (reading.py) ----------------------------------------------------------
+    def read(self, i: int, walk_at: int = 0) -> None:
+        """Device slot i's snapshot, then its walk and record at once or at the first step sample
+        once `walk_at` steps are made, where the ballast can hold its entries (Bulk.can_hold) and no
+        library loop runs (its holder is read at the walk). A walk put off before is made first."""
+        shared = self.shared
+        bulk = self.bulk
+        row = self.sampler.rows[i]
+        self.best[i] = row[6] or 0  # before the reading: one that fails is not tried again at once
+        if self.taken is not None:
+            self.finish()
+        if bulk is None or not bulk.ready():
+            return
+        self.readings += 1
+        started = time.perf_counter()
+        if not walk_at or not bulk.can_hold(self.ring.capacity):
+            line = bulk.run(self._whole, row[0])  # (the device's torch index)
+            spent = time.perf_counter() - started
+            _count(self.shared.cost, spent, 1)
+            _record(shared.channel, line, spent)
+            return
+        taken = bulk.run(self._take, row[0])
+        spent = time.perf_counter() - started
+        _count(self.shared.cost, spent, 1)
+        if type(taken) is str:  # (the error's record)
+            _record(shared.channel, taken, spent)
+            return
+        taken[reading.TAKEN_S] = spent
+        self.taken = taken
+        self.walk_at = walk_at
+        if taken[reading.LOOP] is not None:
+            self.finish()
+
+    def finish(self) -> None:
+        """The walk put off (reading.walk) and its record, with both parts' time."""
+        taken_s = self.taken[reading.TAKEN_S]
+        started = time.perf_counter()
+        line = self.bulk.run(self._walk, True)
+        spent = time.perf_counter() - started
+        _count(self.shared.cost, spent)
+        _record(self.shared.channel, line, taken_s + spent)
+
+    def snapshot(self, torch) -> dict:
+        """The allocator's snapshot with the events only (saved_by.py's reading too)."""
+        return reading.events_only(torch, self.incref)
+
+    def _take(self, index: int):
+        return reading.take(self, index)
+
+    def _walk(self, put_off: bool) -> str:
+        taken, self.taken = self.taken, None  # (the list goes inside the Bulk run)
+        return reading.walk(self, taken, put_off)
+
+    def _whole(self, index: int) -> str:
+        """Both parts in one run (reading.py)."""
+        taken = reading.take(self, index)
+        return taken if type(taken) is str else reading.walk(self, taken, False)
+
+
+
+class Ring:
+    """PyTorch's history as this module keeps it: the events, with the live blocks' stacks or without,
+    in a ring sized to twice the busiest step's events (MIN_EVENTS to MAX_EVENTS)."""
+
+    def __init__(self, shared, trace):
+        self.shared = shared
+        self.trace = trace  # the stacks on or off: a new size keeps them as they are
+        self.skips = True  # whether PyTorch takes skip_actions (2.11 and 2.13 do): entries no walk reads
+        self.capacity = capacity(MIN_EVENTS, True)
+        self.events: list = []  # per device slot: allocations and frees at the last step sample
+        self.busiest = 0  # most allocations and frees between two step samples
+
+    def apply(self, stacks: bool) -> None:
+        """PyTorch's history as this module keeps it, with the live blocks' stacks (trace.py) or without."""
+        record = self.shared.torch.cuda.memory._record_memory_history
+        context = "state" if stacks else None
+        if self.skips:
+            try:
+                record(enabled="all", context=context, stacks="python", max_entries=self.capacity,
+                       skip_actions=SKIPPED)
+                return
+            except TypeError:  # an older PyTorch: every action is recorded, 1.5 entries an event
+                self.skips = False
+                self.capacity = int(self.capacity / ENTRIES_PER_EVENT[1] * ENTRIES_PER_EVENT[0])
+        record(enabled="all", context=context, stacks="python", max_entries=self.capacity)
 
     def count_events(self, sampler) -> None:
         """The allocations and frees since the last step sample: the busiest step's size the ring."""
@@ -287,100 +390,12 @@ class History:
         if want > self.capacity * 1.25 or (want == most and self.capacity < most):
             self.capacity = want
             try:
-                self.apply(self.agent.trace.on)
+                self.apply(self.trace.on)
             except Exception:
                 pass
 
-    def _on_main_thread(self, _) -> int:
-        """Between two of the main thread's bytecodes (main_thread.py). Never raises."""
-        started = time.perf_counter()
-        try:
-            self.asked = False
-            if not self.agent.finished and not main_thread.interrupted(sys._getframe(1)):
-                steps = self.agent.steps  # (in the middle of a step: its walk after the next one)
-                with quiet_gc():
-                    self.read(self.pending, steps + 2 if steps else 0)
-                count_since(self.agent, HISTORY_READ, started)
-        except Exception:
-            pass
-        return 0
-
-    def at_exit(self) -> None:
-        """The exit's reading if the counter rose past the last one (the last steps' peak), after a walk put off."""
-        if self.taken is not None:
-            with quiet_gc():
-                self.finish()
-        if not self.on or self.readings >= MORE_READINGS or not self.best:
-            return
-        sampler = self.agent.sampler
-        for i in range(len(sampler.rows)):
-            row = sampler.rows[i]
-            # (the last chance: any high 2% above the last reading's, as at the first readings)
-            if sampler.live[i] and row[6] and new_high(row[6], self.best[i], 0) and _between(row[6], row[1]):
-                with quiet_gc():
-                    self.read(i)
-                return
-
-    # -- a reading (reading.py) ----------------------------------------------------------
-    def read(self, i: int, walk_at: int = 0) -> None:
-        """Device slot i's snapshot, then its walk and record at once or at the first step sample
-        once `walk_at` steps are made, where the ballast can hold its entries (Bulk.can_hold) and no
-        library loop runs (its holder is read at the walk). A walk put off before is made first."""
-        agent = self.agent
-        bulk = self.bulk
-        row = agent.sampler.rows[i]
-        self.best[i] = row[6] or 0  # before the reading: one that fails is not tried again at once
-        if self.taken is not None:
-            self.finish()
-        if bulk is None or not bulk.ready():
-            return
-        self.readings += 1
-        started = time.perf_counter()
-        if not walk_at or not bulk.can_hold(self.capacity):
-            line = bulk.run(self._whole, row[0])  # (the device's torch index)
-            spent = time.perf_counter() - started
-            _count(self.agent.cost, spent, 1)
-            _record(agent.channel, line, spent)
-            return
-        taken = bulk.run(self._take, row[0])
-        spent = time.perf_counter() - started
-        _count(self.agent.cost, spent, 1)
-        if type(taken) is str:  # (the error's record)
-            _record(agent.channel, taken, spent)
-            return
-        taken[reading.TAKEN_S] = spent
-        self.taken = taken
-        self.walk_at = walk_at
-        if taken[reading.LOOP] is not None:
-            self.finish()
-
-    def finish(self) -> None:
-        """The walk put off (reading.walk) and its record, with both parts' time."""
-        taken_s = self.taken[reading.TAKEN_S]
-        started = time.perf_counter()
-        line = self.bulk.run(self._walk, True)
-        spent = time.perf_counter() - started
-        _count(self.agent.cost, spent)
-        _record(self.agent.channel, line, taken_s + spent)
-
     def holds(self, events: int) -> bool:  # whether the ring, sized as it is now, holds these events
         return capacity(events, self.skips) <= self.capacity
-
-    def snapshot(self, torch) -> dict:
-        """The allocator's snapshot with the events only (saved_by.py's reading too)."""
-        return reading.events_only(torch, self.incref)
-
-    def _take(self, index: int):
-        return reading.take(self.agent, self, index)
-
-    def _walk(self, put_off: bool) -> str:
-        taken, self.taken = self.taken, None  # (the list goes inside the Bulk run)
-        return reading.walk(self.agent, self, taken, put_off)
-
-    def _whole(self, index: int) -> str:
-        """Both parts in one run (reading.py)."""
-        taken = reading.take(self.agent, self, index)
-        return taken if type(taken) is str else reading.walk(self.agent, self, taken, False)
 
 
 def capacity(events: int, skips: bool) -> int:

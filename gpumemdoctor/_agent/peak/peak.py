@@ -63,8 +63,11 @@ MAX_OPTIMIZERS = 16
 class PeakWatch:
     """The captures at new highs, and the probes they ask of the main thread."""
 
-    def __init__(self, agent):
-        self.agent = agent
+    def __init__(self, shared, sampler, phase_watch, growth_watch):
+        self.shared = shared
+        self.sampler = sampler
+        self.phase_watch = phase_watch  # a pause in the steps: the capture then asks for a probe
+        self.growth_watch = growth_watch  # its copies searching: no probe meanwhile
         self.optimizers: list = []  # weak references, made on the program's thread through Neutral
         self.figures = [0, 0, 0]  # the last optimizer_figures: parameters, gradients, state (made once)
         self.last_optimizer = 0  # id() of the optimizer seen at the last step: one compare a step
@@ -98,7 +101,7 @@ class PeakWatch:
                 return
         if len(self.optimizers) >= MAX_OPTIMIZERS:
             return
-        sampler = self.agent.sampler
+        sampler = self.sampler
         if sampler.neutral is None:
             return
         with sampler.lock, quiet_gc():  # a weak reference is an object the collector counts
@@ -120,7 +123,7 @@ class PeakWatch:
                     self.ask(capture, again=True)
         if self.captures >= MAX_CAPTURES:
             return 0.0
-        sampler = self.agent.sampler
+        sampler = self.sampler
         rows = sampler.rows
         live = sampler.live
         for i in range(len(rows)):
@@ -137,8 +140,8 @@ class PeakWatch:
             if (line := sampler.neutral.read(self._capture, i, by != "step")) is NO_ROOM:
                 self.best[i] = best
                 return 0.0
-            self.agent.channel.write_line(line)
-            cost = self.agent.cost
+            self.shared.channel.write_line(line)
+            cost = self.shared.cost
             spent = time.perf_counter() - started
             cost["peak_capture_s"] = cost.get("peak_capture_s", 0.0) + spent
             if spent > cost.get("peak_capture_max_s", 0.0):
@@ -157,8 +160,8 @@ class PeakWatch:
     def at_exit(self) -> None:
         """The exit's first reading (in the sampler's rows): a capture if it is a new high, probed here on
         the main thread (its globals: its frames are gone). A leak's high is often its end, after the last sample."""
-        sampler = self.agent.sampler
-        if not self.agent.run_dir or not self.best:
+        sampler = self.sampler
+        if not self.shared.run_dir or not self.best:
             return
         locked = sampler.lock.acquire(timeout=0.05)
         self.exiting = True
@@ -171,8 +174,8 @@ class PeakWatch:
 
     def _capture(self, i: int) -> str:
         """One capture's line, written after its reading: a write lets the program run (its objects would count)."""
-        agent = self.agent
-        sampler = agent.sampler
+        shared = self.shared
+        sampler = self.sampler
         row = sampler.rows[i]
         index = row[0]
         try:
@@ -185,7 +188,7 @@ class PeakWatch:
         where, inside = (None, "exit") if self.exiting else self.main_thread_place()
         self.captures += 1
         return (
-            f'{{"type":"peak","n":{self.captures},"t":{time.monotonic()!r},"step":{agent.steps},'
+            f'{{"type":"peak","n":{self.captures},"t":{time.monotonic()!r},"step":{shared.steps},'
             f'"device":{index},"allocated":{_int(row[1])},"reserved":{_int(row[3])},"nvml":{_int(row[5])},'
             f'"allocated_peak":{_int(row[6])},"inactive_split":{_int(split)},"parameters":{params},'
             f'"gradients":{grads},"optimizer_state":{state},"optimizers":[{names}],'
@@ -198,7 +201,7 @@ class PeakWatch:
 
     def paused(self) -> bool:
         """Whether the program's steps have paused (an evaluation between them)."""
-        return bool(self.agent.steps) and self.agent.phase_watch.pausing(time.monotonic())
+        return bool(self.shared.steps) and self.phase_watch.pausing(time.monotonic())
 
     def main_thread_place(self):
         """The main thread's innermost frame in the program's own files ("file:line in f()"), and
@@ -233,8 +236,8 @@ class PeakWatch:
         try:
             frame = sys._getframe(1)
             self.asked = False
-            copied = any(c.t >= self.asked_t for c in self.agent.growth_watch.copies)
-            now = not copied and not main_thread.interrupted(frame) and not self.agent.finished
+            copied = any(c.t >= self.asked_t for c in self.growth_watch.copies)
+            now = not copied and not main_thread.interrupted(frame) and not self.shared.finished
             if (self.deferred < MAX_DEFERRED and not is_library_file(frame.f_code.co_filename)
                     and main_thread.binding(frame)):
                 if now and self.deferred == 0:  # what the names hold now, before the moment moves on
@@ -246,14 +249,14 @@ class PeakWatch:
                 self.probe(self.pending_capture)
         except Exception:
             pass
-        count_since(self.agent, PEAK_PROBE, started)
+        count_since(self.shared.felt, PEAK_PROBE, started)
         return 0
 
     def probe(self, capture: int, device: int | None = None) -> None:
         """The tensors the program's names hold, on its own thread, within PROBE_BUDGET_S, with automatic
         collection held off. It makes few containers (Probe.run), and at most MAX_PROBES run in a process:
         unlike a reading, it does not go through `Neutral`, whose ballast is for a reading's dicts."""
-        if self.probes >= MAX_PROBES or self.agent.torch is None:
+        if self.probes >= MAX_PROBES or self.shared.torch is None:
             return
         self.probes += 1
         with quiet_gc():
@@ -262,7 +265,7 @@ class PeakWatch:
     def _probe(self, capture: int, device: int) -> None:
         started = time.perf_counter()
         try:
-            probe = Probe(self.agent.torch, started + PROBE_BUDGET_S,
+            probe = Probe(self.shared.torch, started + PROBE_BUDGET_S,
                           on_device=lambda t: t.is_cuda and t.get_device() == device)
             probe.optimizers([ref() for ref in self.optimizers])
             record = probe.run()
@@ -271,8 +274,8 @@ class PeakWatch:
             record = {"error": f"{type(exc).__name__}: {exc}"[:200]}
         spent = time.perf_counter() - started
         record.update({"type": "peak_probe", "n": capture, "t": time.monotonic(), "elapsed_s": round(spent, 5)})
-        self.agent.channel.write(record)
-        cost = self.agent.cost
+        self.shared.channel.write(record)
+        cost = self.shared.cost
         cost["peak_probe_s"] = cost.get("peak_probe_s", 0.0) + spent
         if spent > cost.get("peak_probe_max_s", 0.0):
             cost["peak_probe_max_s"] = spent

@@ -44,8 +44,11 @@ RISING_FOR_S = 5.0  # at most this long a pause: one that never ends (inference 
 class PhaseWatch:
     """The pause check on the time samples, and the search it asks the main thread for."""
 
-    def __init__(self, agent):
-        self.agent = agent
+    def __init__(self, shared, sampler, trace, growth_watch):
+        self.shared = shared
+        self.sampler = sampler
+        self.trace = trace
+        self.growth_watch = growth_watch  # its copies: one search at a time; it makes the copy
         self.level: list = []  # per device slot: allocated at the last step sample
         self.steps_peak: list = []  # per device slot: PyTorch's allocated peak then, until the first pause
         self.paused = False  # a pause was seen: the steps' peak is kept as it was before it
@@ -72,15 +75,15 @@ class PhaseWatch:
 
     def check(self, now: float, by: str) -> None:
         """After each sample (the sampler's lock held)."""
-        agent = self.agent
-        rows = agent.sampler.rows
-        live = agent.sampler.live
+        shared = self.shared
+        rows = self.sampler.rows
+        live = self.sampler.live
         if by == "step":
             steps, t = self.last_step_n, self.last_step_t
-            if agent.steps > steps and t:
-                per_step = (now - t) / (agent.steps - steps)
+            if shared.steps > steps and t:
+                per_step = (now - t) / (shared.steps - steps)
                 self.step_s = per_step if self.step_s == 0.0 else self.step_s + (per_step - self.step_s) * STEP_WEIGHT
-            self.last_step_n = agent.steps
+            self.last_step_n = shared.steps
             self.last_step_t = now
             self.step_samples += 1
             for i in range(len(rows)):
@@ -95,35 +98,35 @@ class PhaseWatch:
             return  # a slow step, sampled over time: not a pause
         self.paused = True
         if (self.asked or self.add_pending is None or self.searches >= MAX_PHASE_SEARCHES
-                or self.searched_step == agent.steps or agent.growth_watch.copies):
+                or self.searched_step == shared.steps or self.growth_watch.copies):
             return
-        trace = agent.trace
+        trace = self.trace
         for i in range(len(rows)):
             allocated = rows[i][1]
             if (live[i] and allocated is not None and allocated - self.level[i] >= PHASE_RISE_BYTES
                     and allocated > self.steps_peak[i]):
-                if self.rising_step != agent.steps:
-                    self.rising_step = agent.steps
+                if self.rising_step != shared.steps:
+                    self.rising_step = shared.steps
                     self.rising_until = now + RISING_FOR_S
-                if trace.mode == "auto" and not trace.on and self.traced_step != agent.steps:
-                    self.traced_step = agent.steps
+                if trace.mode == "auto" and not trace.on and self.traced_step != shared.steps:
+                    self.traced_step = shared.steps
                     self.traced_bytes = allocated
                     self.ask("trace")
-                elif self.traced_step != agent.steps or allocated >= self.traced_bytes + TRACED_BYTES:
+                elif self.traced_step != shared.steps or allocated >= self.traced_bytes + TRACED_BYTES:
                     self.ask("search")
                 return
 
     def pausing(self, now: float) -> bool:
         """No step for PAUSE_STEPS median steps (and PAUSE_MIN_S): the steps pause, a slow step does not."""
         least = PAUSE_STEPS * self.step_s
-        return now - self.agent.last_step_t >= (least if least > PAUSE_MIN_S else PAUSE_MIN_S)
+        return now - self.shared.last_step_t >= (least if least > PAUSE_MIN_S else PAUSE_MIN_S)
 
     def ask(self, action: str = "search") -> None:
         """Ask the main thread for the search (or the stacks), at its next bytecode boundary."""
         self.asked = True
         self.action = action
         if action == "search":
-            self.searched_step = self.agent.steps
+            self.searched_step = self.shared.steps
         if not main_thread.ask(self.add_pending, self.callback):
             self.asked = False  # the queue of pending calls was full: a later sample asks again
 
@@ -138,21 +141,21 @@ class PhaseWatch:
                 else:
                     self.traced_step = -1
                 return 0
-            agent = self.agent
+            shared = self.shared
             if self.action == "trace":
-                if not agent.trace.on and not agent.finished:
-                    agent.trace.start("phase", until_step=agent.steps + 1)
+                if not self.trace.on and not shared.finished:
+                    self.trace.start("phase", until_step=shared.steps + 1)
                 return 0
-            watch = agent.growth_watch
+            watch = self.growth_watch
             if watch.copies:
                 watch.poll_copies()
-            if not watch.copies and not self.agent.finished:
+            if not watch.copies and not self.shared.finished:
                 self.searches += 1
                 watch.search("phase", started=started)  # (the pause limit counts this walk too)
-                cost = self.agent.cost  # what the program waited for: this walk, the threads' capture, the fork
+                cost = self.shared.cost  # what the program waited for: this walk, the threads' capture, the fork
                 spent = time.perf_counter() - started
                 cost["phase_pause_s"] = max(cost.get("phase_pause_s", 0.0), spent)
-                agent.felt.add(PHASE_SEARCH, spent)  # (felt.py: what the program waited for)
+                shared.felt.add(PHASE_SEARCH, spent)  # (felt.py: what the program waited for)
         except Exception:
             pass
         return 0

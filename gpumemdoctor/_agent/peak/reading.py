@@ -41,12 +41,14 @@ LOOP_MODULES = ("transformers.trainer", "lightning.pytorch.loops.evaluation_loop
                 "pytorch_lightning.loops.evaluation_loop")
 
 
-def take(agent, history, index: int):
-    """The reading's first part (see the module's docstring), as a list, or an error record's line."""
-    torch = agent.torch
+def take(history, index: int):
+    """The reading's first part (see the module's docstring), as a list, or an error record's line.
+    `history`: the History reading (its shared state, its sampler's stats, its peak watch's figures)."""
+    shared = history.shared
+    torch = shared.torch
     began = time.perf_counter()
     try:
-        stats = agent.sampler.stats_fn(index)
+        stats = history.sampler.stats_fn(index)
         counter = stats["allocated_bytes"]["all"]["peak"]
         allocated = stats["allocated_bytes"]["all"]["current"]
         reserved = stats["reserved_bytes"]["all"]["current"]
@@ -59,7 +61,7 @@ def take(agent, history, index: int):
         del traces
         storages: dict = {}
         sizes: dict = {}
-        agent.peak_watch.optimizer_figures(index, [0, 0, 0], storages, sizes)
+        history.peak_watch.optimizer_figures(index, [0, 0, 0], storages, sizes)
         times: list = []
         kinds: list = []
         history.marks.ordered(times, kinds, trace[0]["time_us"] if trace else 0)
@@ -71,12 +73,12 @@ def take(agent, history, index: int):
         now = time.monotonic()  # (with now_us: the two clocks read together)
         figures_s = time.perf_counter() - started - snapshot_s
         return [index, snapshot, trace, counter, allocated, reserved, storages, sizes, times, kinds, now, now_us,
-                agent.steps, loop, called, snapshot_s, figures_s, time.perf_counter() - began]
+                shared.steps, loop, called, snapshot_s, figures_s, time.perf_counter() - began]
     except Exception as exc:
         return error_line(history.readings, index, exc)
 
 
-def walk(agent, history, taken: list, put_off: bool) -> str:
+def walk(history, taken: list, put_off: bool) -> str:
     """The reading's second part, at once or at a later step's sample (`put_off`): its `peak_history`
     record as one JSON line, without `elapsed_s` (history.py adds it), or "" where the events hold no
     allocation. Lets the snapshot go."""
@@ -85,7 +87,7 @@ def walk(agent, history, taken: list, put_off: bool) -> str:
         started = time.perf_counter()
         trace = taken[TRACE]
         found = replay.replay(trace, taken[ALLOCATED], taken[TIMES], taken[KINDS], taken[STORAGES], taken[SIZES],
-                              taken[RESERVED], taken[COUNTER], len(trace) >= history.capacity)
+                              taken[RESERVED], taken[COUNTER], len(trace) >= history.ring.capacity)
         replay_s = time.perf_counter() - started
         del trace
         _let_go(history, taken, put_off)
@@ -97,7 +99,7 @@ def walk(agent, history, taken: list, put_off: bool) -> str:
             history.retry = index  # (read again at the next step sample, when the ring holds a step)
         activations = found["parts"].get("activations")
         if activations is not None and activations["bytes"] >= saved_by.MIN_BYTES and found["complete"]:
-            agent.forward_watch.arm(index)  # the modules that saved them, from the next step
+            history.forward_watch.arm(index)  # the modules that saved them, from the next step
         now_us = taken[NOW_US]
         parts = ""
         for name in found["parts"]:
@@ -108,7 +110,7 @@ def walk(agent, history, taken: list, put_off: bool) -> str:
             parts = f"{parts},{item}" if parts else item
         reserved_at = found["reserved_at_peak"]
         joined = found["joined"]
-        loop = _loop_fields(agent.torch, taken[LOOP], taken[CALLED], joined)
+        loop = _loop_fields(history.shared.torch, taken[LOOP], taken[CALLED], joined)
         joined = "null" if joined is None else (f'{{"bytes":{joined["bytes"]},"pieces":{joined["pieces"]},'
                                                 f'"pieces_bytes":{joined["pieces_bytes"]},'
                                                 f'"held":{_bool(joined["held"])}}}')
@@ -119,11 +121,11 @@ def walk(agent, history, taken: list, put_off: bool) -> str:
                 f'"allocated":{found["allocated_now"]},"peak_before_s":{_before(found["peak_time_us"], now_us)},'
                 f'"phase":"{found["phase"]}",'
                 f'"complete":{_bool(found["complete"])},"ring_full":{_bool(found["ring_full"])},'
-                f'"events":{found["events"]},"capacity":{history.capacity},'
+                f'"events":{found["events"]},"capacity":{history.ring.capacity},'
                 f'"backward_marked":{_bool(history.backward_marked)},"joined":{joined},"parts":{{{parts}}},'
                 f'"snapshot_s":{taken[SNAPSHOT_S]!r},"figures_s":{taken[FIGURES_S]!r},"replay_s":{replay_s!r},'
                 f'"freed_s":{freed_s!r},"taken_s":{taken[TAKEN_S]!r},"put_off":{_bool(put_off)},'
-                f'"walked_step":{agent.steps}}}')
+                f'"walked_step":{history.shared.steps}}}')
     except Exception as exc:
         if taken[SNAPSHOT] is not None:
             _let_go(history, taken, put_off)

@@ -47,8 +47,10 @@ LIBRARY_DIRS = ("site-packages", "dist-packages")
 
 
 class ForwardWatch:
-    def __init__(self, agent):
-        self.agent = agent
+    def __init__(self, shared, history, sampler):
+        self.shared = shared
+        self.history = history  # its ring holds the hooked step's events; its ballast the reading's
+        self.sampler = sampler
         self.state = IDLE
         self.times = array("q", bytes(8 * CAPACITY))
         self.ids = array("q", bytes(8 * CAPACITY))
@@ -92,16 +94,16 @@ class ForwardWatch:
         """Whether the allocator's ring will still hold the recorded step's events after one more step
         like it (with room to spare): the events counted since the recording began, from the samples."""
         now = self._events()
-        return now is not None and self.events0 is not None and self.agent.history.holds((now - self.events0) * 5 // 2)
+        return now is not None and self.events0 is not None and self.history.ring.holds((now - self.events0) * 5 // 2)
 
     def _start(self) -> None:
-        agent = self.agent
-        torch = agent.torch
+        shared = self.shared
+        torch = shared.torch
         self.state = DONE  # (whatever happens next: never twice)
         if _compiled():
             self.why_not = "torch.compile had compiled frames"
             return
-        bulk = agent.history.bulk
+        bulk = self.history.bulk
         if bulk is None or not bulk.ready():
             return
         try:
@@ -118,13 +120,13 @@ class ForwardWatch:
             self._remove()
             return
         self.since_us = time.time_ns() // 1000
-        self.step = agent.steps
+        self.step = shared.steps
         self.events0 = self._events()
         self.state = RECORDING
 
     def _events(self) -> int | None:
         """The device's allocations and frees so far, as the last sample counted them."""
-        sampler = self.agent.sampler
+        sampler = self.sampler
         for i in range(len(sampler.rows)):
             if sampler.rows[i][0] == self.device:
                 return sampler.events[i]
@@ -133,7 +135,7 @@ class ForwardWatch:
     def _stop(self) -> None:
         self.state = DONE
         self._remove()
-        bulk = self.agent.history.bulk
+        bulk = self.history.bulk
         try:
             if bulk is None or not bulk.ready():
                 return
@@ -144,12 +146,12 @@ class ForwardWatch:
             roots = self.roots
             for i in range(MAX_ROOTS):  # the program's models are its own to let go of
                 roots[i] = None
-        self.agent.cost["forward_modules_s"] = spent  # (one reading in a process: the program's pause)
+        self.shared.cost["forward_modules_s"] = spent  # (one reading in a process: the program's pause)
         if line:
-            self.agent.channel.write_line(f'{line[:-1]},"elapsed_s":{spent!r}}}')
+            self.shared.channel.write_line(f'{line[:-1]},"elapsed_s":{spent!r}}}')
 
     def _remove(self) -> None:
-        bulk = self.agent.history.bulk
+        bulk = self.history.bulk
         c0 = _count()
         for i in range(2):
             handle = self.handles[i]
@@ -223,15 +225,15 @@ class ForwardWatch:
         """A record's first fields: the recorded step, and the step whose end read it (the next one
         where that step's end was busy)."""
         return (f'{{"type":"forward_modules","t":{time.monotonic()!r},"step":{self.step},'
-                f'"read_step":{self.agent.steps},"device":{index},')
+                f'"read_step":{self.shared.steps},"device":{index},')
 
     def _read(self, index: int) -> str:
         """The recorded step's events, its activations by module, as one JSON line (inside Bulk)."""
-        agent = self.agent
-        history = agent.history
+        shared = self.shared
+        history = self.history
         try:
             started = time.perf_counter()
-            snapshot = history.snapshot(agent.torch)
+            snapshot = history.snapshot(shared.torch)
             traces = snapshot["device_traces"]
             trace = traces[index] if index < len(traces) else []
             if trace and trace[0]["time_us"] > self.since_us:

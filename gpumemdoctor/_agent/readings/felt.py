@@ -170,9 +170,8 @@ class Felt:
         return figures
 
 
-def count_since(agent, part: int, started: float) -> None:
+def count_since(felt: "Felt | None", part: int, started: float) -> None:
     """The agent's work since `started` (perf_counter), on the main thread between two bytecodes,
     counted as what the program waited for."""
-    felt = getattr(agent, "felt", None)
     if felt is not None:
         felt.add(part, time.perf_counter() - started)

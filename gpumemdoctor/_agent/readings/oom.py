@@ -21,41 +21,43 @@ MAX_OOM_RECORDS = 20  # out-of-memory errors recorded per process; the first is 
 class OomObserver:
     """Attached to PyTorch's allocator at CUDA's start (`torch._C._cuda_attach_out_of_memory_observer`)."""
 
-    def __init__(self, agent):
-        self.agent = agent
+    def __init__(self, shared, peak_watch, growth_watch):
+        self.shared = shared
+        self.peak_watch = peak_watch  # the step's state: its optimizers, where the main thread is
+        self.growth_watch = growth_watch  # the first error's search
         self.records = 0
 
     def observe(self, device, request, limit, device_free) -> None:
         """PyTorch's allocator could not serve a request: the figures and who held the memory,
         now, on the allocating thread, before the stack unwinds."""
-        agent = self.agent
+        shared = self.shared
         try:
-            if self.records >= MAX_OOM_RECORDS or agent.finished:
+            if self.records >= MAX_OOM_RECORDS or shared.finished:
                 return
             self.records += 1
             with quiet_gc():
                 processes = []
-                d = next((d for d in agent.devices if d["index"] == device), None)
-                if agent.nvml is not None and d is not None and d["nvml_device"] is not None:
+                d = next((d for d in shared.devices if d["index"] == device), None)
+                if shared.nvml is not None and d is not None and d["nvml_device"] is not None:
                     try:
-                        processes = agent.nvml.processes(d["nvml_device"])
+                        processes = shared.nvml.processes(d["nvml_device"])
                     except Exception:
                         processes = []
-                record = out_of_memory(agent.torch, device, request, limit, device_free, processes)
-                record["step"] = agent.steps
-                record["inputs"] = module_inputs(agent.torch, sys._getframe())
-                if agent.step_inputs is not None and agent.step_inputs.largest:
-                    record["earlier_inputs"] = agent.step_inputs.earlier()  # the steps before this one
-                record["memory_fraction"] = _fraction(agent.torch, device)
-                record.update(_state_of_the_step(agent, device))
-                agent.channel.write(record)
+                record = out_of_memory(shared.torch, device, request, limit, device_free, processes)
+                record["step"] = shared.steps
+                record["inputs"] = module_inputs(shared.torch, sys._getframe())
+                if shared.step_inputs is not None and shared.step_inputs.largest:
+                    record["earlier_inputs"] = shared.step_inputs.earlier()  # the steps before this one
+                record["memory_fraction"] = _fraction(shared.torch, device)
+                record.update(_state_of_the_step(shared.torch, self.peak_watch, device))
+                shared.channel.write(record)
                 if self.records == 1:
-                    agent.growth_watch.search("oom")
+                    self.growth_watch.search("oom")
         except Exception:
             pass
 
 
-def _state_of_the_step(agent, device: int) -> dict:
+def _state_of_the_step(torch, peak_watch, device: int) -> dict:
     """What the optimizers held at the error, and where the program was in its step: what it could
     have freed (diagnosis/fit.py). `inside` is the main thread's: on CUDA, backward() runs on
     PyTorch's own worker threads, whose error has no frame of the program, while the main thread
@@ -64,10 +66,10 @@ def _state_of_the_step(agent, device: int) -> dict:
     Anything that cannot be read is left out: the error's own record is written regardless."""
     out: dict = {}
     try:
-        out["optimizers"] = json.loads("[" + agent.peak_watch.optimizer_figures(device, [0, 0, 0]) + "]")
-        out["inside"] = agent.peak_watch.main_thread_place()[1]
-        out["grad_enabled"] = bool(agent.torch.is_grad_enabled())
-        out["paused"] = agent.peak_watch.paused()
+        out["optimizers"] = json.loads("[" + peak_watch.optimizer_figures(device, [0, 0, 0]) + "]")
+        out["inside"] = peak_watch.main_thread_place()[1]
+        out["grad_enabled"] = bool(torch.is_grad_enabled())
+        out["paused"] = peak_watch.paused()
     except Exception:
         pass
     return out

@@ -65,8 +65,8 @@ def nccl_version(torch) -> str | None:
 class ProcessGroups:
     """The count of live process groups, checked at each sample; a record when it changes."""
 
-    def __init__(self, agent):
-        self.agent = agent
+    def __init__(self, shared):
+        self.shared = shared
         self.live = 0
         self.records = 0
         self.described = False
@@ -87,12 +87,12 @@ class ProcessGroups:
             return
         self.records += 1
         try:
-            record = {"type": "groups", "t": now, "step": self.agent.steps, "groups": live,
+            record = {"type": "groups", "t": now, "step": self.shared.steps, "groups": live,
                       "backends": backends(groups)}
             if live and not self.described:
                 self.described = True
                 record.update(self._describe(groups))
-            self.agent.channel.write(record)
+            self.shared.channel.write(record)
         except Exception:
             pass
 
@@ -103,7 +103,7 @@ class ProcessGroups:
                 world = max(world or 0, int(group.size()))
             except Exception:
                 pass
-        return {"world_size": world, "nccl_version": nccl_version(self.agent.torch),
+        return {"world_size": world, "nccl_version": nccl_version(self.shared.torch),
                 "nccl_env": sizing_env(os.environ)}
 
 
@@ -138,7 +138,7 @@ def exit_memory(torch) -> dict | None:
     return {"groups": len(groups), "nccl_bytes": total}
 
 
-def install_context_reading(agent, torch) -> None:
+def install_context_reading(shared, sampler, torch) -> None:
     """Read the CUDA context before NCCL can set up, where the program binds its default group to a
     device (`init_process_group(device_id=...)`, PyTorch's recommended form): NCCL then makes its
     communicator inside that call, before the program's first allocation, and a context read at that
@@ -166,10 +166,10 @@ def install_context_reading(agent, torch) -> None:
 
     @functools.wraps(original)
     def init_process_group(*args, **kwargs):
-        if agent.pid == os.getpid() and not agent.finished:  # not a forked child's (its agent is its own)
+        if shared.pid == os.getpid() and not shared.finished:  # not a forked child's (its agent is its own)
             try:
                 with quiet_gc():
-                    _before_nccl(agent, torch, args, kwargs)
+                    _before_nccl(shared, sampler, torch, args, kwargs)
             except Exception:
                 pass
         return original(*args, **kwargs)
@@ -180,15 +180,15 @@ def install_context_reading(agent, torch) -> None:
         dist.init_process_group = init_process_group
 
 
-def _before_nccl(agent, torch, args: tuple, kwargs: dict) -> None:
+def _before_nccl(shared, sampler, torch, args: tuple, kwargs: dict) -> None:
     """The `context` record for one call of init_process_group (see install_context_reading)."""
     device_id = kwargs.get("device_id", args[8] if len(args) > 8 else None)
     backend = kwargs.get("backend", args[0] if args else None)
     if backend is not None and "nccl" not in str(backend).lower():
         return  # gloo or another backend: no NCCL memory to tell apart
     if device_id is None:  # NCCL sets up at the group's first collective, on a tensor: after the first allocation
-        agent.channel.write({"type": "context", "t": time.monotonic(), "device": -1, "nvml": None,
-                             "reserved": None, "why": "init_process_group without device_id"})
+        shared.channel.write({"type": "context", "t": time.monotonic(), "device": -1, "nvml": None,
+                              "reserved": None, "why": "init_process_group without device_id"})
         return
     index = device_id if isinstance(device_id, int) else (
         device_id.index if getattr(device_id, "type", None) == "cuda" else None)
@@ -196,8 +196,7 @@ def _before_nccl(agent, torch, args: tuple, kwargs: dict) -> None:
     # another device (device_id before set_device: NCCL's memory then stays in the context's figure).
     if index is None or not torch.cuda.is_initialized() or index != torch.cuda.current_device():
         return
-    sampler = agent.sampler
-    if not agent.devices or sampler.neutral is None:
+    if not shared.devices or sampler.neutral is None:
         return
     if not torch.cuda.memory_reserved(index):
         allocate_one(torch, index)  # completes the context (NVML shows part of it before)
@@ -209,5 +208,5 @@ def _before_nccl(agent, torch, args: tuple, kwargs: dict) -> None:
             sampler.lock.release()
     for row in rows:
         if row[0] == index:
-            agent.channel.write({"type": "context", "t": time.monotonic(), "device": index, "nvml": row[5],
-                                 "reserved": row[3], "why": "before init_process_group(device_id=...)"})
+            shared.channel.write({"type": "context", "t": time.monotonic(), "device": index, "nvml": row[5],
+                                  "reserved": row[3], "why": "before init_process_group(device_id=...)"})

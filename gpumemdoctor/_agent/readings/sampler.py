@@ -47,8 +47,9 @@ UNPACED_SAMPLES = 3
 class Sampler:
     """One reading of every device the process touched, at a step boundary or on the timer."""
 
-    def __init__(self, agent, interval_s: float):
-        self.agent = agent
+    def __init__(self, shared, interval_s: float, process_groups):
+        self.shared = shared
+        self.process_groups = process_groups  # checked after each sample (process_groups.py)
         self.base_interval_s = interval_s  # --interval, doubled every SAMPLES_PER_DOUBLING samples
         self.interval_s = interval_s  # the one in force: the base, or longer for the samples' cost
         self.max_interval_s = interval_ceiling(interval_s)  # neither of the two grows past it
@@ -69,38 +70,38 @@ class Sampler:
         self.samples_skipped = 0  # time samples put off because the collector was near its threshold
         self.no_room_count = -1  # the collector's count at the last time sample put off
         self.collector_off = 0  # samples that found automatic collection disabled (gc.disable())
-        self.cost = SampleCost(agent.cost)
+        self.cost = SampleCost(shared.cost)
         self.after: tuple = ()  # (felt's part, check(now, by)) after each sample, in order: core's watches
 
     def prepare(self) -> None:
         """What every later reading fills in place, made once here on the program's thread (no container later)."""
-        agent = self.agent
-        torch = agent.torch
+        shared = self.shared
+        torch = shared.torch
         self.stats_fn = getattr(getattr(torch, "_C", None), "_cuda_memoryStats", None) \
             or torch.cuda.memory_stats_as_nested_dict
-        self.rows = [[d["index"], None, None, None, None, None, None, None] for d in agent.devices]
-        self.live = [False] * len(agent.devices)
+        self.rows = [[d["index"], None, None, None, None, None, None, None] for d in shared.devices]
+        self.live = [False] * len(shared.devices)
         # per row: allocations and frees so far (history.py sizes its ring by a step's)
-        self.events = [None] * len(agent.devices)
-        self.nvml_before = [None] * len(agent.devices)
+        self.events = [None] * len(shared.devices)
+        self.nvml_before = [None] * len(shared.devices)
         self.nvml_readers = []
-        for d in agent.devices:
+        for d in shared.devices:
             reader = None
-            if agent.nvml is not None and d["nvml_device"] is not None:
+            if shared.nvml is not None and d["nvml_device"] is not None:
                 try:
-                    reader = agent.nvml.ProcessMemory(d["nvml_device"], agent.pid)
+                    reader = shared.nvml.ProcessMemory(d["nvml_device"], shared.pid)
                     if reader.used() is None:
                         reader = None
                 except Exception:
                     reader = None
             self.nvml_readers.append(reader)
-        self.neutral = Neutral(ballast=0 if agent.run_dir else BALLAST)  # (under `run`: neutral.top_up)
+        self.neutral = Neutral(ballast=0 if shared.run_dir else BALLAST)  # (under `run`: neutral.top_up)
 
     # -- readings -----------------------------------------------------------------
     def read_allocated(self, out: list) -> None:
         """out[i] = allocated bytes of device slot i (through Neutral: makes only PyTorch's dicts)."""
         stats_fn = self.stats_fn
-        devices = self.agent.devices
+        devices = self.shared.devices
         for i in range(len(devices)):
             try:
                 out[i] = stats_fn(devices[i]["index"])["allocated_bytes"]["all"]["current"]
@@ -109,7 +110,7 @@ class Sampler:
 
     def any_reserved(self, _) -> bool:
         stats_fn = self.stats_fn
-        devices = self.agent.devices
+        devices = self.shared.devices
         for i in range(len(devices)):
             if stats_fn(devices[i]["index"])["reserved_bytes"]["all"]["current"]:
                 return True
@@ -181,7 +182,7 @@ class Sampler:
                 pass
 
     def _read_nvml(self) -> None:
-        agent = self.agent
+        shared = self.shared
         rows = self.rows
         for i in range(len(rows)):
             reader = self.nvml_readers[i]
@@ -191,9 +192,9 @@ class Sampler:
                     used = reader.used()
                 except Exception:
                     used = None
-            elif agent.nvml is not None and agent.devices[i]["nvml_device"] is not None:
+            elif shared.nvml is not None and shared.devices[i]["nvml_device"] is not None:
                 try:  # no direct reading on this driver: pynvml's list (makes containers)
-                    used = agent.nvml.used_by(agent.devices[i]["nvml_device"], agent.pid)
+                    used = shared.nvml.used_by(shared.devices[i]["nvml_device"], shared.pid)
                 except Exception:
                     used = None
             rows[i][5] = used
@@ -205,8 +206,8 @@ class Sampler:
         A step sample runs on the program's thread, with automatic collection held off
         while it reads. The agent's own thread ("time", "first") never changes the
         collector's settings: it reads only when that cannot set a collection off."""
-        agent = self.agent
-        if agent.channel.dead or not agent.devices or self.neutral is None:
+        shared = self.shared
+        if shared.channel.dead or not shared.devices or self.neutral is None:
             return True
         if by == "step":
             return self._sample(by, True) is not False
@@ -230,7 +231,7 @@ class Sampler:
         lock.acquire()
         started = time.thread_time()  # the agent's own work, not its waits for the GIL
         apart = 0.0  # of it, a peak's capture: not the samples' pace
-        checks, felt = 0.0, getattr(self.agent, "felt", None)  # of it, the watches after the reading (felt's)
+        checks, felt = 0.0, self.shared.felt  # of it, the watches after the reading (felt's)
         enabled = gc.isenabled()  # read before the sample holds collection off itself
         if not enabled:  # the program's doing (gc.disable())
             self.collector_off += 1
@@ -238,7 +239,7 @@ class Sampler:
         if collecting:
             gc.disable()
         try:
-            agent = self.agent
+            shared = self.shared
             now = time.monotonic()
             if self._read_rows(not quiet) is NO_ROOM:
                 return None
@@ -247,10 +248,10 @@ class Sampler:
                 self.last_step_sample_t = now
             # (the first readings set the context's size: later ones can catch an NVML dip)
             text = _rows_text(self.rows, self.live, self.context if self.samples < 5 else None)
-            agent.channel.write_line(f'{{"type":"s","t":{now!r},"by":"{by}","step":{agent.steps},"d":[{text}]}}')
+            shared.channel.write_line(f'{{"type":"s","t":{now!r},"by":"{by}","step":{shared.steps},"d":[{text}]}}')
             self.samples += 1
-            agent.process_groups.check(now)  # a record only when the count of process groups changed
-            if agent.run_dir and (by == "step" or by == "time"):
+            self.process_groups.check(now)  # a record only when the count of process groups changed
+            if shared.run_dir and (by == "step" or by == "time"):
                 t0 = time.perf_counter()
                 apart = _after(self.after, now, by, felt)
                 checks = time.perf_counter() - t0
@@ -361,8 +362,12 @@ class SampleCost:
 class SamplingThread:
     """The agent's own thread: a time sample whenever no step sample came for an interval."""
 
-    def __init__(self, agent):
-        self.agent = agent
+    def __init__(self, shared, sampler: Sampler, trace, phase_watch, start_devices):
+        self.shared = shared
+        self.sampler = sampler
+        self.trace = trace
+        self.phase_watch = phase_watch  # a pause rising above the steps is sampled more often
+        self.start_devices = start_devices  # core's: the devices read, where CUDA's callback did not come
         self.thread: threading.Thread | None = None
         self.stopping = False  # the thread sleeps in short naps and looks at this
 
@@ -379,26 +384,24 @@ class SamplingThread:
 
     def _run(self) -> None:
         try:
-            agent = self.agent
-            torch = agent.torch
-            sampler = agent.sampler
+            shared = self.shared
+            torch = shared.torch
+            sampler = self.sampler
             while not torch.cuda.is_initialized():
                 if self.nap(sampler.interval_s):
                     return
-            if not agent.devices:  # CUDA started without the lazy-init callback
-                agent.describe_devices()
-                agent.prepare_reading()
-                agent.attach_observers()
+            if not shared.devices:  # CUDA started without the lazy-init callback
+                self.start_devices()
             self._wait_for_first_allocation()
-            trace = agent.trace
+            trace = self.trace
             interval = self._interval()
             while not self.nap(interval):
                 now = time.monotonic()
                 interval = self._interval()
                 # While the program marks steps, samples are taken at step boundaries instead.
-                if now - sampler.last_sample_t >= interval and now - agent.last_step_t >= interval:
+                if now - sampler.last_sample_t >= interval and now - shared.last_step_t >= interval:
                     sampler.sample("time")
-                if (trace.stop_at is not None and now >= trace.stop_at and not agent.steps
+                if (trace.stop_at is not None and now >= trace.stop_at and not shared.steps
                         and not import_in_progress()):
                     trace.stop()  # growth seen over time: the stacks are turned off from here too
         except Exception:
@@ -407,10 +410,9 @@ class SamplingThread:
     def _interval(self) -> float:
         """The interval in force, or RISING_INTERVAL_S while a pause in the steps rises above them
         (phase_watch.py; RISING_FOR_S at most): its height comes within the pause."""
-        agent = self.agent
-        interval = agent.sampler.interval_s
-        watch = agent.phase_watch
-        if (watch.rising_step == agent.steps and interval > RISING_INTERVAL_S
+        interval = self.sampler.interval_s
+        watch = self.phase_watch
+        if (watch.rising_step == self.shared.steps and interval > RISING_INTERVAL_S
                 and time.monotonic() < watch.rising_until):
             return RISING_INTERVAL_S
         return interval
@@ -433,7 +435,7 @@ class SamplingThread:
         it, so the first sample with reserved memory is the one that measures it.
         The stats call polled here costs about 10 us.
         """
-        sampler = self.agent.sampler
+        sampler = self.sampler
         started = time.monotonic()
         while True:
             # The poll must not wait for room below the collector's threshold: a program that

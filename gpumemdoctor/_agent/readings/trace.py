@@ -35,8 +35,10 @@ STARTUP_STEPS = 50
 class Trace:
     """Whether allocation stacks are being recorded, were recorded, and until when."""
 
-    def __init__(self, agent, run_dir: str | None):
-        self.agent = agent
+    def __init__(self, shared, sampler, run_dir: str | None):
+        self.shared = shared
+        self.sampler = sampler  # its lock: the agent's thread reads through it too
+        self.history = None  # history.History, whose ring follows the stacks: core sets it
         mode = os.environ.get(ENV_TRACE, "auto" if run_dir else "off")
         self.mode = mode if mode in TRACE_MODES else "auto"
         self.on = False
@@ -48,7 +50,7 @@ class Trace:
     def start(self, why: str, until_step: int | None = None) -> None:
         """PyTorch's allocation history with Python stacks, from now on (--trace auto's growth
         window: until `until_step` when given, else for TRACE_WINDOW_S)."""
-        agent = self.agent
+        shared = self.shared
         error = None
         started = time.perf_counter()
         elapsed = None
@@ -61,10 +63,10 @@ class Trace:
             # RecordFunction callback for annotations and takes each device allocator's lock.
             if self.on:
                 pass  # already recording (the start-up window, still open): the window alone changes
-            elif agent.history.on:  # the events go on, without stacks; the live blocks get theirs
-                agent.history.apply(True)
+            elif self.history.on:  # the events go on, without stacks; the live blocks get theirs
+                self.history.ring.apply(True)
             else:
-                agent.torch.cuda.memory._record_memory_history(
+                shared.torch.cuda.memory._record_memory_history(
                     enabled=enabled, context="alloc", stacks="python", max_entries=TRACE_MAX_ENTRIES)
             elapsed = time.perf_counter() - started
             self.on = self.was_on = True
@@ -75,20 +77,20 @@ class Trace:
                 elif why == "growth":
                     self.stop_at, self.stop_step = time.monotonic() + TRACE_WINDOW_S, 1 << 62
                 else:
-                    self.stop_at, self.stop_step = time.monotonic() + STARTUP_WINDOW_S, agent.steps + STARTUP_STEPS
+                    self.stop_at, self.stop_step = time.monotonic() + STARTUP_WINDOW_S, shared.steps + STARTUP_STEPS
         except Exception as exc:  # the cudaMallocAsync backend has no history
             error = f"{type(exc).__name__}: {exc}"[:300]
         if elapsed is None:
             elapsed = time.perf_counter() - started
-        agent.channel.write({"type": "trace", "t": time.monotonic(), "step": agent.steps, "why": why,
-                             "ok": self.on, "error": error, "elapsed_s": round(elapsed, 5)})
+        shared.channel.write({"type": "trace", "t": time.monotonic(), "step": shared.steps, "why": why,
+                              "ok": self.on, "error": error, "elapsed_s": round(elapsed, 5)})
 
     def stop(self, on_program_thread: bool = False) -> None:
         """The end of --trace auto's window: no more stacks for new allocations; the live
         blocks allocated meanwhile keep theirs. On the program's thread (a step boundary) it
         leaves the collector's count as it found it (see neutral.py): the window closes in the
         middle of the program's loop, and a shifted count would move its later collections."""
-        sampler = self.agent.sampler
+        sampler = self.sampler
         if on_program_thread and sampler.neutral is not None:
             with sampler.lock, quiet_gc():  # the lock: the agent's thread reads through it too
                 sampler.neutral.read(self._stop, None)
@@ -96,7 +98,7 @@ class Trace:
             self._stop(None)
 
     def _stop(self, _) -> None:
-        agent = self.agent
+        shared = self.shared
         if self.window == "phase":
             why = "stopped at the step after the pause"
         elif self.window != "growth":
@@ -108,14 +110,14 @@ class Trace:
         self.stop_at, self.stop_step = None, 1 << 62
         started = time.perf_counter()
         try:
-            if agent.history.on:  # the events go on (history.py), without stacks
-                agent.history.apply(False)
+            if self.history.on:  # the events go on (history.py), without stacks
+                self.history.ring.apply(False)
             else:
-                agent.torch.cuda.memory._record_memory_history(enabled=None)
+                shared.torch.cuda.memory._record_memory_history(enabled=None)
             self.on = False
             error = None
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"[:300]
         elapsed = time.perf_counter() - started
-        agent.channel.write({"type": "trace", "t": time.monotonic(), "step": agent.steps,
-                             "why": why, "ok": error is None, "error": error, "elapsed_s": round(elapsed, 5)})
+        shared.channel.write({"type": "trace", "t": time.monotonic(), "step": shared.steps,
+                              "why": why, "ok": error is None, "error": error, "elapsed_s": round(elapsed, 5)})
