@@ -38,6 +38,7 @@ from .readings.felt import GROWTH_SEARCH, GROWTH_WATCH, HISTORY, PEAK_WATCH, PHA
 from .exit import finish
 from .neutral import quiet_gc
 from .readings.oom import OomObserver
+from .readings import served
 from .readings.process_groups import ProcessGroups, install_context_reading
 from .readings.sampler import EVERY_STEP_UNTIL, Sampler, SamplingThread
 from .shared import Shared
@@ -211,28 +212,10 @@ class Agent:
             return
         from gpumemdoctor.system.agent_socket import StatsServer
 
-        server = StatsServer(self.stats)
+        server = StatsServer(lambda: served.stats(self.shared, self.sampler))
         if server.open():
             self.server = server
             threading.Thread(target=server.serve_forever, name="gpumemdoctor-socket", daemon=True).start()
-
-    def stats(self) -> dict:
-        """What the socket answers: the latest figures, read now."""
-        from gpumemdoctor.system.agent_socket import STATS_SCHEMA
-
-        shared = self.shared
-        torch = shared.torch
-        rows = []
-        if torch is not None and shared.devices and torch.cuda.is_initialized():
-            for row in self.sampler.read_devices():
-                d = next((d for d in shared.devices if d["index"] == row[0]), None)
-                nvml_device = d["nvml_device"] if d else None
-                rows.append({"torch_index": row[0], "nvml_index": nvml_device.index if nvml_device else None,
-                             "allocated_bytes": row[1], "active_bytes": row[2], "reserved_bytes": row[3],
-                             "nvml_bytes": row[5], "context_bytes": self.sampler.context.get(row[0])})
-        return {"schema": STATS_SCHEMA, "pid": shared.pid, "steps": shared.steps,
-                "torch_version": str(torch.__version__) if torch is not None else None,
-                "cuda": bool(torch is not None and torch.cuda.is_initialized()), "devices": rows}
 
     # -- steps ---------------------------------------------------------------
     def _on_optimizer_pre_step(self, optimizer, args, kwargs) -> None:

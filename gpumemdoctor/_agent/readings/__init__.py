@@ -6,7 +6,8 @@ sampling thread; `felt` keeps the longest gap between two step ends as the progr
 `trace` turns PyTorch's allocation stacks on and off (`--trace`); `events` records collections
 that freed CUDA memory, where CUDA started and the fatal exception; `oom` observes out-of-memory
 errors, and `step_inputs` what each step was given; `process_groups` watches torch.distributed's
-process groups (NCCL); `libraries` other GPU libraries. At exit, `streams` tells apart blocks held
-for stream work and `parts` measures what PyTorch's totals do not name (cuBLAS workspaces, CUDA
-graphs' pools, NCCL, CUDA's module loading).
+process groups (NCCL); `libraries` other GPU libraries; `served` what the local socket answers
+`gpumemdoctor watch`. At exit, `streams` tells apart blocks held for stream work and `parts`
+measures what PyTorch's totals do not name (cuBLAS workspaces, CUDA graphs' pools, NCCL, CUDA's
+module loading).
 """
