@@ -1,0 +1,46 @@
+"""The words of how a process ran and ended: the longest step gap (step_gaps.py), which that module
+decides. Pure.
+
+The same registry as summaries.py's (summaries_registry.py): each sentence a registered function, its
+keyword arguments the facts its module decided; `tell(name, **facts)` makes it. `PART_WORDS` is
+step_gaps.py's too (each of the agent's parts as the note names it).
+"""
+from __future__ import annotations
+
+from .summaries_registry import summary as _summary
+from ..units import format_bytes as fb
+
+# Each of the agent's parts (contract.AGENT_PARTS) as the step gap's note names it.
+PART_WORDS = {"step_end": "its work at the step's end", "sample": "its samples", "growth_watch": "its growth watch",
+              "phase_watch": "its watch for pauses", "peak_watch": "its peak watch",
+              "history": "its allocation history", "history_read": "its reading of the peak's allocation history",
+              "peak_probe": "its probe of the peak's names", "phase_search": "its holder search at a pause",
+              "growth_search": "its growth search (a copy of the process)", "collector": "its collector callback"}
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms" if seconds < 0.1 else f"{seconds * 1000:.0f} ms"
+
+
+# -- the longest step gap (step_gaps.py) ------------------------------------------------------
+
+@_summary("step-gap")
+def _step_gap(pid: int, between: str, gap_s: float, step: int, typical_s: float | None,
+              collection_s: float | None, generation: int | None, agent_s: float,
+              parts: list[tuple[str, float]], rest_s: float | None) -> str:
+    """The note on the longest gap between two steps (`between`: "starts" or "ends"): what it held,
+    the collections (`collection_s`: None where none ran in it), the agent's own work and its parts
+    shown (name, seconds), and the rest where it stands out (`rest_s`: None where it is not told)."""
+    held = []
+    if collection_s is not None:
+        which = ("a full garbage collection (generation 2)" if generation == 2
+                 else f"garbage collection (generation {generation})")
+        held.append(f"{which} {_ms(collection_s)}")
+    split = f" ({', '.join(f'{PART_WORDS[name]} {_ms(s)}' for name, s in parts)})" if parts else ""
+    held.append(f"gpumemdoctor's own work {_ms(agent_s)}{split}")
+    if rest_s is not None:
+        held.append(f"{_ms(rest_s)} that was neither (the program's own work, or a wait outside Python)")
+    scale = f" (the median of the gaps before it: {_ms(typical_s)})" if typical_s is not None else ""
+    what = "two steps' starts" if between == "starts" else "two step ends"
+    return (f"process {pid}: the longest gap between {what} was {_ms(gap_s)}, at step "
+            f"{step}{scale}; in it: {', '.join(held)}")
