@@ -1,5 +1,5 @@
-"""The words of how a process ran and ended: the longest step gap (step_gaps.py), which that module
-decides. Pure.
+"""The words of how a process ran and ended: the longest step gap (step_gaps.py) and an end not seen
+(ends.py), which those modules decide. Pure.
 
 The same registry as summaries.py's (summaries_registry.py): each sentence a registered function, its
 keyword arguments the facts its module decided; `tell(name, **facts)` makes it. `PART_WORDS` is
@@ -44,3 +44,33 @@ def _step_gap(pid: int, between: str, gap_s: float, step: int, typical_s: float 
     what = "two steps' starts" if between == "starts" else "two step ends"
     return (f"process {pid}: the longest gap between {what} was {_ms(gap_s)}, at step "
             f"{step}{scale}; in it: {', '.join(held)}")
+
+
+# -- how a process ended, where its exit probes did not run (ends.py) -------------------------
+
+@_summary("ended-hard-exit")
+def _ended_hard_exit(status: int | None, t: float) -> str:
+    """How it ended (`ends.how_ended`'s "text"): through os._exit(status)."""
+    return f"left through os._exit({'' if status is None else status}) at {t:.1f} s"
+
+
+@_summary("ended-by-signal")
+def _ended_by_signal(number: int, signal_name: str | None) -> str:
+    """Killed by a signal (`signal_name`: None where its number has no name)."""
+    return f"was killed by {signal_name if signal_name is not None else f'signal {number}'}"
+
+
+@_summary("ended-unseen")
+def _ended_unseen() -> str:
+    return "ended without running its exit hook (killed, or os._exit before the agent could see it)"
+
+
+@_summary("end-not-seen-note")
+def _end_not_seen_note(pid: int, ended: dict, last_t: float | None) -> str:
+    """The report's note on a process whose end was not seen (`last_t`: None where its agent never
+    read PyTorch's allocator)."""
+    read = (f"the last reading of its agent was at {last_t:.1f} s" if last_t is not None
+            else "its agent never read PyTorch's allocator")
+    return (f"the end of process {pid} was not seen: it {ended['text']}, so its exit probes "
+            f"(gc.collect(), the holder search, the breakdown at exit) never ran; the report uses what "
+            f"its agent recorded until then ({read})")
