@@ -1,5 +1,5 @@
-"""The words of how a process ran and ended: the longest step gap (step_gaps.py) and an end not seen
-(ends.py), which those modules decide. Pure.
+"""The words of how a process ran and ended: the longest step gap (step_gaps.py), an end not seen
+(ends.py) and NCCL's part in a growth (nccl.py), which those modules decide. Pure.
 
 The same registry as summaries.py's (summaries_registry.py): each sentence a registered function, its
 keyword arguments the facts its module decided; `tell(name, **facts)` makes it. `PART_WORDS` is
@@ -74,3 +74,21 @@ def _end_not_seen_note(pid: int, ended: dict, last_t: float | None) -> str:
     return (f"the end of process {pid} was not seen: it {ended['text']}, so its exit probes "
             f"(gc.collect(), the holder search, the breakdown at exit) never ran; the report uses what "
             f"its agent recorded until then ({read})")
+
+
+# -- NCCL in a growth outside PyTorch (nccl.py) -----------------------------------------------
+
+@_summary("nccl-groups-grew")
+def _nccl_groups_grew(first: int, most: int) -> str:
+    """The process groups went from `first`, when NCCL came up, to `most`."""
+    return (f" NCCL is in use, and the process's torch.distributed process groups went from {first} when "
+            f"NCCL came up to {most}: each new group (torch.distributed.new_group, a new DeviceMesh) "
+            f"makes NCCL communicators with buffers of their own.")
+
+
+@_summary("nccl-in-use")
+def _nccl_in_use(most: int | None) -> str:
+    """The process groups did not grow (`most`: the most there were)."""
+    return (f" NCCL is in use ({most} process group{'s' if most != 1 else ''} throughout): its communicators "
+            f"also grow as they first connect to a peer (send/recv to a rank not reached before) or "
+            f"register buffers.")
