@@ -1,5 +1,6 @@
 """The words of how a process ran and ended: the longest step gap (step_gaps.py), an end not seen
-(ends.py) and NCCL's part in a growth (nccl.py), which those modules decide. Pure.
+(ends.py), NCCL's part in a growth (nccl.py) and other GPU libraries (libraries.py), which those
+modules decide. Pure.
 
 The same registry as summaries.py's (summaries_registry.py): each sentence a registered function, its
 keyword arguments the facts its module decided; `tell(name, **facts)` makes it. `PART_WORDS` is
@@ -92,3 +93,35 @@ def _nccl_in_use(most: int | None) -> str:
     return (f" NCCL is in use ({most} process group{'s' if most != 1 else ''} throughout): its communicators "
             f"also grow as they first connect to a peer (send/recv to a rank not reached before) or "
             f"register buffers.")
+
+
+# -- other GPU libraries (libraries.py) -------------------------------------------------------
+
+@_summary("foreign-arrays")
+def _foreign_arrays(arrays: list) -> str:
+    """Other libraries' arrays alive at exit, those the finding names ([type, count, bytes])."""
+    return " Alive at exit: " + ", ".join(f"{n} {t.rsplit('.', 1)[-1]} of {t.split('.')[0]} ({fb(size)})"
+                                          for t, n, size in arrays) + "."
+
+
+@_summary("libraries-imported")
+def _libraries_imported(named: list[tuple[str, float]]) -> str:
+    """The known GPU libraries the process imported (the library as the report says it, when)."""
+    named_words = [f"{label} (imported at {t:.1f} s)" for label, t in named]
+    return f" GPU libraries in the process besides PyTorch: {', '.join(named_words)}."
+
+
+@_summary("library-switches")
+def _library_switches(switches: list[tuple[str, str]]) -> str:
+    """The remedy's words for those libraries: each one's switch (remedies.LIBRARY_SWITCHES)."""
+    return " " + " ".join(f"{label}: {switch}." for label, switch in switches)
+
+
+@_summary("library-memory")
+def _library_memory(where: str, pool_bytes: int, what: str, in_use_bytes: int | None,
+                    taken_from_context: bool) -> str:
+    """A preallocated pool (`what`: what its memory is, libraries.LIBRARIES)."""
+    context = " It was set aside before PyTorch's first allocation, so it is not counted as the context." \
+        if taken_from_context else ""
+    return (f"{fb(pool_bytes)} in {where} is {what}; {fb(in_use_bytes)} of it was in use at "
+            f"exit. PyTorch cannot use it.{context}")
