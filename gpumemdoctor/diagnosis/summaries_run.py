@@ -1,6 +1,6 @@
 """The words of how a process ran and ended: the longest step gap (step_gaps.py), an end not seen
-(ends.py), NCCL's part in a growth (nccl.py) and other GPU libraries (libraries.py), which those
-modules decide. Pure.
+(ends.py), NCCL's part in a growth (nccl.py), other GPU libraries (libraries.py) and the processes
+seen by NVML only (diagnose.py), which those modules decide. Pure.
 
 The same registry as summaries.py's (summaries_registry.py): each sentence a registered function, its
 keyword arguments the facts its module decided; `tell(name, **facts)` makes it. `PART_WORDS` is
@@ -125,3 +125,30 @@ def _library_memory(where: str, pool_bytes: int, what: str, in_use_bytes: int | 
         if taken_from_context else ""
     return (f"{fb(pool_bytes)} in {where} is {what}; {fb(in_use_bytes)} of it was in use at "
             f"exit. PyTorch cannot use it.{context}")
+
+
+# -- what NVML alone saw (diagnose.py) --------------------------------------------------------
+
+@_summary("nvml-unavailable")
+def _nvml_unavailable() -> str:
+    return "no NVIDIA GPU was measured: NVML was not available"
+
+
+@_summary("nvml-listed-none")
+def _nvml_listed_none(pids: list[int]) -> str:
+    """Processes that used CUDA, of which NVML listed no memory."""
+    return (f"NVML listed no memory for process {', '.join(map(str, pids))} although it used CUDA: "
+            "in a container, run with the host's PID namespace (docker --pid=host) so NVML's PIDs "
+            "match; figures that need NVML are n/a")
+
+
+@_summary("never-held")
+def _never_held() -> str:
+    return "the target never held GPU memory"
+
+
+@_summary("nvml-only-grew")
+def _nvml_only_grew(pid: int, device: int, first_bytes: int, last_bytes: int) -> str:
+    """A process without PyTorch's allocator whose memory grew."""
+    return (f"Process {pid} on GPU {device} grew from {fb(first_bytes)} when first seen to {fb(last_bytes)}, "
+            f"outside PyTorch (no PyTorch allocator was seen in it).")
