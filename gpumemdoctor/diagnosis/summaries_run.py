@@ -1,6 +1,7 @@
 """The words of how a process ran and ended: the longest step gap (step_gaps.py), an end not seen
-(ends.py), NCCL's part in a growth (nccl.py), other GPU libraries (libraries.py) and the processes
-seen by NVML only (diagnose.py), which those modules decide. Pure.
+(ends.py), NCCL's part in a growth (nccl.py), other GPU libraries (libraries.py), the processes seen
+by NVML only (diagnose.py) and the target's children (child_processes.py), which those modules
+decide. Pure.
 
 The same registry as summaries.py's (summaries_registry.py): each sentence a registered function, its
 keyword arguments the facts its module decided; `tell(name, **facts)` makes it. `PART_WORDS` is
@@ -152,3 +153,31 @@ def _nvml_only_grew(pid: int, device: int, first_bytes: int, last_bytes: int) ->
     """A process without PyTorch's allocator whose memory grew."""
     return (f"Process {pid} on GPU {device} grew from {fb(first_bytes)} when first seen to {fb(last_bytes)}, "
             f"outside PyTorch (no PyTorch allocator was seen in it).")
+
+
+# -- the target's children (child_processes.py) -----------------------------------------------
+
+def _short_command(cmdline: list[str] | None, limit: int = 60) -> str:
+    """A command line on one short line: `python -c` programs carry newlines."""
+    text = " ".join(" ".join(cmdline or []).split()) or "?"
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+@_summary("orphan-process")
+def _orphan_process(pid: int, cmdline: list[str] | None, total_bytes: int) -> str:
+    return (f"Process {pid} ({_short_command(cmdline)}), started by the target, still holds "
+            f"{fb(total_bytes)} after the target exited.")
+
+
+@_summary("child-contexts")
+def _child_contexts(count: int, workers: bool, parent: int, device: int, each_bytes: int, most: int,
+                    at_once_bytes: int, lines: list[str]) -> str:
+    """Children of `parent` with contexts of their own (`workers`: DataLoader workers; `lines`: where
+    CUDA started in them, those the finding names)."""
+    what = "DataLoader workers" if workers else "child processes"
+    summary = (f"{count} {what} of process {parent} each created a CUDA context of their own on "
+               f"GPU {device}, about {fb(each_bytes)} each: up to {most} at once, holding {fb(at_once_bytes)} "
+               f"together.")
+    if lines:
+        summary += f" CUDA started in them at {', '.join(lines)}."
+    return summary
