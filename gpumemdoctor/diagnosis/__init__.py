@@ -11,9 +11,9 @@ evidence (`claims`), made only where that evidence was seen, and `words` turns c
 (the one words API the reporters import); `summaries` makes the findings' summaries from the facts
 the rows found (the rows decide, they do not word), `summaries_peak` the peak's and the probes' words,
 `summaries_allocated` the words of the findings at PyTorch's allocated peak and of the peaks that could
-be lower, `summaries_ranks` the ranks', `summaries_suspects` the suspects' and `summaries_ci` the CI
-checks', all in
-`summaries_registry`'s one registry;
+be lower, `summaries_ranks` the ranks', `summaries_suspects` the suspects', `summaries_ci` the CI
+checks' and `summaries_run` the words of how a process ran and ended (its step gaps, its end, NCCL,
+other GPU libraries, what NVML alone saw, its children), all in `summaries_registry`'s one registry;
 `limits` is the limit in force (the device, or a per-process memory fraction) that every "would fit"
 and headroom figure is held to. The evidence comes from `suspects` (the
 agent's searches as holders), `accumulations` (many alike tensors in a search: a leak not watched

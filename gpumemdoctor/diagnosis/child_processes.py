@@ -10,8 +10,8 @@ from __future__ import annotations
 from . import stacks
 from .findings import Diagnosis, Finding
 from .remedies import FINDINGS
+from .summaries import tell
 from ..recording.recording import Recording
-from ..units import format_bytes as fb
 
 MIN_SIBLING_CONTEXTS = 2  # children of one process with contexts on its GPU before they are called avoidable
 
@@ -24,12 +24,10 @@ def orphans(rec: Recording, result: Diagnosis) -> None:
         if not held:
             continue
         total = sum(held.values())
-        command = _short_command(proc.cmdline)
         result.findings.append(Finding(
             kind="orphan-process", bytes=total, pid=proc.pid,
             device=min(held) if len(held) == 1 else None,
-            summary=f"Process {proc.pid} ({command}), started by the target, still holds "
-                    f"{fb(total)} after the target exited.",
+            summary=tell("orphan-process", pid=proc.pid, cmdline=proc.cmdline, total_bytes=total),
             evidence={"pid": proc.pid, "cmdline": proc.cmdline, "ppid_when_seen": proc.ppid,
                       "used_bytes_by_device": {str(k): v for k, v in held.items()}},
             remedy=FINDINGS["orphan-process"].format(pid=proc.pid)))
@@ -75,14 +73,10 @@ def child_contexts(rec: Recording, result: Diagnosis, rank_pids: set = frozenset
                              "started_cuda_at": stacks.at(line) if line else None,
                              "thread": origin.get("thread")})
             at_once, most = _at_once(rec, dev, {r["pid"] for r in rows})
-            what = "DataLoader workers" if workers else "child processes"
             lines = sorted({r["started_cuda_at"] for r in rows if r["started_cuda_at"]})
             each = sum(r["bytes"] for r in rows) // len(rows)
-            summary = (f"{len(rows)} {what} of process {parent} each created a CUDA context of their own on "
-                       f"GPU {dev}, about {fb(each)} each: up to {most} at once, holding {fb(at_once)} "
-                       f"together.")
-            if lines:
-                summary += f" CUDA started in them at {', '.join(lines[:2])}."
+            summary = tell("child-contexts", count=len(rows), workers=bool(workers), parent=parent, device=dev,
+                           each_bytes=each, most=most, at_once_bytes=at_once, lines=lines[:2])
             remedy = FINDINGS["child-contexts-workers" if workers else "child-contexts"]
             result.findings.append(Finding(
                 kind="child-contexts", bytes=at_once, pid=parent, device=dev, summary=summary,
@@ -104,9 +98,3 @@ def _at_once(rec: Recording, dev: int, pids: set) -> tuple[int, int]:
         most_bytes = max(most_bytes, sum(current.values()))
         most_count = max(most_count, sum(1 for v in current.values() if v))
     return most_bytes, most_count
-
-
-def _short_command(cmdline: list[str] | None, limit: int = 60) -> str:
-    """A command line on one short line: `python -c` programs carry newlines."""
-    text = " ".join(" ".join(cmdline or []).split()) or "?"
-    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -19,8 +19,8 @@ from ..growth import floor_growth
 from .judgement import MIN_LEAK_BYTES
 from .non_torch import LIBRARY_ALLOWANCE_BYTES
 from .remedies import FINDINGS
+from .summaries import tell
 from ..recording.recording import AgentRecording, Dist, Recording
-from ..units import format_bytes as fb
 
 # What a diagnosis is made of lives in findings.py; these names are this module's too, where the
 # rest of the package and the tests look for them.
@@ -56,7 +56,7 @@ def _diagnose_recording(recording: Recording) -> Diagnosis:
         result.findings.append(Finding(kind=host.kind, bytes=host.bytes, pid=recording.target_pid,
                                        summary=host.summary, evidence=host.evidence, remedy=host.remedy))
     if not recording.nvml_available:
-        result.notes.append("no NVIDIA GPU was measured: NVML was not available")
+        result.notes.append(tell("nvml-unavailable"))
         job.rank_rows(recording, rank_of, result)
         job.stamp(recording, rank_of, result)
         return result
@@ -82,13 +82,10 @@ def _diagnose_recording(recording: Recording) -> Diagnosis:
     unseen = [a.pid for a in recording.agents if a.cuda_t is not None
               and not any(pid == a.pid for pid, _ in recording.nvml)]
     if unseen:
-        result.notes.append(
-            f"NVML listed no memory for process {', '.join(map(str, unseen))} although it used CUDA: "
-            "in a container, run with the host's PID namespace (docker --pid=host) so NVML's PIDs "
-            "match; figures that need NVML are n/a")
+        result.notes.append(tell("nvml-listed-none", pids=unseen))
     add_time_to_full(recording, result)
     if not recording.nvml and not result.breakdowns:
-        result.notes.append("the target never held GPU memory")
+        result.notes.append(tell("never-held"))
     job.rank_rows(recording, rank_of, result)
     job.stamp(recording, rank_of, result)
     return result
@@ -238,8 +235,7 @@ def _diagnose_nvml_only(pid: int, device: int, points: list[tuple[float, int | N
                                         start_t=fit.start_x))
         result.findings.append(Finding(
             kind="non-torch", bytes=size, pid=pid, device=device,
-            summary=f"Process {pid} on GPU {device} grew from {fb(first)} when first seen to {fb(last)}, "
-                    f"outside PyTorch (no PyTorch allocator was seen in it).",
+            summary=tell("nvml-only-grew", pid=pid, device=device, first_bytes=first, last_bytes=last),
             evidence={"first_seen_bytes": first, "last_seen_bytes": last,
                       "first_seen_t": held[0][0], "last_seen_t": held[-1][0]},
             remedy=FINDINGS["non-torch-unseen"]))

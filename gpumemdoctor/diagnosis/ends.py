@@ -12,6 +12,7 @@ import signal
 
 from .findings import Breakdown, Finding
 from .judgement import unread as judged
+from .summaries import tell
 from ..recording.recording import AgentRecording, Recording
 
 
@@ -27,16 +28,16 @@ def how_ended(recording: Recording, agent: AgentRecording) -> dict | None:
     if hard is not None:
         status = hard.get("status")
         return {"how": "os._exit", "status": status, "t": hard["t"],
-                "text": f"left through os._exit({'' if status is None else status}) at {hard['t']:.1f} s"}
+                "text": tell("ended-hard-exit", status=status, t=hard["t"])}
     if agent.pid == recording.target_pid and recording.target.get("signal"):
         number = recording.target["signal"]
         try:
             name = signal.Signals(number).name
         except ValueError:
-            name = f"signal {number}"
-        return {"how": "signal", "signal": number, "t": None, "text": f"was killed by {name}"}
-    return {"how": "unseen", "t": None, "text": "ended without running its exit hook (killed, or os._exit "
-                                                "before the agent could see it)"}
+            name = None
+        return {"how": "signal", "signal": number, "t": None,
+                "text": tell("ended-by-signal", number=number, signal_name=name)}
+    return {"how": "unseen", "t": None, "text": tell("ended-unseen")}
 
 
 def used_cuda(agent: AgentRecording) -> bool:
@@ -46,11 +47,7 @@ def used_cuda(agent: AgentRecording) -> bool:
 def note(agent: AgentRecording, ended: dict) -> str:
     """What the report says of a process whose end was not seen."""
     last = agent.samples[-1].t if agent.samples else None
-    read = (f"the last reading of its agent was at {last:.1f} s" if last is not None
-            else "its agent never read PyTorch's allocator")
-    return (f"the end of process {agent.pid} was not seen: it {ended['text']}, so its exit probes "
-            f"(gc.collect(), the holder search, the breakdown at exit) never ran; the report uses what "
-            f"its agent recorded until then ({read})")
+    return tell("end-not-seen-note", pid=agent.pid, ended=ended, last_t=last)
 
 
 def unread(pid: int, device: int, points: list, ended: dict, result) -> None:

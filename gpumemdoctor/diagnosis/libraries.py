@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from .findings import Breakdown, Finding
 from .remedies import FINDINGS, LIBRARY_SWITCHES
+from .summaries import tell
 from ..recording.recording import AgentRecording
 from ..units import MIB
-from ..units import format_bytes as fb
 
 MIN_CONTEXT_BYTES = 256 * MIB  # less than any context measured (518 MiB and up on H100 and H200)
 MIN_POOL_BYTES = 64 * MIB  # a pool below this is not worth a finding
@@ -92,13 +92,12 @@ def name_holders(f: Finding, agent: AgentRecording) -> None:
     f.evidence["libraries"] = libraries
     f.evidence["foreign_arrays"] = arrays
     if arrays:
-        f.summary += " Alive at exit: " + ", ".join(f"{n} {t.rsplit('.', 1)[-1]} of {t.split('.')[0]} ({fb(size)})"
-                                                    for t, n, size in arrays[:3]) + "."
+        f.summary += tell("foreign-arrays", arrays=arrays[:3])
     if libraries:
-        named = [f"{LIBRARIES[x['name']][0]} (imported at {x['t']:.1f} s)" for x in libraries if x["name"] in LIBRARIES]
-        f.summary += f" GPU libraries in the process besides PyTorch: {', '.join(named)}."
-        f.remedy += " " + " ".join(f"{LIBRARIES[x['name']][0]}: {LIBRARY_SWITCHES[x['name']]}." for x in libraries
-                                   if x["name"] in LIBRARIES)
+        known = [x for x in libraries if x["name"] in LIBRARIES]
+        f.summary += tell("libraries-imported", named=[(LIBRARIES[x["name"]][0], x["t"]) for x in known])
+        f.remedy += tell("library-switches", switches=[(LIBRARIES[x["name"]][0], LIBRARY_SWITCHES[x["name"]])
+                                                       for x in known])
 
 
 def pool_findings(agent: AgentRecording, torch_index: int, nvml_index: int | None, where: str,
@@ -109,12 +108,10 @@ def pool_findings(agent: AgentRecording, torch_index: int, nvml_index: int | Non
         if p["name"] not in PREALLOCATING:
             continue
         label, what = LIBRARIES[p["name"]]
-        context = " It was set aside before PyTorch's first allocation, so it is not counted as the context." \
-            if moved else ""
         out.append(Finding(
             kind="library-memory", bytes=p["bytes"], pid=agent.pid, device=nvml_index,
-            summary=f"{fb(p['bytes'])} in {where} is {what}; {fb(p.get('in_use_bytes'))} of it was in use at "
-                    f"exit. PyTorch cannot use it.{context}",
+            summary=tell("library-memory", where=where, pool_bytes=p["bytes"], what=what,
+                         in_use_bytes=p.get("in_use_bytes"), taken_from_context=bool(moved)),
             evidence={"decided_by": "library-statistics", "library": p["name"], "pool": p,
                       "taken_from_context_bytes": moved},
             remedy=FINDINGS["library-memory"].format(label=label, switch=LIBRARY_SWITCHES[p["name"]])))

@@ -23,6 +23,7 @@ communicator at every step stays a `non-torch` finding, which then names the pro
 """
 from __future__ import annotations
 
+from .summaries import tell
 from ..recording.recording import AgentRecording
 
 
@@ -105,9 +106,5 @@ def growth_words(agent: AgentRecording) -> str:
         return ""
     first, most = ev["groups_first"], ev["groups_most"]
     if first is not None and most is not None and most > first:
-        return (f" NCCL is in use, and the process's torch.distributed process groups went from {first} when "
-                f"NCCL came up to {most}: each new group (torch.distributed.new_group, a new DeviceMesh) "
-                f"makes NCCL communicators with buffers of their own.")
-    return (f" NCCL is in use ({most} process group{'s' if most != 1 else ''} throughout): its communicators "
-            f"also grow as they first connect to a peer (send/recv to a rank not reached before) or "
-            f"register buffers.")
+        return tell("nccl-groups-grew", first=first, most=most)
+    return tell("nccl-in-use", most=most)

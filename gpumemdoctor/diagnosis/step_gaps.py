@@ -12,22 +12,14 @@ unexplained, it says so.
 """
 from __future__ import annotations
 
+from .summaries import tell
+from .summaries_run import PART_WORDS  # noqa: F401 (the agent's parts as the note names them, named here as before)
 from ..recording.recording import AgentRecording
 
 STANDS_OUT_S = 0.05
 STANDS_OUT_TIMES = 3.0
 PART_SHOWN_S = 0.0001  # the agent's parts named in the note: those of 0.1 ms or more, the largest first
 PARTS_SHOWN = 3
-# Each of the agent's parts (contract.AGENT_PARTS) as the note names it.
-PART_WORDS = {"step_end": "its work at the step's end", "sample": "its samples", "growth_watch": "its growth watch",
-              "phase_watch": "its watch for pauses", "peak_watch": "its peak watch",
-              "history": "its allocation history", "history_read": "its reading of the peak's allocation history",
-              "peak_probe": "its probe of the peak's names", "phase_search": "its holder search at a pause",
-              "growth_search": "its growth search (a copy of the process)", "collector": "its collector callback"}
-
-
-def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms" if seconds < 0.1 else f"{seconds * 1000:.0f} ms"
 
 
 def longest(gaps: dict) -> dict:
@@ -48,19 +40,9 @@ def note(agent: AgentRecording) -> str | None:
     gap, typical = g["gap_s"], g["typical_s"]
     if gap < STANDS_OUT_S or (typical is not None and gap < STANDS_OUT_TIMES * typical):
         return None
-    held = []
-    if g["collection_s"] > 0:
-        generation = g["generation"]
-        which = ("a full garbage collection (generation 2)" if generation == 2
-                 else f"garbage collection (generation {generation})")
-        held.append(f"{which} {_ms(g['collection_s'])}")
     parts = sorted(((s, name) for name, s in g["parts"].items() if s >= PART_SHOWN_S), reverse=True)[:PARTS_SHOWN]
-    split = f" ({', '.join(f'{PART_WORDS[name]} {_ms(s)}' for s, name in parts)})" if parts else ""
-    held.append(f"gpumemdoctor's own work {_ms(g['agent_s'])}{split}")
     rest = gap - g["collection_s"] - g["agent_s"]
-    if typical is not None and rest > STANDS_OUT_TIMES * typical and rest > STANDS_OUT_S:
-        held.append(f"{_ms(rest)} that was neither (the program's own work, or a wait outside Python)")
-    scale = f" (the median of the gaps before it: {_ms(typical)})" if typical is not None else ""
-    what = "two steps' starts" if g["between"] == "starts" else "two step ends"
-    return (f"process {agent.pid}: the longest gap between {what} was {_ms(gap)}, at step "
-            f"{g['step']}{scale}; in it: {', '.join(held)}")
+    told_rest = typical is not None and rest > STANDS_OUT_TIMES * typical and rest > STANDS_OUT_S
+    return tell("step-gap", pid=agent.pid, between=g["between"], gap_s=gap, step=g["step"], typical_s=typical,
+                collection_s=g["collection_s"] if g["collection_s"] > 0 else None, generation=g["generation"],
+                agent_s=g["agent_s"], parts=[(name, s) for s, name in parts], rest_s=rest if told_rest else None)

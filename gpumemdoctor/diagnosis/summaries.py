@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from . import summaries_peak  # noqa: F401 (registers the peak's words)
 from . import summaries_allocated  # noqa: F401
-from . import summaries_ci, summaries_ranks, summaries_suspects  # noqa: F401
+from . import summaries_ci, summaries_ranks, summaries_run, summaries_suspects  # noqa: F401
 from .summaries_suspects import NO_PAUSE_SEARCH  # (judgement.py's too)
 from . import words
 from .summaries_registry import SUMMARIES, tell  # noqa: F401 (tell: the one entry, every family loaded)
