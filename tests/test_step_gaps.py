@@ -150,5 +150,6 @@ def test_the_note_leads_with_the_starts_gap_and_names_the_agents_parts():
 
 def test_every_part_has_its_words():
     from gpumemdoctor.contract import AGENT_PARTS
+    from gpumemdoctor.diagnosis.summaries_run import PART_WORDS
 
-    assert set(step_gaps.PART_WORDS) == set(AGENT_PARTS)
+    assert set(PART_WORDS) == set(AGENT_PARTS)

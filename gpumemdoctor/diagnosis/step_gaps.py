@@ -13,7 +13,6 @@ unexplained, it says so.
 from __future__ import annotations
 
 from .summaries import tell
-from .summaries_run import PART_WORDS  # noqa: F401 (the agent's parts as the note names them, named here as before)
 from ..recording.recording import AgentRecording
 
 STANDS_OUT_S = 0.05

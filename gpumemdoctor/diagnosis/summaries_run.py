@@ -4,8 +4,8 @@ by NVML only (diagnose.py) and the target's children (child_processes.py), which
 decide. Pure.
 
 The same registry as summaries.py's (summaries_registry.py): each sentence a registered function, its
-keyword arguments the facts its module decided; `tell(name, **facts)` makes it. `PART_WORDS` is
-step_gaps.py's too (each of the agent's parts as the note names it).
+keyword arguments the facts its module decided; `tell(name, **facts)` makes it. `PART_WORDS`: each of
+the agent's parts as the step gap's note names it.
 """
 from __future__ import annotations
 
