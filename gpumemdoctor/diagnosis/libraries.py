@@ -93,8 +93,8 @@ def name_holders(f: Finding, agent: AgentRecording) -> None:
     f.evidence["foreign_arrays"] = arrays
     if arrays:
         f.summary += tell("foreign-arrays", arrays=arrays[:3])
-    if libraries:
-        known = [x for x in libraries if x["name"] in LIBRARIES]
+    known = [x for x in libraries if x["name"] in LIBRARIES]  # (a newer agent's may name more)
+    if known:
         f.summary += tell("libraries-imported", named=[(LIBRARIES[x["name"]][0], x["t"]) for x in known])
         f.remedy += tell("library-switches", switches=[(LIBRARIES[x["name"]][0], LIBRARY_SWITCHES[x["name"]])
                                                        for x in known])
