@@ -214,6 +214,8 @@ class History:
                 return 0.0
         if self.readings >= MORE_READINGS:
             return 0.0
+        if self.bulk is None or not self.bulk.ready():
+            return 0.0  # no reading can be made yet (read() says why): no high is asked for or taken
         rows = sampler.rows
         live = sampler.live
         if by == "step":
@@ -293,11 +295,14 @@ class History:
         shared = self.shared
         bulk = self.bulk
         row = self.sampler.rows[i]
-        self.best[i] = row[6] or 0  # before the reading: one that fails is not tried again at once
         if self.taken is not None:
             self.finish()
         if bulk is None or not bulk.ready():
+            # Not read, and the high not taken as read: it waits for the ballast, which the first
+            # collections make (neutral.top_up). Taken as read here, a high that never rose again
+            # would never be read (GPT-2 124M on an H200: no reading in 40 steps, the peak unsplit).
             return
+        self.best[i] = row[6] or 0  # before the reading: one that fails is not tried again at once
         self.readings += 1
         started = time.perf_counter()
         if not walk_at or not bulk.can_hold(self.ring.capacity):
