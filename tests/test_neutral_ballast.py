@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from gpumemdoctor._agent.neutral import BALLAST, BULK_BALLAST, BULK_SPARE, TOPUP_MAX, Bulk, Neutral, ballast_item, top_up
+from gpumemdoctor._agent.neutral import BALLAST, BULK_BALLAST, BULK_SPARE, HELD_SPARE, TOPUP_MAX, Bulk, Neutral, ballast_item, top_up
 
 def _stand_in_agent(tmp_path):
     import types
@@ -99,10 +99,9 @@ def test_top_up_makes_at_most_its_share_at_a_time_up_to_the_target():
     assert not bulk.ready()  # a bulk reading waits for its ballast
     assert top_up(neutral) == BALLAST and top_up(neutral) == 0
     made = [top_up(bulk) for _ in range(BULK_BALLAST // TOPUP_MAX + 2)]
-    # The first makes it ready for a reading at once (a program may collect twice in its run), the
-    # next TOPUP_MAX at a time.
-    assert made[0] == BULK_SPARE > TOPUP_MAX and made[1] == TOPUP_MAX
-    assert sum(made) == BULK_BALLAST and made[-1] == 0
-    assert bulk.ready()
-    del bulk.ballast[:10]
-    assert top_up(bulk) == 10
+    # The first makes all of it at once (a program may collect twice in its run), later ones what
+    # readings spent, TOPUP_MAX at a time.
+    assert made[0] == BULK_BALLAST and sum(made) == BULK_BALLAST and made[-1] == 0
+    assert bulk.ready() and bulk.can_hold(BULK_BALLAST - BULK_SPARE - HELD_SPARE)
+    del bulk.ballast[:TOPUP_MAX + 10]
+    assert top_up(bulk) == TOPUP_MAX and top_up(bulk) == 10 and top_up(bulk) == 0

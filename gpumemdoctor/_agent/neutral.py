@@ -69,7 +69,7 @@ class Neutral:
         self.reserve = [{} for _ in range(lend)]
         self.ballast = [ballast_item() for _ in range(ballast)]
         self.target = target  # what top_up() makes it up to, at collections' starts
-        self.least = 0  # (a Bulk's first top_up() makes it ready at once; a Neutral reads without)
+        self.least = 0  # what its first top_up() makes at once (a Bulk's: all of it)
         self.t3 = (0, 0, 0)
         self.short = 0  # readings whose count could not be put back (no ballast left)
         self.collected = 0  # readings inside which a collection ran
@@ -179,10 +179,11 @@ def top_up(holder, most: int = TOPUP_MAX) -> int:
     if need <= 0:
         return 0
     if need > most:
-        # A holder not yet ready gets what makes it ready at once (a Bulk's BULK_SPARE: a program
-        # may collect only twice in its run, GPT-2 124M's 40 steps), then `most` at a time.
+        # A holder's first top-up makes its `least` at once (a Bulk's: a program may collect only
+        # twice in its run, GPT-2 124M's 40 steps), later ones `most` at a time.
         least = holder.least - len(ballast)
         need = least if least > most else most
+    holder.least = 0  # (once)
     n = need
     while n:
         ballast.append(ballast_item())
@@ -236,7 +237,11 @@ class Bulk:
     def __init__(self, ballast: int = BULK_BALLAST):
         self.ballast = [ballast_item() for _ in range(ballast)]
         self.target = BULK_BALLAST  # what top_up() makes it up to, at collections' starts
-        self.least = BULK_SPARE  # what its first top_up() makes at once: ready() for a reading
+        # What its first top_up() makes at once: all of it, so that the first reading may keep its
+        # snapshot for the next step (can_hold: GPT-2's ring needs 14,200) rather than pause for both
+        # parts; 16,384 ballast, made once inside a collection (benchmarks/ballast_cost.py: 3.6 ms
+        # added to it on the development machine's CPU).
+        self.least = BULK_BALLAST
         self.kept: list = []
         self.drained: list = [[], [], []]  # made once: a holder made later would come from a free list
         self.again: list = [[], [], []]
