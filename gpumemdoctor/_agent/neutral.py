@@ -160,7 +160,7 @@ def _put_back(ballast: list, c: int, c0: int) -> int:
     return c
 
 
-TOPUP_MAX = 2048  # ballast made at one collection's start at most: about 0.1 ms
+TOPUP_MAX = 2048  # ballast made at one collection's start, but a first top-up: 0.46 ms on an H200 machine's host
 
 
 def top_up(holder, most: int = TOPUP_MAX) -> int:
@@ -239,8 +239,8 @@ class Bulk:
         self.target = BULK_BALLAST  # what top_up() makes it up to, at collections' starts
         # What its first top_up() makes at once: all of it, so that the first reading may keep its
         # snapshot for the next step (can_hold: GPT-2's ring needs 14,200) rather than pause for both
-        # parts; 16,384 ballast, made once inside a collection (benchmarks/ballast_cost.py: 3.6 ms
-        # added to it on the development machine's CPU).
+        # parts; 16,384 ballast, made once inside a collection (benchmarks/ballast_cost.py: 4.8 ms
+        # added to it on an H200 machine's host, 0.46 ms for a later TOPUP_MAX).
         self.least = BULK_BALLAST
         self.kept: list = []
         self.drained: list = [[], [], []]  # made once: a holder made later would come from a free list
