@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .findings import PeakComposition
 from ..contract import PEAK_MIN_BYTES as MIN_CACHE_BYTES
-from ..units import format_bytes as fb
+from .summaries import tell
 
 UNSERVED_SHARE = 0.5  # of the cache: reserved beside free memory, for sizes it could not serve
 FILLED_SHARE = 0.8  # of the reserved memory: the allocated peak counter filled it
@@ -48,15 +48,8 @@ def note(agent, c: PeakComposition) -> str | None:
         return None
     extra, intervals = unserved(agent, c.torch_index, c.t + 1e-6)
     if extra >= UNSERVED_SHARE * cache.bytes:
-        return (f"what filled the cache: PyTorch reserved {fb(extra)} more, over {intervals} intervals between "
-                "samples up to this moment, than its allocated peak rose: sizes it could not serve from what it "
-                "held free (shapes that vary from step to step, a tensor that grows, blocks split apart); a few "
-                "fixed shapes (padding to set lengths) or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keep "
-                "it down")
+        return tell("cache-unserved", extra=extra, intervals=intervals)
     counter = c.allocated_peak_bytes
     if counter is not None and c.reserved_bytes and counter >= FILLED_SHARE * c.reserved_bytes:
-        return (f"what filled the cache: PyTorch's allocated memory had reached {fb(counter)} by this moment "
-                f"({counter / c.reserved_bytes:.0%} of what it reserved) and let it go: the cache is what that "
-                "moment left (a phase that freed a lot); torch.cuda.empty_cache() after it gives it back, if other "
-                "processes need it")
+        return tell("cache-filled-once", counter=counter, reserved=c.reserved_bytes)
     return None

@@ -12,6 +12,7 @@ from . import (breakdown, child_processes, ends, evidence, holders, judgement, j
                machine_faults, non_torch, peak, ranks, retention, step_gaps, streams, suspects, words)
 from .accumulations import accumulations
 from .evidence import readings
+from .words import rate_words
 from .headroom import add_time_to_full
 from .findings import (FINDING_KINDS, INFORMATIVE, PEAK_CATEGORIES, SPECIFICITY, VERDICTS, WARNINGS, Breakdown,
                        Diagnosis, Finding, Growth, Job, PeakComposition, PeakPart, RankRow, choose_verdict)
@@ -165,7 +166,7 @@ def _outside_pytorch(agent: AgentRecording, torch_index: int, nvml_index: int | 
                       if outside_fit is not None else None)
     peak = non_torch.run_peak(xs, outside_ys, after_warmup)
     decided = judgement.outside_pytorch(
-        retention.rate_words(outside_growth) if outside_growth is not None else None,
+        rate_words(outside_growth) if outside_growth is not None else None,
         non_torch.beyond_allowance(b, libraries.pooled_bytes(b)), peak,
         LIBRARY_ALLOWANCE_BYTES + libraries.pooled_bytes(b) + (b.non_torch_nccl_bytes or 0))
     if decided is None:

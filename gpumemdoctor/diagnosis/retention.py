@@ -12,10 +12,10 @@ from __future__ import annotations
 from ..growth import GrowthFit, steady_rise
 from ..recording.recording import AgentRecording
 from ..recording.records import DeviceReading
-from ..units import format_bytes as fb
 from .findings import Breakdown, Growth
 from .evidence import readings
 from .judgement import MIN_LEAK_BYTES
+from .words import rate_words
 
 RELEASED_SHARE = 0.5  # of the growth, gone after the last step, for a growth to count as released
 FALL_SHARE = 0.1  # of the growth: the floor falling back by more (and by 4 MiB) is a sawtooth
@@ -111,14 +111,3 @@ def growth_of(agent: AgentRecording, torch_index: int, nvml_index: int | None, n
     return Growth(pid=agent.pid, device=nvml_index, series=name, by=by, grown_bytes=fit.grown_bytes,
                   rate_bytes_per_step=fit.rate_bytes_per_x if by == "step" else None,
                   rate_bytes_per_s=per_s, start_step=start_step, start_t=start_t)
-
-
-def rate_words(g: Growth) -> str:
-    parts = []
-    if g.rate_bytes_per_step is not None:
-        parts.append(f"{fb(int(g.rate_bytes_per_step))} per step")
-    if g.rate_bytes_per_s is not None:
-        parts.append(f"{fb(int(g.rate_bytes_per_s))} per second")
-    start = f"from step {g.start_step}" if g.start_step is not None else (
-        f"from {g.start_t:.1f} s" if g.start_t is not None else "")
-    return " (".join([" and ".join(parts) or "steadily", start + ")"]) if start else " and ".join(parts)

@@ -174,3 +174,21 @@ def _readings_at_highs(captures: int, highest: bool) -> str:
     """One of (or, `highest`, the highest of) the readings made at new highs."""
     which = "the highest" if highest else "one"
     return f"{which} of {captures} readings made at new highs of this process's memory"
+
+
+# What filled the cache (cache_filled.py).
+@_summary("cache-unserved")
+def _cache_unserved(extra: int, intervals: int) -> str:
+    return (f"what filled the cache: PyTorch reserved {fb(extra)} more, over {intervals} intervals between "
+            "samples up to this moment, than its allocated peak rose: sizes it could not serve from what it "
+            "held free (shapes that vary from step to step, a tensor that grows, blocks split apart); a few "
+            "fixed shapes (padding to set lengths) or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True keep "
+            "it down")
+
+
+@_summary("cache-filled-once")
+def _cache_filled_once(counter: int, reserved: int) -> str:
+    return (f"what filled the cache: PyTorch's allocated memory had reached {fb(counter)} by this moment "
+            f"({counter / reserved:.0%} of what it reserved) and let it go: the cache is what that "
+            "moment left (a phase that freed a lot); torch.cuda.empty_cache() after it gives it back, if other "
+            "processes need it")

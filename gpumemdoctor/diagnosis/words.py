@@ -186,3 +186,15 @@ def unclassified_told(part) -> str:
     if at:
         said.append(part.how[min(at) + 2:])
     return "; ".join(said)
+
+
+def rate_words(g) -> str:
+    """A growth's rate (a findings.Growth): '64.0 MiB per step and 1.2 GiB per second (from step 12)'."""
+    parts = []
+    if g.rate_bytes_per_step is not None:
+        parts.append(f"{fb(int(g.rate_bytes_per_step))} per step")
+    if g.rate_bytes_per_s is not None:
+        parts.append(f"{fb(int(g.rate_bytes_per_s))} per second")
+    start = f"from step {g.start_step}" if g.start_step is not None else (
+        f"from {g.start_t:.1f} s" if g.start_t is not None else "")
+    return " (".join([" and ".join(parts) or "steadily", start + ")"]) if start else " and ".join(parts)
