@@ -105,3 +105,7 @@ def test_top_up_makes_at_most_its_share_at_a_time_up_to_the_target():
     assert bulk.ready() and bulk.can_hold(BULK_BALLAST - BULK_SPARE - HELD_SPARE)
     del bulk.ballast[:TOPUP_MAX + 10]
     assert top_up(bulk) == TOPUP_MAX and top_up(bulk) == 10 and top_up(bulk) == 0
+    full = Bulk()  # made with its ballast (not under `run`): its first top-up is no larger than later ones
+    assert top_up(full) == 0
+    del full.ballast[:TOPUP_MAX + 10]
+    assert top_up(full) == TOPUP_MAX
