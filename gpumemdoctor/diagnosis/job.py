@@ -4,6 +4,7 @@ names, several recordings' diagnoses side by side, and the step across ranks (ea
 from __future__ import annotations
 
 from . import ranks
+from .summaries import tell
 from .findings import INFORMATIVE, Diagnosis, Finding, Job, RankRow, choose_verdict
 from ..recording.recording import Dist, Recording
 
@@ -65,14 +66,12 @@ def merged(recordings: list[Recording], parts: list[Diagnosis]) -> Diagnosis:
             if row.breakdown is not None:
                 row.breakdown += offset
             result.ranks.append(row)
-        label = rec.host or f"the run of process {rec.target_pid}"
-        result.notes.extend(f"{label}: {note}" for note in part.notes)
+        result.notes.extend(tell("job-run-note", host=rec.host, pid=rec.target_pid, note=note) for note in part.notes)
     result.ranks.sort(key=lambda r: (r.rank is None, r.rank or 0, r.host or "", r.pid, r.device or 0))
     result.peaks = _highest_peaks(recordings, parts)
     run_ids = sorted({a.dist.run_id for r in recordings for a in r.agents if a.dist and a.dist.run_id})
     if len(run_ids) > 1:
-        result.notes.append(f"the reports come from runs with different run ids ({', '.join(run_ids[:4])}): "
-                            "are they one job?")
+        result.notes.append(tell("job-run-ids", run_ids=run_ids))
     return result
 
 

@@ -1,5 +1,5 @@
 """The ranks' words: who a process is, the stray contexts, a rank's imbalance and the job in one
-line (ranks.py decides them). Pure.
+line (ranks.py decides them), and a job's notes on its runs (job.py). Pure.
 
 The same registry as summaries.py's (summaries_registry.py): each sentence a registered function, its
 keyword arguments the facts ranks.py decided; `tell(name, **facts)` makes it. `rank_words`, `who` and
@@ -102,3 +102,15 @@ def _job(count: int, hosts: list[str | None], world_size: int | None, missing: l
                  f"{'are' if len(missing) > 1 else 'is'} not in {'these reports' if len(set(hosts)) > 1 else 'this report'} "
                  f"(give every node's report to gpumemdoctor report)")
     return text
+
+
+# A job of several recordings (job.py).
+@_summary("job-run-note")
+def _job_run_note(host: str | None, pid: int, note: str) -> str:
+    """A run's note in the job's notes, with the host (or the process) it came from."""
+    return f"{host or f'the run of process {pid}'}: {note}"
+
+
+@_summary("job-run-ids")
+def _job_run_ids(run_ids: list) -> str:
+    return f"the reports come from runs with different run ids ({', '.join(run_ids[:4])}): are they one job?"
