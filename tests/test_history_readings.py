@@ -233,6 +233,91 @@ def test_a_reading_at_a_steps_sample_walks_at_the_next_steps_and_leaves_the_coll
     assert got["short"] == 0 and got["ready"]
 
 
+def _walked_in_parts(pad: int, slice_s: float) -> dict:
+    """A reading of a trace with `pad` pairs of small events after its spike, walked at later step
+    samples WALK_SLICE_S at a time: the record, and how the collector's count moved at each sample."""
+    import gc
+    import json
+
+    H.WALK_SLICE_S = slice_s
+    h, agent, lines = _reading_agent(pad=pad)
+    was = gc.isenabled()
+    gc.disable()
+    moved = []
+    try:
+        get = gc.get_count
+        c = get()[0]
+        h.check(0.0, "step")  # the snapshot, its walk put off
+        moved.append(get()[0] - c)
+        samples = 0
+        while h.taken is not None and samples < 10000:
+            agent.shared.steps += 1
+            c = get()[0]
+            h.check(0.0, "step")
+            moved.append(get()[0] - c)
+            samples += 1
+    finally:
+        if was:
+            gc.enable()
+    return {"record": json.loads(lines[-1]), "lines": len(lines), "samples": samples, "moved": moved,
+            "short": h.bulk.short}
+
+
+def test_a_walk_put_off_goes_on_over_several_steps_and_ends_as_the_whole_walk_would():
+    """GPT-2 124M's walk paused one step 4.4 ms on an H200: a walk put off now goes on at each step
+    sample for WALK_SLICE_S (replay.Walk, CHUNK entries between two looks at the clock), and its
+    record is the one a walk at once makes. With no time a step, each sample walks one CHUNK; the
+    collector's count is left as it was at every sample. In a fresh interpreter, as the test above."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("import json; from tests.test_history_readings import _walked_in_parts; "
+            "print(json.dumps([_walked_in_parts(3000, 0.0), _walked_in_parts(3000, 10.0)]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    parts, whole = json.loads(proc.stdout.strip().splitlines()[-1])
+    from gpumemdoctor._agent.peak.replay import CHUNK
+    entries = 4 + 2 * 3000
+    assert whole["samples"] == 1 and whole["record"]["walk_parts"] == 1
+    assert parts["samples"] == parts["record"]["walk_parts"] > entries // CHUNK  # (one CHUNK a sample at least)
+    assert parts["lines"] == whole["lines"] == 1
+    for key in ("allocated_peak", "complete", "events", "phase", "joined"):
+        assert parts["record"][key] == whole["record"][key], key
+    split = {run: {name: (p["bytes"], p["blocks"]) for name, p in r["record"]["parts"].items()}
+             for run, r in (("parts", parts), ("whole", whole))}  # (their times are each run's clock's)
+    assert split["parts"] == split["whole"] and sum(b for b, _ in split["whole"].values()) == 4 * GiB
+    assert parts["record"]["allocated_peak"] == 4 * GiB and parts["record"]["complete"]
+    assert parts["moved"] == [0] * len(parts["moved"]) and whole["moved"] == [0, 0]
+    assert parts["short"] == whole["short"] == 0
+
+
+def test_a_walk_part_waits_for_a_step_sample_whose_gap_the_agent_has_not_already_paused():
+    """A step sample whose gap already holds WALK_BUSY_S of the agent's work (its other watches, a
+    timer's samples) makes no part of a walk put off; after WALK_SKIPS such samples in a row it does."""
+    from gpumemdoctor._agent.readings.felt import PARTS, Felt
+
+    h, agent, lines = _reading_agent()
+    felt = agent.shared.felt = Felt()
+    h.check(0.0, "step")  # the snapshot, its walk put off
+    assert h.taken is not None
+    agent.shared.steps = 6
+    felt.since_end.parts[PARTS.index("peak_watch")] = 2 * H.WALK_BUSY_S  # this gap: a capture and its probe
+    for _ in range(H.WALK_SKIPS):
+        h.check(0.0, "step")
+        assert h.taken is not None and lines == []
+    h.check(0.0, "step")  # the ninth busy sample in a row: the walk goes on all the same
+    assert h.taken is None and len(lines) == 1 and h.skipped == 0
+    h.read(0, 7)  # (a new reading, its walk put off)
+    felt.since_end.clear()
+    agent.shared.steps = 7
+    assert h.taken is not None
+    h.check(0.0, "step")  # a quiet gap: the walk at once
+    assert h.taken is None and len(lines) == 2 and h.skipped == 0
+
+
 def test_the_step_that_reads_the_modules_step_makes_no_reading_nor_walk_of_its_own():
     """At the step whose end reads the step recorded with module hooks (saved_by.py), a new high's
     reading, and a walk put off to that step, wait for the next step: the program pauses for one
@@ -365,7 +450,7 @@ def test_a_walk_put_off_that_fails_still_puts_the_collectors_count_back(monkeypa
     def broken(*args, **kwargs):
         raise KeyError("size")
 
-    monkeypatch.setattr(H.reading.replay, "replay", broken)
+    monkeypatch.setattr(H.reading.replay, "Walk", broken)
     agent.shared.steps = 6
     was = gc.isenabled()
     gc.disable()

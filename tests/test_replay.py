@@ -161,3 +161,32 @@ def test_a_concatenation_whose_result_is_still_held_is_joined():
     found = R.replay(trace, 40 + 5, [0, 0.5], [R.STEP, R.STEP_END], {}, {}, counter=80 + 5)
     assert {k: v["bytes"] for k, v in found["parts"].items()} == {"gathered": 80, "kept-tensors": 5}
     assert found["joined"] == {"bytes": 40, "pieces": 2, "pieces_bytes": 40, "held": True, "address": 3}
+
+
+def _in_parts(trace, *args, **kwargs):
+    """replay() made by a Walk of one CHUNK a part (a deadline already passed): its result and parts."""
+    walk = R.Walk(trace, *args, **kwargs)
+    parts = 1
+    while not walk.run(0.0):
+        parts += 1
+    return walk.result, parts
+
+
+def test_a_walk_in_parts_finds_what_the_whole_walk_finds():
+    """history.py walks a reading put off over several step samples (replay.Walk, CHUNK entries and
+    blocks between two looks at the clock): the same result as at once, on GPT-2's recorded steps
+    (28,000 entries) and on a gathering loop whose live blocks span several parts."""
+    d, trace, times, kinds, storages, sizes = gpt2_recording()
+    args = (d["allocated"], times, kinds, storages, sizes, d["reserved"])
+    whole = R.replay(trace, *args, counter=d["per_step"][-1]["peak"])
+    found, parts = _in_parts(trace, *args, counter=d["per_step"][-1]["peak"])
+    assert found == whole and whole["parts"]["activations"]["bytes"] > 0
+    assert parts > len(trace) // R.CHUNK
+    # An evaluation that gathers 700 outputs (more than CHUNK live blocks), then their concatenation.
+    n = 3 * R.CHUNK + 17
+    gather = ([_e("alloc", a, 10, a) for a in range(1, n + 1)] + [_e("alloc", n + 1, 10 * n, n + 1)]
+              + [_e("free_requested", a, 10, n + 1 + a) for a in range(1, n + 1)])
+    whole = R.replay(gather, 10 * n, [], [], {}, {}, counter=20 * n)
+    found, parts = _in_parts(gather, 10 * n, [], [], {}, {}, counter=20 * n)
+    assert found == whole and whole["joined"]["pieces"] == n and parts > 2 * n // R.CHUNK
+    assert R.replay([], 0, [], [], {}, {}) is None and _in_parts([], 0, [], [], {}, {}) == (None, 1)

@@ -249,7 +249,7 @@ PEAK_HISTORY = Shape({"n": INT, "t": SECONDS, "step": may(opt(INT)), "device": I
                                                "held": may(BOOL)}))),
                       "loop": may(opt(STR)), "loop_called_at": may(opt(STR)), "loop_holder": may(opt(STR)),
                       "snapshot_s": may(DURATION), "figures_s": may(DURATION), "replay_s": may(DURATION),
-                      "freed_s": may(DURATION), "taken_s": may(DURATION), "put_off": may(BOOL), "walked_step": may(INT),
+                      "freed_s": may(DURATION), "taken_s": may(DURATION), "put_off": may(BOOL), "walked_step": may(INT), "walk_parts": may(INT),
                       "elapsed_s": may(DURATION)})
 # What saved one step's activations (_agent/peak/saved_by.py): the modules whose forward made them, by
 # folded name, largest first, the rest's bytes, what no module made, and the line that called the

@@ -4,9 +4,10 @@ in two steps of the program, so that neither pause is the whole reading's:
 - `take`, at the reading's moment: PyTorch's statistics, its allocator snapshot with the events only
   (`events_only`), the optimizers' storages, the marks and the library loop the program is in. The
   snapshot's entries are kept (history.py holds them) until
-- `walk`, at once or at the next step's sample: the walk back (replay.py), the holder of a loop's
-  gathered result where the program is still in that loop (loop_holder.py), the snapshot let go,
-  and the `peak_history` record as one JSON line.
+- `walk`, at once or over the next step samples, as long as history.WALK_SLICE_S allows at each:
+  the walk back (replay.Walk, which goes on where it stopped), the snapshot let go (LET_GO_CHUNK
+  entries at a time), the holder of a loop's gathered result where the program is still in that
+  loop (loop_holder.py; such a walk is made at once), and the `peak_history` record as one JSON line.
 
 Both run inside neutral.Bulk with automatic collection held off, each leaving the collector's count
 and the free lists as it found them (the entries kept between them are untracked dicts in one list,
@@ -29,7 +30,8 @@ RETRIES = 3  # readings made again because the ring did not reach back to the pe
 NO_POOL = (1 << 60, 1 << 60)  # a memory pool id no segment has: the snapshot's events without its segments
 # A taken reading: a list (no tuple: Bulk counts them), read by these indices.
 INDEX, SNAPSHOT, TRACE, COUNTER, ALLOCATED, RESERVED, STORAGES, SIZES, TIMES, KINDS, NOW, NOW_US, STEP, \
-    LOOP, CALLED, SNAPSHOT_S, FIGURES_S, TAKEN_S = range(18)
+    LOOP, CALLED, SNAPSHOT_S, FIGURES_S, TAKEN_S, WALK, REPLAY_S, PARTS, FOUND, FREED_S = range(23)
+LET_GO_CHUNK = 512  # the snapshot's entries let go between two looks at the clock
 # Library loops that gather a model's outputs on the GPU, whose own switches say how not to:
 # (file's ending, function) -> the name a reading records (diagnosis/allocated_peak.py has the remedy).
 LIBRARY_LOOPS = {(os.path.join("transformers", "trainer.py"), "evaluation_loop"): "transformers.Trainer.evaluation_loop",
@@ -73,25 +75,45 @@ def take(history, index: int):
         now = time.monotonic()  # (with now_us: the two clocks read together)
         figures_s = time.perf_counter() - started - snapshot_s
         return [index, snapshot, trace, counter, allocated, reserved, storages, sizes, times, kinds, now, now_us,
-                shared.steps, loop, called, snapshot_s, figures_s, time.perf_counter() - began]
+                shared.steps, loop, called, snapshot_s, figures_s, time.perf_counter() - began, None, 0.0, 0,
+                None, 0.0]
     except Exception as exc:
         return error_line(history.readings, index, exc)
 
 
-def walk(history, taken: list, put_off: bool) -> str:
-    """The reading's second part, at once or at a later step's sample (`put_off`): its `peak_history`
+def walk(history, taken: list, put_off: bool, deadline=None):
+    """The reading's second part, at once or at later steps' samples (`put_off`): its `peak_history`
     record as one JSON line, without `elapsed_s` (history.py adds it), or "" where the events hold no
-    allocation. Lets the snapshot go."""
+    allocation; lets the snapshot go. With a `deadline` (time.perf_counter()), the walk back
+    (replay.Walk) and the letting go stop there and this returns None: the next call goes on from
+    where it stopped (`walk_parts` in the record: the calls it took)."""
     index = taken[INDEX]
     try:
         started = time.perf_counter()
-        trace = taken[TRACE]
-        found = replay.replay(trace, taken[ALLOCATED], taken[TIMES], taken[KINDS], taken[STORAGES], taken[SIZES],
-                              taken[RESERVED], taken[COUNTER], len(trace) >= history.ring.capacity)
-        replay_s = time.perf_counter() - started
-        del trace
-        _let_go(history, taken, put_off)
-        freed_s = time.perf_counter() - started - replay_s
+        taken[PARTS] += 1
+        w = taken[WALK]
+        if w is None:  # (the first part)
+            trace = taken[TRACE]
+            w = taken[WALK] = replay.Walk(trace, taken[ALLOCATED], taken[TIMES], taken[KINDS], taken[STORAGES],
+                                          taken[SIZES], taken[RESERVED], taken[COUNTER],
+                                          len(trace) >= history.ring.capacity)
+            del trace
+        if w is not False:  # (False: walked, the snapshot being let go)
+            done = w.run(deadline)
+            taken[REPLAY_S] += time.perf_counter() - started
+            if not done:
+                return None
+            taken[FOUND] = w.result
+            taken[WALK] = False
+            del w
+            started = time.perf_counter()
+        gone = _let_go(history, taken, put_off, deadline)
+        taken[FREED_S] += time.perf_counter() - started
+        if not gone:
+            return None
+        found, taken[FOUND] = taken[FOUND], None
+        replay_s = taken[REPLAY_S]
+        freed_s = taken[FREED_S]
         if found is None:
             return ""
         if not found["complete"] and found["ring_full"] and history.retries < RETRIES:
@@ -125,22 +147,33 @@ def walk(history, taken: list, put_off: bool) -> str:
                 f'"backward_marked":{_bool(history.backward_marked)},"joined":{joined},"parts":{{{parts}}},'
                 f'"snapshot_s":{taken[SNAPSHOT_S]!r},"figures_s":{taken[FIGURES_S]!r},"replay_s":{replay_s!r},'
                 f'"freed_s":{freed_s!r},"taken_s":{taken[TAKEN_S]!r},"put_off":{_bool(put_off)},'
-                f'"walked_step":{history.shared.steps}}}')
+                f'"walked_step":{history.shared.steps},"walk_parts":{taken[PARTS]}}}')
     except Exception as exc:
         if taken[SNAPSHOT] is not None:
             _let_go(history, taken, put_off)
         return error_line(history.readings, index, exc)
 
 
-def _let_go(history, taken: list, put_off: bool) -> None:
-    """The snapshot's entries let go; where they were kept from an earlier run, the ballast that run
-    spent on them is made first (neutral.Bulk.lift)."""
+def _let_go(history, taken: list, put_off: bool, deadline=None) -> bool:
+    """The snapshot's entries let go, LET_GO_CHUNK at a time until `deadline` (None: all; one chunk
+    at least, and the last LET_GO_CHUNK or fewer with the one before): whether all are. Where they
+    were kept from an earlier run, the ballast that run spent on them is made first
+    (neutral.Bulk.lift), for each chunk before it goes."""
+    trace = taken[TRACE]
+    if trace is not None and deadline is not None:
+        while len(trace) > LET_GO_CHUNK:
+            if put_off:
+                history.bulk.lift(LET_GO_CHUNK)
+            del trace[len(trace) - LET_GO_CHUNK:]
+            if time.perf_counter() > deadline:
+                del trace
+                return False
     if put_off:
-        trace = taken[TRACE]
         history.bulk.lift((len(trace) if trace is not None else 0) + HELD_SPARE)
-        del trace
-    for i in (SNAPSHOT, TRACE, STORAGES, SIZES, TIMES, KINDS):
+    del trace
+    for i in (SNAPSHOT, TRACE, STORAGES, SIZES, TIMES, KINDS, WALK):
         taken[i] = None
+    return True
 
 
 def error_line(n: int, index: int, exc: BaseException) -> str:

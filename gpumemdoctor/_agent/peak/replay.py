@@ -28,6 +28,7 @@ contract.HISTORY_PARTS, which the records' shape declares.
 """
 from __future__ import annotations
 
+import time
 from bisect import bisect_right
 
 from ...contract import reaches_counter
@@ -44,6 +45,10 @@ _SIGN = {"alloc": -1, "free_requested": 1, "segment_alloc": -2, "segment_map": -
          "segment_unmap": 2}
 
 
+CHUNK = 128  # entries (or blocks) a Walk goes through between two looks at the clock
+WALK_BACK, LIVE_AT, SPLIT, DONE = range(4)  # a Walk's stages
+
+
 def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict, sizes: dict,
            reserved: int | None = None, counter: int | None = None, ring_full: bool = False) -> dict | None:
     """The allocated peak found in `trace` (a device's entries, oldest first), walking back from
@@ -51,63 +56,141 @@ def replay(trace: list, allocated: int, times: list, kinds: list, storages: dict
     `times` (time_us, in order) and their `kinds`; `storages`: {address: 1 parameters, 2 gradients,
     3 optimizer state} of the storages alive now, `sizes` their bytes. `counter`: PyTorch's allocated
     peak counter, read with the trace. None when the trace holds no allocation or free. Makes no
-    tuple: it runs inside a reading whose containers neutral.Bulk accounts for (dicts and lists)."""
-    n = len(trace)
-    waiting: dict = {}
-    blocks: list = []
-    peak = [allocated, n, reserved or 0]  # the highest total, the entry it was before, the segments then
-    if not _walk_back(trace, waiting, blocks, peak):
-        return None
-    best = peak[0]
-    best_i = peak[1]  # the state before entry best_i
-    # The blocks made within the recorded events and live at the peak, and when each was freed.
-    made: dict = {}
-    freed: dict = {}
-    later: dict = {}  # made after the peak and still allocated
-    _live_at(trace, blocks, best_i, made, freed, later)
-    old_freed = _freed_since(trace, waiting, best_i)
-    peak_t = trace[best_i - 1]["time_us"] if best_i > 0 else trace[0]["time_us"]
-    parts: dict = {}
-    unbacked: list = []  # made outside backward and the steps, freed since with no backward in between
-    held: list = []  # kept tensors made within the events: a concatenation's result may be one
-    stretch = _last(times, kinds, peak_t, STEP_END)  # the stretch of the program the peak fell in began here
-    end_t = trace[n - 1]["time_us"] + 1  # "still held" (for _gathered)
-    known = _split_made(made, freed, storages, times, kinds, stretch, peak_t, end_t, parts, unbacked, held)
-    # With no optimizer step before an outside peak (an evaluation, inference), what is still held and
-    # was made after the oldest gathered block is the same gathering's (a concatenation's result, the
-    # last batch's outputs): gathered too.
-    joined = _gathered(parts, unbacked, held, stretch is None and _phase(times, kinds, peak_t) == "outside", end_t)
-    _split_older(parts, storages, sizes, made, later, best - known - old_freed, old_freed)
-    out = {}
-    for name in parts:
-        p = parts[name]
-        out[name] = {"bytes": p[0], "blocks": p[1], "first_us": p[2], "last_us": p[3]}
-    return {"allocated_peak": best, "reserved_at_peak": peak[2] if reserved is not None else None,
-            "peak_time_us": peak_t, "allocated_now": allocated,
-            "complete": reaches_counter(best, counter), "ring_full": ring_full,
-            "events": len(trace), "phase": _phase(times, kinds, peak_t),
-            "joined": joined, "parts": out}
+    tuple: it runs inside a reading whose containers neutral.Bulk accounts for (dicts and lists).
+    The whole Walk at once."""
+    walk = Walk(trace, allocated, times, kinds, storages, sizes, reserved, counter, ring_full)
+    walk.run(None)
+    return walk.result
 
 
-def _walk_back(trace: list, waiting: dict, blocks: list, peak: list) -> bool:
-    """The one walk back through `trace`, newest entry first, each event undone: an allocation
-    subtracts its block, a free adds it back, a segment's event changes the reserved bytes. `peak`
-    holds [the allocated bytes now, len(trace), the reserved bytes now] and is left holding the highest
-    allocated total met, the index of the entry it was the state before, and the reserved bytes then.
-    Each free met waits in `waiting` (address: its index) for the allocation that made its block; each
-    allocation is appended to `blocks` as two indices, its own and its free's (len(trace): not freed).
-    Whether the trace holds an allocation or a free."""
+class Walk:
+    """replay() in parts, each as long as its caller allows: `run(deadline)` goes on from where the
+    last part stopped until it is done (True, `result` set) or `time.perf_counter()` has passed
+    `deadline` (False; None: no deadline), looking at the clock every CHUNK entries. The stages: the
+    walk back through the entries (WALK_BACK), the allocations live at the peak (LIVE_AT), their
+    parts (SPLIT, with the rest, which is short). What it keeps between parts is a few dicts and lists
+    (and the blocks' indices, untracked ints), which the reading's Bulk runs account for."""
+
+    __slots__ = ("trace", "allocated", "times", "kinds", "storages", "sizes", "reserved", "counter", "ring_full",
+                 "stage", "i", "state", "waiting", "blocks", "made", "freed", "later", "keys", "known", "parts",
+                 "unbacked", "held", "result")
+
+    def __init__(self, trace: list, allocated: int, times: list, kinds: list, storages: dict, sizes: dict,
+                 reserved: int | None = None, counter: int | None = None, ring_full: bool = False):
+        self.trace = trace
+        self.allocated = allocated
+        self.times = times
+        self.kinds = kinds
+        self.storages = storages
+        self.sizes = sizes
+        self.reserved = reserved
+        self.counter = counter
+        self.ring_full = ring_full
+        self.stage = WALK_BACK
+        self.i = len(trace)  # the next entry (WALK_BACK: down from the newest) or block pair (LIVE_AT, SPLIT)
+        # The walk back's totals: allocated now, the highest met, the entry it was the state before,
+        # the segments' bytes now and then, whether an allocation or a free was met (0 or 1).
+        self.state = [allocated, allocated, len(trace), reserved or 0, reserved or 0, 0]
+        self.waiting: dict = {}
+        self.blocks: list = []
+        self.made: dict = {}
+        self.freed: dict = {}
+        self.later: dict = {}  # made after the peak and still allocated
+        self.keys = None  # SPLIT: `made`'s addresses, in a list
+        self.known = 0
+        self.parts: dict = {}
+        # Made outside backward and the steps, freed since with no backward in between (`unbacked`), and
+        # kept tensors made within the events (`held`: a concatenation's result may be one): four ints a
+        # block, flat, so that what a Walk keeps between two parts is a few containers (_blocks).
+        self.unbacked: list = []
+        self.held: list = []
+        self.result = None
+
+    def run(self, deadline) -> bool:
+        clock = time.perf_counter
+        trace = self.trace
+        done = 0  # entries and blocks gone through in this part: the clock is looked at after CHUNK
+        while self.stage != DONE:
+            if done >= CHUNK and deadline is not None and clock() > deadline:
+                return False  # (a part goes a CHUNK at least: a walk always ends, a short one in one part)
+            if self.stage == WALK_BACK:
+                lo = self.i - CHUNK if self.i > CHUNK else 0
+                _walk_back_part(trace, self.waiting, self.blocks, self.state, lo, self.i)
+                done += self.i - lo
+                self.i = lo
+                if lo == 0:
+                    self.stage = LIVE_AT if self.state[5] else DONE  # (no allocation nor free: no result)
+            elif self.stage == LIVE_AT:
+                blocks = self.blocks
+                k = self.i if self.i < len(blocks) else 0  # (from WALK_BACK, i is 0)
+                hi = k + 2 * CHUNK if k + 2 * CHUNK < len(blocks) else len(blocks)
+                _live_at(trace, blocks, self.state[2], self.made, self.freed, self.later, k, hi)
+                done += (hi - k) // 2
+                self.i = hi
+                if hi == len(blocks):
+                    self.stage = SPLIT
+                    self.keys = list(self.made)
+                    self.i = 0
+            else:
+                done += self._split()
+        return True
+
+    def _split(self) -> int:
+        """A CHUNK of the blocks live at the peak put in their parts; after the last, the rest. How
+        many blocks it went through."""
+        trace = self.trace
+        best_i = self.state[2]
+        peak_t = trace[best_i - 1]["time_us"] if best_i > 0 else trace[0]["time_us"]
+        times, kinds = self.times, self.kinds
+        stretch = _last(times, kinds, peak_t, STEP_END)  # the stretch of the program the peak fell in began here
+        end_t = trace[len(trace) - 1]["time_us"] + 1  # "still held" (for _gathered)
+        keys = self.keys
+        hi = self.i + CHUNK if self.i + CHUNK < len(keys) else len(keys)
+        self.known += _split_made(self.made, self.freed, self.storages, times, kinds, stretch, peak_t, end_t,
+                                  self.parts, self.unbacked, self.held, keys, self.i, hi)
+        done = hi - self.i + 1
+        self.i = hi
+        if hi < len(keys):
+            return done
+        parts = self.parts
+        old_freed = _freed_since(trace, self.waiting, best_i)
+        # With no optimizer step before an outside peak (an evaluation, inference), what is still held and
+        # was made after the oldest gathered block is the same gathering's (a concatenation's result, the
+        # last batch's outputs): gathered too.
+        joined = _gathered(parts, _blocks(self.unbacked), _blocks(self.held),
+                           stretch is None and _phase(times, kinds, peak_t) == "outside", end_t)
+        self.unbacked = self.held = None
+        best = self.state[1]
+        _split_older(parts, self.storages, self.sizes, self.made, self.later, best - self.known - old_freed, old_freed)
+        out = {}
+        for name in parts:
+            p = parts[name]
+            out[name] = {"bytes": p[0], "blocks": p[1], "first_us": p[2], "last_us": p[3]}
+        self.result = {"allocated_peak": best, "reserved_at_peak": self.state[4] if self.reserved is not None else None,
+                       "peak_time_us": peak_t, "allocated_now": self.allocated,
+                       "complete": reaches_counter(best, self.counter), "ring_full": self.ring_full,
+                       "events": len(trace), "phase": _phase(times, kinds, peak_t),
+                       "joined": joined, "parts": out}
+        self.keys = None
+        self.stage = DONE
+        return done
+
+
+def _walk_back_part(trace: list, waiting: dict, blocks: list, state: list, lo: int, hi: int) -> None:
+    """The walk back through entries hi-1 down to lo of `trace` (newest first), each event undone: an
+    allocation subtracts its block, a free adds it back, a segment's event changes the reserved bytes.
+    `state` (Walk.state) holds the allocated total, the highest met, the index of the entry it was the
+    state before, the reserved bytes now and at the highest, and whether an event was met; it is left
+    holding them after entry lo. Each free met waits in `waiting` (address: its index) for the
+    allocation that made its block; each allocation is appended to `blocks` as two indices, its own and
+    its free's (len(trace): not freed)."""
     n = len(trace)
-    total = best = peak[0]
-    best_i = n
-    segments = best_segments = peak[2]
-    seen = False
+    total, best, best_i, segments, best_segments, seen = state
     append = blocks.append
     pop = waiting.pop
     sign = _SIGN
-    i = n
-    for e in reversed(trace):  # (the two common actions compared as strings: no hash of a new str)
-        i -= 1
+    for i in range(hi - 1, lo - 1, -1):  # (the two common actions compared as strings: no hash of a new str)
+        e = trace[i]
         action = e["action"]
         if action == "free_requested":  # a free undone
             waiting[e["addr"]] = i
@@ -125,19 +208,22 @@ def _walk_back(trace: list, waiting: dict, blocks: list, peak: list) -> bool:
             if s is not None:  # a segment's: the reserved memory then
                 segments += e["size"] if s == 2 else -e["size"]
             continue
-        seen = True
-    peak[0] = best
-    peak[1] = best_i
-    peak[2] = best_segments
-    return seen
+        seen = 1
+    state[0] = total
+    state[1] = best
+    state[2] = best_i
+    state[3] = segments
+    state[4] = best_segments
+    state[5] = seen
 
 
-def _live_at(trace: list, blocks: list, best_i: int, made: dict, freed: dict, later: dict) -> None:
-    """Of the allocations in `blocks` (_walk_back's pairs of indices), those live at the state before
-    entry `best_i` put in `made` (address: the allocation's entry) and, where freed since, in `freed`
-    (address: the free's time_us); those made after it and still allocated put in `later`."""
+def _live_at(trace: list, blocks: list, best_i: int, made: dict, freed: dict, later: dict, lo: int = 0,
+             hi: int | None = None) -> None:
+    """Of the allocations in `blocks[lo:hi]` (_walk_back_part's pairs of indices), those live at the
+    state before entry `best_i` put in `made` (address: the allocation's entry) and, where freed since,
+    in `freed` (address: the free's time_us); those made after it and still allocated put in `later`."""
     n = len(trace)
-    for k in range(0, len(blocks), 2):
+    for k in range(lo, len(blocks) if hi is None else hi, 2):
         j = blocks[k]
         f = blocks[k + 1]
         if j < best_i <= f:
@@ -161,12 +247,14 @@ def _freed_since(trace: list, waiting: dict, best_i: int) -> int:
 
 
 def _split_made(made: dict, freed: dict, storages: dict, times: list, kinds: list, stretch, peak_t: int,
-                end_t: int, parts: dict, unbacked: list, held: list) -> int:
-    """The blocks made within the events and live at the peak (`made`) added to `parts` by their part
-    (_part); those _part leaves to _gathered appended to `unbacked`, and the kept tensors to `held`,
-    each as [size, made, freed (end_t: not yet), address]. Returns their bytes."""
+                end_t: int, parts: dict, unbacked: list, held: list, keys: list, lo: int, hi: int) -> int:
+    """The blocks made within the events and live at the peak (`made`) whose addresses are keys[lo:hi]
+    added to `parts` by their part (_part); those _part leaves to _gathered appended to `unbacked`,
+    and the kept tensors to `held`, each as four ints: size, made, freed (end_t: not yet), address.
+    Returns their bytes."""
     known = 0
-    for address in made:
+    for j in range(lo, hi):
+        address = keys[j]
         e = made[address]
         size = e["size"]
         t = e["time_us"]
@@ -174,11 +262,17 @@ def _split_made(made: dict, freed: dict, storages: dict, times: list, kinds: lis
         f = freed.get(address)
         part = _part(address, t, f, storages, times, kinds, stretch, peak_t)
         if part is None:
-            unbacked.append([size, t, end_t if f is None else f, address])
+            unbacked.append(size)  # (four appends: a tuple would come from, or go to, a free list Bulk does not drain)
+            unbacked.append(t)
+            unbacked.append(end_t if f is None else f)
+            unbacked.append(address)
         else:
             _add(parts, part, size, t)
             if part == "kept-tensors":
-                held.append([size, t, end_t, address])
+                held.append(size)
+                held.append(t)
+                held.append(end_t)
+                held.append(address)
     return known
 
 
@@ -242,6 +336,11 @@ def _part(address: int, made, freed, storages: dict, times: list, kinds: list, s
     if backward is not None and backward <= freed:
         return "activations"
     return None
+
+
+def _blocks(flat: list) -> list:
+    """_split_made's blocks, four ints each, as lists [size, made, freed, address]."""
+    return [flat[k:k + 4] for k in range(0, len(flat), 4)]
 
 
 def _gathered(parts: dict, blocks: list, held: list = (), take_held: bool = False, end_t=None):
