@@ -175,7 +175,7 @@ def _in_parts(trace, *args, **kwargs):
 def test_a_walk_in_parts_finds_what_the_whole_walk_finds():
     """history.py walks a reading put off over several step samples (replay.Walk, CHUNK entries and
     blocks between two looks at the clock): the same result as at once, on GPT-2's recorded steps
-    (28,000 entries) and on a gathering loop whose live blocks span several parts."""
+    (13,154 entries) and on a gathering loop whose live blocks span several parts."""
     d, trace, times, kinds, storages, sizes = gpt2_recording()
     args = (d["allocated"], times, kinds, storages, sizes, d["reserved"])
     whole = R.replay(trace, *args, counter=d["per_step"][-1]["peak"])
