@@ -318,6 +318,29 @@ def test_a_walk_part_waits_for_a_step_sample_whose_gap_the_agent_has_not_already
     assert h.taken is None and len(lines) == 2 and h.skipped == 0
 
 
+def test_a_walk_in_parts_left_unfinished_is_finished_at_exit_and_its_snapshot_let_go(monkeypatch):
+    """The program ends while a walk put off is in its parts (the walk back, then the letting go):
+    the exit finishes it at once, with its record and the ballast it spent made again."""
+    import json
+
+    monkeypatch.setattr(H, "WALK_SLICE_S", 0.0)  # (a CHUNK, or a chunk let go, a part)
+    for letting_go in (False, True):  # in the walk back; in the letting go
+        h, agent, lines = _reading_agent(pad=3000)
+        h.check(0.0, "step")
+        ballast = len(h.bulk.ballast)
+        parts = 0
+        while parts == 0 or (letting_go and h.taken[H.reading.WALK] is not False):
+            agent.shared.steps += 1
+            h.check(0.0, "step")
+            parts += 1
+        assert h.taken is not None and lines == [] and len(h.taken[H.reading.TRACE]) > 0
+        h.at_exit()
+        assert h.taken is None and len(lines) == 1
+        record = json.loads(lines[0])
+        assert record["complete"] and record["walk_parts"] == parts + 1 and (parts > 1) == letting_go
+        assert len(h.bulk.ballast) >= ballast and h.bulk.short == 0
+
+
 def test_the_step_that_reads_the_modules_step_makes_no_reading_nor_walk_of_its_own():
     """At the step whose end reads the step recorded with module hooks (saved_by.py), a new high's
     reading, and a walk put off to that step, wait for the next step: the program pauses for one
