@@ -101,6 +101,11 @@ def test_gpt2s_peak_is_split_within_ten_percent_of_memtracker(tmp_path):
     called = next(i + 1 for i, text in enumerate(source) if "model(input_ids=ids" in text)
     assert activations["holders"][0]["line"] == f"hf_gpt2_124m_adamw.py:{called}", activations["holders"]
     agent = next(a for a in report["recording"]["agents"] if a["pid"] == report["target"]["pid"])
+    for reading in agent["root"]["peak_histories"]:  # (for the log, with -s: each reading's parts' times)
+        print("reading", {k: reading.get(k) for k in ("n", "step", "walked_step", "put_off", "walk_parts", "events",
+                                                      "snapshot_s", "figures_s", "taken_s", "replay_s", "freed_s",
+                                                      "elapsed_s", "complete")})
+    print("history_read_max_s", cost["history_read_max_s"], "step_pause_max_s", cost.get("step_pause_max_s"))
     (record,) = agent["root"]["forward_modules"]
     assert abs(record["activations"] - parts["activations"]) <= 0.10 * parts["activations"], (record, parts)
     named = sum(m["bytes"] for m in record["modules"]) + record["rest"] + record["outside_modules"]
