@@ -89,3 +89,30 @@ def test_a_tensor_on_another_device_is_not_counted():
     figures = [0, 0, 0]
     _watch(opt).optimizer_figures(0, figures)  # device 0: these tensors are on the CPU
     assert figures == [0, 0, 0]
+
+
+def test_a_reading_put_off_reads_the_gradients_then_the_rest_and_finds_what_one_pass_finds():
+    """history.py's reading put off to later steps reads the gradients at its moment (they are set to
+    None and made again each step) and the parameters and state at its walk (they stay while an
+    optimizer steps), of the optimizers that had stepped at its moment: the two passes together find
+    the storages and categories one pass finds."""
+    from gpumemdoctor._agent.peak.peak import ALL_STORAGES, GRADIENTS, PARAMETERS, STATE
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(16, 8), torch.nn.Linear(8, 4)
+    first, second = torch.optim.AdamW(a.parameters()), torch.optim.SGD(b.parameters(), momentum=0.9)
+    b(a(torch.randn(4, 16))).sum().backward()
+    first.step()
+    second.step()
+    watch = _watch(first, second)
+    one_seen, one_sizes = {}, {}
+    watch.optimizer_figures(CPU, [0, 0, 0], one_seen, one_sizes, ALL_STORAGES)
+    seen, sizes = {}, {}
+    watch.optimizer_figures(CPU, [0, 0, 0], seen, sizes, GRADIENTS)
+    assert set(seen.values()) == {2} and len(seen) == 4
+    watch.optimizer_figures(CPU, [0, 0, 0], seen, sizes, PARAMETERS | STATE, 2)
+    assert seen == one_seen and sizes == one_sizes and set(seen.values()) == {1, 2, 3}
+    # Only the optimizers that had stepped at the reading's moment: the first one here.
+    seen = {}
+    watch.optimizer_figures(CPU, [0, 0, 0], seen, {}, PARAMETERS, 1)
+    assert len(seen) == 2 and set(seen.values()) == {1}

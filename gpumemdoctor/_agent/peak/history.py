@@ -372,7 +372,7 @@ class History:
         return reading.events_only(torch, self.incref)
 
     def _take(self, index: int):
-        return reading.take(self, index)
+        return reading.take(self, index, True)
 
     def _walk_part(self, deadline):
         return reading.walk(self, self.taken, True, deadline)

@@ -60,6 +60,10 @@ PROBE_BUDGET_S = 0.008  # of the program's time, on its main thread, per probe
 MAX_OPTIMIZERS = 16
 
 
+PARAMETERS, GRADIENTS, STATE = 1, 2, 4  # optimizer_figures' `which`: the storages it reads
+ALL_STORAGES = PARAMETERS | GRADIENTS | STATE
+
+
 class PeakWatch:
     """The captures at new highs, and the probes they ask of the main thread."""
 
@@ -194,10 +198,11 @@ class PeakWatch:
             f'"gradients":{grads},"optimizer_state":{state},"optimizers":[{names}],'
             f'"where":{_text(where)},"inside":{_text(inside)},"paused":{_bool(not self.exiting and self.paused())}}}')
 
-    def optimizer_figures(self, index: int, figures: list, seen: dict | None = None, sizes: dict | None = None) -> str:
-        """optimizer_figures() of the optimizers that have stepped, on one device: for the captures,
-        history.py's readings and oom.py's."""
-        return optimizer_figures(self.optimizers, index, figures, seen, sizes)
+    def optimizer_figures(self, index: int, figures: list, seen: dict | None = None, sizes: dict | None = None,
+                          which: int = ALL_STORAGES, count: int | None = None) -> str:
+        """optimizer_figures() of the optimizers that have stepped (the first `count` of them), on one
+        device: for the captures, history.py's readings and oom.py's."""
+        return optimizer_figures(self.optimizers, index, figures, seen, sizes, which, count)
 
     def paused(self) -> bool:
         """Whether the program's steps have paused (an evaluation between them)."""
@@ -307,34 +312,40 @@ def place(frame) -> tuple[str | None, str | None]:
 
 
 def optimizer_figures(optimizers: list, index: int, figures: list, seen: dict | None = None,
-                      sizes: dict | None = None) -> str:
+                      sizes: dict | None = None, which: int = ALL_STORAGES, count: int | None = None) -> str:
     """The JSON rows `["class",p,g,s],...` of every optimizer in `optimizers` (weak references: the
     ones that have stepped) on one device, and their parameters, gradients and optimizer state added
     up into `figures` (three items): each storage counted once, in the first of those categories it
     belongs to (`seen`, when given, is left with {storage address: 1, 2 or 3}, and `sizes` with their
     bytes: history.py's readings). It makes no container but its `seen` dict and strings (not even a
     tuple to return): a capture runs inside the program's step and must leave the collector's count
-    as it was."""
+    as it was. `which` (PARAMETERS, GRADIENTS, STATE, or'd) and `count` (the first so many
+    optimizers) read a part of them: a reading put off reads the gradients at its moment, and the
+    rest, which stay while an optimizer steps, at its walk (reading.py)."""
     if seen is None:
         seen = {}  # storage address -> category: each storage counted once
     params = grads = state = 0
     names = ""
-    for ref in optimizers:
-        opt = ref()
+    n = len(optimizers) if count is None or count > len(optimizers) else count
+    for k in range(n):
+        opt = optimizers[k]()
         if opt is None:
             continue
         p_bytes = g_bytes = s_bytes = 0
         try:
             for group in opt.param_groups:
                 for p in group["params"]:
-                    p_bytes += _count(p, index, seen, 1, sizes)
-                    g = p.grad
-                    if g is not None:
-                        g_bytes += _count(g, index, seen, 2, sizes)
-                    st = opt.state.get(p)
-                    if st:
-                        for v in st.values():
-                            s_bytes += _count(v, index, seen, 3, sizes)
+                    if which & PARAMETERS:
+                        p_bytes += _count(p, index, seen, 1, sizes)
+                    if which & GRADIENTS:
+                        g = p.grad
+                        if g is not None:
+                            g_bytes += _count(g, index, seen, 2, sizes)
+                    if which & STATE:
+                        st = opt.state.get(p)
+                        if st:
+                            for v in st.values():
+                                s_bytes += _count(v, index, seen, 3, sizes)
         except Exception:
             pass
         params += p_bytes

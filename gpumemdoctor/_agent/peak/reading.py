@@ -2,10 +2,11 @@
 in two steps of the program, so that neither pause is the whole reading's:
 
 - `take`, at the reading's moment: PyTorch's statistics, its allocator snapshot with the events only
-  (`events_only`), the optimizers' storages, the marks and the library loop the program is in. The
-  snapshot's entries are kept (history.py holds them) until
+  (`events_only`), the optimizers' storages (where the walk is put off, their gradients only), the
+  marks and the library loop the program is in. The snapshot's entries are kept (history.py holds
+  them) until
 - `walk`, at once or over the next step samples, as long as history.WALK_SLICE_S allows at each:
-  the walk back (replay.Walk, which goes on where it stopped), the snapshot let go (LET_GO_CHUNK
+  the parameters' and optimizer state's storages where the take left them out, the walk back (replay.Walk, which goes on where it stopped), the snapshot let go (LET_GO_CHUNK
   entries at a time), the holder of a loop's gathered result where the program is still in that
   loop (loop_holder.py; such a walk is made at once), and the `peak_history` record as one JSON line.
 
@@ -24,13 +25,13 @@ from json.encoder import encode_basestring
 from . import replay, saved_by
 from ..search import loop_holder
 from ..neutral import HELD_SPARE
-from .peak import place
+from .peak import ALL_STORAGES, GRADIENTS, PARAMETERS, STATE, place
 
 RETRIES = 3  # readings made again because the ring did not reach back to the peak
 NO_POOL = (1 << 60, 1 << 60)  # a memory pool id no segment has: the snapshot's events without its segments
 # A taken reading: a list (no tuple: Bulk counts them), read by these indices.
 INDEX, SNAPSHOT, TRACE, COUNTER, ALLOCATED, RESERVED, STORAGES, SIZES, TIMES, KINDS, NOW, NOW_US, STEP, \
-    LOOP, CALLED, SNAPSHOT_S, FIGURES_S, TAKEN_S, WALK, REPLAY_S, PARTS, FOUND, FREED_S = range(23)
+    LOOP, CALLED, SNAPSHOT_S, FIGURES_S, TAKEN_S, WALK, REPLAY_S, PARTS, FOUND, FREED_S, OPTIMIZERS = range(24)
 LET_GO_CHUNK = 512  # the snapshot's entries let go between two looks at the clock
 # Library loops that gather a model's outputs on the GPU, whose own switches say how not to:
 # (file's ending, function) -> the name a reading records (diagnosis/allocated_peak.py has the remedy).
@@ -43,9 +44,12 @@ LOOP_MODULES = ("transformers.trainer", "lightning.pytorch.loops.evaluation_loop
                 "pytorch_lightning.loops.evaluation_loop")
 
 
-def take(history, index: int):
+def take(history, index: int, put_off: bool = False):
     """The reading's first part (see the module's docstring), as a list, or an error record's line.
-    `history`: the History reading (its shared state, its sampler's stats, its peak watch's figures)."""
+    `history`: the History reading (its shared state, its sampler's stats, its peak watch's figures).
+    A reading whose walk is `put_off` reads the optimizers' gradients only: their parameters and
+    state, which stay while they step, are read at the walk's first part (OPTIMIZERS: how many
+    optimizers had stepped at this moment)."""
     shared = history.shared
     torch = shared.torch
     began = time.perf_counter()
@@ -63,7 +67,10 @@ def take(history, index: int):
         del traces
         storages: dict = {}
         sizes: dict = {}
-        history.peak_watch.optimizer_figures(index, [0, 0, 0], storages, sizes)
+        watch = history.peak_watch
+        stepped = len(watch.optimizers) if put_off else None
+        watch.optimizer_figures(index, [0, 0, 0], storages, sizes, GRADIENTS if put_off else ALL_STORAGES)
+        del watch
         times: list = []
         kinds: list = []
         history.marks.ordered(times, kinds, trace[0]["time_us"] if trace else 0)
@@ -76,7 +83,7 @@ def take(history, index: int):
         figures_s = time.perf_counter() - started - snapshot_s
         return [index, snapshot, trace, counter, allocated, reserved, storages, sizes, times, kinds, now, now_us,
                 shared.steps, loop, called, snapshot_s, figures_s, time.perf_counter() - began, None, 0.0, 0,
-                None, 0.0]
+                None, 0.0, stepped]
     except Exception as exc:
         return error_line(history.readings, index, exc)
 
@@ -93,6 +100,9 @@ def walk(history, taken: list, put_off: bool, deadline=None):
         taken[PARTS] += 1
         w = taken[WALK]
         if w is None:  # (the first part)
+            if taken[OPTIMIZERS] is not None:  # the storages that stay, of the optimizers that had stepped
+                history.peak_watch.optimizer_figures(index, [0, 0, 0], taken[STORAGES], taken[SIZES],
+                                                     PARAMETERS | STATE, taken[OPTIMIZERS])
             trace = taken[TRACE]
             w = taken[WALK] = replay.Walk(trace, taken[ALLOCATED], taken[TIMES], taken[KINDS], taken[STORAGES],
                                           taken[SIZES], taken[RESERVED], taken[COUNTER],
