@@ -164,6 +164,7 @@ class History:
         self.taken = None  # a reading whose walk was put off to a later step's sample (reading.take)
         self.walk_at = 0  # ... at the first step sample once the program has made this many steps
         self.walked_s = 0.0  # the parts of that walk so far
+        self.taken_s = 0.0  # ... and its first part's, once it is done
         self.skipped = 0  # step samples in a row that made no part of it (WALK_BUSY_S)
         self.callback = self.add_pending = None
         self.main_ident = threading.main_thread().ident
@@ -363,8 +364,7 @@ class History:
 
     def _done(self, line: str) -> None:
         """A walk's record, with the time of both parts (the walk's, over all the steps it took)."""
-        taken, self.taken = self.taken, None
-        _record(self.shared.channel, line, taken[reading.TAKEN_S] + self.walked_s)
+        _record(self.shared.channel, line, self.taken_s + self.walked_s)
         self.walked_s = 0.0
 
     def snapshot(self, torch) -> dict:
@@ -375,7 +375,11 @@ class History:
         return reading.take(self, index, True)
 
     def _walk_part(self, deadline):
-        return reading.walk(self, self.taken, True, deadline)
+        line = reading.walk(self, self.taken, True, deadline)
+        if line is not None:  # done: the list let go inside the Bulk run, as all the reading made
+            self.taken_s = self.taken[reading.TAKEN_S]
+            self.taken = None
+        return line
 
     def _whole(self, index: int) -> str:
         """Both parts in one run (reading.py)."""
