@@ -93,7 +93,8 @@ def walk(history, taken: list, put_off: bool, deadline=None):
     record as one JSON line, without `elapsed_s` (history.py adds it), or "" where the events hold no
     allocation; lets the snapshot go. With a `deadline` (time.perf_counter()), the walk back
     (replay.Walk) and the letting go stop there and this returns None: the next call goes on from
-    where it stopped (`walk_parts` in the record: the calls it took)."""
+    where it stopped (`walk_parts` in the record: the calls it took; `replay_s`: their walk, the
+    storages read at the first among it)."""
     index = taken[INDEX]
     try:
         started = time.perf_counter()
