@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gpumemdoctor._agent.readings.felt import GROWTH_WATCH, SAMPLE, STEP_END, STEP_RING, WARMUP_STEPS, Felt
+from gpumemdoctor._agent.readings.felt import GAP_WARMUP_STEPS, GROWTH_WATCH, SAMPLE, STEP_END, STEP_RING, Felt
 from gpumemdoctor.diagnosis import step_gaps
 
 
@@ -17,7 +17,7 @@ def _steps(felt: Felt, gaps: list[float], start: float = 100.0) -> None:
 
 def test_the_longest_gap_after_warm_up_with_what_ran_in_it():
     felt = Felt()
-    gaps = [2.0] * (WARMUP_STEPS + 1) + [0.005] * 30 + [0.3] + [0.005] * 10  # a slow start, then a stall
+    gaps = [2.0] * (GAP_WARMUP_STEPS + 1) + [0.005] * 30 + [0.3] + [0.005] * 10  # a slow start, then a stall
     t = 100.0
     for step, gap in enumerate(gaps, 1):
         if gap == 0.3:
@@ -30,12 +30,12 @@ def test_the_longest_gap_after_warm_up_with_what_ran_in_it():
         t += gap
         felt.step_end(t, step)
     r = felt.record()
-    assert r["step_gap_max_step"] == WARMUP_STEPS + 1 + 31  # the warm-up's 2 s gaps are not counted
+    assert r["step_gap_max_step"] == GAP_WARMUP_STEPS + 1 + 31  # the warm-up's 2 s gaps are not counted
     assert abs(r["step_gap_max_s"] - 0.3) < 1e-9 and abs(r["step_gap_agent_s"] - 0.002) < 1e-9
     assert r["step_gap_agent_parts"] == {"sample": 0.0005, "growth_watch": 0.0015}
     assert abs(r["step_gap_collection_s"] - 0.281) < 1e-9 and r["step_gap_collection_generation"] == 2
     assert abs(r["step_gap_typical_s"] - 0.005) < 1e-9
-    assert r["step_gaps"] == len(gaps) - WARMUP_STEPS - 1
+    assert r["step_gaps"] == len(gaps) - GAP_WARMUP_STEPS - 1
 
 
 def test_what_ran_in_a_gap_is_counted_in_that_gap_only():
@@ -54,7 +54,7 @@ def test_what_ran_in_a_gap_is_counted_in_that_gap_only():
 
 def test_the_typical_gap_is_the_median_of_the_ring_before_the_longest():
     felt = Felt()
-    _steps(felt, [0.01] * (WARMUP_STEPS + 1) + [0.001 * k for k in range(1, 40)] + [1.0])
+    _steps(felt, [0.01] * (GAP_WARMUP_STEPS + 1) + [0.001 * k for k in range(1, 40)] + [1.0])
     r = felt.record()
     before = sorted(0.001 * k for k in range(40 - STEP_RING, 40))
     assert abs(r["step_gap_typical_s"] - before[STEP_RING // 2]) < 1e-9
@@ -102,7 +102,7 @@ def test_the_longest_gap_between_steps_starts():
         t += wait
     r = felt.record()
     assert r["step_start_gap_max_step"] == 21 and abs(r["step_start_gap_max_s"] - 0.045) < 1e-9, r
-    assert r["step_gaps"] == 39 - WARMUP_STEPS - 1
+    assert r["step_gaps"] == 39 - GAP_WARMUP_STEPS - 1
 
 
 def test_the_agents_step_inputs_hook_stamps_the_start():
@@ -133,7 +133,7 @@ def test_what_ran_between_two_starts_is_kept_beside_the_ends():
     assert r["step_gap_max_step"] == 20 and r["step_gap_agent_parts"] == {"growth_watch": 0.003}
     assert r["step_start_gap_max_step"] == 21 and abs(r["step_start_gap_max_s"] - 0.008) < 1e-9
     assert r["step_start_gap_agent_parts"] == {"growth_watch": 0.003} and r["step_start_gap_agent_s"] == 0.003
-    assert abs(r["step_start_gap_typical_s"] - 0.005) < 1e-9 and r["step_start_gaps"] == 29 - WARMUP_STEPS - 1
+    assert abs(r["step_start_gap_typical_s"] - 0.005) < 1e-9 and r["step_start_gaps"] == 29 - GAP_WARMUP_STEPS - 1
     assert r["step_start_gap_collection_s"] == 0 and r["step_start_gap_collection_generation"] is None
 
 

@@ -4,7 +4,7 @@ The agent's own figures count its own work. A program feels more: whatever stops
 between two step ends, the agent's work on any thread (which holds the GIL) and the collector's
 runs, whoever made them due. `Felt` stamps each step's end (the optimizer's step hook, or
 gpumemdoctor.step(), after the agent's own work there: where a callback of the program at the
-step's end would stamp it) and keeps the longest gap after the first WARMUP_STEPS steps (their
+step's end would stamp it) and keeps the longest gap after the first GAP_WARMUP_STEPS steps (their
 kernels load and autotune), with what ran inside it:
 - `agent_s`: the agent's work the program waited for in that gap (its work at the step's end,
   its samples on its own thread, its collector callback's readings, its calls on the main thread),
@@ -26,7 +26,10 @@ import time
 
 from ...contract import AGENT_PARTS
 
-WARMUP_STEPS = 5  # the gaps that end at these steps (and the next) are not counted (corpus/_common.py's)
+# The gaps that end at these steps (and the next) are not counted, as corpus/_common.py's
+# STEP_GAP_MAX_MS (which benchmarks/step_gaps.py reads) skips its WARMUP_STEPS. Not
+# contract.WARMUP_STEPS, the growth rules' warm-up (10 steps).
+GAP_WARMUP_STEPS = 5
 STEP_RING = 16
 PARTS = AGENT_PARTS  # the parts of the agent whose work a gap holds (`add`'s first argument is the index)
 STEP_END, SAMPLE, GROWTH_WATCH, PHASE_WATCH, PEAK_WATCH, HISTORY, HISTORY_READ, PEAK_PROBE, PHASE_SEARCH, \
@@ -141,7 +144,7 @@ class Felt:
         """A step ended at `now` (perf_counter), the agent's work at it done."""
         last, self.last_end = self.last_end, now
         self.step = step
-        if step > WARMUP_STEPS + 1 and last:
+        if step > GAP_WARMUP_STEPS + 1 and last:
             self.ends.gap(now - last, step, self.since_end)
         self.since_end.clear()
 
@@ -151,7 +154,7 @@ class Felt:
         if step == self.started:
             return
         last, self.last_start = self.last_start, now
-        if step > WARMUP_STEPS + 1 and last and self.started == step - 1:
+        if step > GAP_WARMUP_STEPS + 1 and last and self.started == step - 1:
             self.starts.gap(now - last, step, self.since_start)
         self.started = step
         self.since_start.clear()
