@@ -40,7 +40,7 @@ from . import reading, replay
 from .. import main_thread
 from ..readings.felt import HISTORY_READ, count_since
 from ..search.blocks import py_incref
-from ..neutral import BULK_BALLAST, BULK_SPARE, HELD_SPARE, Bulk, quiet_gc
+from ..neutral import BULK_BALLAST, Bulk, quiet_gc
 from .peak import new_high
 from .saved_by import AT_STEP_END
 from ...contract import ENV_SNAPSHOT
@@ -341,31 +341,23 @@ class History:
     def advance(self) -> None:
         """A part of the walk put off, as long as WALK_SLICE_S allows (where the ballast left can
         keep what the walk holds between two parts: else the rest at once); its record once done."""
-        bulk = self.bulk
-        if len(bulk.ballast) < BULK_SPARE + HELD_SPARE:
-            self.finish()
-            return
+        self._part(WALK_SLICE_S if self.bulk.can_hold(0) else None)
+
+    def finish(self) -> None:
+        """The rest of the walk put off (reading.walk) at once, and its record."""
+        self._part(None)
+
+    def _part(self, slice_s) -> None:
+        """The walk put off, for `slice_s` (None: to its end); where it ends, its record, with the time
+        of both parts (the walk's over all the steps it took)."""
         started = time.perf_counter()
-        line = bulk.run(self._walk_part, started + WALK_SLICE_S)
+        line = self.bulk.run(self._walk_part, None if slice_s is None else started + slice_s)
         spent = time.perf_counter() - started
         _count(self.shared.cost, spent)
         self.walked_s += spent
         if line is not None:
-            self._done(line)
-
-    def finish(self) -> None:
-        """The rest of the walk put off (reading.walk) at once, and its record."""
-        started = time.perf_counter()
-        line = self.bulk.run(self._walk_part, None)
-        spent = time.perf_counter() - started
-        _count(self.shared.cost, spent)
-        self.walked_s += spent
-        self._done(line)
-
-    def _done(self, line: str) -> None:
-        """A walk's record, with the time of both parts (the walk's, over all the steps it took)."""
-        _record(self.shared.channel, line, self.taken_s + self.walked_s)
-        self.walked_s = 0.0
+            _record(self.shared.channel, line, self.taken_s + self.walked_s)
+            self.walked_s = 0.0
 
     def snapshot(self, torch) -> dict:
         """The allocator's snapshot with the events only (saved_by.py's reading too)."""

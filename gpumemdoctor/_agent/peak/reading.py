@@ -6,8 +6,9 @@ in two steps of the program, so that neither pause is the whole reading's:
   marks and the library loop the program is in. The snapshot's entries are kept (history.py holds
   them) until
 - `walk`, at once or over the next step samples, as long as history.WALK_SLICE_S allows at each:
-  the parameters' and optimizer state's storages where the take left them out, the walk back (replay.Walk, which goes on where it stopped), the snapshot let go (LET_GO_CHUNK
-  entries at a time), the holder of a loop's gathered result where the program is still in that
+  the parameters' and optimizer state's storages where the take left them out, the walk back
+  (replay.Walk, which goes on where it stopped), the snapshot let go (LET_GO_CHUNK entries at a
+  time), the holder of a loop's gathered result where the program is still in that
   loop (loop_holder.py; such a walk is made at once), and the `peak_history` record as one JSON line.
 
 Both run inside neutral.Bulk with automatic collection held off, each leaving the collector's count
@@ -67,10 +68,9 @@ def take(history, index: int, put_off: bool = False):
         del traces
         storages: dict = {}
         sizes: dict = {}
-        watch = history.peak_watch
-        stepped = len(watch.optimizers) if put_off else None
-        watch.optimizer_figures(index, [0, 0, 0], storages, sizes, GRADIENTS if put_off else ALL_STORAGES)
-        del watch
+        stepped = len(history.peak_watch.optimizers) if put_off else None
+        history.peak_watch.optimizer_figures(index, [0, 0, 0], storages, sizes,
+                                             GRADIENTS if put_off else ALL_STORAGES)
         times: list = []
         kinds: list = []
         history.marks.ordered(times, kinds, trace[0]["time_us"] if trace else 0)

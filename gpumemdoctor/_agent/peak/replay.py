@@ -73,7 +73,7 @@ class Walk:
 
     __slots__ = ("trace", "allocated", "times", "kinds", "storages", "sizes", "reserved", "counter", "ring_full",
                  "stage", "i", "state", "waiting", "blocks", "made", "freed", "later", "keys", "known", "parts",
-                 "unbacked", "held", "result")
+                 "unbacked", "held", "peak_t", "stretch", "end_t", "result")
 
     def __init__(self, trace: list, allocated: int, times: list, kinds: list, storages: dict, sizes: dict,
                  reserved: int | None = None, counter: int | None = None, ring_full: bool = False):
@@ -104,6 +104,7 @@ class Walk:
         # block, flat, so that what a Walk keeps between two parts is a few containers (_blocks).
         self.unbacked: list = []
         self.held: list = []
+        self.peak_t = self.stretch = self.end_t = None  # SPLIT: the peak's time, its stretch's start, "still held"
         self.result = None
 
     def run(self, deadline) -> bool:
@@ -128,22 +129,28 @@ class Walk:
                 done += (hi - k) // 2
                 self.i = hi
                 if hi == len(blocks):
-                    self.stage = SPLIT
-                    self.keys = list(self.made)
-                    self.i = 0
+                    self._start_split()
             else:
                 done += self._split()
         return True
+
+    def _start_split(self) -> None:
+        trace = self.trace
+        best_i = self.state[2]
+        self.peak_t = trace[best_i - 1]["time_us"] if best_i > 0 else trace[0]["time_us"]
+        self.stretch = _last(self.times, self.kinds, self.peak_t, STEP_END)  # the stretch the peak fell in began here
+        self.end_t = trace[len(trace) - 1]["time_us"] + 1  # "still held" (for _gathered)
+        self.keys = list(self.made)
+        self.i = 0
+        self.stage = SPLIT
 
     def _split(self) -> int:
         """A CHUNK of the blocks live at the peak put in their parts; after the last, the rest. How
         many blocks it went through."""
         trace = self.trace
         best_i = self.state[2]
-        peak_t = trace[best_i - 1]["time_us"] if best_i > 0 else trace[0]["time_us"]
+        peak_t, stretch, end_t = self.peak_t, self.stretch, self.end_t
         times, kinds = self.times, self.kinds
-        stretch = _last(times, kinds, peak_t, STEP_END)  # the stretch of the program the peak fell in began here
-        end_t = trace[len(trace) - 1]["time_us"] + 1  # "still held" (for _gathered)
         keys = self.keys
         hi = self.i + CHUNK if self.i + CHUNK < len(keys) else len(keys)
         self.known += _split_made(self.made, self.freed, self.storages, times, kinds, stretch, peak_t, end_t,
@@ -217,13 +224,13 @@ def _walk_back_part(trace: list, waiting: dict, blocks: list, state: list, lo: i
     state[5] = seen
 
 
-def _live_at(trace: list, blocks: list, best_i: int, made: dict, freed: dict, later: dict, lo: int = 0,
-             hi: int | None = None) -> None:
+def _live_at(trace: list, blocks: list, best_i: int, made: dict, freed: dict, later: dict, lo: int,
+             hi: int) -> None:
     """Of the allocations in `blocks[lo:hi]` (_walk_back_part's pairs of indices), those live at the
     state before entry `best_i` put in `made` (address: the allocation's entry) and, where freed since,
     in `freed` (address: the free's time_us); those made after it and still allocated put in `later`."""
     n = len(trace)
-    for k in range(lo, len(blocks) if hi is None else hi, 2):
+    for k in range(lo, hi, 2):
         j = blocks[k]
         f = blocks[k + 1]
         if j < best_i <= f:
