@@ -21,9 +21,8 @@ import statistics
 import time
 from pathlib import Path
 
-from gpumemdoctor._agent.peak import replay
+from gpumemdoctor._agent.peak import reading, replay
 from gpumemdoctor._agent.peak.history import WALK_SLICE_S
-from gpumemdoctor._agent.peak.reading import LET_GO_CHUNK
 
 
 GPT2 = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "history" / "gpt2-124m-h100.json.gz"
@@ -80,21 +79,22 @@ def made_up_trace(steps: int, activations: int) -> tuple[list, list, list]:
 
 
 def parts(make, slice_s: float) -> tuple[float, float, int]:
-    """(all parts' time, the longest part's, how many parts): the walk, then the entries let go from
-    the trace's own list by chunks, as reading.py does."""
+    """(all parts' time, the longest part's, how many parts): the walk, then the entries let go by
+    reading.py's own `_let_go` (a reading made at once's: no ballast to lift, no Bulk run around it)."""
     trace, times, kinds = make()
+    taken = [None] * (reading.OPTIMIZERS + 1)
+    taken[reading.TRACE] = trace
     walk = replay.Walk(trace, 10 << 30, times, kinds, {}, {}, 12 << 30, None)
+    del trace
     spent = []
     while True:
         started = time.perf_counter()
         deadline = started + slice_s
         if walk is not None and walk.run(deadline):
             walk = None  # (its result kept; what it held of the entries let go with it)
-        if walk is None:
-            while trace and time.perf_counter() <= deadline:
-                del trace[len(trace) - LET_GO_CHUNK:]
+        gone = walk is None and reading._let_go(None, taken, False, deadline)
         spent.append(time.perf_counter() - started)
-        if walk is None and not trace:
+        if gone:
             return sum(spent), max(spent), len(spent)
 
 
