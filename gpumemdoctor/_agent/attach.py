@@ -53,7 +53,8 @@ FINAL_SAMPLE_S = 0.5
 _MISSING = object()
 # What the agent's start may wrap: (module, attribute path). Put back at the leave where unchanged since.
 WRAPPED = (("os", "_exit"), ("threading", "Thread._bootstrap_inner"), ("torch.autograd", "backward"),
-           ("torch.distributed.distributed_c10d", "init_process_group"), ("torch.distributed", "init_process_group"))
+           ("torch.distributed.distributed_c10d", "init_process_group"), ("torch.distributed", "init_process_group"),
+           ("torch._C", "_cuda_memorySnapshot"))
 
 _retired: list = []  # attachments that left, kept until the pending calls queued before their leave ran
 _drain = (None, None)  # the leave's last pending call (callback, Py_AddPendingCall): made once, kept

@@ -49,6 +49,7 @@ from .peak.phase_watch import PhaseWatch
 from .peak.peak import PeakWatch
 from .peak.history import History
 from .peak.saved_by import ForwardWatch
+from .search.blocks import quiet_program_snapshots
 from .readings.step_inputs import StepInputs
 from .peak.replay import STEP, STEP_END
 from .readings.libraries import KNOWN, LibraryWatcher, record as library_record
@@ -113,6 +114,10 @@ class Agent:
                 register_optimizer_step_post_hook(self._on_optimizer_step)
                 if shared.run_dir:  # known from its first step on: a reading inside that step counts its parts
                     register_optimizer_step_pre_hook(self._on_optimizer_pre_step)
+            except Exception:
+                pass
+            try:  # the program's own snapshots, which the history recorded makes name their frames
+                quiet_program_snapshots(torch)
             except Exception:
                 pass
             if shared.run_dir:
