@@ -302,3 +302,42 @@ def test_a_single_cat_s_pieces_and_its_pause_are_named_alike_in_three_h200_runs(
         pause = next(f for f in report["findings"] if f["kind"] == "avoidable-peak")
         assert pause["suspects"][0]["holders"][0]["pattern"].endswith("build_index() at peak_single_cat.py local chunks[*]")
         assert "gathers every batch's tensors" in pause["suspects"][0]["remedy"]
+
+
+CALL4 = FIXTURES / "issue56_h200_call4"  # three runs each on the final agent, 2026-12-04 (README.md)
+
+
+def _seen(report: dict) -> tuple:
+    return (report["verdict"], sorted((f["kind"], tuple(sorted(c["claim"] for c in f.get("claims") or [])))
+                                      for f in report["findings"] if f["kind"] != "context"))
+
+
+@pytest.mark.parametrize("stem", [*gpu.ISSUE_56, "corpus/hf_trainer_train_eval_logits"])
+def test_the_final_agents_three_h200_runs_of_each_shape_agree(stem):
+    """Issue 56's done-when, on the recordings of its last calls: the same verdict, findings and claims
+    in all three runs of each of the seven shapes, as judged now."""
+    seen = [_seen(rejudged(CALL4 / f"{stem}.run{i}.json")) for i in range(3)]
+    assert seen[0] == seen[1] == seen[2], seen
+
+
+def _call4(path: Path) -> dict:
+    key = f"call4/{path.stem}"
+    if key not in _CACHE:
+        _CACHE[key] = rejudged(CALL4 / f"{path.stem}.run0.json")
+    return _CACHE[key]
+
+
+@pytest.mark.parametrize("name", gpu.ISSUE_56)
+def test_the_final_agents_recordings_claim_only_what_was_seen(name):
+    gpu.test_the_new_shapes_claim_only_what_was_seen(name, _call4)
+
+
+def test_the_final_agents_recordings_pass_the_gpu_checks():
+    gpu.test_thread_local_buffers_freed_by_the_shutdown_are_a_leak_held_until_the_end(_call4)
+    gpu.test_an_error_under_a_memory_fraction_is_held_to_its_limit(_call4)
+    gpu.test_one_cat_of_64_chunks_names_the_concatenation_and_its_pieces(_call4)
+    gpu.test_a_metric_state_in_a_short_loop_is_a_leak_by_its_structure(_call4)
+    gpu.test_cuda_graphs_pools_are_the_graphs_memory(_call4)
+    trainer = rejudged(CALL4 / "corpus" / "hf_trainer_train_eval_logits.run0.json")
+    found = [f for f in trainer["findings"] if "library-loop" in gpu.claim_names(f)]
+    assert found and "eval_accumulation_steps" in found[0]["remedy"], [f["summary"] for f in trainer["findings"]]
