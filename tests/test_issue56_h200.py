@@ -239,11 +239,24 @@ def test_split_pieces_within_the_allocated_peak_are_not_a_fragmented_peak():
 CALL2 = FIXTURES / "issue56_h200_call2"  # the six shapes at the session's last call (see its README)
 
 
-def _call2(path: Path) -> dict:
-    key = f"call2/{path.stem}"
+def _cached(folder: Path, name: str) -> dict:
+    key = f"{folder.name}/{name}"
     if key not in _CACHE:
-        _CACHE[key] = rejudged(CALL2 / f"{path.stem}.json")
+        _CACHE[key] = rejudged(folder / name)
     return _CACHE[key]
+
+
+def _call2(path: Path) -> dict:
+    return _cached(CALL2, f"{path.stem}.json")
+
+
+def _gpu_checks(reports) -> None:
+    """tests/gpu/test_scenarios.py's checks of the six scenario shapes, over `reports`."""
+    gpu.test_thread_local_buffers_freed_by_the_shutdown_are_a_leak_held_until_the_end(reports)
+    gpu.test_an_error_under_a_memory_fraction_is_held_to_its_limit(reports)
+    gpu.test_one_cat_of_64_chunks_names_the_concatenation_and_its_pieces(reports)
+    gpu.test_a_metric_state_in_a_short_loop_is_a_leak_by_its_structure(reports)
+    gpu.test_cuda_graphs_pools_are_the_graphs_memory(reports)
 
 
 @pytest.mark.parametrize("name", gpu.ISSUE_56)
@@ -252,11 +265,7 @@ def test_the_last_calls_recordings_claim_only_what_was_seen(name):
 
 
 def test_the_last_calls_recordings_pass_the_gpu_checks():
-    gpu.test_thread_local_buffers_freed_by_the_shutdown_are_a_leak_held_until_the_end(_call2)
-    gpu.test_an_error_under_a_memory_fraction_is_held_to_its_limit(_call2)
-    gpu.test_one_cat_of_64_chunks_names_the_concatenation_and_its_pieces(_call2)
-    gpu.test_a_metric_state_in_a_short_loop_is_a_leak_by_its_structure(_call2)
-    gpu.test_cuda_graphs_pools_are_the_graphs_memory(_call2)
+    _gpu_checks(_call2)
 
 
 @pytest.mark.parametrize("name", ["leak_cuda_graph_pools", "leak_metric_state_short_loop"])
@@ -321,10 +330,7 @@ def test_the_final_agents_three_h200_runs_of_each_shape_agree(stem):
 
 
 def _call4(path: Path) -> dict:
-    key = f"call4/{path.stem}"
-    if key not in _CACHE:
-        _CACHE[key] = rejudged(CALL4 / f"{path.stem}.run0.json")
-    return _CACHE[key]
+    return _cached(CALL4, f"{path.stem}.run0.json")
 
 
 @pytest.mark.parametrize("name", gpu.ISSUE_56)
@@ -333,11 +339,7 @@ def test_the_final_agents_recordings_claim_only_what_was_seen(name):
 
 
 def test_the_final_agents_recordings_pass_the_gpu_checks():
-    gpu.test_thread_local_buffers_freed_by_the_shutdown_are_a_leak_held_until_the_end(_call4)
-    gpu.test_an_error_under_a_memory_fraction_is_held_to_its_limit(_call4)
-    gpu.test_one_cat_of_64_chunks_names_the_concatenation_and_its_pieces(_call4)
-    gpu.test_a_metric_state_in_a_short_loop_is_a_leak_by_its_structure(_call4)
-    gpu.test_cuda_graphs_pools_are_the_graphs_memory(_call4)
+    _gpu_checks(_call4)
     trainer = rejudged(CALL4 / "corpus" / "hf_trainer_train_eval_logits.run0.json")
     found = [f for f in trainer["findings"] if "library-loop" in gpu.claim_names(f)]
     assert found and "eval_accumulation_steps" in found[0]["remedy"], [f["summary"] for f in trainer["findings"]]
