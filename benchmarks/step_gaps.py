@@ -1,6 +1,7 @@
 """The pause the program feels, plain against under the tool (issue 57), on real-library loops.
 
-    python benchmarks/step_gaps.py [--pairs 3] [--only NAME ...] [--out PATH] [--raw PATH]
+    python benchmarks/step_gaps.py [--pairs 3] [--only NAME ...] [--also OPTIONS ...] [--step-times DIR]
+                                   [--keep DIR] [--out PATH] [--raw PATH]
 
 Runs corpus.py's interleaved pairs (plain, tool, plain, tool, ...) over four workloads of corpus/
 (two Lightning loops, one that keeps its step outputs and one clean; transformers GPT-2 124M with
@@ -9,7 +10,13 @@ AdamW; timm ResNet-50 with an EMA) and writes one row a pair:
     {"workload", "pair", "plain_worst_gap_s", "tool_worst_gap_s", "tool_reported_pause_s",
      "tool_reported_between", "tool_reported_collection_s", "tool_reported_agent_s",
      "tool_reported_agent_parts", "tool_reported_end_gap_s", "tool_reported_start_gap_s", "added_s",
-     "reported_minus_seen_s"}
+     "reported_minus_seen_s", "plain_step_s", "tool_step_s", "step_added_s"}
+
+`*_step_s` is the median step of the same run (STEP_TIME_MS): a worst gap that grows with every step
+(a cost paid in each step, not a pause in one gap) shows there. With --also "OPTIONS" each pair
+has one more tool run with those options (corpus.py's --also, e.g. "--trace off"), and its row
+carries "tool_mode": the options. --step-times DIR keeps every run's step times, --keep DIR each tool
+run's report (corpus.py's).
 
 `*_worst_gap_s` is the longest time between two step ends after the first five steps, as a callback
 of the program stamps it (corpus/_common.py's STEP_GAP_MAX_MS); `tool_reported_pause_s` is the
@@ -42,32 +49,44 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def rows(raw: dict) -> list[dict]:
-    """One row a pair, from corpus.py's JSON."""
+    """One row a pair and tool mode ("tool", then each --also's), from corpus.py's JSON."""
     out = []
     for name, workload in raw["workloads"].items():
         runs = workload["runs"]
+        modes = list(dict.fromkeys(r["mode"] for r in runs if r["mode"] != "plain"))
         for pair in sorted({r["pair"] for r in runs}):
             plain = next((r for r in runs if r["pair"] == pair and r["mode"] == "plain"), None)
-            tool = next((r for r in runs if r["pair"] == pair and r["mode"] == "tool"), None)
-            if plain is None or tool is None:
-                continue
-            gaps = tool.get("step_gaps") or {}
-            # What the report leads with (diagnosis/step_gaps.py): the starts' gap where it was read.
-            starts = gaps.get("step_start_gap_agent_s") is not None
-            kind = "step_start_gap" if starts else "step_gap"
-            reported = gaps.get(f"{kind}_max_s")
-            seen = tool["gap_max_ms"] / 1000
-            out.append({"workload": name, "pair": pair + 1, "plain_worst_gap_s": round(plain["gap_max_ms"] / 1000, 6),
-                        "tool_worst_gap_s": round(seen, 6), "tool_reported_pause_s": reported,
-                        "tool_reported_between": "starts" if starts else "ends",
-                        "tool_reported_collection_s": gaps.get(f"{kind}_collection_s"),
-                        "tool_reported_agent_s": gaps.get(f"{kind}_agent_s"),
-                        "tool_reported_agent_parts": gaps.get(f"{kind}_agent_parts"),
-                        "tool_reported_end_gap_s": gaps.get("step_gap_max_s"),
-                        "tool_reported_start_gap_s": gaps.get("step_start_gap_max_s"),
-                        "added_s": round(seen - plain["gap_max_ms"] / 1000, 6),
-                        "reported_minus_seen_s": None if reported is None else round(reported - seen, 6)})
+            for mode in modes:
+                tool = next((r for r in runs if r["pair"] == pair and r["mode"] == mode), None)
+                if plain is not None and tool is not None:
+                    out.append(_row(name, pair, plain, tool, mode))
     return out
+
+
+def _row(name: str, pair: int, plain: dict, tool: dict, mode: str) -> dict:
+    gaps = tool.get("step_gaps") or {}
+    # What the report leads with (diagnosis/step_gaps.py): the starts' gap where it was read.
+    starts = gaps.get("step_start_gap_agent_s") is not None
+    kind = "step_start_gap" if starts else "step_gap"
+    reported = gaps.get(f"{kind}_max_s")
+    seen = tool["gap_max_ms"] / 1000
+    row = {"workload": name, "pair": pair + 1, "plain_worst_gap_s": round(plain["gap_max_ms"] / 1000, 6),
+           "tool_worst_gap_s": round(seen, 6), "tool_reported_pause_s": reported,
+           "tool_reported_between": "starts" if starts else "ends",
+           "tool_reported_collection_s": gaps.get(f"{kind}_collection_s"),
+           "tool_reported_agent_s": gaps.get(f"{kind}_agent_s"),
+           "tool_reported_agent_parts": gaps.get(f"{kind}_agent_parts"),
+           "tool_reported_end_gap_s": gaps.get("step_gap_max_s"),
+           "tool_reported_start_gap_s": gaps.get("step_start_gap_max_s"),
+           "added_s": round(seen - plain["gap_max_ms"] / 1000, 6),
+           "reported_minus_seen_s": None if reported is None else round(reported - seen, 6)}
+    steps = plain.get("step_time_ms"), tool.get("step_time_ms")
+    if None not in steps:
+        row.update({"plain_step_s": round(steps[0] / 1000, 6), "tool_step_s": round(steps[1] / 1000, 6),
+                    "step_added_s": round((steps[1] - steps[0]) / 1000, 6)})
+    if mode != "tool":
+        row["tool_mode"] = mode[len("tool "):]
+    return row
 
 
 def _parts(row: dict) -> str:
@@ -84,12 +103,20 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=3)
     p.add_argument("--only", action="append", choices=WORKLOADS)
+    p.add_argument("--also", action="append", default=[], metavar="OPTIONS",
+                   help='one more tool run a pair, with these options of `run` (e.g. "--trace off")')
+    p.add_argument("--step-times", metavar="DIR", help="keep every run's step times here (corpus.py's)")
+    p.add_argument("--keep", metavar="DIR", help="keep each tool run's report here (corpus.py's): its peak "
+                   "probes' and readings' costs")
     p.add_argument("--out", metavar="PATH")
     p.add_argument("--raw", metavar="PATH")
     args = p.parse_args(argv)
     raw_path = args.raw or os.path.join(tempfile.mkdtemp(prefix="gpumemdoctor-gaps-"), "corpus.json")
     only = [a for name in (args.only or WORKLOADS) for a in ("--only", name)]
-    status = corpus.main(["--repeats", str(args.pairs), *only, "--json", raw_path])
+    also = [a for extra in args.also for a in ("--also", extra)]
+    times = ["--step-times", args.step_times] if args.step_times else []
+    keep = ["--keep", args.keep] if args.keep else []
+    status = corpus.main(["--repeats", str(args.pairs), *only, *also, *times, *keep, "--json", raw_path])
     if not os.path.exists(raw_path):
         return status  # (no GPU: corpus.py said so)
     with open(raw_path, encoding="utf-8") as f:
@@ -101,14 +128,17 @@ def main(argv: list[str] | None = None) -> int:
     with open(out, "w", encoding="utf-8") as f:
         json.dump(table, f, indent=1)
         f.write("\n")
-    print(f"\n{'workload':28s} pair  plain ms   tool ms  reported ms  in it: gc ms, agent ms  added ms  ok  "
-          "the agent's largest parts in it")
+    print(f"\n{'workload':28s} pair  plain ms   tool ms  reported ms  in it: gc ms, agent ms  added ms  "
+          "step+ ms  ok  the agent's largest parts in it")
     for r in table:
         rep = r["tool_reported_pause_s"]
-        print(f"{r['workload']:28s} {r['pair']:4d} {r['plain_worst_gap_s'] * 1000:9.1f} {r['tool_worst_gap_s'] * 1000:9.1f}"
+        step = r.get("step_added_s")
+        label = r["workload"] + (f" ({r['tool_mode']})" if "tool_mode" in r else "")
+        print(f"{label:28s} {r['pair']:4d} {r['plain_worst_gap_s'] * 1000:9.1f} {r['tool_worst_gap_s'] * 1000:9.1f}"
               f" {'-' if rep is None else f'{rep * 1000:12.1f}'}"
               f"  {(r['tool_reported_collection_s'] or 0) * 1000:9.1f}, {(r['tool_reported_agent_s'] or 0) * 1000:8.1f}"
-              f"  {r['added_s'] * 1000:+8.1f}  {'yes' if within(r) else 'NO ':3s} {_parts(r)}")
+              f"  {r['added_s'] * 1000:+8.1f}  {'-' if step is None else f'{step * 1000:+8.2f}':>8s}"
+              f"  {'yes' if within(r) else 'NO ':3s} {_parts(r)}")
     print(f"rows: {out}")
     return status
 

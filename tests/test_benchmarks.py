@@ -290,8 +290,8 @@ def test_step_gaps_writes_one_row_a_pair_with_the_reported_figure(monkeypatch):
             "step_start_gap_agent_s": 0.0012, "step_start_gap_agent_parts": {"sample": 0.0012},
             "step_start_gap_collection_s": 0.0}
     raw = {"workloads": {"lightning_clean": {"runs": [
-        {"mode": "plain", "pair": 0, "gap_max_ms": 7.0}, {"mode": "tool", "pair": 0, "gap_max_ms": 8.0,
-                                                           "step_gaps": felt},
+        {"mode": "plain", "pair": 0, "gap_max_ms": 7.0, "step_time_ms": 4.0},
+        {"mode": "tool", "pair": 0, "gap_max_ms": 8.0, "step_time_ms": 5.25, "step_gaps": felt},
         {"mode": "plain", "pair": 1, "gap_max_ms": 7.0}, {"mode": "tool", "pair": 1, "gap_max_ms": 340.0,
                                                            "step_gaps": {**felt, "step_start_gap_max_s": 0.33}}]}}}
     got = step_gaps.rows(raw)
@@ -300,10 +300,48 @@ def test_step_gaps_writes_one_row_a_pair_with_the_reported_figure(monkeypatch):
                       "tool_reported_pause_s": 0.0079, "tool_reported_between": "starts",
                       "tool_reported_collection_s": 0.0, "tool_reported_agent_s": 0.0012,
                       "tool_reported_agent_parts": {"sample": 0.0012}, "tool_reported_end_gap_s": 0.0071,
-                      "tool_reported_start_gap_s": 0.0079, "added_s": 0.001, "reported_minus_seen_s": -0.0001}
+                      "tool_reported_start_gap_s": 0.0079, "added_s": 0.001, "reported_minus_seen_s": -0.0001,
+                      "plain_step_s": 0.004, "tool_step_s": 0.00525, "step_added_s": 0.00125}
+    assert "plain_step_s" not in got[1]  # (a run without its median step: no step columns)
     assert step_gaps.within(got[0]) and not step_gaps.within(got[1])  # 333 ms added; its figure 10 ms short
     older = step_gaps.rows({"workloads": {"w": {"runs": [  # a recording without the starts' attribution
         {"mode": "plain", "pair": 0, "gap_max_ms": 7.0},
         {"mode": "tool", "pair": 0, "gap_max_ms": 8.0, "step_gaps": {k: v for k, v in felt.items()
                                                                        if not k.startswith("step_start")}}]}}})
     assert older[0]["tool_reported_between"] == "ends" and older[0]["tool_reported_pause_s"] == 0.0071
+    # --also: each pair's further tool run gets its own row against the same plain run, with its options
+    also = step_gaps.rows({"workloads": {"w": {"runs": [
+        {"mode": "plain", "pair": 0, "gap_max_ms": 7.0}, {"mode": "tool", "pair": 0, "gap_max_ms": 8.0},
+        {"mode": "tool --trace off", "pair": 0, "gap_max_ms": 7.5}]}}})
+    assert [(r.get("tool_mode"), r["added_s"]) for r in also] == [(None, 0.001), ("--trace off", 0.0005)]
+
+
+def test_step_gaps_hands_its_further_runs_and_step_times_to_corpus_and_prints_the_step_shift(
+        monkeypatch, tmp_path, capsys):
+    """step_gaps.py --also, --step-times and --keep reach corpus.py's runs; its table has the median step's shift."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import step_gaps
+
+    asked = []
+
+    def fake_corpus(argv):
+        asked.append(argv)
+        raw = {"meta": {"device": "NVIDIA H200"}, "workloads": {"lightning_clean": {"runs": [
+            {"mode": "plain", "pair": 0, "gap_max_ms": 5.3, "step_time_ms": 4.17},
+            {"mode": "tool", "pair": 0, "gap_max_ms": 8.9, "step_time_ms": 5.46},
+            {"mode": "tool --trace off", "pair": 0, "gap_max_ms": 6.0, "step_time_ms": 4.3}]}}}
+        (tmp_path / "raw.json").write_text(json.dumps(raw))
+        return 0
+
+    monkeypatch.setattr(step_gaps.corpus, "main", fake_corpus)
+    out = tmp_path / "rows.json"
+    assert step_gaps.main(["--pairs", "1", "--only", "lightning_clean", "--also", "--trace off",
+                           "--step-times", str(tmp_path / "times"), "--keep", str(tmp_path / "reports"),
+                           "--raw", str(tmp_path / "raw.json"),
+                           "--out", str(out)]) == 0
+    argv = asked[0]
+    assert argv[argv.index("--also") + 1] == "--trace off" and argv[argv.index("--step-times") + 1].endswith("times")
+    assert argv[argv.index("--keep") + 1].endswith("reports")
+    assert [r.get("tool_mode") for r in json.loads(out.read_text())] == [None, "--trace off"]
+    table = capsys.readouterr().out
+    assert "step+ ms" in table and "+1.29" in table and "lightning_clean (--trace off)" in table
