@@ -805,6 +805,8 @@ def test_a_list_s_tensors_go_to_one_holder_with_and_one_without_a_graph_each_sto
     assert plain[1] == 40 + 400 and plain[3] == 2  # base's view: its storage counted once
     assert graph[1] == 4 + 64 and graph[3] == 2 and graph[5] == 3  # the view of `running` adds no bytes
     assert found["graphs"] == 3 and sum(h[1] for name, h in holders.items() if "kept" in name) == 40 + 400 + 4 + 64
+    # what its time went on: the tensors looked at (kept's six and this test's `w`) and the frames read
+    assert found["tensors"] == 7 and found["frames"] >= 2, found
 
 
 def test_the_probe_does_not_look_through_a_list_of_lists_of_numbers():

@@ -96,8 +96,10 @@ class Probe:
                     if not self.stopped:
                         self._named(v, f"{code.co_name}() local {k}", where, "temporaries", modules)
         release_locals(frames)
+        read = len(frames)
         del frames
-        out = {"stopped": self.stopped, "graphs": self.graphs, "graph_links": self.links}
+        out = {"stopped": self.stopped, "graphs": self.graphs, "graph_links": self.links, "tensors": self.tensors,
+               "frames": read}
         graphs = []
         # [holder, bytes, line, tensors, 0, chain]: the fifth column counted a graph's nodes before (it
         # made a wrapper for every node); records keep its place
