@@ -267,6 +267,7 @@ class Probe:
         except Exception:
             return 0
 
+
 class _Sums:
     """One name's tensors (a tensor's, or a container's items), added up as the probe reads them and
     handed to the holders once (`close`): the plain ones under the name, those that carry an autograd
