@@ -5,10 +5,26 @@ when a reading's ring did not reach back to its peak. The reading itself is repl
 CUDA (tests/gpu/test_allocated_peak.py)."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 from gpumemdoctor._agent.peak import history as H, reading
 from gpumemdoctor._agent.neutral import Bulk, top_up
+
+
+def _in_a_fresh_interpreter(call: str):
+    """`call` (an expression over this module's helpers) run in a fresh interpreter, and its result
+    (JSON): the collector's count checks below, after other test modules, once moved with free
+    lists that the reading does not drain."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = f"import json, tests.test_history_readings as m; print(json.dumps(eval({call!r}, vars(m))))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 GiB = 1 << 30
 
@@ -210,17 +226,7 @@ def test_a_reading_at_a_steps_sample_walks_at_the_next_steps_and_leaves_the_coll
     lists, 2-tuples), and a process whose earlier work left another kind's free list in another state
     (other test modules imported first) saw the count one higher after the first sample, a state that
     instrumenting the reading made vanish (NOTES.md, open questions)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = ("import json; from tests.test_history_readings import _steps_parts; "
-            "print(json.dumps(_steps_parts()))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _in_a_fresh_interpreter('_steps_parts()')
     assert got["states"][0] == [True, 0, 1] and got["states"][1] == [True, 0]
     assert not got["taken"] and len(got["lines"]) == 1
     assert got["moved"] == [0, 0, 0]
@@ -268,17 +274,7 @@ def test_a_walk_put_off_goes_on_over_several_steps_and_ends_as_the_whole_walk_wo
     sample for WALK_SLICE_S (replay.Walk, CHUNK entries between two looks at the clock), and its
     record is the one a walk at once makes. With no time a step, each sample walks one CHUNK; the
     collector's count is left as it was at every sample. In a fresh interpreter, as the test above."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = ("import json; from tests.test_history_readings import _walked_in_parts; "
-            "print(json.dumps([_walked_in_parts(3000, 0.0), _walked_in_parts(3000, 10.0)]))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    parts, whole = json.loads(proc.stdout.strip().splitlines()[-1])
+    parts, whole = _in_a_fresh_interpreter('[_walked_in_parts(3000, 0.0), _walked_in_parts(3000, 10.0)]')
     from gpumemdoctor._agent.peak.replay import CHUNK
     entries = 4 + 2 * 3000
     assert whole["samples"] == 1 and whole["record"]["walk_parts"] == 1
@@ -515,17 +511,7 @@ def test_a_walk_put_off_that_fails_still_puts_the_collectors_count_back():
     """The walk raises: its error record is written, the kept entries are let go, and the ballast spent
     on them is made again. In a fresh interpreter, as the tests above (in the whole suite, after other
     modules, the count once moved by 5 here)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = ("import json; from tests.test_history_readings import _failed_walk; "
-            "print(json.dumps(_failed_walk()))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    got = _in_a_fresh_interpreter('_failed_walk()')
     assert abs(got["moved"]) <= 1 and not got["taken"]  # (the exception's own 1-tuple of args, which Bulk does not count)
     assert "error" in got["last"]
     assert got["ballast"] >= got["ballast_before"] + 3004 - 100 and got["short"] == 0  # (made again, less what was kept)
