@@ -780,10 +780,9 @@ def test_the_probe_reads_a_dict_in_a_list_only_when_it_starts_with_a_tensor_and_
 
 
 def test_a_list_s_tensors_go_to_one_holder_with_and_one_without_a_graph_each_storage_once():
-    """A container's tensors are added up and named once (issue 57: 3-4 us a tensor instead of 7 on
-    a Lightning module's list of 256 step outputs): those that carry a graph apart from the plain
-    ones, a storage that two items share counted once, a graph with no bytes of its own still
-    named (its chain is evidence), and the longest chain among them kept."""
+    """A container's tensors go to two holders: those that carry a graph apart from the plain ones,
+    a storage that two items share counted once, a graph with no bytes of its own still named (its
+    chain is evidence), and the longest chain among them kept."""
     torch = pytest.importorskip("torch")
     w = torch.randn(16, requires_grad=True)
 
@@ -805,8 +804,6 @@ def test_a_list_s_tensors_go_to_one_holder_with_and_one_without_a_graph_each_sto
     assert plain[1] == 40 + 400 and plain[3] == 2  # base's view: its storage counted once
     assert graph[1] == 4 + 64 and graph[3] == 2 and graph[5] == 3  # the view of `running` adds no bytes
     assert found["graphs"] == 3 and sum(h[1] for name, h in holders.items() if "kept" in name) == 40 + 400 + 4 + 64
-    # what its time went on: the tensors looked at (kept's six and this test's `w`) and the frames read
-    assert found["tensors"] == 7 and found["frames"] >= 2, found
 
 
 def test_the_probe_does_not_look_through_a_list_of_lists_of_numbers():

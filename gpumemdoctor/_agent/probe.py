@@ -52,7 +52,6 @@ class Probe:
         self.graphs = 0  # tensors in the names that carry an autograd graph
         self.links = 0  # graph nodes read down chains, in all
         self.tensors = 0  # tensors looked at
-        self.sums = _Sums()  # of the name being read
 
     def optimizers(self, optimizers: list) -> None:
         """Their parameters, gradients and state are counted by the capture: not again here."""
@@ -96,10 +95,8 @@ class Probe:
                     if not self.stopped:
                         self._named(v, f"{code.co_name}() local {k}", where, "temporaries", modules)
         release_locals(frames)
-        read = len(frames)
         del frames
-        out = {"stopped": self.stopped, "graphs": self.graphs, "graph_links": self.links, "tensors": self.tensors,
-               "frames": read}
+        out = {"stopped": self.stopped, "graphs": self.graphs, "graph_links": self.links}
         graphs = []
         # [holder, bytes, line, tensors, 0, chain]: the fifth column counted a graph's nodes before (it
         # made a wrapper for every node); records keep its place
@@ -129,14 +126,13 @@ class Probe:
         if issubclass(type(value), self.tensor):
             self._tensor(value, name, line, category)
         elif kind is list or kind is tuple or kind is dict:  # (islice: no copy of a big container)
-            self._open()
             n = 0
             for v in islice(value.values() if kind is dict else value, MAX_ITEMS):
                 n += 1
                 if self.stopped or (n % 256 == 0 and self._late()):  # (a long list of other things)
                     break
                 if issubclass(type(v), self.tensor):
-                    self._take(v)
+                    self._tensor(v, f"{name}[*]", line, category)
                     continue
                 # One level further, when the first item is a tensor (a heap of dicts or lists of
                 # numbers is not read): a list of (images, losses), or of a model's outputs
@@ -151,8 +147,7 @@ class Probe:
                 if issubclass(type(first), self.tensor):
                     for w in islice(inner, MAX_ITEMS):
                         if issubclass(type(w), self.tensor):
-                            self._take(w)
-            self._close(f"{name}[*]", line, category)
+                            self._tensor(w, f"{name}[*]", line, category)
         else:
             return False
         return True
@@ -195,7 +190,7 @@ class Probe:
                     address = storage.data_ptr()
                     if address not in self.seen:
                         self.seen.add(address)
-                        _add(self.found["parameters"], f"{name} ({type(module).__name__})", storage.nbytes(), line)
+                        self._add("parameters", f"{name} ({type(module).__name__})", storage.nbytes(), line)
         except Exception:
             pass
 
@@ -206,12 +201,6 @@ class Probe:
         return bool(self.stopped)
 
     def _tensor(self, t, name: str, line, category: str) -> None:
-        self._open()
-        self._take(t)
-        self._close(name, line, category)
-
-    def _take(self, t) -> None:
-        """One tensor: its storage's bytes if not counted yet, and its graph's chain if it carries one."""
         self.tensors += 1
         if self.stopped or (self.tensors % 256 == 0 and self._late()):
             return  # (a list of thousands: the budget is looked at inside it too)
@@ -223,9 +212,10 @@ class Probe:
                     return
             if not self.on_device(t):
                 return
-            graph = t.requires_grad and not t.is_leaf  # its autograd graph: its chain measured, nothing read
-            if graph:
+            chain = 0
+            if t.requires_grad and not t.is_leaf:  # its autograd graph: its chain measured, nothing read
                 self.graphs += 1
+                name += " (holds its autograd graph)"
                 chain = self._chain(t.grad_fn) if not self.stopped else 0
             storage = t.untyped_storage()
             address = storage.data_ptr()
@@ -233,19 +223,10 @@ class Probe:
             if address not in self.seen:
                 self.seen.add(address)
                 size = storage.nbytes()
-            if not graph:
-                if size:
-                    self.sums.plain(size)
-            elif size or chain:
-                self.sums.graph(size, chain)
+            if size or chain:
+                self._add(category, name, size, line, 1 if size else 0, chain)
         except Exception:
             return
-
-    def _open(self) -> None:
-        self.sums.clear()
-
-    def _close(self, name: str, line, category: str) -> None:
-        self.sums.close(self.found[category], name, line)
 
     def _chain(self, fn) -> int:
         """How many nodes of fn's own operation follow one another down its inputs (`next_functions`):
@@ -256,61 +237,22 @@ class Probe:
             length = 1
             while length < MAX_CHAIN and self.links < MAX_LINKS:
                 self.links += 1
-                for f, _ in fn.next_functions:  # (a loop, not a generator: one per link)
-                    if f is not None and f.name() == kind:
-                        fn = f
-                        break
-                else:
+                fn = next((f for f, _ in fn.next_functions if f is not None and f.name() == kind), None)
+                if fn is None:
                     break
                 length += 1
             return length
         except Exception:
             return 0
 
-
-class _Sums:
-    """One name's tensors (a tensor's, or a container's items), added up as the probe reads them and
-    handed to the holders once (`close`): the plain ones under the name, those that carry an autograd
-    graph under the name with that said. Ints in slots, no container. On CPU tensors, a list of 256
-    step outputs with their graphs took 0.44 ms so, against 1.06 ms with one holder update a tensor
-    (issue 57: the probe at a step end was most of a Lightning loop's added gap)."""
-    __slots__ = ("bytes", "tensors", "graph_bytes", "graph_tensors", "chain", "graphs")
-
-    def __init__(self):
-        self.clear()
-
-    def clear(self) -> None:
-        self.bytes = self.tensors = self.graph_bytes = self.graph_tensors = self.chain = 0
-        self.graphs = False
-
-    def plain(self, size: int) -> None:
-        self.bytes += size
-        self.tensors += 1
-
-    def graph(self, size: int, chain: int) -> None:
-        self.graphs = True
-        self.graph_bytes += size
-        if size:
-            self.graph_tensors += 1
-        if chain > self.chain:
-            self.chain = chain
-
-    def close(self, holders: dict, name: str, line) -> None:
-        if self.bytes:
-            _add(holders, name, self.bytes, line, self.tensors)
-        if self.graphs:
-            _add(holders, name + " (holds its autograd graph)", self.graph_bytes, line, self.graph_tensors, self.chain)
-
-
-def _add(holders: dict, name: str, size: int, line, tensors: int = 1, chain: int = 0) -> None:
-    """Into a category's holders: {name: [bytes, line, tensors, chain]}."""
-    entry = holders.get(name)
-    if entry is None:
-        holders[name] = [size, line, tensors, chain]
-    else:
-        entry[0] += size
-        entry[2] += tensors
-        entry[3] = max(entry[3], chain)
+    def _add(self, category: str, name: str, size: int, line, tensors: int = 1, chain: int = 0) -> None:
+        entry = self.found[category].get(name)
+        if entry is None:
+            self.found[category][name] = [size, line, tensors, chain]
+        else:
+            entry[0] += size
+            entry[2] += tensors
+            entry[3] = max(entry[3], chain)
 
 
 def release_locals(frames: list) -> None:

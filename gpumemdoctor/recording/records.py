@@ -199,12 +199,10 @@ PEAK = Shape({"n": INT, "t": SECONDS, "step": opt(INT), "device": INT, "allocate
 # nodes reached from them ("graph_holders": the holders whose tensors carry graphs, most first), and
 # since 2026-11-25 (its last recordings had the nodes) instead of the nodes, 0, the length of the
 # chain of one operation the graph repeats (a running sum's additions; `graph_links`: read in all).
-# Since 2026-12-04 also the tensors it looked at and the program's frames whose locals it read (what
-# its elapsed_s went on: issue 57).
 _HELD = list_of(row(STR, SIZE, opt(STR), COUNT, COUNT, COUNT, least=3))
 PEAK_PROBE = Shape({"n": INT, "t": SECONDS, "elapsed_s": DURATION, "stopped": may(opt(STR)), "graphs": may(COUNT),
                     "graph_nodes": may(COUNT), "graph_links": may(COUNT), "graph_holders": may(_HELD),
-                    "error": may(STR), "tensors": may(COUNT), "frames": may(COUNT),
+                    "error": may(STR),
                     **{k: may(_HELD) for k in ("parameters", "temporaries", "kept-tensors")},
                     **{f"{k}_bytes": may(SIZE) for k in ("parameters", "temporaries", "kept-tensors")}})
 # A holder search during the run that was not made (_agent/search/forked.py `declined`): why, and for a copy

@@ -271,7 +271,7 @@ class PeakWatch:
         started = time.perf_counter()
         try:
             probe = Probe(self.shared.torch, started + PROBE_BUDGET_S,
-                          on_device=lambda t: t.get_device() == device)  # (-1 off the GPU)
+                          on_device=lambda t: t.is_cuda and t.get_device() == device)
             probe.optimizers([ref() for ref in self.optimizers])
             record = probe.run()
             del probe
