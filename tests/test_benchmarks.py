@@ -91,6 +91,74 @@ def test_switch_turns_the_agent_and_the_supervisor_off_and_on(cli, script, tmp_p
     assert agent["steps"] == 5  # 3 before and 2 after; the 5 steps while off were not seen
 
 
+def test_step_cost_switches_each_part_off_and_on_again_under_the_tool(cli, script, tmp_path):
+    """benchmarks/step_cost.py's Parts (issue 57), under `gpumemdoctor run` on CPU torch: each state
+    turns off what it names and only that (the hooks, backward()'s marks, the supervisor), and "on"
+    puts everything back; the steps taken with the hooks off are not seen by the agent."""
+    pytest.importorskip("torch", reason="needs torch (a CPU build will do)")
+    script(tmp_path, "t.py", f"""
+        import sys
+        sys.path.insert(0, {str(BENCHMARKS)!r})
+        import torch
+        from torch.optim import optimizer as o
+        from step_cost import Parts
+
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(n):
+            for _ in range(n):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+
+        def state(parts):
+            stat = open(f"/proc/{{parts.supervisor}}/stat").read().split(")")[1].split()[0]
+            wrapped = getattr(torch.autograd.backward, "__gpumemdoctor__", False)
+            return f"{{len(o._global_optimizer_post_hooks)}} {{len(o._global_optimizer_pre_hooks)}} {{int(wrapped)}} {{stat}}"
+
+        step(3)
+        parts = Parts(torch)
+        print("PARTS", parts.describe())
+        print("ON", state(parts))
+        parts.set("hooks")
+        print("HOOKS", state(parts))
+        step(5)
+        parts.set("supervisor")
+        print("SUPERVISOR", state(parts))
+        parts.set("all")
+        print("ALL", state(parts))
+        parts.set("on")
+        print("AGAIN", state(parts))
+        step(2)
+    """)
+    result = cli("run", "--allow-no-gpu", "t.py", cwd=tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.split(" ", 1)[0].isupper())
+    assert "hooks 1+1" in out["PARTS"] and "backward marks yes" in out["PARTS"], out
+    post, pre = (int(n) for n in out["ON"].split()[:2])
+    assert out["ON"] == f"{post} {pre} 1 S" or out["ON"] == f"{post} {pre} 1 R"
+    assert out["HOOKS"].split()[:3] == [str(post - 1), str(pre - 1), "0"] and out["HOOKS"].split()[3] != "T"
+    assert out["SUPERVISOR"].split() == [str(post), str(pre), "1", "T"]
+    assert out["ALL"].split() == [str(post - 1), str(pre - 1), "0", "T"]
+    assert out["AGAIN"].split()[:3] == [str(post), str(pre), "1"] and out["AGAIN"].split()[3] != "T"
+    (report,) = tmp_path.glob("gpumemdoctor-*.json")
+    agent = json.loads(report.read_text())["recording"]["agents"][0]
+    assert agent["steps"] == 5  # 3 before and 2 after; the 5 steps with the hooks off were not seen
+
+
+def test_step_cost_sums_each_state_against_everything_on(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import step_cost
+
+    rows = [("on", 0.005, 0.004), ("on", 0.007, 0.006), ("on", 0.006, 0.005),
+            ("history", 0.004, 0.003), ("history", 0.0045, 0.0035), ("history", 0.9, 0.0035)]
+    out = step_cost.summarise(rows)
+    assert list(out) == ["on", "history"]
+    assert out["on"] == {"steps": 3, "wall_ms": 6.0, "cpu_ms": 5.0, "wall_saved_ms": 0.0, "cpu_saved_ms": 0.0}
+    assert out["history"]["wall_ms"] == 4.5 and out["history"]["cpu_ms"] == 3.5
+    assert out["history"]["wall_saved_ms"] == 1.5 and out["history"]["cpu_saved_ms"] == 1.5
+
+
 def test_switch_without_the_tool_switches_nothing(loop_ab, monkeypatch):
     torch = pytest.importorskip("torch", reason="needs torch (a CPU build will do)")
     monkeypatch.delitem(sys.modules, "gpumemdoctor._agent", raising=False)
@@ -264,7 +332,8 @@ def test_corpus_table_passes_over_a_workload_stopped_by_a_failed_run(monkeypatch
     assert "done" in out and "stopped" not in out
 
 
-@pytest.mark.parametrize("name, args", [("exit_search", ["work.py"]), ("exit_release", ["--pairs", "1"])])
+@pytest.mark.parametrize("name, args", [("exit_search", ["work.py"]), ("exit_release", ["--pairs", "1"]),
+                                        ("step_cost", ["--cycles", "1"])])
 def test_an_in_process_gpu_benchmark_says_why_it_skips_without_a_gpu(tmp_path, name, args):
     import subprocess
 
