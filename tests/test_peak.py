@@ -806,6 +806,33 @@ def test_a_list_s_tensors_go_to_one_holder_with_and_one_without_a_graph_each_sto
     assert found["graphs"] == 3 and sum(h[1] for name, h in holders.items() if "kept" in name) == 40 + 400 + 4 + 64
 
 
+def test_a_container_or_object_reached_by_several_names_is_read_once_by_the_first():
+    """The model a program passes down its own functions is a local of each of their frames: its
+    list of kept outputs is read once, under the first name the probe meets (the innermost frame's
+    first local), not once a frame and once again under `kept`. Its bytes, tensors and graphs are counted once either way; the frames further
+    out add no holder of their own."""
+    torch = pytest.importorskip("torch")
+    w = torch.randn(8, requires_grad=True)
+
+    class Model:
+        def __init__(self):
+            self.outputs = [w * (i + 1) for i in range(50)]
+
+    def inner(model):
+        kept = model.outputs
+        return _probe(torch).run(), kept
+
+    def outer(model):
+        return inner(model)
+
+    model = Model()
+    found, kept = outer(model)
+    holders = {h[0]: h for h in found["temporaries"] + found["graph_holders"] if h[0].endswith("graph)")}
+    assert list(holders) == ["inner() local model.outputs[*] (holds its autograd graph)"], holders
+    assert holders["inner() local model.outputs[*] (holds its autograd graph)"][1:4:2] == [50 * 32, 50]
+    assert found["graphs"] == 50  # each tensor looked at once: not again through model.outputs, thrice
+
+
 def test_the_probe_does_not_look_through_a_list_of_lists_of_numbers():
     """Only a list whose items start with a tensor is read item by item one level further: a
     dataset kept as lists of floats (5,000 x 1,000 here) costs the probe one look per list."""

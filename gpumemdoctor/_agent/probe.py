@@ -46,6 +46,11 @@ class Probe:
         self.on_device = on_device or _is_cuda  # tests read CPU tensors
         self.deadline = deadline
         self.seen: set = set()  # storage addresses already counted
+        # id()s of the containers and objects whose items or attributes were read (pass two), and of the
+        # modules whose parameters were (pass one): one reached again by another name (the model as a
+        # global and as a local of every frame it was passed down) is not read again
+        self.walked: set = set()
+        self.modules_read: set = set()
         # holder -> [bytes, line, tensors, chain]
         self.found: dict = {"parameters": {}, "temporaries": {}, "kept-tensors": {}}
         self.stopped = None
@@ -126,6 +131,9 @@ class Probe:
         if issubclass(type(value), self.tensor):
             self._tensor(value, name, line, category)
         elif kind is list or kind is tuple or kind is dict:  # (islice: no copy of a big container)
+            if id(value) in self.walked:
+                return True
+            self.walked.add(id(value))
             n = 0
             for v in islice(value.values() if kind is dict else value, MAX_ITEMS):
                 n += 1
@@ -161,6 +169,9 @@ class Probe:
         list or tuple that starts with one (or with a tuple), or a dict."""
         if issubclass(type(value), _NOT_OBJECTS) or not getattr(type(value), "__dictoffset__", 0):
             return  # (ints, strings and the like have no __dict__ to read)
+        if id(value) in self.walked:
+            return
+        self.walked.add(id(value))
         try:
             if not any(map(self._may_hold, gc.get_referents(value))):
                 return
@@ -183,6 +194,9 @@ class Probe:
                 and (type(v[0]) is tuple or issubclass(type(v[0]), self.tensor)))
 
     def _module(self, module, name: str, line) -> None:
+        if id(module) in self.modules_read:
+            return
+        self.modules_read.add(id(module))
         try:
             for t in (*module.parameters(), *module.buffers()):
                 if self.on_device(t):
