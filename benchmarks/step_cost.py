@@ -1,13 +1,13 @@
 """Issue 57: which of the tool's parts costs a launch-bound loop's every step, inside one process.
 
-    python3 benchmarks/step_cost.py [--rounds 1] [--cycles 8] [--block 30] [--json PATH]
+    python3 benchmarks/step_cost.py [--rounds 1] [--cycles 8] [--block 30] [--json PATH] [--keep DIR]
 
 corpus/lightning_clean.py's classifier (a Lightning fit of 4-5 ms steps on an H200, each step
 synchronized by its callback) runs plainly and under `gpumemdoctor run`, in that order, --rounds
 times. After WARMUP steps (past the agent's start-up stack window and its every-step samples), the
 steps go in blocks of --block, each block with one of STATES switched off, the states shuffled in
 each of --cycles cycles. Each step's wall time and the main thread's CPU time (`time.thread_time`)
-are kept, the first SETTLE steps after a switch left out.
+are kept, the first SETTLE steps after a switch left out; --keep DIR keeps them (one JSON a run).
 
 A part's cost is the median step of the blocks with everything on less the median of the blocks
 with that part off, in the same process: no drift between processes. In the plain run nothing can
@@ -201,7 +201,8 @@ def _inside(cycles: int, block: int, seed: int, out: str) -> int:
 
 
 def summarise(rows: list) -> dict:
-    """Per state: the median step's wall and CPU milliseconds, and each against "on"."""
+    """Per state: the median step's wall and CPU milliseconds, each against "on", and the wall's 99th
+    percentile and longest (the worst gap, in the same process as its "on" blocks)."""
     by_state: dict = {}
     for state, wall, cpu in rows:
         by_state.setdefault(state, ([], []))
@@ -212,8 +213,11 @@ def summarise(rows: list) -> dict:
         if state not in by_state:
             continue
         walls, cpus = by_state[state]
+        ordered = sorted(walls)
         out[state] = {"steps": len(walls), "wall_ms": round(statistics.median(walls) * 1e3, 4),
-                      "cpu_ms": round(statistics.median(cpus) * 1e3, 4)}
+                      "cpu_ms": round(statistics.median(cpus) * 1e3, 4),
+                      "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 4),
+                      "max_ms": round(ordered[-1] * 1e3, 4)}
     on = out.get("on")
     if on:
         for state, figures in out.items():
@@ -228,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cycles", type=int, default=8)
     p.add_argument("--block", type=int, default=30)
     p.add_argument("--json", metavar="PATH")
+    p.add_argument("--keep", metavar="DIR", help="keep each run's steps here: [state, wall s, thread cpu s] a step")
     p.add_argument("--inside", metavar="OUT", help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -236,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     if cuda_torch_here("step_cost") is None:
         return 0
     results = []
-    tmp = tempfile.mkdtemp(prefix="step-cost-")
+    tmp = args.keep or tempfile.mkdtemp(prefix="step-cost-")
+    os.makedirs(tmp, exist_ok=True)
     for r in range(1, args.rounds + 1):
         for how in ("plain", "tool"):
             out = os.path.join(tmp, f"{how}-{r}.json")
@@ -265,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{how} #{r} ({results[-1]['wall_s']} s): {parts}", flush=True)
             for state, f in figures.items():
                 print(f"  {state:<11} {f['steps']:>4} steps  wall {f['wall_ms']:7.3f} ms  cpu {f['cpu_ms']:7.3f} ms"
-                      f"  off saves: wall {f['wall_saved_ms']:+.3f} ms  cpu {f['cpu_saved_ms']:+.3f} ms", flush=True)
+                      f"  off saves: wall {f['wall_saved_ms']:+.3f} ms  cpu {f['cpu_saved_ms']:+.3f} ms"
+                      f"  p99 {f['p99_ms']:6.2f} ms  longest {f['max_ms']:6.2f} ms", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"cycles": args.cycles, "block": args.block, "warmup": WARMUP, "settle": SETTLE,

@@ -49,10 +49,15 @@ RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def rows(raw: dict) -> list[dict]:
-    """One row a pair and tool mode ("tool", then each --also's), from corpus.py's JSON."""
+    """One row a pair and tool mode ("tool", then each --also's), from corpus.py's JSON. Each row also
+    carries `plain_spread_s`: how far its workload's plain runs' worst gaps lie apart (the longest less
+    the shortest, every plain run of the call): what one pair's `added_s` would be with no tool at all."""
     out = []
     for name, workload in raw["workloads"].items():
         runs = workload["runs"]
+        plains = [r["gap_max_ms"] for r in runs if r["mode"] == "plain" and r.get("gap_max_ms") is not None]
+        spread = round((max(plains) - min(plains)) / 1000, 6) if len(plains) > 1 else None
+        first = len(out)
         modes = list(dict.fromkeys(r["mode"] for r in runs if r["mode"] != "plain"))
         for pair in sorted({r["pair"] for r in runs}):
             plain = next((r for r in runs if r["pair"] == pair and r["mode"] == "plain"), None)
@@ -60,6 +65,8 @@ def rows(raw: dict) -> list[dict]:
                 tool = next((r for r in runs if r["pair"] == pair and r["mode"] == mode), None)
                 if plain is not None and tool is not None:
                     out.append(_row(name, pair, plain, tool, mode))
+        for row in out[first:]:
+            row["plain_spread_s"] = spread
     return out
 
 
@@ -99,6 +106,53 @@ def within(row: dict) -> bool:
     return row["added_s"] <= ADDED_BOUND_S and agree is not None and abs(agree) <= AGREE_BOUND_S
 
 
+def print_table(table: list[dict]) -> None:
+    print(f"\n{'workload':28s} pair  plain ms   tool ms  reported ms  in it: gc ms, agent ms  added ms  "
+          "step+ ms  ok  the agent's largest parts in it")
+    for r in table:
+        rep = r["tool_reported_pause_s"]
+        step = r.get("step_added_s")
+        label = r["workload"] + (f" ({r['tool_mode']})" if "tool_mode" in r else "")
+        print(f"{label:28s} {r['pair']:4d} {r['plain_worst_gap_s'] * 1000:9.1f} {r['tool_worst_gap_s'] * 1000:9.1f}"
+              f" {'-' if rep is None else f'{rep * 1000:12.1f}'}"
+              f"  {(r['tool_reported_collection_s'] or 0) * 1000:9.1f}, {(r['tool_reported_agent_s'] or 0) * 1000:8.1f}"
+              f"  {r['added_s'] * 1000:+8.1f}  {'-' if step is None else f'{step * 1000:+8.2f}':>8s}"
+              f"  {'yes' if within(r) else 'NO ':3s} {_parts(r)}")
+    spreads = {r["workload"]: r.get("plain_spread_s") for r in table}
+    for name, spread in spreads.items():
+        if spread is not None:
+            print(f"{name}: its plain runs' worst gaps lie {spread * 1000:.1f} ms apart (no tool in either)")
+
+
+def profile(times_dir: str) -> list[str]:
+    """Where in the loop each run's steps were slow: the median step in the agent's start-up windows
+    (allocation stacks for the first STARTUP_STEPS steps, a sample at every step for the first
+    EVERY_STEP_UNTIL) and after them, and the longest steps, from --step-times files (which start after
+    the corpus's warm-up steps)."""
+    import statistics
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, root)
+    from gpumemdoctor._agent.readings.sampler import EVERY_STEP_UNTIL
+    from gpumemdoctor._agent.readings.trace import STARTUP_STEPS
+
+    sys.path.insert(0, os.path.join(root, "corpus"))
+    from _common import WARMUP_STEPS
+
+    stacks, every = STARTUP_STEPS - WARMUP_STEPS, EVERY_STEP_UNTIL - WARMUP_STEPS
+    lines = [f"median step (ms) in steps {WARMUP_STEPS}-{STARTUP_STEPS} (under the tool: stacks and a sample a step), "
+             f"{STARTUP_STEPS}-{EVERY_STEP_UNTIL} (a sample a step), after {EVERY_STEP_UNTIL}; the four longest (step, ms)"]
+    for name in sorted(os.listdir(times_dir)):
+        with open(os.path.join(times_dir, name), encoding="utf-8") as f:
+            v = [float(x) for x in f if x.strip()]
+        if len(v) <= every:
+            continue
+        longest = sorted(range(len(v)), key=lambda i: -v[i])[:4]
+        lines.append(f"{name[:-4]:<42} {statistics.median(v[:stacks]):6.2f} {statistics.median(v[stacks:every]):6.2f} "
+                     f"{statistics.median(v[every:]):6.2f}  {[(i + WARMUP_STEPS, round(v[i], 1)) for i in longest]}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=3)
@@ -110,7 +164,25 @@ def main(argv: list[str] | None = None) -> int:
                    "probes' and readings' costs")
     p.add_argument("--out", metavar="PATH")
     p.add_argument("--raw", metavar="PATH")
+    p.add_argument("--from-raw", nargs="+", metavar="RAW", help="run nothing: the rows and the table made again "
+                   "from these saved --raw files (a call cut short keeps the runs it finished), written to --out")
+    p.add_argument("--times-profile", metavar="DIR", help="run nothing: where in the loop each run of these "
+                   "--step-times files was slow (the agent's start-up windows against after them)")
     args = p.parse_args(argv)
+    if args.times_profile:
+        print("\n".join(profile(args.times_profile)))
+        return 0
+    if args.from_raw:
+        table = []
+        for path in args.from_raw:
+            with open(path, encoding="utf-8") as f:
+                table.extend(rows(json.load(f)))
+        if args.out:
+            with open(args.out, "w", encoding="utf-8") as f:
+                json.dump(table, f, indent=1)
+                f.write("\n")
+        print_table(table)
+        return 0
     raw_path = args.raw or os.path.join(tempfile.mkdtemp(prefix="gpumemdoctor-gaps-"), "corpus.json")
     only = [a for name in (args.only or WORKLOADS) for a in ("--only", name)]
     also = [a for extra in args.also for a in ("--also", extra)]
@@ -128,17 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(out, "w", encoding="utf-8") as f:
         json.dump(table, f, indent=1)
         f.write("\n")
-    print(f"\n{'workload':28s} pair  plain ms   tool ms  reported ms  in it: gc ms, agent ms  added ms  "
-          "step+ ms  ok  the agent's largest parts in it")
-    for r in table:
-        rep = r["tool_reported_pause_s"]
-        step = r.get("step_added_s")
-        label = r["workload"] + (f" ({r['tool_mode']})" if "tool_mode" in r else "")
-        print(f"{label:28s} {r['pair']:4d} {r['plain_worst_gap_s'] * 1000:9.1f} {r['tool_worst_gap_s'] * 1000:9.1f}"
-              f" {'-' if rep is None else f'{rep * 1000:12.1f}'}"
-              f"  {(r['tool_reported_collection_s'] or 0) * 1000:9.1f}, {(r['tool_reported_agent_s'] or 0) * 1000:8.1f}"
-              f"  {r['added_s'] * 1000:+8.1f}  {'-' if step is None else f'{step * 1000:+8.2f}':>8s}"
-              f"  {'yes' if within(r) else 'NO ':3s} {_parts(r)}")
+    print_table(table)
     print(f"rows: {out}")
     return status
 

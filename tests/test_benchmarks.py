@@ -154,8 +154,9 @@ def test_step_cost_sums_each_state_against_everything_on(monkeypatch):
             ("history", 0.004, 0.003), ("history", 0.0045, 0.0035), ("history", 0.9, 0.0035)]
     out = step_cost.summarise(rows)
     assert list(out) == ["on", "history"]
-    assert out["on"] == {"steps": 3, "wall_ms": 6.0, "cpu_ms": 5.0, "wall_saved_ms": 0.0, "cpu_saved_ms": 0.0}
-    assert out["history"]["wall_ms"] == 4.5 and out["history"]["cpu_ms"] == 3.5
+    assert out["on"] == {"steps": 3, "wall_ms": 6.0, "cpu_ms": 5.0, "p99_ms": 7.0, "max_ms": 7.0, "wall_saved_ms": 0.0,
+                         "cpu_saved_ms": 0.0}
+    assert out["history"]["wall_ms"] == 4.5 and out["history"]["cpu_ms"] == 3.5 and out["history"]["max_ms"] == 900
     assert out["history"]["wall_saved_ms"] == 1.5 and out["history"]["cpu_saved_ms"] == 1.5
 
 
@@ -370,7 +371,8 @@ def test_step_gaps_writes_one_row_a_pair_with_the_reported_figure(monkeypatch):
                       "tool_reported_collection_s": 0.0, "tool_reported_agent_s": 0.0012,
                       "tool_reported_agent_parts": {"sample": 0.0012}, "tool_reported_end_gap_s": 0.0071,
                       "tool_reported_start_gap_s": 0.0079, "added_s": 0.001, "reported_minus_seen_s": -0.0001,
-                      "plain_step_s": 0.004, "tool_step_s": 0.00525, "step_added_s": 0.00125}
+                      "plain_step_s": 0.004, "tool_step_s": 0.00525, "step_added_s": 0.00125,
+                      "plain_spread_s": 0.0}
     assert "plain_step_s" not in got[1]  # (a run without its median step: no step columns)
     assert step_gaps.within(got[0]) and not step_gaps.within(got[1])  # 333 ms added; its figure 10 ms short
     older = step_gaps.rows({"workloads": {"w": {"runs": [  # a recording without the starts' attribution
@@ -383,6 +385,31 @@ def test_step_gaps_writes_one_row_a_pair_with_the_reported_figure(monkeypatch):
         {"mode": "plain", "pair": 0, "gap_max_ms": 7.0}, {"mode": "tool", "pair": 0, "gap_max_ms": 8.0},
         {"mode": "tool --trace off", "pair": 0, "gap_max_ms": 7.5}]}}})
     assert [(r.get("tool_mode"), r["added_s"]) for r in also] == [(None, 0.001), ("--trace off", 0.0005)]
+    assert also[0]["plain_spread_s"] is None  # (one plain run: no spread)
+
+
+def test_step_gaps_remakes_rows_from_saved_raw_files_with_the_plain_runs_spread(monkeypatch, tmp_path, capsys):
+    """--from-raw: a call cut short keeps corpus.py's runs; their rows and table are made again, and the
+    plain runs' own spread (a third plain run whose tool run was cut counts too) is printed."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import step_gaps
+
+    def raw(name, plains, tools):
+        runs = [{"mode": "plain", "pair": i, "gap_max_ms": g} for i, g in enumerate(plains)]
+        runs += [{"mode": "tool", "pair": i, "gap_max_ms": g} for i, g in enumerate(tools)]
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"workloads": {name: {"runs": runs}}}))
+        return str(path)
+
+    out = tmp_path / "rows.json"
+    paths = [raw("a", [4.6, 5.7, 5.8], [6.1, 8.2]), raw("b", [57.0], [56.8])]
+    assert step_gaps.main(["--from-raw", *paths, "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["workload"], r["pair"], r["added_s"], r["plain_spread_s"]) for r in rows] == [
+        ("a", 1, 0.0015, 0.0012), ("a", 2, 0.0025, 0.0012), ("b", 1, -0.0002, None)]
+    text = capsys.readouterr().out
+    assert "a: its plain runs' worst gaps lie 1.2 ms apart (no tool in either)" in text
+    assert "b: its plain" not in text
 
 
 def test_step_gaps_hands_its_further_runs_and_step_times_to_corpus_and_prints_the_step_shift(
@@ -414,3 +441,21 @@ def test_step_gaps_hands_its_further_runs_and_step_times_to_corpus_and_prints_th
     assert [r.get("tool_mode") for r in json.loads(out.read_text())] == [None, "--trace off"]
     table = capsys.readouterr().out
     assert "step+ ms" in table and "+1.29" in table and "lightning_clean (--trace off)" in table
+
+
+def test_step_gaps_times_profile_splits_each_run_at_the_agents_start_up_windows(monkeypatch, tmp_path):
+    """--times-profile: a run's median step before the stacks' window ends (step 50), before the
+    every-step samples end (step 100) and after, its step numbers counted from the corpus's first step."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import step_gaps
+
+    # the file starts after the corpus's five warm-up steps: index 0 is step 5
+    times = [5.0] * 45 + [4.5] * 50 + [4.0] * 150
+    times[100] = 9.0  # step 105
+    (tmp_path / "w-tool-1.txt").write_text("".join(f"{t:.3f}\n" for t in times))
+    (tmp_path / "w-plain-1.txt").write_text("4.0\n" * 20)  # too short to split: left out
+    lines = step_gaps.profile(str(tmp_path))
+    assert len(lines) == 2 and "steps 5-50" in lines[0] and "50-100" in lines[0]
+    name, *figures = lines[1].split()[:4]
+    assert name == "w-tool-1" and figures == ["5.00", "4.50", "4.00"]
+    assert lines[1].endswith("[(105, 9.0), (5, 5.0), (6, 5.0), (7, 5.0)]")
