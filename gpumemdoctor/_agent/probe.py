@@ -26,7 +26,8 @@ class Probe:
     function's locals; "kept-tensors": the main module's globals; "parameters": of the modules among
     them), each storage counted once, largest holders kept. A name is read one level down: a list,
     tuple or dict of tensors (`name[*]`), and an object's or a module's public attributes that are
-    tensors or such containers (`name.attr[*]`). A tensor that carries an autograd graph is named so,
+    tensors or such containers (`name.attr[*]`); a container, object or module reached again by another
+    name is read once, under the first name. A tensor that carries an autograd graph is named so,
     and the chain of its graph's own operation is measured (`_chain`): what the graph saves is not
     read here (unpacking a saved tensor runs the program's saved-tensor hooks, if it set any: the
     holder search reads graphs, in a copy), but a chain of additions tells the name that keeps every
