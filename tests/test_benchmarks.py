@@ -19,6 +19,26 @@ def loop_ab(monkeypatch):
     return loop_ab
 
 
+def _stepping(imports: str) -> str:
+    """The start of a program run under the tool by the switch tests: the benchmarks importable, a
+    model and its optimizer, and step(n)."""
+    return f"""
+        import gc, sys
+        sys.path.insert(0, {str(BENCHMARKS)!r})
+        import torch
+        from torch.optim import optimizer as o
+        {imports}
+
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(n):
+            for _ in range(n):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+"""
+
+
 def test_compare_reads_on_against_off_and_each_group_of_four(loop_ab):
     blocks = [("on", 1.10), ("off", 1.00), ("off", 1.00), ("on", 1.10),
               ("on", 1.30), ("off", 1.20), ("off", 1.20), ("on", 1.20)]
@@ -52,20 +72,7 @@ def test_switch_turns_the_agent_and_the_supervisor_off_and_on(cli, script, tmp_p
     """Under `gpumemdoctor run` (CPU torch): the steps taken while off are not seen by the agent,
     and the supervisor, stopped while off, finishes the run once continued."""
     pytest.importorskip("torch", reason="needs torch (a CPU build will do)")
-    script(tmp_path, "t.py", f"""
-        import gc, sys
-        sys.path.insert(0, {str(BENCHMARKS)!r})
-        import torch
-        from torch.optim import optimizer as o
-        from _switch import ToolSwitch
-
-        model = torch.nn.Linear(4, 4)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-        def step(n):
-            for _ in range(n):
-                model(torch.randn(2, 4)).sum().backward()
-                opt.step()
+    script(tmp_path, "t.py", _stepping("from _switch import ToolSwitch") + f"""
 
         step(3)
         switch = ToolSwitch(torch)
@@ -96,20 +103,7 @@ def test_step_cost_switches_each_part_off_and_on_again_under_the_tool(cli, scrip
     turns off what it names and only that (the hooks, backward()'s marks, the supervisor), and "on"
     puts everything back; the steps taken with the hooks off are not seen by the agent."""
     pytest.importorskip("torch", reason="needs torch (a CPU build will do)")
-    script(tmp_path, "t.py", f"""
-        import sys
-        sys.path.insert(0, {str(BENCHMARKS)!r})
-        import torch
-        from torch.optim import optimizer as o
-        from step_cost import Parts
-
-        model = torch.nn.Linear(4, 4)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-
-        def step(n):
-            for _ in range(n):
-                model(torch.randn(2, 4)).sum().backward()
-                opt.step()
+    script(tmp_path, "t.py", _stepping("from step_cost import Parts") + f"""
 
         def state(parts):
             stat = open(f"/proc/{{parts.supervisor}}/stat").read().split(")")[1].split()[0]
