@@ -62,13 +62,11 @@ class Parts:
         self.agent = module._current() if module is not None else None
         self.supervisor = _supervisor_pid() if self.agent is not None else None
         self.off_now: set = set()
-        self.saved: dict = {}
         agent = self.agent
         if agent is None:
             return
         from torch.optim import optimizer as optim_module
 
-        self.optim = optim_module
         self.hooks = {}
         for name in ("_global_optimizer_post_hooks", "_global_optimizer_pre_hooks"):
             table = getattr(optim_module, name, {})
@@ -192,8 +190,9 @@ def _inside(cycles: int, block: int, seed: int, out: str) -> int:
 
     torch.manual_seed(0)
     model = program.Classifier()
-    trainer = pl.Trainer(max_steps=steps, accelerator="gpu" if cuda else "cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[Blocks()])
+    trainer = pl.Trainer(max_steps=steps, accelerator="gpu" if cuda else "cpu", devices=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[Blocks()])
     trainer.fit(model, program.loader(steps))
     with open(out, "w", encoding="utf-8") as f:
         json.dump(rows, f)

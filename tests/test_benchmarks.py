@@ -453,3 +453,22 @@ def test_step_gaps_times_profile_splits_each_run_at_the_agents_start_up_windows(
     name, *figures = lines[1].split()[:4]
     assert name == "w-tool-1" and figures == ["5.00", "4.50", "4.00"]
     assert lines[1].endswith("[(105, 9.0), (5, 5.0), (6, 5.0), (7, 5.0)]")
+
+
+def test_probe_cost_says_what_it_needs_where_it_cannot_run(tmp_path):
+    """benchmarks/probe_cost.py without pytorch_lightning, or without a GPU and --cpu: one line, exit 0."""
+    import subprocess
+
+    torch = pytest.importorskip("torch")
+    try:
+        import pytorch_lightning  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        if torch.cuda.is_available():
+            pytest.skip("Lightning and a CUDA GPU are here: the benchmark measures instead")
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "probe_cost.py")], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == \
+        "probe_cost: skipped: it needs pytorch_lightning, and a CUDA GPU unless --cpu"
