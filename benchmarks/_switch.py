@@ -94,11 +94,15 @@ class ToolSwitch:
             gc.callbacks.append(self.gc_callback)
         if self.hook_key is not None:
             self.hooks[self.hook_key] = self.agent._on_optimizer_step
-        from gpumemdoctor._agent.readings.sampler import SamplingThread
+        restart_sampling(self.agent)
 
-        a = self.agent
-        a.timer = SamplingThread(a.shared, a.sampler, a.trace, a.phase_watch, a.start_devices)
-        self.agent.timer.start()
+
+def restart_sampling(agent) -> None:
+    """A new sampling thread for the agent, whose last one was stopped (a stopped thread cannot start again)."""
+    from gpumemdoctor._agent.readings.sampler import SamplingThread
+
+    agent.timer = SamplingThread(agent.shared, agent.sampler, agent.trace, agent.phase_watch, agent.start_devices)
+    agent.timer.start()
 
 
 def _supervisor_pid() -> int | None:

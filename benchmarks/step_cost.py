@@ -44,7 +44,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _loop import cuda_torch_here  # noqa: E402
-from _switch import _supervisor_pid, _wait_until_stopped  # noqa: E402
+from _switch import _supervisor_pid, _wait_until_stopped, restart_sampling  # noqa: E402
 
 STATES = ("on", "history", "sampler", "hooks", "supervisor", "collector", "all")
 PARTS = ("history", "sampler", "hooks", "supervisor", "collector")
@@ -126,10 +126,7 @@ class Parts:
         if part == "history" and a.history.on:
             a.history.ring.apply(a.trace.on)
         elif part == "sampler":
-            from gpumemdoctor._agent.readings.sampler import SamplingThread
-
-            a.timer = SamplingThread(a.shared, a.sampler, a.trace, a.phase_watch, a.start_devices)
-            a.timer.start()
+            restart_sampling(a)
         elif part == "hooks":
             for table, ours in self.hooks.values():
                 table.update(ours)

@@ -106,6 +106,12 @@ def within(row: dict) -> bool:
     return row["added_s"] <= ADDED_BOUND_S and agree is not None and abs(agree) <= AGREE_BOUND_S
 
 
+def write_rows(path: str, table: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")
+
+
 def print_table(table: list[dict]) -> None:
     print(f"\n{'workload':28s} pair  plain ms   tool ms  reported ms  in it: gc ms, agent ms  added ms  "
           "step+ ms  ok  the agent's largest parts in it")
@@ -178,9 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             with open(path, encoding="utf-8") as f:
                 table.extend(rows(json.load(f)))
         if args.out:
-            with open(args.out, "w", encoding="utf-8") as f:
-                json.dump(table, f, indent=1)
-                f.write("\n")
+            write_rows(args.out, table)
         print_table(table)
         return 0
     raw_path = args.raw or os.path.join(tempfile.mkdtemp(prefix="gpumemdoctor-gaps-"), "corpus.json")
@@ -197,9 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     gpu = re.sub(r"[^a-z0-9]+", "-", (raw["meta"].get("device") or "gpu").lower()).strip("-")
     gpu = next((g for g in ("h100", "h200", "a100") if g in gpu), gpu)
     out = args.out or os.path.join(RESULTS, f"{time.strftime('%Y-%m-%d')}-{gpu}-step-gaps.json")
-    with open(out, "w", encoding="utf-8") as f:
-        json.dump(table, f, indent=1)
-        f.write("\n")
+    write_rows(out, table)
     print_table(table)
     print(f"rows: {out}")
     return status

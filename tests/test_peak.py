@@ -809,8 +809,8 @@ def test_a_list_s_tensors_go_to_one_holder_with_and_one_without_a_graph_each_sto
 def test_a_container_or_object_reached_by_several_names_is_read_once_by_the_first():
     """The model a program passes down its own functions is a local of each of their frames: its
     list of kept outputs is read once, under the first name the probe meets (the innermost frame's
-    first local), not once a frame and once again under `kept`. Its bytes, tensors and graphs are counted once either way; the frames further
-    out add no holder of their own."""
+    first local), not once a frame and once again under `kept`. Its bytes, tensors and graphs are
+    counted once either way; the other names add no holder of their own."""
     torch = pytest.importorskip("torch")
     w = torch.randn(8, requires_grad=True)
 
